@@ -1,0 +1,10 @@
+"""Package discovery only; all metadata is in pyproject.toml.
+
+``plugins/`` is installed as the package ``vitbench_plugins`` (architecture.md, "Top level").
+"""
+from setuptools import find_packages, setup
+
+setup(
+    packages=find_packages(include=["vitbench", "vitbench.*"]) + ["vitbench_plugins"],
+    package_dir={"vitbench_plugins": "plugins"},
+)

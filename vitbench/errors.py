@@ -1,0 +1,46 @@
+"""Errors that the CLI turns into one clear line (no traceback).
+
+Every error raised for bad user input is a :class:`VitbenchError`. Its message names the bad
+value and, where there is a closed set of valid values, lists them (see :func:`choices_error`).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class VitbenchError(Exception):
+    """Base class of every error caused by the user's input or environment."""
+
+
+class UnknownNameError(VitbenchError, KeyError):
+    """An unknown method, scorer, task, model, family or metric name."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class ParamError(VitbenchError, ValueError):
+    """A method parameter of the wrong type or out of range."""
+
+
+class UnsupportedError(VitbenchError):
+    """A method that does not support the given backbone family."""
+
+
+class DataError(VitbenchError):
+    """A missing or malformed data folder."""
+
+
+class CheckpointError(VitbenchError):
+    """A checkpoint that cannot be read."""
+
+
+class PluginError(VitbenchError):
+    """A plugin that failed to load, or two plugins that register the same name."""
+
+
+def choices_error(kind: str, value: object, valid: Iterable[str]) -> UnknownNameError:
+    """Return an :class:`UnknownNameError` for ``value`` that lists the valid ``kind`` names."""
+    names = sorted(set(valid))
+    listed = ", ".join(names) if names else "(none registered)"
+    return UnknownNameError(f"unknown {kind} {value!r}; valid {kind}s: {listed}")

@@ -1,0 +1,113 @@
+"""Method parameters: dataclasses with defaults, built from keyword or ``KEY=VALUE`` strings.
+
+A parameter dataclass validates itself in ``__post_init__`` (raising
+:class:`~vitbench.errors.ParamError`); this module converts CLI strings to the declared field
+types and rejects unknown keys, naming the valid ones.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from typing import Any, Mapping
+
+from vitbench.errors import ParamError
+
+
+def param_names(params_type: type) -> list[str]:
+    """The field names of a parameter dataclass, in declaration order."""
+    return [f.name for f in dataclasses.fields(params_type)]
+
+
+def _convert(method: str, key: str, value: Any, hint: Any) -> Any:
+    """Convert ``value`` (often a CLI string) to the type ``hint``; raise ParamError if it can't."""
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    bad = ParamError(f"{method}.{key}={value!r} is not a valid {_hint_name(hint)}")
+    if origin is typing.Union:  # Optional[X] / X | Y
+        if value is None or (isinstance(value, str) and value.lower() == "none"):
+            if type(None) in args:
+                return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(method, key, value, arg)
+            except ParamError:
+                continue
+        raise bad
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
+            return value.lower() in ("true", "1", "yes", "on")
+        raise bad
+    if hint is int:
+        if isinstance(value, bool):
+            raise bad
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        try:
+            return int(str(value))
+        except ValueError:
+            raise bad from None
+    if hint is float:
+        if isinstance(value, bool):
+            raise bad
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise bad from None
+    if hint is str:
+        return str(value)
+    if origin in (tuple, list):
+        items = value
+        if isinstance(value, str):
+            text = value.strip()
+            try:
+                items = json.loads(text if text.startswith("[") else f"[{text.strip('()')}]")
+            except json.JSONDecodeError:
+                raise bad from None
+        if not isinstance(items, (list, tuple)):
+            raise bad
+        item_hint = args[0] if args else Any
+        converted = [
+            item if item_hint is Any else _convert(method, key, item, item_hint) for item in items
+        ]
+        return tuple(converted) if origin is tuple else converted
+    return value
+
+
+def _hint_name(hint: Any) -> str:
+    if isinstance(hint, type):
+        return hint.__name__
+    return str(hint).replace("typing.", "")
+
+
+def make_params(method: str, params_type: type, overrides: Mapping[str, Any]) -> Any:
+    """Build a validated parameter dataclass for ``method`` from ``overrides``.
+
+    Unknown keys and values of the wrong type raise :class:`ParamError` naming the key and the
+    valid ones; range checks are the dataclass's own ``__post_init__``.
+    """
+    hints = typing.get_type_hints(params_type)
+    valid = param_names(params_type)
+    kwargs = {}
+    for key, value in overrides.items():
+        if key not in valid:
+            listed = ", ".join(valid) if valid else "(none)"
+            raise ParamError(f"unknown parameter {method}.{key}; valid parameters of {method}: {listed}")
+        kwargs[key] = _convert(method, key, value, hints[key])
+    try:
+        return params_type(**kwargs)
+    except ParamError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise ParamError(f"{method}: {exc}") from None
+
+
+def params_dict(params: Any) -> dict[str, Any]:
+    """A JSON-friendly dict of a parameter dataclass instance (tuples become lists)."""
+    return json.loads(json.dumps(dataclasses.asdict(params)))
