@@ -1,0 +1,29 @@
+"""Reports: pure functions of the result store's records (markdown tables and a PNG plot)."""
+from __future__ import annotations
+
+import os
+import urllib.parse
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from vitbench.report._atomic import atomic_write_bytes
+from vitbench.report.markdown import render_markdown
+from vitbench.report.plot import plot_accuracy_vs_gmacs
+from vitbench.report.tables import comparison_table
+
+__all__ = ["comparison_table", "plot_accuracy_vs_gmacs", "render_markdown", "write_report"]
+
+
+def write_report(records: Iterable[Mapping[str, Any]], out_md_path: str | os.PathLike[str], *,
+                 command: str | None = None, title: str | None = None) -> tuple[Path, Path]:
+    """Write the markdown report and its plot beside it (same stem, ``.png``); each file is
+    written whole or not at all. Returns ``(md_path, png_path)``."""
+    records = list(records)
+    md_path = Path(out_md_path)
+    png_path = md_path.with_suffix(".png")
+    plot_accuracy_vs_gmacs(records, png_path)
+    link = urllib.parse.quote(png_path.name)
+    text = render_markdown(records, title=title, command=command, plot_path=link)
+    atomic_write_bytes(md_path, text.encode("utf-8"))
+    return md_path, png_path

@@ -1,0 +1,15 @@
+"""The plugin-author kit: a tiny model and a conformance check for a method plugin.
+
+A plugin package tests itself with::
+
+    from vitbench.testing import check_method
+
+    def test_my_method_conforms():
+        check_method("my-method")
+
+or through the pytest fixtures ``vitbench_tiny_vit`` and ``vitbench_check_method`` that this
+package's pytest plugin (loaded automatically once vitbench is installed) provides.
+"""
+from vitbench.testing.conformance import ConformanceReport, check_method, tiny_vit
+
+__all__ = ["ConformanceReport", "check_method", "tiny_vit"]

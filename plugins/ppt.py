@@ -1,0 +1,120 @@
+"""PPT: adaptive token pruning and pooling (Wu et al., 2023; methods.md §3).
+
+Training-free. In the listed blocks only, per image: significance scores ``s`` of the patch
+tokens (any registered scorer, normalised to sum 1). If ``var(s)`` (unbiased) is below
+``threshold`` the scores do not single out tokens, so the image **pools**: ToMe matching and a
+size-weighted merge of ``r`` tokens; otherwise it **prunes**: keeps the ``N - r`` highest-scoring
+tokens (prefix first), carrying their sizes. Both branches remove exactly ``r`` (capped at
+``(N - prefix) // 2`` as in ToMe), so the batch stays rectangular. Other blocks only apply
+proportional attention.
+
+Choices: kept tokens stay in their original order (not score order), so positions stay
+spatially sorted; the methods ``entropy`` and ``average`` are PPT with that scorer, as in the
+thesis (§4).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vitbench.catalog import MethodSpec, ModelInfo, Reduction
+from vitbench.engine import AttnInfo, TokenState, bipartite_soft_matching, max_merge
+from vitbench.errors import ParamError
+from vitbench.hookspecs import hookimpl
+from vitbench.plugins import get_host
+
+
+def check_layers(method: str, layers: tuple[int, ...], depth: int) -> None:
+    """Raise a ParamError naming a block index the model does not have."""
+    for layer in layers:
+        if not 0 <= layer < depth:
+            raise ParamError(f"{method}.layers contains {layer}; valid block indices for this model: "
+                             f"0..{depth - 1}")
+
+
+@dataclass(frozen=True)
+class PPTParams:
+    """``r`` tokens removed at each of ``layers`` (0-indexed); ``score`` names a scorer."""
+
+    r: int = 50
+    layers: tuple[int, ...] = (3, 6, 9)
+    threshold: float = 7e-5
+    score: str = "cls-attn"
+
+    def __post_init__(self) -> None:
+        if self.r < 0:
+            raise ParamError(f"ppt.r={self.r} is out of range; r must be >= 0")
+        if self.threshold < 0:
+            raise ParamError(f"ppt.threshold={self.threshold} is out of range; it must be >= 0")
+        if any(layer < 0 for layer in self.layers):
+            raise ParamError(f"ppt.layers={list(self.layers)}: block indices are >= 0")
+        get_host().scorer(self.score)  # unknown scorer -> error listing the valid ones
+
+
+@dataclass(frozen=True)
+class EntropyParams(PPTParams):
+    score: str = "entropy"
+
+
+@dataclass(frozen=True)
+class AverageParams(PPTParams):
+    score: str = "average"
+
+
+class PPTReducer:
+    """Pool or prune ``r`` tokens per image, by the variance of the significance scores."""
+
+    def __init__(self, r: int, threshold: float, scorer) -> None:  # type: ignore[no-untyped-def]
+        self.r = r
+        self.threshold = threshold
+        self.scorer = scorer
+        self.needs = frozenset({"keys"}) | scorer.needs
+
+    def __call__(self, x: torch.Tensor, state: TokenState, info: AttnInfo) -> torch.Tensor:
+        prefix = state.prefix
+        r = min(self.r, max_merge(x.shape[1], prefix))
+        if r <= 0:
+            return x
+        scores = self.scorer.score(info, prefix)
+        pool = scores.var(dim=-1, unbiased=True) < self.threshold  # [B]
+        if bool(pool.all()):
+            return state.merge(x, bipartite_soft_matching(info.keys, r, prefix))
+        prune_index = top_tokens(scores, x.shape[1] - prefix - r, prefix)
+        if not bool(pool.any()):
+            return state.keep(x, prune_index)
+        pooled, pruned = state.copy(), state.copy()
+        x_pool = pooled.merge(x, bipartite_soft_matching(info.keys, r, prefix))
+        x_prune = pruned.keep(x, prune_index)
+        state.select(pool, pooled, pruned)
+        return torch.where(pool[:, None, None], x_pool, x_prune)
+
+
+def top_tokens(scores: torch.Tensor, k: int, prefix: int) -> torch.Tensor:
+    """Indices ``[B, prefix + k]``: the prefix tokens, then the ``k`` best patches in original order."""
+    best = scores.topk(k, dim=-1).indices.sort(dim=-1).values + prefix
+    head = torch.arange(prefix, device=scores.device).expand(scores.shape[0], prefix)
+    return torch.cat([head, best], dim=1)
+
+
+def build(params: PPTParams, info: ModelInfo) -> Reduction:
+    check_layers("ppt", params.layers, info.depth)
+    scorer = get_host().scorer(params.score)
+    reducers = [PPTReducer(params.r, params.threshold, scorer) if i in params.layers else None
+                for i in range(info.depth)]
+    return Reduction(reducers, prop_attn=True)
+
+
+@hookimpl
+def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
+    for name, params, what in (("ppt", PPTParams, "the scorer given by ppt.score (cls-attn)"),
+                               ("entropy", EntropyParams, "the entropy scorer"),
+                               ("average", AverageParams, "the average-attention scorer")):
+        register(MethodSpec(
+            name=name,
+            params=params,
+            build=build,
+            families=("vit",),
+            needs_attention_probs=True,
+            description=f"PPT: adaptive pruning or pooling per image, with {what} (training-free)",
+        ))

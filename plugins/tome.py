@@ -1,0 +1,85 @@
+"""ToMe: token merging by bipartite soft matching (Bolya et al., ICLR 2023; methods.md §1).
+
+Training-free. In every block, after the attention residual and before the MLP, ``r`` tokens
+are merged into their most similar partners (cosine similarity of the head-averaged keys),
+size-weighted; proportional attention adds ``log(size)`` to the attention logits.
+
+Choices: ``r`` per layer is capped at ``(N - prefix) // 2``; prefix tokens (cls, dist,
+registers) are neither sources nor destinations; ``(r, inflect)`` schedules ``int`` values
+linearly from ``r*(1-inflect)`` to ``2r - r*(1-inflect)``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+import torch
+
+from vitbench.catalog import MethodSpec, ModelInfo, Reduction
+from vitbench.engine import AttnInfo, TokenState, bipartite_soft_matching
+from vitbench.errors import ParamError
+from vitbench.hookspecs import hookimpl
+
+
+@dataclass(frozen=True)
+class ToMeParams:
+    """``r``: tokens removed per block — an int, a per-block list, or ``(r, inflect)``."""
+
+    r: Union[int, list[int], tuple[int, float]] = 16
+    prop_attn: bool = True
+    trace_source: bool = False
+
+    def __post_init__(self) -> None:
+        values = [self.r] if isinstance(self.r, int) else list(self.r)
+        if isinstance(self.r, tuple):
+            if len(self.r) != 2 or not isinstance(self.r[0], int):
+                raise ParamError(f"tome.r={self.r!r}: a schedule is (r, inflect), e.g. (13, -0.5)")
+            values = [self.r[0]]
+        if any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in values):
+            raise ParamError(f"tome.r={self.r!r} is out of range; r must be an integer >= 0 "
+                             f"(or a list of them, one per block)")
+
+
+def schedule(r: Union[int, list[int], tuple[int, float]], depth: int) -> list[int]:
+    """Tokens to remove in each of ``depth`` blocks."""
+    if isinstance(r, int):
+        return [r] * depth
+    if isinstance(r, tuple):
+        base, inflect = r
+        low = base * (1.0 - inflect)
+        high = 2 * base - low
+        step = (high - low) / max(depth - 1, 1)
+        return [max(int(low + step * i), 0) for i in range(depth)]
+    if len(r) != depth:
+        raise ParamError(f"tome.r has {len(r)} entries; the model has {depth} blocks")
+    return list(r)
+
+
+class ToMeReducer:
+    """Merge ``r`` tokens after a block's attention."""
+
+    needs = frozenset({"keys"})
+
+    def __init__(self, r: int) -> None:
+        self.r = r
+
+    def __call__(self, x: torch.Tensor, state: TokenState, info: AttnInfo) -> torch.Tensor:
+        if self.r <= 0:
+            return x
+        return state.merge(x, bipartite_soft_matching(info.keys, self.r, state.prefix))
+
+
+def build(params: ToMeParams, info: ModelInfo) -> Reduction:
+    reducers = [ToMeReducer(r) if r > 0 else None for r in schedule(params.r, info.depth)]
+    return Reduction(reducers, prop_attn=params.prop_attn, trace_source=params.trace_source)
+
+
+@hookimpl
+def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
+    register(MethodSpec(
+        name="tome",
+        params=ToMeParams,
+        build=build,
+        families=("vit",),
+        description="ToMe: bipartite soft matching, r tokens merged per block (training-free)",
+    ))

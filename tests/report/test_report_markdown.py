@@ -1,0 +1,114 @@
+"""The markdown report, the plot and write_report."""
+from __future__ import annotations
+
+import os
+
+from vitbench.report import plot_accuracy_vs_gmacs, render_markdown, write_report
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_header_environment_command_and_methodology(records):
+    md = render_markdown(records, title="Demo", command="vitbench report runs -o demo.md")
+    assert md.startswith("# Demo\n")
+    for text in ("torch 2.4.1", "timm 1.0.9", "mmengine 0.10.5", "mmcv 2.1.0", "mmdet 3.3.0",
+                 "mmpretrain 1.2.0", "vitbench 0.1.0", "Device: cpu (Intel Xeon)", "Threads: 2",
+                 "Precision: fp32", "Git revision: 3af5c5a", "Plugins: ibtm 0.1.0, tome 0.1.0"):
+        assert text in md
+    # the given command and the run command recorded in env
+    assert "vitbench report runs -o demo.md" in md
+    assert "vitbench run --methods ibtm,tome,ppt,topk --task cls" in md
+    assert "FlopCounterMode" in md and "batch 1" in md and "speed-up / GMACs ratio" in md
+    assert md.index("## Environment") < md.index("## Methodology") < md.index("## cls")
+
+
+def test_one_table_per_task_and_model_with_baseline_first(records):
+    md = render_markdown(records)
+    assert md.index("## cls · vitbench-fmnist-vit") < md.index("## det · deit_small_patch16_224")
+    cls_part = md[md.index("## cls"):md.index("## det")]
+    table = [line for line in cls_part.splitlines() if line.startswith("|")]
+    assert table[0].startswith("| Method") and "ΔTop-1 (pp)" in table[0]
+    assert table[2].startswith("| baseline")
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in table]
+    tome = dict(zip(cells[0], cells[3]))
+    assert tome["Method"] == "tome (r=13)"
+    assert (tome["ΔTop-1 (pp)"], tome["GMACs ↓ (%)"]) == ("-0.52", "41.2")
+    assert all(c.endswith(":") and not c.startswith(":") for c in cells[1][1:])  # numbers right
+    assert "Box mAP" in md[md.index("## det"):]
+
+
+def test_failed_and_skipped_runs_listed_with_their_message(records):
+    md = render_markdown(records)
+    cls_part = md[md.index("## cls"):md.index("## det")]
+    failed = cls_part[cls_part.index("Failed runs:"):]
+    # multi-line messages are folded into one list item
+    message = "RuntimeError: shapes [1, 197] and [1, 96] differ in block 4"
+    assert f"- ppt (r=0.5, threshold=7): {message}" in failed
+    assert "- topk (keep=0.7): needs attention probabilities the family does not expose" in cls_part
+    # ibtm's old error was superseded by its successful retry
+    assert "first try failed" not in md
+
+
+def test_attention_kernels_are_reported(records):
+    md = render_markdown(records)
+    assert "- baseline: fused (SDPA)" in md
+    assert "- ibtm (r=0.7): unfused in blocks 3,6,9" in md
+    assert "Attention kernel: fused (SDPA) in every row." in md  # the det group
+
+
+def test_near_chance_baseline_warns(make_record):
+    def report(top1, **extra):
+        return render_markdown([make_record("b", "baseline", top1_pct=top1, **extra)])
+
+    md = report(14.0)  # 10 classes: chance 10 %, warn up to 15 %
+    warning = next(line for line in md.splitlines() if "Warning" in line)
+    assert "14.00%" in warning and "chance" in warning and "vitbench-fmnist-vit" in warning
+    assert md.index("Warning") < md.index("## Methodology")
+    assert "Warning" not in report(16.0)
+    rec = make_record("b", "baseline", top1_pct=9.0)
+    del rec["num_classes"]
+    assert "Warning" not in render_markdown([rec])  # unknown class count: no check
+
+
+def test_no_successful_baseline_is_said(make_record):
+    md = render_markdown([make_record("b", "baseline", status="error", error="OOM"),
+                          make_record("t", "tome", {"r": 4}, top1_pct=70.0)])
+    assert "No successful baseline" in md and "- baseline: OOM" in md
+
+
+def test_environment_differences_are_flagged(records):
+    other = dict(records[1], spec_id="x", env=dict(records[1]["env"], threads=8))
+    md = render_markdown(records + [other])
+    assert "Threads: 2; 8 (differs between records)" in md
+
+
+def test_empty_store_still_renders(tmp_path):
+    md = render_markdown([])
+    assert "## Methodology" in md and "Runs: none" in md
+    md_path, png_path = write_report([], tmp_path / "empty.md")
+    assert png_path.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_plot_is_a_png(records, tmp_path):
+    path = plot_accuracy_vs_gmacs(records, tmp_path / "plot.png")
+    assert path == tmp_path / "plot.png"
+    assert path.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_write_report_writes_markdown_and_png_beside_it(records, tmp_path):
+    out = tmp_path / "reports" / "demo run.md"
+    md_path, png_path = write_report(records, out, command="vitbench report runs -o demo.md")
+    assert (md_path, png_path) == (out, tmp_path / "reports" / "demo run.png")
+    assert png_path.read_bytes().startswith(PNG_MAGIC)
+    md = md_path.read_text(encoding="utf-8")
+    assert "![Accuracy vs GMACs and vs throughput](demo%20run.png)" in md
+    assert "| baseline" in md
+    # no temp files left behind
+    assert sorted(os.listdir(out.parent)) == ["demo run.md", "demo run.png"]
+
+
+def test_write_report_replaces_an_old_report(records, tmp_path):
+    out = tmp_path / "r.md"
+    out.write_text("old")
+    write_report(records[:2], out)
+    assert out.read_text(encoding="utf-8").startswith("# vitbench report")

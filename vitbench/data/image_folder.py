@@ -1,0 +1,144 @@
+"""ImageNet-style image folders for the cls task, through mmpretrain's ``CustomDataset``.
+
+Layouts accepted (``--data ROOT``):
+
+- ``ROOT/val/<class>/<image>`` (and ``ROOT/train/<class>/<image>``): the ImageNet layout;
+  evaluation reads ``val``, fine-tuning reads ``train``.
+- ``ROOT/<class>/<image>``: a folder of class folders is taken as a single evaluation split
+  (handy for a small labelled sample). A ROOT with ``train/`` but no ``val/`` is an error
+  rather than a data set with one class called "train".
+
+Class folders are sorted by name and numbered from 0, as torchvision and mmpretrain do,
+unless the caller passes a ``label_map`` (the cls task maps ImageNet ``nXXXXXXXX`` folders to
+the 1000-class index, so a subset of ImageNet classes keeps the right labels). Images may sit
+in nested folders under their class; hidden folders are ignored.
+
+Eval preprocessing (:func:`eval_pipeline`) mirrors timm's: resize the short side to
+``floor(size / crop_pct)``, centre-crop ``size``, then pack; normalisation happens in the
+classifier's data preprocessor.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mmpretrain.datasets import CustomDataset
+
+from vitbench.errors import DataError, choices_error
+from vitbench.mm.registry import DATASETS
+
+IMAGE_EXTENSIONS: tuple[str, ...] = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif",
+                                     ".tiff", ".webp")
+SPLITS = ("val", "train")
+LAYOUT_HINT = ("expected ROOT/val/<class>/<image> (ImageNet layout) or ROOT/<class>/<image>; "
+               f"images: {' '.join(IMAGE_EXTENSIONS)}")
+
+
+@dataclass(frozen=True)
+class FolderSplit:
+    """A located split: the folder whose sub-folders are the classes, and what it holds."""
+
+    root: Path
+    split_dir: Path
+    classes: tuple[str, ...]
+    num_images: int
+
+
+def _is_image(path: Path) -> bool:
+    return path.suffix.lower() in IMAGE_EXTENSIONS and path.is_file()
+
+
+def find_split(root: str | Path, split: str = "val") -> FolderSplit:
+    """Locate ``split`` under ``root`` and check it has class folders with images.
+
+    Raises :class:`DataError` naming the path when it is missing or malformed.
+    """
+    if split not in SPLITS:
+        raise choices_error("data split", split, SPLITS)
+    root = Path(root).expanduser()
+    if not root.exists():
+        raise DataError(f"data folder {root} not found; {LAYOUT_HINT}")
+    if not root.is_dir():
+        raise DataError(f"data path {root} is not a folder; {LAYOUT_HINT}")
+    if (root / split).is_dir():
+        split_dir = root / split
+    elif any((root / s).is_dir() for s in SPLITS):
+        raise DataError(f"malformed data folder {root}: it has no {split}/ split; {LAYOUT_HINT}")
+    elif split == "val":
+        split_dir = root  # ROOT/<class>/<image>: a single evaluation split
+    else:
+        raise DataError(f"malformed data folder {root}: it has no {split}/ split; "
+                        f"expected ROOT/{split}/<class>/<image>")
+    classes = tuple(sorted(d.name for d in split_dir.iterdir()
+                           if d.is_dir() and not d.name.startswith(".")))
+    if not classes:
+        raise DataError(f"malformed data folder {split_dir}: no class folders; {LAYOUT_HINT}")
+    num_images = sum(1 for c in classes for p in (split_dir / c).rglob("*") if _is_image(p))
+    if num_images == 0:
+        raise DataError(f"malformed data folder {split_dir}: {len(classes)} class folders but no "
+                        f"images in them; {LAYOUT_HINT}")
+    return FolderSplit(root=root, split_dir=split_dir, classes=classes, num_images=num_images)
+
+
+def eval_pipeline(*, input_size: tuple[int, int], crop_pct: float = 0.875,
+                  interpolation: str = "bicubic", in_chans: int = 3) -> list[dict]:
+    """timm's eval transform as an mm pipeline: resize to size/crop_pct, centre-crop, pack.
+
+    Images load as BGR (``to_rgb`` in the classifier flips them) or, for 1-channel models,
+    as grey. Pillow does the resizing, like timm's torchvision transforms.
+    """
+    if not 0 < crop_pct <= 1:
+        raise DataError(f"crop_pct must be in (0, 1], got {crop_pct}")
+    h, w = input_size
+    load = dict(type="mmpretrain.LoadImageFromFile",
+                color_type="grayscale" if in_chans == 1 else "color")
+    if h == w:
+        resize = dict(type="mmpretrain.ResizeEdge", scale=math.floor(h / crop_pct), edge="short",
+                      backend="pillow", interpolation=interpolation)
+    else:  # timm resizes both sides for a non-square input
+        resize = dict(type="mmpretrain.Resize",
+                      scale=(math.floor(w / crop_pct), math.floor(h / crop_pct)),
+                      backend="pillow", interpolation=interpolation)
+    crop = dict(type="mmpretrain.CenterCrop", crop_size=(w, h))
+    return [load, resize, crop, dict(type="mmpretrain.PackInputs")]
+
+
+@DATASETS.register_module()
+class ClsImageFolder(CustomDataset):
+    """An image-folder split (see the module docstring) as an mmpretrain data set.
+
+    ``label_map`` maps class-folder names to labels (default: sorted order); images of
+    folders it leaves out are skipped. ``classes`` names the labels (default: the folder
+    names). ``indices`` (an int: the first N; or a sequence) selects a subset.
+    """
+
+    def __init__(self, data_root: str, split: str = "val", *,
+                 label_map: Mapping[str, int] | None = None, classes: Sequence[str] | None = None,
+                 pipeline: Sequence[Any] = (), indices: int | Sequence[int] | None = None,
+                 **kwargs: Any) -> None:
+        self.layout = find_split(data_root, split)
+        self._label_map = dict(label_map) if label_map is not None else {
+            c: i for i, c in enumerate(self.layout.classes)}
+        self._classes = tuple(classes) if classes is not None else self.layout.classes
+        super().__init__(data_prefix=str(self.layout.split_dir), extensions=IMAGE_EXTENSIONS,
+                         pipeline=pipeline, indices=indices, test_mode=split == "val", **kwargs)
+
+    def _find_samples(self) -> list:
+        """mmpretrain's folder scan, then the class names this data set's labels refer to."""
+        samples = super()._find_samples()
+        self._metainfo["classes"] = self._classes
+        return samples
+
+    def load_data_list(self) -> list[dict]:
+        """mmpretrain's list, with labels remapped by folder name through ``label_map``."""
+        data_list = super().load_data_list()
+        folder_of = {i: name for name, i in self.folder_to_idx.items()}
+        out = []
+        for info in data_list:
+            folder = folder_of[info["gt_label"]]
+            if folder in self._label_map:
+                out.append({**info, "gt_label": self._label_map[folder]})
+        return out

@@ -1,0 +1,87 @@
+"""The one generic reducing block that serves every token method (methods.md §0).
+
+``x = x + ls1(attn(norm1(x)))  ->  reduce(x)  ->  x = x + ls2(mlp(norm2(x)))``
+
+It wraps a timm ``Block`` instance, so LayerScale, drop-path, qk-norm and the attention output
+norm stay the block's own modules. The wrapper is transparent to checkpoints: its state dict
+has the timm keys (``blocks.3.attn.qkv.weight``, not ``blocks.3.block.attn...``) and it loads
+them, so a reduced model and its original share weights files.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+from torch import nn
+
+from vitbench.engine.attention import attention_forward, uses_fused_kernel
+from vitbench.engine.token_state import TokenState
+
+
+class ReductionContext:
+    """Shared by all reducing blocks of one model: settings and the current forward's state."""
+
+    def __init__(self, method: str, params: Any, prefix: int, prop_attn: bool,
+                 trace_source: bool) -> None:
+        self.method = method
+        self.params = params
+        self.prefix = prefix
+        self.prop_attn = prop_attn
+        self.trace_source = trace_source
+        self.state: Optional[TokenState] = None
+        self.token_counts: list[int] = []
+
+
+def reduction_context(model: nn.Module) -> Optional[ReductionContext]:
+    """The reduction context a family adapter attached to a patched model (``None`` if unreduced)."""
+    return getattr(model, "_vitbench_context", None)
+
+
+class ReducingBlock(nn.Module):
+    """A timm ViT block with a reduction step between attention and MLP."""
+
+    def __init__(self, block: nn.Module, index: int, reducer: Optional[Callable[..., torch.Tensor]],
+                 context: ReductionContext) -> None:
+        super().__init__()
+        self.block = block
+        self.index = index
+        self.reducer = reducer  # an nn.Module reducer (learnable methods) becomes a submodule
+        self.needs = frozenset(getattr(reducer, "needs", ())) if reducer is not None else frozenset()
+        self._context = context
+        self._register_state_dict_hook(_drop_wrapper_level)
+        self._register_load_state_dict_pre_hook(_add_wrapper_level)
+
+    @property
+    def fused(self) -> bool:
+        return uses_fused_kernel(self.block.attn, self.needs)
+
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
+                is_causal: bool = False) -> torch.Tensor:
+        if attn_mask is not None or is_causal:
+            raise ValueError("vitbench reducing blocks do not take an external attention mask")
+        ctx = self._context
+        if self.index == 0 or ctx.state is None:
+            ctx.state = TokenState.start(x, ctx.prefix, ctx.trace_source)
+            ctx.token_counts = []
+        state = ctx.state
+        blk = self.block
+        bias = state.attn_bias(x.dtype) if ctx.prop_attn else None
+        out, info = attention_forward(blk.attn, blk.norm1(x), bias, self.needs)
+        x = x + blk.drop_path1(blk.ls1(out))
+        if self.reducer is not None:
+            x = self.reducer(x, state, info)
+        ctx.token_counts.append(x.shape[1])
+        return x + blk.drop_path2(blk.ls2(blk.mlp(blk.norm2(x))))
+
+
+def _drop_wrapper_level(module: nn.Module, state_dict: dict, prefix: str, local_metadata: Any) -> dict:
+    inner = prefix + "block."
+    for key in [k for k in state_dict if k.startswith(inner)]:
+        state_dict[prefix + key[len(inner):]] = state_dict.pop(key)
+    return state_dict
+
+
+def _add_wrapper_level(state_dict: dict, prefix: str, *args: Any) -> None:
+    own = (prefix + "block.", prefix + "reducer.")
+    for key in [k for k in state_dict if k.startswith(prefix) and not k.startswith(own)]:
+        state_dict[prefix + "block." + key[len(prefix):]] = state_dict.pop(key)

@@ -1,0 +1,1 @@
+"""Model-family adapters: a uniform view of each backbone family's attention blocks."""

@@ -1,0 +1,117 @@
+"""The per-forward token state that travels through the blocks (methods.md §0).
+
+One small object, created fresh by the first block of every forward:
+
+- ``size [B, N, 1]``: how many original patches each token stands for (``None`` = all ones,
+  so an unreduced model takes exactly the timm code path);
+- ``source [B, N, N0]``: which original tokens each token covers (only when tracing, for
+  visualisation and :func:`vitbench.engine.unmerge.unmerge`);
+- ``fill [B, N0, C]``: the last value of every patch before it was pruned (only when tracing);
+- ``prefix``: protected leading tokens (cls, dist, registers), never merged or pruned;
+- ``private``: method-private state (LTM's previous mask, LTMP's keep mask).
+
+Every reduction goes through :meth:`TokenState.merge` or :meth:`TokenState.keep`, which change
+``x``, ``size``, ``source`` and ``fill`` together so they can never disagree.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+
+from vitbench.engine.matching import Matching
+
+
+@dataclass
+class TokenState:
+    """Token bookkeeping of one forward pass (methods.md §0)."""
+
+    prefix: int
+    size: Optional[torch.Tensor] = None
+    source: Optional[torch.Tensor] = None
+    fill: Optional[torch.Tensor] = None
+    private: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def start(cls, x: torch.Tensor, prefix: int, trace_source: bool = False) -> "TokenState":
+        """A fresh state for tokens ``x [B, N, C]`` entering the first block."""
+        state = cls(prefix=prefix)
+        if trace_source:
+            b, n, c = x.shape
+            state.source = torch.eye(n, device=x.device, dtype=x.dtype).expand(b, n, n).clone()
+            state.fill = torch.zeros(b, n, c, device=x.device, dtype=x.dtype)
+        return state
+
+    def sizes(self, x: torch.Tensor) -> torch.Tensor:
+        """``size`` as a tensor ``[B, N, 1]`` (ones when nothing was merged yet)."""
+        if self.size is not None:
+            return self.size
+        return torch.ones(x.shape[0], x.shape[1], 1, device=x.device, dtype=x.dtype)
+
+    def attn_bias(self, dtype: torch.dtype) -> Optional[torch.Tensor]:
+        """Proportional attention: ``log(size)`` of each key as a float bias ``[B, 1, 1, N]``.
+
+        ``None`` while every token stands for one patch, so the fused kernel runs unmasked.
+        """
+        if self.size is None:
+            return None
+        return self.size.log().to(dtype)[:, None, None, :, 0]
+
+    # -- reductions ----------------------------------------------------------------------
+    def merge(self, x: torch.Tensor, m: Matching) -> torch.Tensor:
+        """Size-weighted merge of ``x`` by matching ``m`` (ToMe's weighted average, §1)."""
+        size = self.sizes(x)
+        merged = m.merge(torch.cat([x * size, size], dim=-1), mode="sum")
+        x_new, size_new = merged[..., :-1], merged[..., -1:]
+        if self.source is not None:
+            self.source = m.merge(self.source, mode="sum")
+        self.size = size_new
+        return x_new / size_new
+
+    def keep(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """Keep the tokens at ``index [B, N']`` (in that order); the others are pruned.
+
+        With source tracing, the pruned tokens' current values go to ``fill`` for every patch
+        they cover, so unmerge can restore a pruned patch's last value (§0, "Unmerge").
+        """
+        if self.source is not None and self.fill is not None:
+            dropped = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
+            dropped.scatter_(1, index, False)
+            covers = (self.source > 0).to(x.dtype) * dropped[..., None].to(x.dtype)
+            values = torch.einsum("btp,btc->bpc", covers, x.detach())
+            covered = covers.sum(1)[..., None] > 0
+            self.fill = torch.where(covered, values, self.fill)
+            self.source = _gather(self.source, index)
+        if self.size is not None:
+            self.size = _gather(self.size, index)
+        return _gather(x, index)
+
+    def append(self, x: torch.Tensor, token: torch.Tensor, size: torch.Tensor,
+               source: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Append one token ``[B, 1, C]`` standing for ``size [B, 1, 1]`` patches (EViT's fusion)."""
+        self.size = torch.cat([self.sizes(x), size], dim=1)
+        if self.source is not None:
+            if source is None:
+                raise ValueError("append() needs the new token's source while tracing sources")
+            self.source = torch.cat([self.source, source], dim=1)
+        return torch.cat([x, token], dim=1)
+
+    # -- per-image branches (PPT) --------------------------------------------------------
+    def copy(self) -> "TokenState":
+        return TokenState(self.prefix, self.size, self.source, self.fill, copy.copy(self.private))
+
+    def select(self, choose_first: torch.Tensor, first: "TokenState", second: "TokenState") -> None:
+        """Take ``first``'s tensors for images where ``choose_first [B]`` holds, else ``second``'s."""
+        def pick(a: Optional[torch.Tensor], b: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+            if a is None and b is None:
+                return None
+            return torch.where(choose_first.view(-1, *([1] * (a.dim() - 1))), a, b)  # type: ignore[union-attr]
+        self.size = pick(first.size, second.size)
+        self.source = pick(first.source, second.source)
+        self.fill = pick(first.fill, second.fill)
+
+
+def _gather(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    return t.gather(1, index[..., None].expand(-1, -1, t.shape[-1]))

@@ -1,0 +1,170 @@
+"""The markdown report: environment, command, methodology, one table per (task, model).
+
+Every report answers the questions users keep asking (per batch or per image? why no
+speed-up? how were input-dependent FLOPs counted?) before the numbers, so the methodology
+paragraph is part of the report, not of the docs (benchmarking.md, "Report shape").
+"""
+from __future__ import annotations
+
+import shlex
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from vitbench.report.tables import (
+    comparison_table, group_records, groups, metric, ok_rows, pick_baseline, row_labels,
+)
+from vitbench.results.store import latest_records
+
+__all__ = ["render_markdown", "METHODOLOGY"]
+
+_VERSION_KEYS = ("torch", "timm", "mmengine", "mmcv", "mmdet", "mmpretrain", "vitbench")
+
+METHODOLOGY = (
+    "**GMACs** are counted with `torch.utils.flop_counter.FlopCounterMode` at batch 1 on the "
+    "real forward of the reduced model, so token counts that change between blocks are counted "
+    "as they happen; fused attention (SDPA) is counted with an explicit formula, so fused and "
+    "unfused attention count the same. 1 multiply-add = 1, the papers' \"GFLOPs\" convention "
+    "(GMACs = FLOPs / 2). Input-dependent methods are averaged over real evaluation images and "
+    "shown as mean ± standard deviation. **Throughput** is the median images per second of the "
+    "model forward only (eval mode, inference mode, input already on the device, after warm-up, "
+    "device synchronised) at the batch size in the column header, ± the spread over repeats; "
+    "**latency** is the median milliseconds per image at batch 1. **Speed-ups** are taken only "
+    "against the baseline measured in the same run (same process configuration and session), "
+    "never against a number from elsewhere. **Efficiency** = speed-up / GMACs ratio "
+    "(baseline GMACs / method GMACs): 1.0 means every saved MAC turned into time. Deltas "
+    "(ΔTop-1 in percentage points, GMACs ↓ in %) are against the baseline of the same task "
+    "and model. Top-1/top-5 come from mmpretrain's Accuracy, box/mask mAP from mmdet's "
+    "CocoMetric; IB loss and bound are measured on the evaluation split at the final block. "
+    "\"n/a\": the metric does not apply to that row or was not measured."
+)
+
+
+def _one_line(text: Any, limit: int = 500) -> str:
+    s = " ".join(str(text).split())
+    return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+def _distinct(values: Iterable[Any]) -> list[str]:
+    out: dict[str, None] = {}
+    for v in values:
+        if v not in (None, "", [], {}):
+            out.setdefault(str(v), None)
+    return list(out)
+
+
+def _joined(values: list[str]) -> str:
+    if not values:
+        return "n/a"
+    return values[0] if len(values) == 1 else "; ".join(values) + " (differs between records)"
+
+
+def _plugins(env: Mapping[str, Any]) -> str | None:
+    plugins = env.get("plugins")
+    if not plugins:
+        return None
+    names = []
+    for p in plugins:
+        if isinstance(p, Mapping):
+            version = p.get("version")
+            names.append(f"{p.get('name')} {version}" if version else str(p.get("name")))
+        else:
+            names.append(str(p))
+    return ", ".join(sorted(names))
+
+
+def _environment(records: list[Mapping[str, Any]]) -> list[str]:
+    envs = [r.get("env") or {} for r in records]
+    versions = []
+    for key in _VERSION_KEYS:
+        vals = _distinct((e.get("versions") or {}).get(key) for e in envs)
+        versions.append(f"{key} {' / '.join(vals) if vals else 'n/a'}")
+    lines = [f"- Versions: {', '.join(versions)}"]
+    for label, key in (("Device", "device"), ("Threads", "threads"), ("Precision", "precision"),
+                       ("Git revision", "git_rev")):
+        lines.append(f"- {label}: {_joined(_distinct(e.get(key) for e in envs))}")
+    lines.append(f"- Plugins: {_joined(_distinct(_plugins(e) for e in envs))}")
+    statuses = [str(r.get("status")) for r in records]
+    counts = ", ".join(f"{statuses.count(s)} {s}" for s in dict.fromkeys(statuses))
+    lines.append(f"- Runs: {len(records)} ({counts})" if records else "- Runs: none")
+    times = sorted(t for r in records for t in (r.get("started_at"), r.get("finished_at")) if t)
+    if times:
+        lines.append(f"- Measured: {times[0]} to {times[-1]}")
+    return lines
+
+
+def _chance_warnings(records: list[Mapping[str, Any]]) -> list[str]:
+    """A baseline near chance accuracy usually means a wrong data layout, not a bad model."""
+    out = []
+    for task, model in groups(records):
+        base = pick_baseline(group_records(records, task, model))
+        top1, n = metric(base, "top1_pct"), metric(base, "num_classes")
+        if top1 is None or not n or n <= 0:
+            continue
+        chance = 100.0 / n
+        if top1 <= 1.5 * chance:
+            out.append(
+                f"> **Warning:** the baseline of {task} / {model} reaches {top1:.2f}% top-1, near "
+                f"chance ({chance:.2f}% for {int(n)} classes): check the data layout and labels."
+            )
+    return out
+
+
+def _escape_cell(s: Any) -> str:
+    return str(s).replace("|", "\\|")
+
+
+def _group_section(records: list[Mapping[str, Any]], task: str, model: str) -> list[str]:
+    recs = group_records(records, task, model)
+    data = _distinct(r.get("data") for r in recs)
+    head = f"## {task} · {model}" + (f" (data: {', '.join(data)})" if data else "")
+    lines = [head, ""]
+    rows, base = ok_rows(records, task, model)
+    if rows:
+        df = comparison_table(records, task, model).map(_escape_cell)
+        align = ("left",) + ("right",) * (len(df.columns) - 1)  # numbers line up
+        lines += [df.to_markdown(index=False, disable_numparse=True, colalign=align), ""]
+        if base is None:
+            lines += ["No successful baseline in this group: deltas and speed-ups are n/a.", ""]
+        kernels = [(lab, r.get("attention_kernel")) for lab, r in zip(row_labels(rows), rows)]
+        known = [(lab, k) for lab, k in kernels if k]
+        if known and len({k for _, k in known}) == 1 and len(known) == len(kernels):
+            lines += [f"Attention kernel: {known[0][1]} in every row.", ""]
+        elif known:
+            lines += ["Attention kernel:"] + [f"- {lab}: {k or 'n/a'}" for lab, k in kernels] + [""]
+    else:
+        lines += ["No successful runs.", ""]
+    for status, title, default in (("error", "Failed runs", "(no message)"),
+                                   ("skipped", "Skipped runs", "(no reason given)")):
+        bad = [r for r in recs if r.get("status") == status]
+        if bad:
+            lines += [f"{title}:", ""]
+            for lab, r in zip(row_labels(bad), bad):
+                lines.append(f"- {lab}: {_one_line(r.get('error') or default)}")
+            lines.append("")
+    return lines
+
+
+def render_markdown(records: Iterable[Mapping[str, Any]], *, title: str | None = None,
+                    command: str | None = None, plot_path: str | None = None) -> str:
+    """The whole report as markdown. ``command`` is shown first under "Command", then the run
+    commands recorded in the records' ``env``; ``plot_path`` (relative to the markdown) adds
+    the plot image link."""
+    records = latest_records(records)
+    lines = [f"# {title or 'vitbench report'}", ""]
+    warnings = _chance_warnings(records)
+    if warnings:
+        lines += warnings + [""]
+    lines += ["## Environment", ""] + _environment(records) + [""]
+    run_commands = [(r.get("env") or {}).get("command") for r in records]
+    commands = _distinct(
+        shlex.join(map(str, c)) if isinstance(c, (list, tuple)) else c
+        for c in [command, *run_commands]
+    )
+    if commands:
+        lines += ["## Command", "", "```"] + commands + ["```", ""]
+    lines += ["## Methodology", "", METHODOLOGY, ""]
+    for task, model in groups(records):
+        lines += _group_section(records, task, model)
+    if plot_path:
+        lines += ["## Plot", "", f"![Accuracy vs GMACs and vs throughput]({plot_path})", ""]
+    return "\n".join(lines)

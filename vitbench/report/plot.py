@@ -1,0 +1,78 @@
+"""Accuracy vs GMACs and accuracy vs throughput, one row of two panels per (task, model).
+
+Fewer GMACs do not always mean more images per second (benchmarking.md), so the two panels
+sit side by side: a method that moves left on the first but not right on the second saves
+MACs the hardware does not turn into time. Uses matplotlib's object API with the Agg canvas,
+never pyplot, so no display and no global backend switch.
+"""
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from vitbench.report._atomic import atomic_write_bytes
+from vitbench.report.tables import accuracy_key, groups, metric, ok_rows, row_labels
+
+__all__ = ["plot_accuracy_vs_gmacs"]
+
+_AXES = (
+    ("gmacs", "gmacs_std", "GMACs (batch 1)"),
+    ("throughput_img_s", "throughput_spread_img_s", "Throughput (img/s)"),
+)
+
+
+def _panel(ax: Axes, rows: list[Mapping[str, Any]], labels: list[str], base: Any,
+           x_key: str, xerr_key: str, y_key: str) -> None:
+    drawn = 0
+    for i, (rec, label) in enumerate(zip(rows, labels)):
+        x, y = metric(rec, x_key), metric(rec, y_key)
+        if x is None or y is None:
+            continue
+        is_base = rec is base
+        ax.errorbar(
+            x, y, xerr=metric(rec, xerr_key) or None, fmt="*" if is_base else "o",
+            markersize=12 if is_base else 7, capsize=3,
+            color="black" if is_base else f"C{i % 10}",  # a row has one colour in both panels
+        )
+        ax.annotate(label, (x, y), xytext=(5, 5), textcoords="offset points", fontsize=8)
+        drawn += 1
+    if not drawn:
+        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+    ax.grid(True, alpha=0.3)
+    ax.margins(x=0.2, y=0.15)  # room for the labels
+
+
+def plot_accuracy_vs_gmacs(
+    records: Iterable[Mapping[str, Any]], path_png: str | os.PathLike[str]
+) -> Path:
+    """Write the PNG to ``path_png`` (atomically) and return its path. Detection and
+    segmentation plot box mAP; the baseline is the black star."""
+    records = list(records)
+    pairs = groups(records) or [("cls", "(no runs)")]
+    fig = Figure(figsize=(12, 4.5 * len(pairs)), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(pairs), 2, squeeze=False)
+    for (task, model), (ax_g, ax_t) in zip(pairs, axes):
+        rows, base = ok_rows(records, task, model)
+        labels = row_labels(rows)
+        y_key = accuracy_key(task)
+        y_label = "Top-1 (%)" if task == "cls" else "box mAP"
+        for ax, (x_key, xerr_key, x_label) in zip((ax_g, ax_t), _AXES):
+            _panel(ax, rows, labels, base, x_key, xerr_key, y_key)
+            ax.set_xlabel(x_label)
+            ax.set_ylabel(y_label)
+        bs = {int(b) for r in rows if (b := metric(r, "batch_size")) is not None}
+        if len(bs) == 1:
+            ax_t.set_xlabel(f"Throughput (img/s, bs={bs.pop()})")
+        ax_g.set_title(f"{task} · {model}: accuracy vs GMACs")
+        ax_t.set_title(f"{task} · {model}: accuracy vs throughput")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    return atomic_write_bytes(path_png, buf.getvalue())

@@ -1,0 +1,188 @@
+"""The comparison table of one (task, model): baseline first, then methods, deltas vs that baseline.
+
+Cells are formatted strings (the table is for reading, the store keeps the numbers) and "n/a"
+wherever a metric does not apply to the row or was not measured. Columns follow the report
+shape of benchmarking.md; detection/segmentation put box (and mask) mAP where top-1 goes.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pandas as pd
+
+from vitbench.results.store import latest_records
+
+__all__ = [
+    "NA", "accuracy_key", "metric", "comparison_table", "group_records", "groups", "method_label",
+    "ok_rows", "pick_baseline", "row_labels",
+]
+
+NA = "n/a"
+Record = Mapping[str, Any]
+
+
+def metric(rec: Record | None, key: str) -> float | None:
+    """``rec[key]`` as a finite float, else ``None`` (missing, null, NaN, not a number)."""
+    if rec is None:
+        return None
+    v = rec.get(key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v) if math.isfinite(v) else None
+
+
+def _fmt(v: float | None, spec: str, unit: str = "") -> str:
+    if v is None:
+        return NA
+    s = format(v, spec)
+    # "-0.00" / "+0.00": a rounded zero has no sign
+    return (s.lstrip("+-") if float(s) == 0 else s) + unit
+
+
+def _spread(v: float | None, sd: float | None, spec: str) -> str:
+    if v is None:
+        return NA
+    if sd is not None and sd > 0:
+        return f"{_fmt(v, spec)} ± {_fmt(sd, spec)}"
+    return _fmt(v, spec)
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, float):
+        return format(v, "g")
+    if isinstance(v, (list, tuple)):
+        return ",".join(_short(x) for x in v)
+    return str(v)
+
+
+def method_label(rec: Record) -> str:
+    """``tome (r=13)``: the method name with its parameters, in the order the record has them."""
+    params = rec.get("params") or {}
+    method = str(rec.get("method", "?"))
+    if not params:
+        return method
+    return f"{method} ({', '.join(f'{k}={_short(v)}' for k, v in params.items())})"
+
+
+def groups(records: Iterable[Record]) -> list[tuple[str, str]]:
+    """The (task, model) pairs in the order they first appear in the store."""
+    seen: dict[tuple[str, str], None] = {}
+    for r in records:
+        seen.setdefault((str(r.get("task")), str(r.get("model"))), None)
+    return list(seen)
+
+
+def accuracy_key(task: str) -> str:
+    """The record field plotted and compared as "accuracy" for a task."""
+    return "top1_pct" if task == "cls" else "box_map"
+
+
+def group_records(records: Iterable[Record], task: str, model: str) -> list[dict[str, Any]]:
+    """The newest record of each spec of ``(task, model)``, any status, in store order."""
+    return [
+        r for r in latest_records(records)
+        if str(r.get("task")) == task and str(r.get("model")) == model
+    ]
+
+
+def pick_baseline(rows: Iterable[Record]) -> Record | None:
+    """The first successful ``baseline`` record among ``rows`` (the reference for deltas)."""
+    ok = (r for r in rows if r.get("status") == "ok")
+    return next((r for r in ok if r.get("method") == "baseline"), None)
+
+
+def ok_rows(records: Iterable[Record], task: str, model: str) -> tuple[list[Record], Record | None]:
+    """The successful runs of ``(task, model)``, reference baseline first, and that baseline."""
+    ok = [r for r in group_records(records, task, model) if r.get("status") == "ok"]
+    base = pick_baseline(ok)
+    if base is not None:
+        ok = [base] + [r for r in ok if r is not base]
+    return ok, base
+
+
+def row_labels(rows: list[Record]) -> list[str]:
+    """:func:`method_label` of each row, with the seed added where labels would repeat."""
+    labels = [method_label(r) for r in rows]
+    # the same method and params measured with several seeds: tell the rows apart
+    dup = {lab for lab in labels if labels.count(lab) > 1}
+    return [
+        f"{lab} [seed={r.get('seed')}]" if lab in dup else lab for lab, r in zip(labels, rows)
+    ]
+
+
+def comparison_table(records: Iterable[Record], task: str, model: str) -> pd.DataFrame:
+    """One row per successful run of ``(task, model)`` (newest record per ``spec_id``), the
+    baseline first; deltas, GMACs reduction, speed-up and efficiency against that baseline.
+
+    Speed-up and efficiency come from the record when the executor computed them (against
+    the baseline of the same session); otherwise from the throughputs and GMACs in this table.
+    """
+    rows, base = ok_rows(list(records), task, model)
+    is_cls = task == "cls"
+    has_top5 = is_cls and any(metric(r, "top5_pct") is not None for r in rows)
+    has_mask = task == "seg" or (
+        not is_cls and any(metric(r, "mask_map") is not None for r in rows)
+    )
+
+    batches = {int(b) for r in rows if (b := metric(r, "batch_size")) is not None}
+    one_bs = len(batches) == 1
+    tp_col = f"Throughput (img/s, bs={next(iter(batches))})" if one_bs else "Throughput (img/s)"
+
+    b_gmacs, b_tp = metric(base, "gmacs"), metric(base, "throughput_img_s")
+    table: list[dict[str, str]] = []
+    for rec, label in zip(rows, row_labels(rows)):
+        row = {"Method": label, "Params": _fmt(metric(rec, "params_m"), ".2f", "M")}
+        if has_top5:
+            row["Top-5 (%)"] = _fmt(metric(rec, "top5_pct"), ".2f")
+        acc_cols = (
+            [("Top-1 (%)", "ΔTop-1 (pp)", "top1_pct", ".2f")]
+            if is_cls
+            else [("Box mAP", "ΔBox mAP", "box_map", ".3f")]
+            + ([("Mask mAP", "ΔMask mAP", "mask_map", ".3f")] if has_mask else [])
+        )
+        for col, dcol, key, spec in acc_cols:
+            v, b = metric(rec, key), metric(base, key)
+            row[col] = _fmt(v, spec)
+            row[dcol] = _fmt(v - b, "+" + spec) if v is not None and b is not None else NA
+
+        gm = metric(rec, "gmacs")
+        row["GMACs"] = _spread(gm, metric(rec, "gmacs_std"), ".2f")
+        ratio = b_gmacs / gm if gm and b_gmacs else None  # baseline GMACs / method GMACs
+        cut = (1 - gm / b_gmacs) * 100 if gm is not None and b_gmacs else None
+        row["GMACs ↓ (%)"] = _fmt(cut, ".1f")
+
+        tp = metric(rec, "throughput_img_s")
+        cell = _spread(tp, metric(rec, "throughput_spread_img_s"), ".1f")
+        bs = metric(rec, "batch_size")
+        if not one_bs and tp is not None and bs is not None:
+            cell += f" (bs={int(bs)})"
+        row[tp_col] = cell
+
+        speedup = metric(rec, "speedup")
+        if speedup is None and tp is not None and b_tp:
+            speedup = tp / b_tp
+        row["Speed-up (×)"] = _fmt(speedup, ".2f")
+        eff = metric(rec, "efficiency")
+        if eff is None and speedup is not None and ratio:
+            eff = speedup / ratio
+        row["Efficiency"] = _fmt(eff, ".2f")
+
+        row["Latency bs=1 (ms)"] = _fmt(metric(rec, "latency_ms"), ".2f")
+        row["IB loss"] = _fmt(metric(rec, "ib_loss"), ".4f")
+        row["IB bound"] = _fmt(metric(rec, "ib_bound"), ".4f")
+        table.append(row)
+
+    columns = ["Method", "Params"]
+    if is_cls:
+        columns += ["Top-1 (%)"] + (["Top-5 (%)"] if has_top5 else []) + ["ΔTop-1 (pp)"]
+    else:
+        columns += ["Box mAP", "ΔBox mAP"] + (["Mask mAP", "ΔMask mAP"] if has_mask else [])
+    columns += [
+        "GMACs", "GMACs ↓ (%)", tp_col, "Speed-up (×)", "Efficiency",
+        "Latency bs=1 (ms)", "IB loss", "IB bound",
+    ]
+    return pd.DataFrame(table, columns=columns)

@@ -1,0 +1,121 @@
+"""The append-only result store: one JSON record per line in ``DIR/runs.jsonl``.
+
+Why append-only JSONL: a run writes its record when it ends, so a benchmark interrupted after
+run 7 of 20 keeps 7 results and ``--resume`` continues from there. A record is serialised
+first and written with one ``write`` of the whole line, then flushed and fsync'ed, so a killed
+process leaves at most a truncated *last* line; :meth:`ResultStore.records` skips it and lists
+it in :attr:`ResultStore.corrupt_lines` (not ``warnings.warn``: a store must stay readable
+under ``-W error``). Retries append a new record; the newest record of a spec wins.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import enum
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
+__all__ = ["CorruptLine", "ResultStore", "latest_records", "to_jsonable", "FINISHED_STATUSES"]
+
+STORE_FILE = "runs.jsonl"
+#: Statuses that ``--resume`` does not run again; ``error`` is retried.
+FINISHED_STATUSES = frozenset({"ok", "skipped"})
+
+
+class CorruptLine(NamedTuple):
+    """A line of ``runs.jsonl`` that is not a complete JSON object (1-based line number)."""
+
+    lineno: int
+    text: str
+
+
+def to_jsonable(value: Any) -> Any:
+    """Return ``value`` as plain JSON types: numpy/torch scalars and arrays become Python
+    numbers and lists, NaN and infinities become ``None`` (JSON has no NaN), paths and dates
+    become strings. Anything else unknown is stored as ``str(value)`` rather than losing a run."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [to_jsonable(v) for v in value]
+    if hasattr(value, "tolist"):  # numpy scalars/arrays, torch tensors
+        return to_jsonable(value.tolist())
+    if isinstance(value, enum.Enum):
+        return to_jsonable(value.value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return to_jsonable(dataclasses.asdict(value))
+    if isinstance(value, (_dt.datetime, _dt.date)):
+        return value.isoformat()
+    return str(value)  # Path and anything else
+
+
+def latest_records(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The newest record of each ``spec_id`` (later in the file = newer), in the order the
+    specs first appear, so a retried run keeps its place in reports. Records without a
+    ``spec_id`` are kept as they are."""
+    by_id: dict[Any, dict[str, Any]] = {}
+    for i, rec in enumerate(records):
+        key = rec.get("spec_id")
+        by_id[key if key is not None else ("<no spec_id>", i)] = dict(rec)
+    return list(by_id.values())
+
+
+class ResultStore:
+    """``DIR/runs.jsonl``. ``path_dir`` may also name the ``.jsonl`` file itself."""
+
+    def __init__(self, path_dir: str | os.PathLike[str]) -> None:
+        p = Path(path_dir)
+        self.path = p if p.suffix == ".jsonl" else p / STORE_FILE
+        #: Lines skipped by the last :meth:`records` call (a run killed mid-write).
+        self.corrupt_lines: list[CorruptLine] = []
+
+    def append(self, record: Mapping[str, Any]) -> None:
+        """Append ``record`` as one complete line, durable when this returns."""
+        line = json.dumps(to_jsonable(record), ensure_ascii=True, allow_nan=False) + "\n"
+        data = line.encode("ascii")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a+b", buffering=0) as f:
+            # After a crash mid-write the file ends without a newline: start on a fresh line
+            # so the truncated record stays one skippable line and ours stays whole.
+            if f.tell() > 0 and os.pread(f.fileno(), 1, f.tell() - 1) != b"\n":
+                data = b"\n" + data
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every complete record in file order; unreadable lines go to :attr:`corrupt_lines`."""
+        self.corrupt_lines = []
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return []
+        out: list[dict[str, Any]] = []
+        for lineno, line in enumerate(raw.split(b"\n"), start=1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                rec = None
+            if isinstance(rec, dict):
+                out.append(rec)
+            else:
+                self.corrupt_lines.append(CorruptLine(lineno, line.decode("utf-8", "replace")))
+        return out
+
+    def latest(self) -> dict[str, dict[str, Any]]:
+        """``spec_id -> newest record`` (see :func:`latest_records` for the order)."""
+        recs = latest_records(self.records())
+        return {r["spec_id"]: r for r in recs if r.get("spec_id") is not None}
+
+    def finished_ids(self) -> set[str]:
+        """Spec ids that ``--resume`` skips: the newest record is ``ok`` or ``skipped``."""
+        return {k for k, r in self.latest().items() if r.get("status") in FINISHED_STATUSES}

@@ -1,0 +1,209 @@
+"""Loading classification backbones: timm models by name, checkpoints, and their input config.
+
+Every failure a user can cause (a misspelt name, a corrupt or mismatched checkpoint, weights
+that cannot be downloaded offline) becomes one :mod:`vitbench.errors` error naming the bad
+value and what to do instead.
+"""
+from __future__ import annotations
+
+import difflib
+import pickle
+import re
+import zipfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import timm
+import torch
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from torch import nn
+
+from vitbench.errors import CheckpointError, ParamError, UnknownNameError
+from vitbench.mm.compat import apply_compat
+
+#: The embedded default model's name (see :mod:`vitbench.tasks.cls.default_model`).
+DEFAULT_MODEL_NAME = "vitbench-fmnist-vit"
+
+# Prefixes that wrappers put before the timm model's own keys, longest first: mmengine
+# checkpoints of vitbench's classifier, DDP/EMA wrappers, plain ``model.`` wrappers.
+_PREFIXES = ("backbone.model.", "module.", "model.")
+# Top-level keys under which training frameworks nest the state dict (mmengine, timm, DeiT).
+_NESTED_KEYS = ("state_dict", "model", "state_dict_ema", "model_ema")
+
+
+@dataclass(frozen=True)
+class InputConfig:
+    """What a model expects as input: channels, size, eval resize ratio and normalisation.
+
+    ``mean``/``std`` are in timm's 0-1 scale with one value per input channel;
+    ``crop_pct`` is timm's eval ratio (resize the short side to ``size / crop_pct``, then
+    centre-crop ``size``).
+    """
+
+    in_chans: int
+    input_size: tuple[int, int]
+    crop_pct: float
+    interpolation: str
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+
+def _in_chans(model: nn.Module) -> int:
+    """Input channels: the first convolution's (the patch embedding or stem of timm models)."""
+    for module in model.modules():
+        if isinstance(module, nn.Conv2d):
+            return int(module.in_channels)
+    return 3
+
+
+def _per_channel(values: tuple[float, ...], in_chans: int) -> tuple[float, ...]:
+    """Fit RGB stats to a grey model (their mean) or grey stats to an RGB model (repeated).
+
+    Without this a 3-value mean broadcasts a 1-channel batch to 3 channels without an error.
+    """
+    if len(values) == in_chans:
+        return values
+    if in_chans == 1:
+        return (sum(values) / len(values),)
+    if len(values) == 1:
+        return values * in_chans
+    raise ParamError(f"model has {in_chans} input channels but its mean/std have {len(values)} values")
+
+
+def input_config(model: nn.Module) -> InputConfig:
+    """The model's :class:`InputConfig`, from its timm ``pretrained_cfg`` and its modules.
+
+    The image size comes from the patch embedding when there is one, because a timm model
+    built with another ``img_size`` keeps its original ``pretrained_cfg``.
+    """
+    cfg: Mapping = getattr(model, "pretrained_cfg", None) or getattr(model, "default_cfg", None) or {}
+    in_chans = _in_chans(model)
+    size = tuple(cfg.get("input_size", (in_chans, 224, 224))[-2:])
+    patch_embed = getattr(model, "patch_embed", None)
+    img_size = getattr(patch_embed, "img_size", None)
+    if img_size is not None:
+        size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+    interpolation = cfg.get("interpolation") or "bicubic"
+    if interpolation not in ("nearest", "bilinear", "bicubic", "lanczos", "box", "hamming"):
+        interpolation = "bicubic"  # timm's "random" etc. only mean something in training
+    return InputConfig(
+        in_chans=in_chans,
+        input_size=(int(size[0]), int(size[1])),
+        crop_pct=float(cfg.get("crop_pct") or 0.875),
+        interpolation=interpolation,
+        mean=_per_channel(tuple(float(v) for v in cfg.get("mean", IMAGENET_DEFAULT_MEAN)), in_chans),
+        std=_per_channel(tuple(float(v) for v in cfg.get("std", IMAGENET_DEFAULT_STD)), in_chans),
+    )
+
+
+def suggest_models(name: str, limit: int = 8) -> list[str]:
+    """timm model names close to ``name``: wildcard matches of its parts, then difflib's."""
+    all_names = timm.list_models()
+    parts = [p for p in re.split(r"[_\-.\s]+", name.lower()) if p]
+    found: list[str] = []
+    if parts:
+        found += timm.list_models("*" + "*".join(parts) + "*")[:limit]
+    found += difflib.get_close_matches(name.lower(), all_names, n=limit, cutoff=0.6)
+    return list(dict.fromkeys(found))[:limit]
+
+
+def _unknown_model(name: str) -> UnknownNameError:
+    close = suggest_models(name)
+    hint = f"close timm models: {', '.join(close)}" if close else "no timm model name is close"
+    return UnknownNameError(f"unknown model {name!r}; {hint} (or {DEFAULT_MODEL_NAME!r}, the "
+                            "embedded default; all names: timm.list_models())")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """Read a checkpoint safely (``weights_only=True``) and return the timm model's state dict.
+
+    Accepts a plain state dict or one nested under ``state_dict`` (mmengine) / ``model``
+    (timm, DeiT), with vitbench's mm prefix ``backbone.model.`` or ``module.``/``model.``
+    removed; the classifier's other entries (``data_preprocessor.*``) are dropped.
+    """
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} not found (pass the path of a .pth file)")
+    apply_compat()  # registers the safe globals that mmengine checkpoints need
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError, TypeError,
+            AttributeError, ImportError, IndexError, KeyError, zipfile.BadZipFile) as exc:
+        raise CheckpointError(f"cannot read checkpoint {path}: {_first_line(exc)}") from exc
+    if isinstance(obj, Mapping):
+        for key in _NESTED_KEYS:
+            if isinstance(obj.get(key), Mapping):
+                obj = obj[key]
+                break
+    if not isinstance(obj, Mapping) or not obj:
+        raise CheckpointError(f"checkpoint {path} holds no state dict (a {type(obj).__name__})")
+    state = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+    if not state:
+        raise CheckpointError(f"checkpoint {path} holds no tensors (keys: {', '.join(list(obj)[:5])})")
+    for prefix in _PREFIXES:
+        if any(k.startswith(prefix) for k in state):
+            state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+    return state
+
+
+def load_checkpoint(model: nn.Module, path: str | Path, *, name: str = "model") -> None:
+    """Load ``path`` into ``model`` strictly; a key or shape mismatch is a :class:`CheckpointError`."""
+    state = read_state_dict(path)
+    own = model.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    shapes = [k for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
+    if missing or unexpected or shapes:
+        bits = []
+        if missing:
+            bits.append(f"{len(missing)} missing keys ({', '.join(missing[:3])}...)")
+        if unexpected:
+            bits.append(f"{len(unexpected)} unexpected keys ({', '.join(unexpected[:3])}...)")
+        for k in shapes[:3]:
+            bits.append(f"{k} is {list(state[k].shape)} in the checkpoint, {list(own[k].shape)} in the model")
+        head = next((k for k in shapes if k.endswith("head.weight")), None)
+        hint = (f"; pass num_classes={state[head].shape[0]} (--num-classes)" if head else
+                "; is it a checkpoint of this architecture?")
+        raise CheckpointError(f"checkpoint {path} does not fit {name}: {'; '.join(bits)}{hint}")
+    model.load_state_dict(state, strict=True)
+
+
+def load_model(name: str, *, pretrained: bool = False, checkpoint: str | Path | None = None,
+               num_classes: int | None = None) -> nn.Module:
+    """Build classification model ``name`` in eval mode.
+
+    ``name`` is a timm model name (``timm.create_model``) or ``"vitbench-fmnist-vit"``, the
+    embedded default (trained once and cached; ``pretrained`` is then implied).
+    ``pretrained=True`` downloads timm's weights from the hub (fails offline: use
+    ``checkpoint``). ``checkpoint`` is a local ``.pth`` read with ``weights_only=True``
+    (see :func:`read_state_dict`). ``num_classes`` resizes the classifier head.
+    """
+    if num_classes is not None and (not isinstance(num_classes, int) or num_classes < 1):
+        raise ParamError(f"num_classes must be a positive integer, got {num_classes!r}")
+    if name == DEFAULT_MODEL_NAME:
+        from vitbench.tasks.cls.default_model import NUM_CLASSES, load_default_model
+
+        if num_classes not in (None, NUM_CLASSES):
+            raise ParamError(f"{DEFAULT_MODEL_NAME} has {NUM_CLASSES} classes, got num_classes={num_classes}")
+        model, _ = load_default_model()
+    else:
+        if not timm.is_model(name):
+            raise _unknown_model(name)
+        kwargs = {} if num_classes is None else {"num_classes": num_classes}
+        try:
+            model = timm.create_model(name, pretrained=pretrained, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - hub/network errors have many types
+            if not pretrained:
+                raise
+            raise CheckpointError(f"cannot get timm's pretrained weights for {name!r} "
+                                  f"({_first_line(exc)}); offline, pass a local checkpoint "
+                                  "(--checkpoint PATH) instead of --pretrained") from exc
+    if checkpoint is not None:
+        load_checkpoint(model, checkpoint, name=name)
+    return model.eval()
