@@ -28,7 +28,7 @@ def _convert(method: str, key: str, value: Any, hint: Any) -> Any:
         if value is None or (isinstance(value, str) and value.lower() == "none"):
             if type(None) in args:
                 return None
-        for arg in args:
+        for arg in _written_container_first(value, args):
             if arg is type(None):
                 continue
             try:
@@ -72,12 +72,33 @@ def _convert(method: str, key: str, value: Any, hint: Any) -> Any:
                 raise bad from None
         if not isinstance(items, (list, tuple)):
             raise bad
-        item_hint = args[0] if args else Any
+        if origin is tuple and args and args[-1] is not Ellipsis:  # fixed-length tuple[X, Y]
+            if len(items) != len(args):
+                raise bad
+            item_hints = list(args)
+        else:
+            item_hints = [args[0] if args else Any] * len(items)
         converted = [
-            item if item_hint is Any else _convert(method, key, item, item_hint) for item in items
+            item if hint is Any else _convert(method, key, item, hint)
+            for item, hint in zip(items, item_hints)
         ]
         return tuple(converted) if origin is tuple else converted
     return value
+
+
+def _written_container_first(value: Any, args: tuple[Any, ...]) -> list[Any]:
+    """The arms of a Union, those of the container ``value`` is written as tried first.
+
+    So ``"(13, 0)"`` or ``(13, 0)`` picks ``tuple[int, float]`` before ``list[int]`` (tome.r).
+    """
+    text = value.strip() if isinstance(value, str) else ""
+    if isinstance(value, tuple) or text.startswith("("):
+        written: Any = tuple
+    elif isinstance(value, list) or text.startswith("["):
+        written = list
+    else:
+        return list(args)
+    return sorted(args, key=lambda arg: typing.get_origin(arg) is not written)
 
 
 def _hint_name(hint: Any) -> str:

@@ -98,11 +98,15 @@ class PluginHost:
         self._catalogs = None
 
     def _fail(self, name: str, distribution: str | None, error: str) -> None:
-        self.failures.append(PluginFailure(name, distribution, error))
+        failure = PluginFailure(name, distribution, error)
+        known = failure in self.failures  # a register hook fails again on every catalog rebuild
+        if not known:
+            self.failures.append(failure)
         if os.environ.get("VITBENCH_STRICT_PLUGINS", "") not in ("", "0"):
             raise PluginError(f"plugin {name!r} ({distribution}) failed to load: {error}")
-        print(f"vitbench: warning: plugin {name!r} ({distribution}) failed to load: {error}",
-              file=sys.stderr)
+        if not known:
+            print(f"vitbench: warning: plugin {name!r} ({distribution}) failed to load: {error}",
+                  file=sys.stderr)
 
     # -- catalogs ----------------------------------------------------------------------
     def _build(self) -> dict[str, dict[str, Any]]:

@@ -107,6 +107,8 @@ class TokenState:
         def pick(a: Optional[torch.Tensor], b: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
             if a is None and b is None:
                 return None
+            a = torch.ones_like(b) if a is None else a  # only ``size`` may be None on one side
+            b = torch.ones_like(a) if b is None else b
             return torch.where(choose_first.view(-1, *([1] * (a.dim() - 1))), a, b)  # type: ignore[union-attr]
         self.size = pick(first.size, second.size)
         self.source = pick(first.source, second.source)

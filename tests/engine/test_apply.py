@@ -1,0 +1,36 @@
+"""``vitbench.apply``: checkpoints stay compatible; bad requests get clear errors."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import vitbench
+from vitbench.errors import UnknownNameError, UnsupportedError
+from vitbench.testing import tiny_vit
+
+
+def test_reduced_model_keeps_timm_state_dict_keys():
+    base = tiny_vit()
+    reduced = vitbench.apply(tiny_vit(seed=1), "tome", r=4)
+    assert list(reduced.state_dict()) == list(base.state_dict())
+    reduced.load_state_dict(base.state_dict())
+    with torch.inference_mode():
+        x = torch.randn(1, 3, 32, 32)
+        assert torch.allclose(vitbench.apply(tiny_vit(), "tome", r=4)(x), reduced(x))
+
+
+def test_unknown_method_lists_the_valid_ones():
+    with pytest.raises(UnknownNameError, match=r"unknown method 'nope'; valid methods: .*ppt.*tome"):
+        vitbench.apply(tiny_vit(), "nope")
+
+
+def test_model_outside_every_family_is_rejected():
+    with pytest.raises(UnsupportedError, match=r"no model-family adapter recognises Linear; supported families: vit"):
+        vitbench.apply(nn.Linear(2, 2), "tome")
+
+
+def test_applying_twice_is_an_error():
+    model = vitbench.apply(tiny_vit(), "tome", r=2)
+    with pytest.raises(UnsupportedError, match="already reduced by 'tome'"):
+        vitbench.apply(model, "ppt")

@@ -1,0 +1,131 @@
+"""Which images the cls task evaluates on: ``--data`` resolved against the model.
+
+``None`` or ``"fashion-mnist"`` is the embedded Fashion-MNIST test split (a folder literally
+named ``fashion-mnist`` is reached as ``./fashion-mnist``); anything else is a path to an
+image folder (:mod:`vitbench.data.image_folder`). The result, :class:`ClsData`, is an mm
+data-set config plus what the evaluator needs to know about it; the data set itself is built
+inside the runner, so every evaluation reads it fresh.
+"""
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from vitbench.data.fashion_mnist import CLASSES as FMNIST_CLASSES
+from vitbench.data.fashion_mnist import fashion_mnist_files
+from vitbench.data.image_folder import eval_pipeline, find_split
+from vitbench.errors import DataError
+from vitbench.tasks.cls.models import input_config
+
+FASHION_MNIST = "fashion-mnist"
+_FMNIST_ALIASES = {FASHION_MNIST, "fashion_mnist", "fmnist"}
+_WNID = re.compile(r"n\d{8}")
+
+
+@dataclass(frozen=True)
+class ClsData:
+    """An evaluation data set for the cls task.
+
+    ``dataset`` is the mm config dict of the data set (types in the ``vitbench`` registry);
+    ``bgr`` says whether images arrive as BGR (mmcv's loader), so the classifier flips them to
+    RGB for 3-channel models.
+    """
+
+    name: str
+    dataset: dict[str, Any] = field(compare=False)
+    num_classes: int
+    classes: tuple[str, ...] = field(repr=False)
+    bgr: bool = False
+
+    def dataset_cfg(self, *, limit: int | None = None) -> dict[str, Any]:
+        """A copy of the data-set config; ``limit`` keeps only the first N images."""
+        cfg = copy.deepcopy(self.dataset)
+        if limit is not None:
+            cfg["indices"] = int(limit)
+        return cfg
+
+    def build(self, *, limit: int | None = None) -> Any:
+        """Build the mm data set (mainly for tests and inspection)."""
+        from mmengine.registry import DATASETS, DefaultScope
+
+        with DefaultScope.overwrite_default_scope("mmpretrain"):
+            return DATASETS.build(self.dataset_cfg(limit=limit))
+
+
+def _model_classes(model: nn.Module) -> int | None:
+    n = getattr(model, "num_classes", None)
+    return int(n) if isinstance(n, int) and n > 0 else None
+
+
+def _fashion_mnist(model: nn.Module) -> ClsData:
+    fashion_mnist_files("test")  # fail now, with the install hint, if the data is missing
+    cfg = input_config(model)
+    n_out = _model_classes(model)
+    if n_out is not None and n_out != len(FMNIST_CLASSES):
+        raise DataError(f"{FASHION_MNIST} has {len(FMNIST_CLASSES)} classes but the model predicts "
+                        f"{n_out}; use a model with num_classes=10 (--num-classes 10) or --data FOLDER")
+    if cfg.in_chans not in (1, 3):
+        raise DataError(f"{FASHION_MNIST} is grey; a model with {cfg.in_chans} input channels cannot use it")
+    pipeline: list[dict[str, Any]] = []
+    if cfg.input_size != (32, 32):  # e.g. a 224-pixel ImageNet backbone fine-tuned on it
+        pipeline.append(dict(type="mmpretrain.Resize", scale=(cfg.input_size[1], cfg.input_size[0]),
+                             backend="pillow", interpolation=cfg.interpolation))
+    pipeline.append(dict(type="mmpretrain.PackInputs"))
+    dataset = dict(type="vitbench.OfflineFashionMNIST", split="test", pad_to=32,
+                   channels=cfg.in_chans, pipeline=pipeline)
+    return ClsData(name=FASHION_MNIST, dataset=dataset, num_classes=len(FMNIST_CLASSES),
+                   classes=FMNIST_CLASSES, bgr=False)
+
+
+def _imagenet_labels(classes: tuple[str, ...], n_out: int | None) -> tuple[dict[str, int], tuple[str, ...]] | None:
+    """ImageNet ``nXXXXXXXX`` folders for a 1000-class model: labels by the synset index.
+
+    Sorted-folder numbering is only right when all 1000 classes are present; with this map a
+    folder holding a subset of the classes is still labelled correctly.
+    """
+    if n_out != 1000 or not all(_WNID.fullmatch(c) for c in classes):
+        return None
+    from timm.data import ImageNetInfo
+
+    info = ImageNetInfo()
+    names = list(info.label_names())
+    index = {w: i for i, w in enumerate(names)}
+    if len(names) != 1000 or not all(c in index for c in classes):
+        return None
+    return {c: index[c] for c in classes}, tuple(names)
+
+
+def _folder(path: str, model: nn.Module) -> ClsData:
+    split = find_split(path, "val")
+    cfg = input_config(model)
+    n_out = _model_classes(model)
+    imagenet = _imagenet_labels(split.classes, n_out)
+    if imagenet is not None:
+        label_map, classes = imagenet
+    else:
+        label_map, classes = {c: i for i, c in enumerate(split.classes)}, split.classes
+        if n_out is not None and len(classes) > n_out:
+            raise DataError(f"data folder {split.split_dir} has {len(classes)} classes but the model "
+                            f"predicts {n_out}; pass --num-classes {len(classes)} with a matching "
+                            "checkpoint, or a folder with the model's classes")
+    dataset = dict(type="vitbench.ClsImageFolder", data_root=str(split.root), split="val",
+                   label_map=label_map, classes=classes,
+                   pipeline=eval_pipeline(input_size=cfg.input_size, crop_pct=cfg.crop_pct,
+                                          interpolation=cfg.interpolation, in_chans=cfg.in_chans))
+    return ClsData(name=str(split.root), dataset=dataset, num_classes=len(split.classes),
+                   classes=tuple(classes), bgr=cfg.in_chans == 3)
+
+
+def resolve_cls_data(arg: str | None, model: nn.Module) -> ClsData:
+    """Resolve ``--data`` for ``model``: ``None``/``"fashion-mnist"`` or an image-folder path.
+
+    The preprocessing follows the model's input config (size, crop_pct, channels). Missing or
+    malformed data raise :class:`DataError` naming the path and the expected layout.
+    """
+    if arg is None or arg.strip().lower() in _FMNIST_ALIASES:
+        return _fashion_mnist(model)
+    return _folder(arg, model)

@@ -1,0 +1,309 @@
+"""The embedded default model: a small ViT trained once on Fashion-MNIST, then cached.
+
+``vitbench run --task cls`` without ``--model`` must work on a CPU laptop with no download
+(architecture.md, "Embedded defaults"). So vitbench trains its own model the first time it is
+needed -- through the mmengine ``Runner``, like every task -- and keeps the weights under
+``~/.cache/vitbench`` (``$VITBENCH_CACHE`` overrides). The architecture is a plain timm
+``VisionTransformer`` with 12 blocks, so the methods' default layer choices (e.g. blocks
+3, 6, 9) exist, and 8x8 = 64 patch tokens, so token reduction has something to reduce.
+
+Cache entries are named by a hash of the architecture and training settings: changing either
+trains a new model instead of loading a stale one. Files are written to a temporary name and
+moved into place (``os.replace``), weights first, metadata last, so a crash never leaves a
+half-written entry that looks complete.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from timm.models.vision_transformer import VisionTransformer
+
+from vitbench.data.fashion_mnist import CLASSES, load_fashion_mnist, pad_images
+from vitbench.tasks.cls.models import DEFAULT_MODEL_NAME
+
+NAME = DEFAULT_MODEL_NAME
+NUM_CLASSES = 10
+IMG_SIZE = 32
+#: timm ``VisionTransformer`` kwargs. Width 64 / 4 heads keeps a 12-block model trainable in
+#: a few minutes on a 2-core CPU; ``global_pool="token"`` keeps the class token (ViT/DeiT-like).
+ARCH: dict[str, Any] = dict(img_size=IMG_SIZE, patch_size=4, in_chans=1, num_classes=NUM_CLASSES,
+                            embed_dim=64, depth=12, num_heads=4, mlp_ratio=2.0,
+                            global_pool="token", class_token=True)
+#: Mean/std of the padded (32x32) Fashion-MNIST training images in 0-1 scale
+#: (``fashion_mnist_stats()``; a test checks these constants against the data).
+MEAN: tuple[float] = (0.2190,)
+STD: tuple[float] = (0.3275,)
+#: Training defaults (the cache key includes them).
+EPOCHS = 3
+MAX_TRAIN_IMAGES: int | None = None
+BATCH_SIZE = 128
+LR = 2e-3
+WEIGHT_DECAY = 0.05
+SEED = 0
+WARMUP_FRACTION = 0.05
+#: Bump when the cache format (files or metadata layout) changes.
+CACHE_FORMAT = 1
+
+ENV_CACHE = "VITBENCH_CACHE"
+
+
+def cache_dir(path: str | Path | None = None) -> Path:
+    """Where cached models live: ``path``, else ``$VITBENCH_CACHE``, else ``~/.cache/vitbench``."""
+    if path is not None:
+        return Path(path).expanduser()
+    env = os.environ.get(ENV_CACHE)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "vitbench"
+
+
+def fashion_mnist_stats(data_dir: str | Path | None = None) -> tuple[float, float]:
+    """Mean and std (0-1 scale) of the training images padded to 32x32."""
+    images, _ = load_fashion_mnist("train", data_dir)
+    padded = pad_images(images, IMG_SIZE).astype(np.float64) / 255.0
+    return float(padded.mean()), float(padded.std())
+
+
+def pretrained_cfg() -> dict[str, Any]:
+    """timm-style ``pretrained_cfg`` for the default model, so it is read like any timm model."""
+    return dict(architecture=NAME, num_classes=NUM_CLASSES, input_size=(1, IMG_SIZE, IMG_SIZE),
+                crop_pct=1.0, interpolation="bilinear", mean=MEAN, std=STD,
+                first_conv="patch_embed.proj", classifier="head", label_names=CLASSES)
+
+
+def build_arch() -> VisionTransformer:
+    """The untrained default architecture (random init, timm's own initialisation)."""
+    model = VisionTransformer(**ARCH)
+    model.pretrained_cfg = pretrained_cfg()
+    return model
+
+
+def _iters_per_epoch(num_images: int, batch_size: int) -> int:
+    return -(-num_images // batch_size)
+
+
+def train_config(*, epochs: int = EPOCHS, max_train_images: int | None = MAX_TRAIN_IMAGES,
+                 batch_size: int = BATCH_SIZE, lr: float = LR, seed: int = SEED,
+                 data_dir: str | None = None) -> dict[str, Any]:
+    """The mmengine config (a plain dict) that trains the default model.
+
+    ``configs/cls/fmnist_vit_default.py`` is this dict with the defaults, for use with
+    mmengine tools; a test keeps the two equal. The validation split is the Fashion-MNIST test
+    set: its top-1 is the number recorded in the cache metadata.
+    """
+    from vitbench.mm.classifier import classifier_cfg
+
+    n_train = 60000 if max_train_images is None else min(int(max_train_images), 60000)
+    total = _iters_per_epoch(n_train, batch_size) * epochs
+    warmup = max(1, int(total * WARMUP_FRACTION))
+    return dict(
+        default_scope="mmpretrain",
+        model=classifier_cfg(dict(type="vitbench.TimmVisionTransformer", **ARCH),
+                             mean=MEAN, std=STD, to_rgb=False),
+        train_dataloader=dict(
+            batch_size=batch_size, num_workers=0, persistent_workers=False,
+            sampler=dict(type="DefaultSampler", shuffle=True),
+            dataset=dict(type="vitbench.OfflineFashionMNIST", split="train", data_dir=data_dir,
+                         indices=max_train_images,
+                         pipeline=[dict(type="mmpretrain.RandomFlip", prob=0.5, direction="horizontal"),
+                                   dict(type="mmpretrain.PackInputs")])),
+        val_dataloader=dict(
+            batch_size=256, num_workers=0, persistent_workers=False,
+            sampler=dict(type="DefaultSampler", shuffle=False),
+            dataset=dict(type="vitbench.OfflineFashionMNIST", split="test", data_dir=data_dir)),
+        val_evaluator=dict(type="mmpretrain.Accuracy", topk=(1, 5)),
+        train_cfg=dict(by_epoch=True, max_epochs=epochs, val_interval=epochs),
+        val_cfg=dict(),
+        optim_wrapper=dict(
+            optimizer=dict(type="AdamW", lr=lr, weight_decay=WEIGHT_DECAY, betas=(0.9, 0.999)),
+            clip_grad=dict(max_norm=1.0),
+            paramwise_cfg=dict(norm_decay_mult=0.0, bias_decay_mult=0.0,
+                               custom_keys={".pos_embed": dict(decay_mult=0.0),
+                                            ".cls_token": dict(decay_mult=0.0)})),
+        param_scheduler=[
+            dict(type="LinearLR", start_factor=0.01, by_epoch=False, begin=0, end=warmup),
+            dict(type="CosineAnnealingLR", by_epoch=False, begin=warmup, end=total, T_max=total - warmup,
+                 eta_min=lr * 0.01),
+        ],
+        randomness=dict(seed=seed, deterministic=True),
+    )
+
+
+def config_hash(cfg: dict[str, Any]) -> str:
+    """Short stable hash of a training config (the cache key); data paths are not part of it."""
+    def scrub(obj: Any) -> Any:
+        if isinstance(obj, dict):
+            return {k: scrub(v) for k, v in obj.items() if k != "data_dir"}
+        if isinstance(obj, (list, tuple)):
+            return [scrub(v) for v in obj]
+        return obj
+
+    blob = json.dumps({"format": CACHE_FORMAT, "cfg": scrub(cfg)}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def cache_paths(cfg: dict[str, Any], directory: str | Path | None = None) -> tuple[Path, Path]:
+    """(weights ``.pth``, metadata ``.json``) paths of the cache entry for ``cfg``."""
+    stem = f"{NAME}-{config_hash(cfg)}"
+    folder = cache_dir(directory)
+    return folder / f"{stem}.pth", folder / f"{stem}.json"
+
+
+def _atomic_write(path: Path, write: Any) -> None:
+    """Write through ``write(tmp_path)`` to a temp file in ``path``'s folder, then rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _versions() -> dict[str, str]:
+    import mmengine
+    import mmpretrain
+    import timm
+
+    import vitbench
+    return {"torch": torch.__version__, "timm": timm.__version__, "mmengine": mmengine.__version__,
+            "mmpretrain": mmpretrain.__version__, "vitbench": vitbench.__version__,
+            "numpy": np.__version__}
+
+
+def train_default_model(*, epochs: int = EPOCHS, max_train_images: int | None = MAX_TRAIN_IMAGES,
+                        batch_size: int = BATCH_SIZE, lr: float = LR, seed: int = SEED,
+                        cache: str | Path | None = None, data_dir: str | None = None,
+                        verbose: bool = True, save: bool = True) -> tuple[VisionTransformer, dict[str, Any]]:
+    """Train the default model with the mmengine ``Runner`` and (``save``) cache it.
+
+    ``epochs``/``max_train_images`` (the first N training images) let tests train a tiny
+    version. Progress goes to stderr when ``verbose``. Deterministic on CPU for a fixed seed
+    and thread count. Returns ``(model in eval mode, metadata)``.
+    """
+    from mmengine.config import Config
+    from mmengine.runner import Runner
+
+    from vitbench.mm.hooks import ProgressHook
+    from vitbench.mm.runner import release, runner_kwargs
+
+    cfg = train_config(epochs=epochs, max_train_images=max_train_images, batch_size=batch_size,
+                       lr=lr, seed=seed, data_dir=data_dir)
+    weights_path, meta_path = cache_paths(cfg, cache)
+    if verbose:
+        n = 60000 if max_train_images is None else min(max_train_images, 60000)
+        print(f"vitbench: training the default model {NAME} on {n} Fashion-MNIST images, "
+              f"{epochs} epoch(s); once, then cached in {weights_path.parent}", file=sys.stderr, flush=True)
+    saved_det = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+                 torch.backends.cudnn.benchmark)
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="vitbench-train-") as work_dir:
+        kwargs = runner_kwargs(work_dir=work_dir, seed=seed, deterministic=True,
+                               custom_hooks=[dict(type="vitbench.ProgressHook", verbose=verbose,
+                                                  interval=50, prefix="vitbench: ")])
+        run_cfg = Config({**cfg, **{k: v for k, v in kwargs.items() if k not in cfg}})
+        runner = Runner.from_cfg(run_cfg)
+        try:
+            runner.train()
+        finally:
+            release(runner)
+            torch.use_deterministic_algorithms(saved_det[0])
+            torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved_det[1:]
+        hook = next(h for h in runner.hooks if isinstance(h, ProgressHook))
+        metrics = hook.val_metrics
+    seconds = time.perf_counter() - start
+    model: VisionTransformer = runner.model.backbone.model.cpu().eval()
+    model.pretrained_cfg = pretrained_cfg()
+    state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+    meta: dict[str, Any] = dict(
+        name=NAME, cache_format=CACHE_FORMAT, config_hash=config_hash(cfg), arch=ARCH,
+        mean=list(MEAN), std=list(STD), input_size=[1, IMG_SIZE, IMG_SIZE], crop_pct=1.0,
+        num_classes=NUM_CLASSES, classes=list(CLASSES),
+        test_top1_pct=metrics.get("accuracy/top1"), test_top5_pct=metrics.get("accuracy/top5"),
+        test_images=10000, train_images=60000 if max_train_images is None else min(max_train_images, 60000),
+        epochs=epochs, batch_size=batch_size, lr=lr, seed=seed, train_seconds=round(seconds, 1),
+        torch_threads=torch.get_num_threads(), versions=_versions(),
+        command=" ".join(shlex.quote(a) for a in sys.argv),
+        call=(f"vitbench.tasks.cls.default_model.train_default_model(epochs={epochs}, "
+              f"max_train_images={max_train_images}, batch_size={batch_size}, lr={lr}, seed={seed})"),
+        config=cfg,
+    )
+    if save:
+        _atomic_write(weights_path, lambda p: torch.save(state, p))
+        meta["weights"] = weights_path.name
+        meta["weights_sha256"] = hashlib.sha256(weights_path.read_bytes()).hexdigest()
+        _atomic_write(meta_path, lambda p: p.write_text(json.dumps(meta, indent=2, default=str) + "\n"))
+    if verbose:
+        print(f"vitbench: {NAME} trained in {seconds:.0f} s, test top-1 {meta['test_top1_pct']:.2f}%"
+              + (f"; saved {weights_path}" if save else ""), file=sys.stderr, flush=True)
+    return model, meta
+
+
+def _load_cached(weights_path: Path, meta_path: Path) -> tuple[VisionTransformer, dict[str, Any]]:
+    """Load a cache entry (``weights_only=True``); any problem raises ``ValueError``/``OSError``."""
+    meta = json.loads(meta_path.read_text())
+    if meta.get("cache_format") != CACHE_FORMAT or meta.get("arch") != json.loads(json.dumps(ARCH)):
+        raise ValueError("cache entry from another vitbench version")
+    state = torch.load(weights_path, map_location="cpu", weights_only=True)
+    model = build_arch()
+    model.load_state_dict(state, strict=True)
+    return model.eval(), meta
+
+
+def load_default_model(*, cache: str | Path | None = None, verbose: bool = True,
+                       **train_kwargs: Any) -> tuple[VisionTransformer, dict[str, Any]]:
+    """The default model and its metadata: from the cache, or trained now (minutes) and cached.
+
+    ``train_kwargs`` (``epochs``, ``max_train_images``, ``batch_size``, ``lr``, ``seed``,
+    ``data_dir``) select a non-default training; each setting has its own cache entry. A
+    corrupt entry is reported and retrained.
+    """
+    keys = {"epochs", "max_train_images", "batch_size", "lr", "seed", "data_dir"}
+    if unknown := set(train_kwargs) - keys:
+        raise TypeError(f"unknown training arguments {sorted(unknown)}; valid: {sorted(keys)}")
+    cfg_kwargs = {k: v for k, v in train_kwargs.items()}
+    cfg = train_config(**cfg_kwargs)
+    weights_path, meta_path = cache_paths(cfg, cache)
+    if weights_path.is_file() and meta_path.is_file():
+        try:
+            return _load_cached(weights_path, meta_path)
+        except Exception as exc:  # noqa: BLE001 - any unreadable entry is retrained
+            print(f"vitbench: cached {weights_path} unusable ({type(exc).__name__}: {exc}); retraining",
+                  file=sys.stderr, flush=True)
+    return train_default_model(cache=cache, verbose=verbose, **train_kwargs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m vitbench.tasks.cls.default_model``: train (or show) the cached default model."""
+    parser = argparse.ArgumentParser(description=f"Train vitbench's default model {NAME} once and cache it.")
+    parser.add_argument("--epochs", type=int, default=EPOCHS)
+    parser.add_argument("--max-train-images", type=int, default=MAX_TRAIN_IMAGES)
+    parser.add_argument("--seed", type=int, default=SEED)
+    parser.add_argument("--cache", default=None, help=f"cache folder (default ${ENV_CACHE} or ~/.cache/vitbench)")
+    parser.add_argument("--force", action="store_true", help="retrain even if cached")
+    args = parser.parse_args(argv)
+    kwargs = dict(epochs=args.epochs, max_train_images=args.max_train_images, seed=args.seed)
+    if args.force:
+        _, meta = train_default_model(cache=args.cache, **kwargs)
+    else:
+        _, meta = load_default_model(cache=args.cache, **kwargs)
+    weights, _ = cache_paths(train_config(**kwargs), args.cache)
+    print(json.dumps({k: meta.get(k) for k in ("name", "test_top1_pct", "test_top5_pct",
+                                               "train_seconds", "epochs", "train_images", "seed")}
+                     | {"weights": str(weights)}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

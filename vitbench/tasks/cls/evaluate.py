@@ -1,0 +1,77 @@
+"""Top-1/top-5 of a (reduced) timm model, measured by the mmengine Runner's test loop.
+
+The model is wrapped by :func:`vitbench.mm.classifier.build_classifier` (its own head, its own
+normalisation) and scored by mmpretrain's ``Accuracy`` (benchmarking.md, "Accuracy").
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from vitbench.errors import ParamError
+from vitbench.tasks.cls.data import ClsData, resolve_cls_data
+from vitbench.tasks.cls.models import input_config
+
+__all__ = ["evaluate_cls", "resolve_cls_data", "ClsData"]
+
+
+def _positive(name: str, value: Any, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ParamError(f"{name} must be a positive integer, got {value!r}")
+
+
+def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, device: str = "cpu",
+                 limit: int | None = None, work_dir: str | Path | None = None,
+                 seed: int = 0) -> dict[str, Any]:
+    """Evaluate ``model`` on ``data`` (from :func:`resolve_cls_data`); returns the metrics.
+
+    Returns ``top1_pct``, ``top5_pct`` (``None`` when the model scores 5 classes or fewer:
+    top-5 is then 100% by definition), ``num_images`` (evaluated) and ``num_classes`` (of the
+    data set). ``limit`` evaluates only the first N images. The model is moved to ``device``
+    and left in eval mode there. ``work_dir`` receives the runner's log (a temporary folder,
+    removed afterwards, when ``None``); no checkpoint is written.
+    """
+    from mmengine.runner import Runner
+
+    from vitbench.mm.classifier import build_classifier
+    from vitbench.mm.runner import release, runner_kwargs, work_dir_or_temp
+
+    _positive("batch_size", batch_size)
+    _positive("limit", limit, allow_none=True)
+    try:
+        target = torch.device(device)
+    except RuntimeError as exc:
+        raise ParamError(f"unknown device {device!r}: {exc}") from exc
+    if target.type == "cuda" and not torch.cuda.is_available():
+        raise ParamError(f"device {device!r} asked for but CUDA is not available; use --device cpu")
+
+    cfg = input_config(model)
+    classifier = build_classifier(model, mean=cfg.mean, std=cfg.std, to_rgb=data.bgr and cfg.in_chans == 3)
+    n_out = getattr(model, "num_classes", None)
+    topk = (1, 5) if not isinstance(n_out, int) or n_out > 5 else (1,)
+    with work_dir_or_temp(work_dir) as wd:
+        runner = Runner(**runner_kwargs(
+            work_dir=wd, seed=seed, model=classifier,
+            test_dataloader=dict(batch_size=batch_size, num_workers=0, persistent_workers=False,
+                                 sampler=dict(type="DefaultSampler", shuffle=False),
+                                 dataset=data.dataset_cfg(limit=limit)),
+            test_evaluator=dict(type="mmpretrain.Accuracy", topk=topk),
+            test_cfg=dict(type="TestLoop"),
+        ))
+        try:
+            runner.model.to(target)  # the Runner puts the model on its own choice (cuda if any)
+            metrics = runner.test()
+            num_images = len(runner.test_dataloader.dataset)
+        finally:
+            release(runner)
+    return {
+        "top1_pct": float(metrics["accuracy/top1"]),
+        "top5_pct": float(metrics["accuracy/top5"]) if 5 in topk else None,
+        "num_images": int(num_images),
+        "num_classes": int(data.num_classes),
+    }
