@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import types
 import typing
 from typing import Any, Mapping
 
@@ -24,7 +25,7 @@ def _convert(method: str, key: str, value: Any, hint: Any) -> Any:
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     bad = ParamError(f"{method}.{key}={value!r} is not a valid {_hint_name(hint)}")
-    if origin is typing.Union:  # Optional[X] / X | Y
+    if origin is typing.Union or origin is types.UnionType:  # Optional[X], Union[X, Y], X | Y
         if value is None or (isinstance(value, str) and value.lower() == "none"):
             if type(None) in args:
                 return None

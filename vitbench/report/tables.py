@@ -60,7 +60,10 @@ def _short(v: Any) -> str:
 
 
 def method_label(rec: Record) -> str:
-    """``tome (r=13)``: the method name with its parameters, in the order the record has them."""
+    """``tome (r=13)``: the record's ``label`` (parameters that differ from the defaults) when the
+    executor wrote one, else the method name with all its parameters in record order."""
+    if rec.get("label"):
+        return str(rec["label"])
     params = rec.get("params") or {}
     method = str(rec.get("method", "?"))
     if not params:

@@ -50,7 +50,10 @@ def check_method(name: str, params: Optional[dict[str, Any]] = None,
     """Assert that method ``name`` conforms; raise ``AssertionError`` saying what does not."""
     spec = get_host().method(name)
     params = dict(params or {})
-    make_params(spec.name, spec.params, {})  # every parameter has a valid default
+    try:
+        make_params(spec.name, spec.params, {})  # every parameter has a valid default
+    except ParamError as exc:
+        raise AssertionError(f"{name}: the default parameters are not valid: {exc}") from exc
     try:
         make_params(spec.name, spec.params, {"no_such_parameter": 1})
     except ParamError:

@@ -21,6 +21,7 @@ from torch import nn
 
 from vitbench.errors import CheckpointError, ParamError, UnknownNameError
 from vitbench.mm.compat import apply_compat
+from vitbench.mm.registry import MODELS
 
 #: The embedded default model's name (see :mod:`vitbench.tasks.cls.default_model`).
 DEFAULT_MODEL_NAME = "vitbench-fmnist-vit"
@@ -207,3 +208,10 @@ def load_model(name: str, *, pretrained: bool = False, checkpoint: str | Path | 
     if checkpoint is not None:
         load_checkpoint(model, checkpoint, name=name)
     return model.eval()
+
+
+@MODELS.register_module(name="ClsModel")
+def cls_model(name: str, pretrained: bool = False, checkpoint: str | None = None,
+              num_classes: int | None = None) -> nn.Module:
+    """:func:`load_model` for config files: ``dict(type="vitbench.ClsModel", name=...)``."""
+    return load_model(name, pretrained=pretrained, checkpoint=checkpoint, num_classes=num_classes)

@@ -1,0 +1,20 @@
+# The README's quick start: `make demo` and `make test`, each from a fresh machine.
+PYTHON ?= python
+export PYTHON
+
+.PHONY: install demo test test-fast lint
+
+install:  ## install everything into the active Python (idempotent, quick when done)
+	bash scripts/install.sh
+
+demo: install  ## the main job on the embedded default: ToMe and PPT on the Fashion-MNIST ViT
+	$(PYTHON) -m vitbench run --task cls --methods tome,ppt,topk --param tome.r=4 --param ppt.r=12 --out reports/demo
+
+test: install  ## the whole suite, slow end-to-end tests included (what CI runs)
+	$(PYTHON) -m pytest -q
+
+test-fast: install  ## the suite without the slow end-to-end tests
+	$(PYTHON) -m pytest -q -m "not slow"
+
+lint:
+	tox -e lint

@@ -1,0 +1,31 @@
+"""``vitbench list`` and ``vitbench plugins``."""
+from __future__ import annotations
+
+import json
+
+from vitbench.cli.main import main
+
+
+def test_list_methods_and_scorers(capsys):
+    assert main(["list", "methods"]) == 0
+    out = capsys.readouterr().out
+    for name in ("tome", "ppt", "topk", "entropy", "average"):
+        assert any(line.startswith(name + " ") for line in out.splitlines())
+    assert main(["list", "scorers"]) == 0
+    assert {line.split()[0] for line in capsys.readouterr().out.splitlines()} >= {"cls-attn", "entropy", "average"}
+
+
+def test_list_models_includes_the_default_and_timm_vits(capsys):
+    assert main(["list", "models", "--filter", "deit_small*"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("vitbench-fmnist-vit")
+    assert "deit_small_patch16_224" in out.splitlines()
+
+
+def test_plugins_json_names_distribution_version_and_registrations(capsys):
+    assert main(["plugins", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    tome = next(p for p in info["plugins"] if p["name"] == "tome")
+    assert tome["distribution"] == "vitbench" and tome["version"] == "0.1.0"
+    assert tome["registered"]["methods"] == ["tome"]
+    assert info["failures"] == []

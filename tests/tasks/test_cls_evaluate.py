@@ -1,0 +1,126 @@
+"""evaluate_cls against a plain torch loop, the data resolver, and their errors."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from vitbench.data.fashion_mnist import DEFAULT_DIR
+from vitbench.errors import DataError, ParamError
+from vitbench.tasks.cls.evaluate import evaluate_cls, resolve_cls_data
+from vitbench.tasks.cls.models import input_config
+
+needs_fmnist = pytest.mark.skipif(not (DEFAULT_DIR / "t10k-images-idx3-ubyte.gz").is_file(),
+                                  reason="dataset-fashion-mnist is not installed")
+
+
+def _plain_topk(model: torch.nn.Module, data, k: int) -> tuple[float, float]:
+    """Top-1/top-k of a plain torch loop over the data set's own preprocessed images."""
+    cfg = input_config(model)
+    mean = torch.tensor(cfg.mean).view(-1, 1, 1) * 255
+    std = torch.tensor(cfg.std).view(-1, 1, 1) * 255
+    ds = data.build()
+    hit1 = hitk = 0
+    with torch.no_grad():
+        for i in range(len(ds)):
+            item = ds[i]
+            x = item["inputs"].float()
+            if data.bgr and x.shape[0] == 3:
+                x = x.flip(0)
+            logits = model(((x - mean) / std)[None])[0]
+            label = int(item["data_samples"].gt_label)
+            top = logits.topk(k).indices.tolist()
+            hit1 += top[0] == label
+            hitk += label in top
+    return 100 * hit1 / len(ds), 100 * hitk / len(ds)
+
+
+def test_top1_equals_plain_loop(model, image_folder: Path, tmp_path: Path) -> None:
+    data = resolve_cls_data(str(image_folder), model)
+    assert data.num_classes == 6 and data.bgr
+    out = evaluate_cls(model, data, batch_size=5, work_dir=tmp_path / "wd")
+    top1, top5 = _plain_topk(model, data, 5)
+    assert out == {"top1_pct": pytest.approx(top1), "top5_pct": pytest.approx(top5),
+                   "num_images": 24, "num_classes": 6}
+    assert not list((tmp_path / "wd").rglob("*.pth"))  # no checkpoints written
+
+
+def test_limit_and_determinism(model, image_folder: Path) -> None:
+    data = resolve_cls_data(str(image_folder), model)
+    a = evaluate_cls(model, data, limit=7, batch_size=3)
+    b = evaluate_cls(model, data, limit=7, batch_size=4)
+    assert a == b and a["num_images"] == 7
+
+
+def test_few_classes_have_no_top5(make_model, folder_writer, tmp_path: Path) -> None:
+    model = make_model(num_classes=3)
+    folder_writer(tmp_path / "val", {"x": 2, "y": 2, "z": 1})
+    out = evaluate_cls(model, resolve_cls_data(str(tmp_path), model))
+    assert out["top5_pct"] is None and out["num_images"] == 5 and out["num_classes"] == 3
+
+
+def test_grey_model_on_folder(make_model, image_folder: Path) -> None:
+    model = make_model(in_chans=1)
+    data = resolve_cls_data(str(image_folder), model)
+    assert not data.bgr
+    out = evaluate_cls(model, data, limit=4)
+    assert out["top1_pct"] == pytest.approx(_plain_topk(model, data.__class__(
+        data.name, data.dataset_cfg(limit=4), data.num_classes, data.classes, data.bgr), 5)[0])
+
+
+def test_missing_and_malformed_folders(model, tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=rf"data folder {tmp_path / 'missing'} not found"):
+        resolve_cls_data(str(tmp_path / "missing"), model)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match=rf"malformed data folder {tmp_path / 'empty'}: .*ROOT/val/<class>/<image>"):
+        resolve_cls_data(str(tmp_path / "empty"), model)
+
+
+def test_more_classes_than_model_outputs(make_model, image_folder: Path) -> None:
+    with pytest.raises(DataError, match="has 6 classes but the model predicts 4"):
+        resolve_cls_data(str(image_folder), make_model(num_classes=4))
+
+
+def test_imagenet_folders_keep_synset_labels(make_model, folder_writer, tmp_path: Path) -> None:
+    from timm.data import ImageNetInfo
+
+    wnids = list(ImageNetInfo().label_names())
+    folder_writer(tmp_path / "val", {wnids[5]: 1, wnids[700]: 1})
+    data = resolve_cls_data(str(tmp_path), make_model(num_classes=1000))
+    ds = data.build()
+    assert sorted(ds.get_data_info(i)["gt_label"] for i in range(2)) == [5, 700]
+    assert data.num_classes == 2 and len(data.classes) == 1000
+
+
+def test_bad_arguments(model, image_folder: Path) -> None:
+    data = resolve_cls_data(str(image_folder), model)
+    with pytest.raises(ParamError, match="batch_size must be a positive integer, got 0"):
+        evaluate_cls(model, data, batch_size=0)
+    with pytest.raises(ParamError, match="limit must be a positive integer"):
+        evaluate_cls(model, data, limit=-1)
+    with pytest.raises(ParamError, match="unknown device 'gpu0'"):
+        evaluate_cls(model, data, device="gpu0")
+
+
+@needs_fmnist
+def test_fashion_mnist_default_arch(make_model) -> None:
+    from vitbench.tasks.cls.default_model import build_arch
+
+    model = build_arch().eval()
+    data = resolve_cls_data(None, model)
+    assert data.name == "fashion-mnist" and resolve_cls_data("Fashion-MNIST", model) == data
+    out = evaluate_cls(model, data, limit=50, batch_size=25)
+    assert out["num_images"] == 50 and out["num_classes"] == 10
+    assert out["top1_pct"] == pytest.approx(_plain_topk(model, data.__class__(
+        data.name, data.dataset_cfg(limit=50), 10, data.classes, False), 5)[0])
+    with pytest.raises(DataError, match="fashion-mnist has 10 classes but the model predicts 6"):
+        resolve_cls_data(None, make_model())
+
+
+@needs_fmnist
+def test_fashion_mnist_resized_for_rgb_models(make_model) -> None:
+    model = make_model(num_classes=10, img_size=48)
+    data = resolve_cls_data("fashion-mnist", model)
+    item = data.build(limit=1)[0]
+    assert tuple(item["inputs"].shape) == (3, 48, 48)

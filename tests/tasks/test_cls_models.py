@@ -1,0 +1,101 @@
+"""load_model: timm names, suggestions for unknown names, checkpoints and their errors."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from vitbench.errors import CheckpointError, ParamError, UnknownNameError
+from vitbench.tasks.cls.models import input_config, load_model, read_state_dict, suggest_models
+
+
+def test_timm_model_with_num_classes() -> None:
+    model = load_model("vit_tiny_patch16_224", num_classes=7)
+    assert model.num_classes == 7 and not model.training
+
+
+def test_unknown_name_lists_close_timm_models() -> None:
+    with pytest.raises(UnknownNameError) as err:
+        load_model("deit_tiny_patch16")
+    msg = str(err.value)
+    assert "unknown model 'deit_tiny_patch16'" in msg
+    assert "deit_tiny_patch16_224" in msg and "vitbench-fmnist-vit" in msg
+    assert "\n" not in msg
+
+
+def test_suggestions_for_typos() -> None:
+    assert "vit_small_patch16_224" in suggest_models("vit_smal_patch16_224")
+    assert suggest_models("zzzzqqq") == []
+
+
+def test_bad_num_classes() -> None:
+    with pytest.raises(ParamError, match="num_classes must be a positive integer, got 0"):
+        load_model("vit_tiny_patch16_224", num_classes=0)
+
+
+def _save(tmp_path: Path, obj: object, name: str = "ckpt.pth") -> Path:
+    path = tmp_path / name
+    torch.save(obj, path)
+    return path
+
+
+def test_checkpoint_plain_and_mmengine_style(tmp_path: Path, make_model) -> None:
+    src = make_model(num_classes=5)
+    state = src.state_dict()
+    mm_style = {"meta": {"epoch": 3}, "state_dict": {
+        **{f"backbone.model.{k}": v for k, v in state.items()},
+        "data_preprocessor.mean": torch.zeros(3, 1, 1)}}
+    for obj in (state, mm_style, {"model": state}):
+        loaded = read_state_dict(_save(tmp_path, obj))
+        assert loaded.keys() == state.keys()
+        assert all(torch.equal(loaded[k], state[k]) for k in state)
+
+
+def test_load_model_with_checkpoint(tmp_path: Path) -> None:
+    src = load_model("vit_tiny_patch16_224", num_classes=3)
+    path = _save(tmp_path, {"state_dict": {f"backbone.model.{k}": v for k, v in src.state_dict().items()}})
+    model = load_model("vit_tiny_patch16_224", num_classes=3, checkpoint=path)
+    x = torch.randn(1, 3, 224, 224)
+    with torch.no_grad():
+        assert torch.equal(model(x), src(x))
+
+
+def test_corrupt_checkpoint_names_path_and_reason(tmp_path: Path) -> None:
+    bad = tmp_path / "corrupt.pth"
+    bad.write_bytes(b"\x00garbage that is no checkpoint")
+    with pytest.raises(CheckpointError, match=rf"cannot read checkpoint {bad}: \w+"):
+        load_model("vit_tiny_patch16_224", checkpoint=bad)
+    good = _save(tmp_path, {"w": torch.ones(3)}, "trunc.pth")
+    good.write_bytes(good.read_bytes()[:40])
+    with pytest.raises(CheckpointError, match=rf"cannot read checkpoint {good}"):
+        read_state_dict(good)
+
+
+def test_missing_checkpoint(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match=rf"checkpoint {tmp_path / 'none.pth'} not found"):
+        read_state_dict(tmp_path / "none.pth")
+
+
+def test_unsafe_checkpoint_is_refused(tmp_path: Path) -> None:
+    path = _save(tmp_path, {"state_dict": {"w": torch.ones(1)}, "evil": Path("x")})
+    with pytest.raises(CheckpointError, match=rf"cannot read checkpoint {path}: UnpicklingError"):
+        read_state_dict(path)
+
+
+def test_mismatched_checkpoint_hints_num_classes(tmp_path: Path, make_model) -> None:
+    path = _save(tmp_path, make_model(num_classes=4).state_dict())
+    with pytest.raises(CheckpointError, match=r"head.weight is \[4, 32\].*pass num_classes=4"):
+        from vitbench.tasks.cls.models import load_checkpoint
+
+        load_checkpoint(make_model(num_classes=6), path)
+
+
+def test_input_config(make_model) -> None:
+    cfg = input_config(make_model(in_chans=1))
+    assert cfg.in_chans == 1 and cfg.input_size == (32, 32)
+    assert cfg.mean == pytest.approx(((0.485 + 0.456 + 0.406) / 3,))
+    deit = load_model("deit_tiny_patch16_224")
+    cfg = input_config(deit)
+    assert cfg.input_size == (224, 224) and cfg.crop_pct == 0.875 and cfg.interpolation == "bicubic"
+    assert cfg.mean == pytest.approx((0.485, 0.456, 0.406))

@@ -1,0 +1,319 @@
+"""The plugin host: entry-point discovery, catalogs, failures and the env lists (architecture.md).
+
+Discovery is real: each test writes fake installed distributions (a ``NAME-0.1.dist-info`` with
+``METADATA`` and ``entry_points.txt`` beside the plugin modules) into ``tmp_path`` and puts it on
+``sys.path``, so ``importlib.metadata`` finds them next to the installed ones. Every test builds
+its own :class:`PluginHost`; the process-wide one is never touched.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import tomllib
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+import torch
+
+import vitbench
+import vitbench.plugins
+from vitbench.errors import PluginError, UnknownNameError
+from vitbench.plugins import PluginFailure, PluginHost
+from vitbench.testing import check_method
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "vitbench-example-plugin"
+BUILTIN_PLUGINS = {"vit_family", "tome", "ppt", "topk", "scorers"}
+BUILTIN_METHODS = {"tome", "ppt", "entropy", "average", "topk"}
+BUILTIN_SCORERS = {"cls-attn", "entropy", "average"}
+
+# A plugin module that registers one method; {name} and {aliases} are filled in per plugin.
+METHOD_PLUGIN = """
+from dataclasses import dataclass
+
+from vitbench.catalog import MethodSpec, Reduction
+from vitbench.hookspecs import hookimpl
+
+
+@dataclass(frozen=True)
+class Params:
+    pass
+
+
+@hookimpl
+def vitbench_register_methods(register):
+    register(MethodSpec(name={name!r}, params=Params, aliases={aliases!r},
+                        build=lambda params, info: Reduction([None] * info.depth)))
+"""
+
+
+class FakeDistributions:
+    """Writes fake installed distributions into one ``sys.path`` folder of a test."""
+
+    def __init__(self, site: Path, prefix: str) -> None:
+        self.site = site
+        self.prefix = prefix  # module names are unique to the test, so no sys.modules leftovers
+
+    def add(self, dist: str, plugins: dict[str, str], version: str = "0.1") -> dict[str, str]:
+        """Install ``dist`` with one entry point per ``plugins`` item (name -> module source).
+
+        Returns the module name of each entry point.
+        """
+        modules = {name: f"{self.prefix}_{dist.replace('-', '_')}_{name}" for name in plugins}
+        info = self.site / f"{dist.replace('-', '_')}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+        lines = "".join(f"{name} = {modules[name]}\n" for name in plugins)
+        (info / "entry_points.txt").write_text(f"[vitbench]\n{lines}")
+        for name, source in plugins.items():
+            (self.site / f"{modules[name]}.py").write_text(textwrap.dedent(source))
+        importlib.invalidate_caches()
+        return modules
+
+    def method_plugin(self, name: str, aliases: tuple[str, ...] = ()) -> str:
+        return METHOD_PLUGIN.format(name=name, aliases=aliases)
+
+
+@pytest.fixture
+def fake_dists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    site = tmp_path / "site"
+    site.mkdir()
+    prefix = f"vbfake_{tmp_path.name}"
+    monkeypatch.syspath_prepend(str(site))
+    yield FakeDistributions(site, prefix)
+    for module in [m for m in sys.modules if m.startswith(prefix)]:
+        del sys.modules[module]
+
+
+@pytest.fixture(autouse=True)
+def _no_plugin_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("VITBENCH_PLUGINS", "VITBENCH_DISABLE_PLUGINS", "VITBENCH_STRICT_PLUGINS"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def fresh_host() -> PluginHost:
+    host = PluginHost()
+    host.load_entry_points()
+    return host
+
+
+def warnings_in(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("vitbench: warning: plugin")]
+
+
+# -- built-ins -------------------------------------------------------------------------------
+def test_builtins_are_entry_points_of_the_vitbench_distribution() -> None:
+    eps = [ep for ep in metadata.entry_points(group="vitbench") if ep.dist.metadata["Name"] == "vitbench"]
+    assert {ep.name for ep in eps} == BUILTIN_PLUGINS
+    assert all(ep.value.startswith("vitbench_plugins.") for ep in eps)
+
+
+def test_builtins_are_discovered_with_their_distribution(capsys: pytest.CaptureFixture[str]) -> None:
+    host = fresh_host()
+    assert host.failures == [] and host.skipped == []
+    for name in BUILTIN_PLUGINS:
+        assert (host.plugins[name].distribution, host.plugins[name].version) == ("vitbench", vitbench.__version__)
+    assert BUILTIN_METHODS <= set(host.names("methods"))
+    assert BUILTIN_SCORERS <= set(host.names("scorers"))
+    assert "vit" in host.names("families")
+    assert host.plugins["ppt"].registered["methods"] == ["ppt", "entropy", "average"]
+    assert host.plugins["scorers"].registered["scorers"] == ["cls-attn", "entropy", "average"]
+    assert host.plugins["vit_family"].registered["families"] == ["vit"]
+    assert host.owner("methods", "tome") == "tome" and host.owner("scorers", "entropy") == "scorers"
+    assert host.method("tome").name == "tome" and host.scorer("cls-attn").name == "cls-attn"
+    assert warnings_in(capsys.readouterr().err) == []
+
+
+def test_describe_is_json_with_distributions_versions_and_failures(fake_dists: FakeDistributions) -> None:
+    fake_dists.add("broken-plugin", {"broken": "raise RuntimeError('boom')\n"})
+    described = json.loads(json.dumps(fresh_host().describe()))
+    tome = next(p for p in described["plugins"] if p["name"] == "tome")
+    assert tome == {"name": "tome", "distribution": "vitbench", "version": vitbench.__version__,
+                    "registered": {"methods": ["tome"], "scorers": [], "families": []}}
+    assert described["failures"] == [
+        {"name": "broken", "distribution": "broken-plugin", "error": "RuntimeError: boom"}]
+
+
+# -- failures --------------------------------------------------------------------------------
+def test_a_plugin_that_fails_to_import_is_recorded_and_the_others_load(
+        fake_dists: FakeDistributions, capsys: pytest.CaptureFixture[str]) -> None:
+    fake_dists.add("broken-plugin", {"broken": "raise RuntimeError('boom at import')\n"})
+    fake_dists.add("good-plugin", {"good": fake_dists.method_plugin("good-method")})
+    host = fresh_host()
+    assert host.failures == [PluginFailure("broken", "broken-plugin", "RuntimeError: boom at import")]
+    assert "broken" not in host.plugins
+    assert (host.plugins["good"].distribution, host.plugins["good"].version) == ("good-plugin", "0.1")
+    assert {"good-method", *BUILTIN_METHODS} <= set(host.names("methods"))
+    assert warnings_in(capsys.readouterr().err) == [
+        "vitbench: warning: plugin 'broken' (broken-plugin) failed to load: RuntimeError: boom at import"]
+
+
+def test_strict_plugins_makes_a_failed_import_fatal(fake_dists: FakeDistributions,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_dists.add("broken-plugin", {"broken": "import no_such_module_for_vitbench\n"})
+    monkeypatch.setenv("VITBENCH_STRICT_PLUGINS", "1")
+    with pytest.raises(PluginError, match=r"'broken' \(broken-plugin\) failed to load: "
+                                          r"ModuleNotFoundError: .*no_such_module_for_vitbench"):
+        fresh_host()
+
+
+def test_strict_plugins_0_is_off(fake_dists: FakeDistributions, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_dists.add("broken-plugin", {"broken": "raise RuntimeError('boom')\n"})
+    monkeypatch.setenv("VITBENCH_STRICT_PLUGINS", "0")
+    assert [f.name for f in fresh_host().failures] == ["broken"]
+
+
+def test_asking_for_a_method_of_a_failed_plugin_names_the_plugin(fake_dists: FakeDistributions) -> None:
+    fake_dists.add("shiny-plugin", {"shiny": "raise ImportError('needs a GPU library')\n"})
+    host = fresh_host()
+    with pytest.raises(PluginError, match=r"method 'shiny' comes from plugin 'shiny' \(shiny-plugin\), "
+                                          r"which failed to load: ImportError: needs a GPU library"):
+        host.method("shiny")
+    assert host.method("tome").name == "tome"  # the rest of the catalog still answers
+
+
+def test_a_register_hook_that_raises_is_recorded(fake_dists: FakeDistributions,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    fake_dists.add("raising-plugin", {"raising": """
+        from vitbench.hookspecs import hookimpl
+
+        @hookimpl
+        def vitbench_register_methods(register):
+            raise ValueError('cannot register')
+    """})
+    host = fresh_host()
+    assert BUILTIN_METHODS <= set(host.names("methods"))
+    expected = PluginFailure("raising", "raising-plugin",
+                             "vitbench_register_methods raised ValueError: cannot register")
+    assert host.failures == [expected]
+    host.add_plugin(object(), "late")  # a rebuild of the catalogs must not report it again
+    assert BUILTIN_METHODS <= set(host.names("methods"))
+    assert host.failures == [expected]
+    assert len(warnings_in(capsys.readouterr().err)) == 1
+
+
+def test_a_register_hook_that_raises_is_fatal_when_strict(fake_dists: FakeDistributions,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_dists.add("raising-plugin", {"raising": """
+        from vitbench.hookspecs import hookimpl
+
+        @hookimpl
+        def vitbench_register_scorers(register):
+            register("not a ScorerSpec")
+    """})
+    monkeypatch.setenv("VITBENCH_STRICT_PLUGINS", "1")
+    host = fresh_host()  # importing succeeds; registering does not
+    with pytest.raises(PluginError, match=r"'raising' \(raising-plugin\).*TypeError: register\(\) "
+                                          r"for scorers takes a ScorerSpec, got str"):
+        host.names("scorers")
+
+
+# -- allow-list and block-list ---------------------------------------------------------------
+def test_allow_list_loads_only_the_listed_plugins(fake_dists: FakeDistributions,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_dists.add("broken-plugin", {"broken": "raise RuntimeError('boom')\n"})
+    monkeypatch.setenv("VITBENCH_PLUGINS", " tome , scorers ")
+    host = fresh_host()
+    assert set(host.plugins) == {"tome", "scorers"}
+    assert {"broken", "ppt", "topk", "vit_family"} <= set(host.skipped)
+    assert host.failures == []
+    assert host.names("methods") == ["tome"]
+    assert host.describe()["skipped"] == host.skipped
+
+
+def test_block_list_skips_the_listed_plugins(fake_dists: FakeDistributions,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_dists.add("broken-plugin", {"broken": "raise RuntimeError('boom')\n"})
+    monkeypatch.setenv("VITBENCH_DISABLE_PLUGINS", "broken,topk")
+    host = fresh_host()
+    assert sorted(host.skipped) == ["broken", "topk"]
+    assert host.failures == []
+    assert "topk" not in host.names("methods") and "tome" in host.names("methods")
+    with pytest.raises(UnknownNameError, match="unknown method 'topk'"):
+        host.method("topk")
+
+
+# -- names -----------------------------------------------------------------------------------
+def test_a_duplicate_method_name_names_both_plugins(fake_dists: FakeDistributions) -> None:
+    fake_dists.add("copycat-plugin", {"copycat": fake_dists.method_plugin("tome")})
+    host = fresh_host()
+    with pytest.raises(PluginError, match="duplicate method name 'tome'") as caught:
+        host.method("tome")
+    assert "plugin 'tome'" in str(caught.value) and "plugin 'copycat'" in str(caught.value)
+
+
+@pytest.mark.parametrize("first, second, clash", [
+    (("fast-a", ("fast",)), ("fast-b", ("fast",)), "fast"),  # alias vs alias
+    (("fast-a", ()), ("fast-b", ("fast-a",)), "fast-a"),  # alias vs name
+])
+def test_a_duplicate_alias_names_both_plugins(fake_dists: FakeDistributions, first, second, clash) -> None:
+    fake_dists.add("first-plugin", {"first": fake_dists.method_plugin(*first)})
+    fake_dists.add("second-plugin", {"second": fake_dists.method_plugin(*second)})
+    with pytest.raises(PluginError, match=f"duplicate method name '{clash}'") as caught:
+        fresh_host().names("methods")
+    assert "plugin 'first'" in str(caught.value) and "plugin 'second'" in str(caught.value)
+
+
+def test_an_alias_finds_its_method(fake_dists: FakeDistributions) -> None:
+    fake_dists.add("alias-plugin", {"alias": fake_dists.method_plugin("long-method-name", ("lmn",))})
+    host = fresh_host()
+    assert host.method("lmn") is host.method("long-method-name")
+    assert host.owner("methods", "lmn") == "alias"
+
+
+def test_an_unknown_method_lists_the_valid_names(fake_dists: FakeDistributions) -> None:
+    fake_dists.add("alias-plugin", {"alias": fake_dists.method_plugin("long-method-name", ("lmn",))})
+    host = fresh_host()
+    with pytest.raises(UnknownNameError, match=r"unknown method 'tomee'; valid methods: ") as caught:
+        host.method("tomee")
+    listed = str(caught.value).split("valid methods: ", 1)[1].split(", ")
+    assert {"long-method-name", "lmn", *BUILTIN_METHODS} <= set(listed)
+    assert listed == sorted(listed)
+    with pytest.raises(UnknownNameError, match=r"unknown scorer 'nope'; valid scorers: average, cls-attn, entropy"):
+        host.scorer("nope")
+
+
+# -- the example third-party plugin ----------------------------------------------------------
+@pytest.fixture
+def one_thread():
+    """The tiny model's tensors are too small for threads; on a busy CPU they only cost time."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_the_example_plugin_is_discovered_through_its_entry_point(monkeypatch: pytest.MonkeyPatch) -> None:
+    try:
+        metadata.distribution("vitbench-example-plugin")
+    except metadata.PackageNotFoundError:
+        pytest.fail("the example plugin is not installed: "
+                    "pip install --no-deps --no-build-isolation -e examples/vitbench-example-plugin")
+    declared = tomllib.loads((EXAMPLE / "pyproject.toml").read_text())["project"]
+    assert declared["entry-points"]["vitbench"] == {"example_random_drop": "vitbench_example_plugin"}
+    host = fresh_host()
+    assert host.owner("methods", "random-drop") == "example_random_drop"
+    info = host.plugins["example_random_drop"]
+    assert (info.distribution, info.version) == ("vitbench-example-plugin", "0.1.0") == (
+        declared["name"], declared["version"])
+    assert info.registered["methods"] == ["random-drop"]
+
+    monkeypatch.setattr(vitbench.plugins, "_HOST", host)
+    report = check_method("random-drop", {"keep": 0.5})
+    assert report.token_counts == [65] * 3 + [33] * 3 + [17] * 3 + [9] * 3
+
+
+def test_the_example_plugin_tests_itself() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VITBENCH_")}
+    env["OMP_NUM_THREADS"] = "1"  # tiny tensors: threads only add overhead
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+                          cwd=EXAMPLE, env=env, capture_output=True, text=True, timeout=300, check=False)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert re.search(r"\b\d+ passed\b", output) and "failed" not in output, output

@@ -1,0 +1,5 @@
+import sys
+
+from vitbench.cli.main import main
+
+sys.exit(main())

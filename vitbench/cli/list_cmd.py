@@ -1,0 +1,48 @@
+"""``vitbench list methods|scorers|models|families|tasks``."""
+from __future__ import annotations
+
+import argparse
+
+from vitbench.plan import DEFAULT_MODEL, TASKS
+from vitbench.plugins import get_host
+
+KINDS = ("methods", "scorers", "models", "families", "tasks")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("list", help="list registered methods, scorers, models, families or tasks")
+    p.add_argument("kind", choices=KINDS)
+    p.add_argument("--filter", default=None, help="only models matching this wildcard (e.g. 'deit_*')")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    host = get_host()
+    if args.kind == "methods":
+        for name in host.names("methods"):
+            spec = host.method(name)
+            extra = f" (aliases: {', '.join(spec.aliases)})" if spec.aliases else ""
+            print(f"{name}{extra}  [families: {', '.join(spec.families)}; plugin: "
+                  f"{host.owner('methods', name)}]  {spec.description}")
+    elif args.kind == "scorers":
+        for name in host.names("scorers"):
+            print(f"{name}  [plugin: {host.owner('scorers', name)}]  {host.scorer(name).description}")
+    elif args.kind == "families":
+        for name in host.names("families"):
+            spec = host.family(name)
+            print(f"{name}  [plugin: {host.owner('families', name)}; models: "
+                  f"{', '.join(spec.model_patterns)}]  {spec.description}")
+    elif args.kind == "tasks":
+        print("\n".join(TASKS))
+    else:
+        import timm
+
+        patterns = [p for name in host.names("families") for p in host.family(name).model_patterns]
+        names = sorted(set(timm.list_models(patterns)))
+        if args.filter:
+            import fnmatch
+
+            names = [n for n in names if fnmatch.fnmatch(n, args.filter)]
+        print(f"{DEFAULT_MODEL}  (the embedded default: a small ViT trained on Fashion-MNIST)")
+        print("\n".join(names))
+    return 0

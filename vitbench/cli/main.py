@@ -1,0 +1,40 @@
+"""``vitbench``: the command line (architecture.md, layer 1). One module per command group."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional
+
+from vitbench import __version__
+from vitbench.cli import list_cmd, plugins_cmd, report_cmd, run_cmd
+from vitbench.errors import VitbenchError
+
+COMMANDS = (run_cmd, list_cmd, plugins_cmd, report_cmd)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vitbench",
+        description="Benchmark token merging, token pruning and channel selection for vision transformers.")
+    parser.add_argument("--version", action="version", version=f"vitbench {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS:
+        command.add_parser(sub)
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Entry point of the console script; bad input exits 2 with one line, no traceback."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except VitbenchError as exc:
+        print(f"vitbench: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("vitbench: interrupted; finished runs are in the store (use --resume)", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

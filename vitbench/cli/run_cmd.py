@@ -1,0 +1,136 @@
+"""``vitbench run``: plan, execute, store and report (the one command that does the main job).
+
+``vitbench run --task cls --methods M1,M2 [--model NAME] [--data PATH|fashion-mnist]
+[--param METHOD.KEY=VALUE ...] [--metrics ...] [--batch-size B] [--device cpu|cuda] [--seed S]
+[--out DIR] [--resume]``. The baseline always runs too. Bad input exits 2 before anything runs.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+from pathlib import Path
+from typing import Optional
+
+from vitbench.errors import VitbenchError
+from vitbench.plan import DEFAULT_MODEL, METRICS, build_plan, parse_list, parse_param_overrides
+from vitbench.plugins import get_host
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run methods against the baseline and write runs.jsonl + report.md")
+    p.add_argument("--task", default="cls", help="task (cls)")
+    p.add_argument("--methods", required=True, help="comma-separated method names (see `vitbench list methods`)")
+    p.add_argument("--model", default=None,
+                   help=f"timm ViT/DeiT name; default: {DEFAULT_MODEL} (trained once on Fashion-MNIST)")
+    p.add_argument("--data", default=None, help="ImageNet-style folder, or fashion-mnist (the default model's data)")
+    p.add_argument("--param", action="append", default=[], metavar="METHOD.KEY=VALUE",
+                   help="method parameter, e.g. tome.r=13 (repeatable)")
+    p.add_argument("--metrics", default=None,
+                   help=f"comma-separated subset of {','.join(METRICS)} (default: all; accuracy needs data)")
+    p.add_argument("--batch-size", type=int, default=32, help="throughput batch size (default 32)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="result directory (default: runs/<task>-<model>)")
+    p.add_argument("--resume", action="store_true", help="skip finished runs of the store, retry failed ones")
+    p.add_argument("--pretrained", action="store_true", help="load timm's pretrained weights (needs the hub)")
+    p.add_argument("--checkpoint", default=None, help="local weights file (.pth/.safetensors state dict)")
+    p.add_argument("--limit", type=int, default=None, help="evaluate only the first N images")
+    p.set_defaults(handler=run)
+
+
+def _metrics(args: argparse.Namespace, model: str) -> tuple[str, ...]:
+    if args.metrics is not None:
+        metrics = parse_list("metric", args.metrics, METRICS)
+        if "accuracy" in metrics and args.data is None and model != DEFAULT_MODEL:
+            raise VitbenchError(f"accuracy of {model!r} needs --data PATH (an ImageNet-style folder); "
+                                f"or leave accuracy out of --metrics")
+        return metrics
+    if args.data is None and model != DEFAULT_MODEL:
+        print(f"vitbench: note: no --data for {model!r}: measuring {', '.join(METRICS[1:])} without accuracy",
+              file=sys.stderr)
+        return METRICS[1:]
+    return METRICS
+
+
+def _check_methods_apply(plan: list, model) -> None:  # type: ignore[no-untyped-def]
+    """Apply every method to a copy of the model now, so unsupported pairs and out-of-range
+    parameters (e.g. a block index the model lacks) fail before anything runs."""
+    from vitbench.engine import apply
+
+    for spec in plan[1:]:
+        apply(copy.deepcopy(model), spec.method, **spec.params)
+
+
+def run(args: argparse.Namespace) -> int:
+    from vitbench.environment import environment
+    from vitbench.execute import Workspace, execute_plan, input_size_of
+    from vitbench.report import write_report
+    from vitbench.results import ResultStore
+
+    model_name = args.model or DEFAULT_MODEL
+    metrics = _metrics(args, model_name)
+    data: Optional[str] = args.data
+    if "accuracy" in metrics and data is None:
+        data = "fashion-mnist"
+    methods = [m for m in args.methods.split(",") if m.strip()]
+    if not methods:
+        raise VitbenchError("--methods is empty; see `vitbench list methods`")
+    plan = build_plan(task=args.task, model=model_name, methods=[m.strip() for m in methods], data=data,
+                      overrides=parse_param_overrides(args.param), metrics=metrics,
+                      batch_size=args.batch_size, device=args.device, seed=args.seed,
+                      checkpoint=args.checkpoint, pretrained=args.pretrained)
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise VitbenchError("--device cuda: no CUDA device is available here; valid devices: cpu")
+    if args.limit is not None and args.limit < 1:
+        raise VitbenchError(f"--limit {args.limit} is out of range; it must be >= 1")
+
+    say = _Progress()
+    say.note(f"loading model {model_name}")
+    from vitbench.tasks.cls.models import load_model
+
+    model = load_model(model_name, pretrained=args.pretrained, checkpoint=args.checkpoint)
+    get_host().family_of(model)
+    _check_methods_apply(plan, model)
+    cls_data = None
+    if "accuracy" in metrics:
+        from vitbench.tasks.cls.data import resolve_cls_data
+
+        cls_data = resolve_cls_data(data, model)
+    out = Path(args.out or Path("runs") / f"{args.task}-{model_name}")
+    out.mkdir(parents=True, exist_ok=True)
+    store = ResultStore(out)
+    ws = Workspace(model=model, input_size=input_size_of(model), data=cls_data, work_dir=out / "work",
+                   eval_limit=args.limit)
+    env = environment(args.device)
+    records = execute_plan(plan, ws, store, resume=args.resume, env=env, progress=say.step)
+    md, png = write_report(store.records(), out / "report.md", command=env["command"])
+    _print_summary(records, md, png)
+    return 0 if all(r["status"] in ("ok", "skipped") for r in records) else 1
+
+
+class _Progress:
+    """Progress lines on stderr: which run of how many, and what it is doing."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+
+        self.console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+    def note(self, text: str) -> None:
+        self.console.print(f"[dim]vitbench:[/dim] {text}")
+
+    def step(self, i: int, n: int, label: str, what: str) -> None:
+        self.console.print(f"[bold][{i}/{n}][/bold] {label}: {what}")
+
+
+def _print_summary(records: list, md: Path, png: Path) -> None:  # type: ignore[type-arg]
+    from vitbench.report.tables import comparison_table
+
+    first = records[0]
+    table = comparison_table(records, first["task"], first["model"])
+    print(table.to_markdown(index=False))
+    print(f"\nreport: {md}\nplot:   {png}")

@@ -1,0 +1,54 @@
+"""What every record says about where it ran (benchmarking.md, "Reproducibility")."""
+from __future__ import annotations
+
+import platform
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PACKAGES = ("torch", "torchvision", "timm", "mmengine", "mmcv", "mmdet", "mmpretrain", "vitbench")
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def git_revision() -> str | None:
+    """The vitbench checkout's commit (``None`` outside a git checkout)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             cwd=Path(__file__).resolve().parent, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def device_name(device: str) -> str:
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_name(torch.device(device))
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def environment(device: str, command: list[str] | None = None) -> dict[str, Any]:
+    """Versions, device, threads, precision, git revision, loaded plugins and the command."""
+    from vitbench.plugins import get_host
+
+    host = get_host()
+    return {
+        "versions": {name: _version(name) for name in PACKAGES},
+        "python": platform.python_version(),
+        "device": f"{device} ({device_name(device)})",
+        "threads": torch.get_num_threads(),
+        "precision": "fp32",
+        "git_rev": git_revision(),
+        "plugins": [{"name": p.name, "distribution": p.distribution, "version": p.version}
+                    for p in host.plugins.values()],
+        "command": " ".join(command if command is not None else ["vitbench", *sys.argv[1:]]),
+    }

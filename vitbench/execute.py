@@ -1,0 +1,164 @@
+"""Executes a run plan: each spec reduces a fresh copy of the model, measures it, and appends
+one record to the store as it ends (architecture.md, layers 5-7).
+
+A run that fails is recorded as ``error`` with its message and the other runs go on; records
+are appended whole, so an interrupted plan never leaves a half-written result, and
+``--resume`` skips finished specs and retries failed ones.
+"""
+from __future__ import annotations
+
+import copy
+import random
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+from torch import nn
+
+from vitbench import measure
+from vitbench.engine import apply, reduction_context
+from vitbench.errors import VitbenchError
+from vitbench.plan import BASELINE, RunSpec
+from vitbench.plugins import get_host
+from vitbench.results import ResultStore
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class Workspace:
+    """What the runs of one plan share: the unreduced model, its data and input size."""
+
+    model: nn.Module
+    input_size: tuple[int, int, int]
+    data: Any = None  # a ClsData when accuracy is measured
+    work_dir: Optional[Path] = None
+    gmacs_images: int = 8
+    eval_batch_size: int = 128
+    eval_limit: Optional[int] = None
+    throughput_repeats: int = 10
+    latency_repeats: int = 20
+
+
+def input_size_of(model: nn.Module) -> tuple[int, int, int]:
+    """``(channels, height, width)`` a timm ViT takes."""
+    embed = model.patch_embed
+    return (int(embed.proj.in_channels), int(embed.img_size[0]), int(embed.img_size[1]))
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def attention_kernel(model: nn.Module) -> str:
+    """Which attention kernel each block ran (benchmarking.md: baseline and method must match)."""
+    if reduction_context(model) is not None:
+        unfused = [blk.index for blk in model.blocks if not blk.fused]
+    else:
+        unfused = [i for i, blk in enumerate(model.blocks) if not getattr(blk.attn, "fused_attn", False)]
+    if not unfused:
+        return "fused (SDPA)"
+    if len(unfused) == len(model.blocks):
+        return "unfused (explicit softmax)"
+    return "fused (SDPA); unfused in blocks " + ",".join(str(i) for i in unfused)
+
+
+def _measure(spec: RunSpec, ws: Workspace, model: nn.Module, baseline: Optional[dict],
+             progress: Progress) -> dict[str, Any]:
+    out: dict[str, Any] = {"attention_kernel": attention_kernel(model), "batch_size": spec.batch_size}
+    device = spec.device
+    if "gmacs" in spec.metrics:
+        progress("counting GMACs")
+        gen = torch.Generator().manual_seed(spec.seed)
+        images = torch.randn(ws.gmacs_images, *ws.input_size, generator=gen)
+        result = measure.count_gmacs(model, images)
+        out.update(gmacs=result.mean, gmacs_std=result.std, gmacs_images=result.n)
+    if "params" in spec.metrics:
+        out["params_m"] = measure.count_params_m(model)
+    model.to(device)
+    if "accuracy" in spec.metrics:
+        from vitbench.tasks.cls.evaluate import evaluate_cls
+
+        progress("evaluating accuracy")
+        acc = evaluate_cls(model, ws.data, batch_size=ws.eval_batch_size, device=device,
+                           limit=ws.eval_limit, seed=spec.seed,
+                           work_dir=ws.work_dir / spec.spec_id if ws.work_dir else None)
+        out.update({k: acc.get(k) for k in ("top1_pct", "top5_pct", "num_images", "num_classes")})
+    if "throughput" in spec.metrics:
+        progress(f"timing throughput (batch {spec.batch_size})")
+        tp = measure.measure_throughput(model, spec.batch_size, ws.input_size, device=device,
+                                        repeats=ws.throughput_repeats)
+        out.update(throughput_img_s=tp.median_img_s, throughput_spread_img_s=tp.spread_img_s,
+                   throughput_repeats=tp.repeats)
+    if "latency" in spec.metrics:
+        progress("timing latency (batch 1)")
+        lat = measure.measure_latency(model, ws.input_size, device=device, repeats=ws.latency_repeats)
+        out.update(latency_ms=lat.median_ms, latency_spread_ms=lat.spread_ms)
+    if "memory" in spec.metrics:
+        progress("measuring peak memory")
+        out["peak_mem_mb"] = measure.measure_peak_memory(model, spec.batch_size, ws.input_size, device=device)
+    if spec.method == BASELINE:
+        if out.get("throughput_img_s"):
+            out.update(speedup=1.0, efficiency=1.0 if out.get("gmacs") else None)
+    elif baseline and baseline.get("throughput_img_s") and out.get("throughput_img_s"):
+        out["speedup"] = measure.speedup(out["throughput_img_s"], baseline["throughput_img_s"])
+        if baseline.get("gmacs") and out.get("gmacs"):
+            out["efficiency"] = measure.efficiency(out["speedup"], baseline["gmacs"], out["gmacs"])
+    return out
+
+
+def run_spec(spec: RunSpec, ws: Workspace, baseline: Optional[dict], env: dict[str, Any],
+             progress: Progress) -> dict[str, Any]:
+    """Run one spec and return its record (status ``ok`` or ``error``, never raising)."""
+    started = time.perf_counter()
+    record: dict[str, Any] = {
+        "spec_id": spec.spec_id, "task": spec.task, "model": spec.model, "data": spec.data,
+        "method": spec.method, "label": spec.label, "params": spec.params, "seed": spec.seed, "status": "ok",
+        "error": None, "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    try:
+        seed_everything(spec.seed)
+        model = copy.deepcopy(ws.model)
+        if spec.method != BASELINE:
+            progress("applying the method")
+            model = apply(model, spec.method, **spec.params)
+        record.update(_measure(spec, ws, model.eval(), baseline, progress))
+    except VitbenchError as exc:
+        record.update(status="error", error=str(exc))
+    except Exception as exc:  # noqa: BLE001 - one failed run must not take the others down
+        record.update(status="error", error=f"{type(exc).__name__}: {exc}")
+    record["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    record["wall_s"] = round(time.perf_counter() - started, 3)
+    record["env"] = env
+    return record
+
+
+def execute_plan(plan: list[RunSpec], ws: Workspace, store: ResultStore, *, resume: bool,
+                 env: dict[str, Any], progress: Callable[[int, int, str, str], None]) -> list[dict]:
+    """Run every spec of ``plan`` in order, appending each record to ``store`` as it ends."""
+    host = get_host()
+    latest = store.latest() if resume else {}
+    finished = store.finished_ids() if resume else set()
+    baseline = latest.get(plan[0].spec_id) if plan and plan[0].method == BASELINE else None
+    records = []
+    for i, spec in enumerate(plan, start=1):
+        if spec.spec_id in finished:
+            progress(i, len(plan), spec.label, "already finished (resume): skipped")
+            records.append(latest[spec.spec_id])
+            continue
+        host.run_started(spec)
+        record = run_spec(spec, ws, baseline, env, lambda what: progress(i, len(plan), spec.label, what))
+        store.append(record)
+        host.run_finished(spec, record)
+        if spec.method == BASELINE and record["status"] == "ok":
+            baseline = record
+        outcome = "done" if record["status"] == "ok" else f"FAILED: {record['error']}"
+        progress(i, len(plan), spec.label, f"{outcome} ({record['wall_s']:.1f} s)")
+        records.append(record)
+    return records

@@ -1,0 +1,109 @@
+"""The run plan: models x methods x params x task as frozen, hashable run specs
+(architecture.md, layer 2). A spec's hash keys the result store, so runs resume.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable, Mapping, Optional
+
+from vitbench.errors import ParamError, VitbenchError, choices_error
+from vitbench.params import make_params, params_dict
+from vitbench.plugins import get_host
+
+BASELINE = "baseline"
+TASKS = ("cls",)
+METRICS = ("accuracy", "gmacs", "params", "throughput", "latency", "memory")
+DEVICES = ("cpu", "cuda")
+DEFAULT_MODEL = "vitbench-fmnist-vit"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run: what to reduce, how, and what to measure. Frozen; hashed into ``spec_id``."""
+
+    task: str
+    model: str
+    method: str
+    params_json: str  # the validated parameters as canonical JSON (hashable)
+    data: Optional[str]
+    metrics: tuple[str, ...]
+    batch_size: int
+    device: str
+    seed: int
+    checkpoint: Optional[str] = None
+    pretrained: bool = False
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return json.loads(self.params_json)
+
+    @property
+    def spec_id(self) -> str:
+        return hashlib.sha1(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+
+    @property
+    def label(self) -> str:
+        """``tome (r=13)``: the method with the parameters that differ from its defaults."""
+        if self.method == BASELINE:
+            return BASELINE
+        spec = get_host().method(self.method)
+        defaults = params_dict(make_params(self.method, spec.params, {}))
+        changed = {k: v for k, v in self.params.items() if defaults.get(k) != v}
+        if not changed:
+            return self.method
+        shown = ", ".join(f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in changed.items())
+        return f"{self.method} ({shown})"
+
+
+def parse_param_overrides(items: Iterable[str]) -> dict[str, dict[str, str]]:
+    """``["tome.r=13", "ppt.layers=(2,5)"]`` -> ``{"tome": {"r": "13"}, "ppt": {"layers": "(2,5)"}}``."""
+    out: dict[str, dict[str, str]] = {}
+    for item in items:
+        head, sep, value = item.partition("=")
+        method, dot, key = head.partition(".")
+        if not sep or not dot or not method or not key:
+            raise ParamError(f"--param {item!r} is not METHOD.KEY=VALUE (e.g. tome.r=13)")
+        out.setdefault(method.strip(), {})[key.strip()] = value.strip()
+    return out
+
+
+def parse_list(kind: str, text: str, valid: Iterable[str]) -> tuple[str, ...]:
+    """Split a comma list and check every item against ``valid``."""
+    items = tuple(item.strip() for item in text.split(",") if item.strip())
+    valid = tuple(valid)
+    for item in items:
+        if item not in valid:
+            raise choices_error(kind, item, valid)
+    return items
+
+
+def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[str],
+               overrides: Mapping[str, Mapping[str, Any]], metrics: Iterable[str],
+               batch_size: int, device: str, seed: int, checkpoint: Optional[str] = None,
+               pretrained: bool = False) -> list[RunSpec]:
+    """The baseline, then one spec per method, parameters validated (no model is built here)."""
+    if task not in TASKS:
+        raise choices_error("task", task, TASKS)
+    if device not in DEVICES:
+        raise choices_error("device", device, DEVICES)
+    if batch_size < 1:
+        raise ParamError(f"--batch-size {batch_size} is out of range; it must be >= 1")
+    host = get_host()
+    names = [host.method(name).name for name in methods]  # unknown -> error listing valid ones
+    for name in overrides:
+        canonical = host.method(name).name
+        if canonical not in names:
+            raise VitbenchError(f"--param names method {name!r}, which is not in --methods "
+                                f"({', '.join(names) or 'none'})")
+    canonical_overrides = {host.method(k).name: v for k, v in overrides.items()}
+    common = dict(task=task, model=model, data=data, metrics=tuple(metrics), batch_size=batch_size,
+                  device=device, seed=seed, checkpoint=checkpoint, pretrained=pretrained)
+    plan = [RunSpec(method=BASELINE, params_json="{}", **common)]
+    for name in dict.fromkeys(names):
+        spec = host.method(name)
+        values = make_params(name, spec.params, canonical_overrides.get(name, {}))
+        plan.append(RunSpec(method=name, params_json=json.dumps(params_dict(values), sort_keys=True),
+                            **common))
+    return plan
