@@ -25,6 +25,16 @@ from vitbench.hookspecs import hookimpl
 from vitbench.plugins import get_host
 
 
+def check_scorer(method: str, score: str) -> None:
+    """Raise a ParamError naming ``METHOD.score`` and the registered scorers."""
+    from vitbench.errors import UnknownNameError
+
+    try:
+        get_host().scorer(score)
+    except UnknownNameError as exc:
+        raise ParamError(f"{method}.score={score!r}: {exc}") from None
+
+
 def check_layers(method: str, layers: tuple[int, ...], depth: int) -> None:
     """Raise a ParamError naming a block index the model does not have."""
     for layer in layers:
@@ -49,7 +59,7 @@ class PPTParams:
             raise ParamError(f"ppt.threshold={self.threshold} is out of range; it must be >= 0")
         if any(layer < 0 for layer in self.layers):
             raise ParamError(f"ppt.layers={list(self.layers)}: block indices are >= 0")
-        get_host().scorer(self.score)  # unknown scorer -> error listing the valid ones
+        check_scorer("ppt", self.score)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from vitbench.engine import AttnInfo, TokenState
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
 from vitbench.plugins import get_host
-from vitbench_plugins.ppt import check_layers, top_tokens
+from vitbench_plugins.ppt import check_layers, check_scorer, top_tokens
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class TopKParams:
             raise ParamError(f"topk.keep={self.keep} is out of range; it must be in (0, 1]")
         if any(layer < 0 for layer in self.layers):
             raise ParamError(f"topk.layers={list(self.layers)}: block indices are >= 0")
-        get_host().scorer(self.score)
+        check_scorer("topk", self.score)
 
 
 class TopKReducer:

@@ -143,7 +143,7 @@ def test_range_errors_come_from_the_params_dataclass(method, params_type, overri
 
 
 def test_an_unknown_scorer_lists_the_valid_scorers() -> None:
-    with pytest.raises(UnknownNameError, match=r"unknown scorer 'nope'; valid scorers: .*average, cls-attn, entropy") as caught:
+    with pytest.raises(ParamError, match=r"^ppt.score='nope': unknown scorer 'nope'; valid scorers: .*average, cls-attn, entropy") as caught:
         make_params("ppt", PPTParams, {"score": "nope"})
     assert isinstance(caught.value, VitbenchError)
 

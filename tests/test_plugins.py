@@ -3,7 +3,8 @@
 Discovery is real: each test writes fake installed distributions (a ``NAME-0.1.dist-info`` with
 ``METADATA`` and ``entry_points.txt`` beside the plugin modules) into ``tmp_path`` and puts it on
 ``sys.path``, so ``importlib.metadata`` finds them next to the installed ones. Every test builds
-its own :class:`PluginHost`; the process-wide one is never touched.
+its own :class:`PluginHost`; only ``check_method`` (which asks ``get_host()``) is handed one, by
+monkeypatching ``vitbench.plugins._HOST`` for the test.
 """
 from __future__ import annotations
 
