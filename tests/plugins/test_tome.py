@@ -13,7 +13,7 @@ from vitbench.engine import reduction_context
 from vitbench.errors import ParamError
 from vitbench_plugins.tome import schedule
 
-from .reference_tome import reference_tome
+from vitbench.testing.reference_tome import reference_tome
 
 
 def _counts(model, method, images, **params):

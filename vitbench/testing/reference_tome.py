@@ -1,4 +1,4 @@
-"""An independent, deliberately plain ToMe forward: explicit (unfused) attention and per-image
+"""An independent, deliberately plain ToMe forward (explicit unfused attention, per-image Python
 Python loops for the matching. The engine must give the same outputs (issue #2, item 10)."""
 from __future__ import annotations
 
