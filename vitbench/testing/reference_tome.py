@@ -1,5 +1,6 @@
-"""An independent, deliberately plain ToMe forward (explicit unfused attention, per-image Python
-Python loops for the matching. The engine must give the same outputs (issue #2, item 10)."""
+"""An independent, deliberately plain ToMe forward: explicit (unfused) attention and per-image
+Python loops for the matching (methods.md §1). vitbench's engine must give the same outputs
+(issue #2, item 10); a plugin author can check a ToMe variant against it the same way."""
 from __future__ import annotations
 
 import torch
