@@ -97,5 +97,5 @@ def test_input_config(make_model) -> None:
     assert cfg.mean == pytest.approx(((0.485 + 0.456 + 0.406) / 3,))
     deit = load_model("deit_tiny_patch16_224")
     cfg = input_config(deit)
-    assert cfg.input_size == (224, 224) and cfg.crop_pct == 0.875 and cfg.interpolation == "bicubic"
+    assert cfg.input_size == (224, 224) and cfg.crop_pct == deit.pretrained_cfg["crop_pct"] == 0.9 and cfg.interpolation == "bicubic"
     assert cfg.mean == pytest.approx((0.485, 0.456, 0.406))

@@ -35,6 +35,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", action="store_true", help="skip finished runs of the store, retry failed ones")
     p.add_argument("--pretrained", action="store_true", help="load timm's pretrained weights (needs the hub)")
     p.add_argument("--checkpoint", default=None, help="local weights file (.pth/.safetensors state dict)")
+    p.add_argument("--num-classes", type=int, default=None,
+                   help="resize the classifier head (with a matching --checkpoint)")
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N images")
     p.set_defaults(handler=run)
 
@@ -92,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
     say.note(f"loading model {model_name}")
     from vitbench.tasks.cls.models import load_model
 
-    model = load_model(model_name, pretrained=args.pretrained, checkpoint=args.checkpoint)
+    model = load_model(model_name, pretrained=args.pretrained, checkpoint=args.checkpoint,
+                       num_classes=args.num_classes)
     get_host().family_of(model)
     _check_methods_apply(plan, model)
     cls_data = None

@@ -7,6 +7,8 @@ called from :func:`apply_compat`).
 """
 from __future__ import annotations
 
+import importlib
+import pickle
 import threading
 import warnings
 
@@ -14,39 +16,64 @@ _lock = threading.Lock()
 _applied = False
 
 
-def _quiet_pkg_resources_warning() -> None:
-    """mmengine imports ``pkg_resources`` (``mmengine.utils.package_utils``), which setuptools
-    >= 80 deprecates with a ``UserWarning`` on every import. setuptools < 81 is pinned because
-    mmengine and mmcv need the module; the warning tells a vitbench user nothing they can act
-    on, so hide exactly that message.
+def _import_mmcv_transformer_quietly() -> None:
+    """mmcv 2.1 (full build, with ``mmcv.ops``) raises an ``ImportWarning`` on every import of
+    ``mmcv.cnn.bricks.transformer`` ("``MultiScaleDeformableAttention`` has been moved ...")
+    -- it warns *because* the import works. mmpretrain's backbones import that module, so
+    ``import mmpretrain.models`` warns, and a test suite that turns warnings into errors fails
+    at collection. Import it once here with exactly that warning ignored; later imports are
+    cached and silent. No global warning filter is changed.
     """
-    warnings.filterwarnings("ignore", message=r"pkg_resources is deprecated as an API",
-                            category=UserWarning)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"``MultiScaleDeformableAttention`` has been moved",
+                                category=ImportWarning)
+        import mmcv.cnn.bricks.transformer  # noqa: F401
+
+
+#: HistoryBuffer's statistics methods, which its pickled state names (see below).
+_HISTORY_BUFFER_METHODS = ("min", "max", "current", "mean")
+
+
+def _history_buffer_getattr(obj: object, name: str) -> object:
+    """Stand-in for ``builtins.getattr`` inside ``weights_only`` loads: resolves only
+    ``HistoryBuffer.<statistics method>``, the one use mmengine checkpoints make of it.
+    """
+    from mmengine.logging.history_buffer import HistoryBuffer
+
+    if obj is HistoryBuffer and name in _HISTORY_BUFFER_METHODS:
+        return getattr(HistoryBuffer, name)
+    raise pickle.UnpicklingError(f"checkpoint asks for getattr({obj!r}, {name!r}); only mmengine "
+                                 "HistoryBuffer statistics are allowed in weights_only loads")
 
 
 def _safe_globals_for_mmengine_checkpoints() -> None:
     """torch >= 2.6 loads with ``weights_only=True`` by default; mmengine's ``load_checkpoint``
     and ``Runner(resume=True)`` call ``torch.load`` without the argument, so checkpoints written
-    by mmengine's ``CheckpointHook`` fail to load: their ``message_hub`` holds
-    ``HistoryBuffer`` objects with numpy arrays, and ``meta`` numpy scalars. Allow exactly
-    those classes (``add_safe_globals``) instead of turning the safety check off.
+    by mmengine's ``CheckpointHook`` fail to load. What they hold beyond tensors: the
+    ``message_hub`` state with ``HistoryBuffer`` objects (numpy arrays inside, and -- through
+    ``HistoryBuffer.__getstate__`` -- its statistics methods, pickled as
+    ``getattr(HistoryBuffer, "min")``), and numpy scalars in ``meta``. Allow exactly those
+    (``add_safe_globals``) instead of turning the check off. ``builtins.getattr`` itself would
+    open the door to any attribute of any allowed object, so it is mapped to
+    :func:`_history_buffer_getattr`, which resolves only those four methods.
     """
     import numpy as np
     import torch
     from mmengine.logging.history_buffer import HistoryBuffer
 
-    allowed: list = [HistoryBuffer, np.ndarray, np.dtype]
+    allowed: list = [HistoryBuffer, np.ndarray, np.dtype, (_history_buffer_getattr, "builtins.getattr")]
     # numpy 2 moved ``numpy.core`` to ``numpy._core``; pickles name the module they came from.
     for module_name in ("numpy._core.multiarray", "numpy.core.multiarray"):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DeprecationWarning)
-                module = __import__(module_name, fromlist=["_reconstruct", "scalar"])
+                module = importlib.import_module(module_name)
         except ImportError:
             continue
-        allowed += [module._reconstruct, module.scalar]
-    # The dtype classes of numpy >= 1.25 (``numpy.dtypes.Float64DType`` ...) are pickled by
-    # class; allow the numeric ones mmengine's buffers and meta use.
+        allowed += [(module._reconstruct, f"{module_name}._reconstruct"),
+                    (module.scalar, f"{module_name}.scalar")]
+    # numpy >= 1.25 pickles dtypes by class (``numpy.dtypes.Float64DType`` ...); allow the
+    # numeric ones that mmengine's buffers and meta hold.
     dtypes = getattr(np, "dtypes", None)
     if dtypes is not None:
         for name in ("Float64DType", "Float32DType", "Float16DType", "Int64DType", "Int32DType",
@@ -64,6 +91,6 @@ def apply_compat() -> None:
     with _lock:
         if _applied:
             return
-        _quiet_pkg_resources_warning()
+        _import_mmcv_transformer_quietly()
         _safe_globals_for_mmengine_checkpoints()
         _applied = True
