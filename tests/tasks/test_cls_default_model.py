@@ -49,7 +49,7 @@ def test_cache_location_and_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     weights, meta = dm.cache_paths(dm.train_config())
     assert weights.parent == tmp_path and meta.suffix == ".json"
     assert weights.name.startswith("vitbench-fmnist-vit-")
-    assert dm.cache_paths(dm.train_config(epochs=1))[0] != weights
+    assert dm.cache_paths(dm.train_config(epochs=dm.EPOCHS + 1))[0] != weights
     assert dm.cache_paths(dm.train_config(data_dir="/elsewhere"))[0] == weights  # data path is no key
     monkeypatch.delenv(dm.ENV_CACHE)
     assert dm.cache_dir() == Path.home() / ".cache" / "vitbench"

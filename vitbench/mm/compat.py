@@ -1,8 +1,8 @@
 """The one place where vitbench works around OpenMMLab quirks on the current torch/numpy.
 
 Each fix below says what breaks without it. :func:`apply_compat` applies them all; it is
-idempotent and cheap after the first call, and :mod:`vitbench.mm.registry` calls it on import
-so any mm code path in vitbench has it. Other tasks add their quirks here (one function each,
+idempotent and cheap after the first call, and the ``vitbench.mm`` package calls it on import,
+so every mm code path in vitbench has it before mmpretrain/mmdet modules load. Other tasks add their quirks here (one function each,
 called from :func:`apply_compat`).
 """
 from __future__ import annotations

@@ -41,7 +41,7 @@ class ProgressHook(Hook):
         n = len(runner.train_dataloader)
         if (batch_idx + 1) % self.interval and batch_idx + 1 != n:
             return
-        loss = float(outputs["loss"]) if outputs and "loss" in outputs else float("nan")
+        loss = float(outputs["loss"].detach()) if outputs and "loss" in outputs else float("nan")
         self._print(f"epoch {runner.epoch + 1}/{runner.max_epochs}  iter {batch_idx + 1}/{n}  "
                     f"loss {loss:.4f}  {time.perf_counter() - self._start:.0f} s")
 

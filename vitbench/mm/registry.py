@@ -23,16 +23,13 @@ first time a ``vitbench.*`` name is looked up, so a config needs no ``custom_imp
 """
 from __future__ import annotations
 
-from vitbench.mm.compat import apply_compat
-
-apply_compat()  # before anything below imports mmengine's checkpoint or model code
-
-from mmengine.registry import DATASETS as MMENGINE_DATASETS  # noqa: E402
-from mmengine.registry import HOOKS as MMENGINE_HOOKS  # noqa: E402
-from mmengine.registry import METRICS as MMENGINE_METRICS  # noqa: E402
-from mmengine.registry import MODELS as MMENGINE_MODELS  # noqa: E402
-from mmengine.registry import TRANSFORMS as MMENGINE_TRANSFORMS  # noqa: E402
-from mmengine.registry import Registry  # noqa: E402
+# (the vitbench.mm package applies the compat fixes before this module runs)
+from mmengine.registry import DATASETS as MMENGINE_DATASETS
+from mmengine.registry import HOOKS as MMENGINE_HOOKS
+from mmengine.registry import METRICS as MMENGINE_METRICS
+from mmengine.registry import MODELS as MMENGINE_MODELS
+from mmengine.registry import TRANSFORMS as MMENGINE_TRANSFORMS
+from mmengine.registry import Registry
 
 SCOPE = "vitbench"
 

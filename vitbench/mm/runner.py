@@ -16,8 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from vitbench.mm import registry as _registry  # noqa: F401 - registers scope + applies compat
-from mmengine.runner import Runner  # noqa: E402
+from mmengine.runner import Runner
+
+from vitbench.mm import registry as _registry  # noqa: F401 - the vitbench scope must exist
 
 #: Runner hooks every vitbench runner keeps (mmengine's defaults minus checkpoint saving).
 QUIET_DEFAULT_HOOKS: dict[str, Any] = {
