@@ -7,8 +7,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vitbench.data.fashion_mnist import (DEFAULT_DIR, ENV_DIR, OfflineFashionMNIST,
-                                         fashion_mnist_files, load_fashion_mnist, pad_images)
+from vitbench.data.fashion_mnist import (
+    DEFAULT_DIR,
+    ENV_DIR,
+    OfflineFashionMNIST,
+    fashion_mnist_files,
+    load_fashion_mnist,
+    pad_images,
+)
 from vitbench.errors import DataError, UnknownNameError
 
 needs_data = pytest.mark.skipif(not (DEFAULT_DIR / "t10k-images-idx3-ubyte.gz").is_file(),
@@ -43,7 +49,7 @@ def test_env_dir_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     for name in ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"):
         shutil.copy(DEFAULT_DIR / name, tmp_path / name)
     monkeypatch.setenv(ENV_DIR, str(tmp_path))
-    images, labels = fashion_mnist_files("test")
+    images, _labels = fashion_mnist_files("test")
     assert images.parent == tmp_path
     assert load_fashion_mnist("test")[0].shape == (10000, 28, 28)
 
@@ -77,5 +83,5 @@ def test_mm_dataset_items_and_subsets() -> None:
 def test_mm_dataset_builds_from_scoped_config() -> None:
     from mmengine.registry import DATASETS
 
-    ds = DATASETS.build(dict(type="vitbench.OfflineFashionMNIST", split="test", indices=2))
+    ds = DATASETS.build({"type": "vitbench.OfflineFashionMNIST", "split": "test", "indices": 2})
     assert isinstance(ds, OfflineFashionMNIST) and len(ds) == 2

@@ -61,7 +61,7 @@ def test_dataset_labels_and_pipeline(image_folder: Path) -> None:
 
 def test_label_map_skips_unmapped(image_folder: Path) -> None:
     ds = ClsImageFolder(str(image_folder), label_map={"b": 7, "c": 3},
-                        pipeline=[dict(type="mmpretrain.LoadImageFromFile")])
+                        pipeline=[{"type": "mmpretrain.LoadImageFromFile"}])
     assert sorted(ds.get_data_info(i)["gt_label"] for i in range(len(ds))) == [3, 7, 7, 7]
 
 

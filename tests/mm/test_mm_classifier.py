@@ -13,7 +13,8 @@ from vitbench.mm.classifier import build_classifier
 
 def _vit(**kw) -> VisionTransformer:
     torch.manual_seed(0)
-    args = dict(img_size=32, patch_size=8, in_chans=3, num_classes=7, embed_dim=32, depth=2, num_heads=2)
+    args = {"img_size": 32, "patch_size": 8, "in_chans": 3, "num_classes": 7, "embed_dim": 32,
+            "depth": 2, "num_heads": 2}
     return VisionTransformer(**{**args, **kw}).eval()
 
 

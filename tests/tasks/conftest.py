@@ -15,9 +15,9 @@ def tiny_vit(*, num_classes: int = 6, in_chans: int = 3, img_size: int = 32, see
     torch.manual_seed(seed)
     model = VisionTransformer(img_size=img_size, patch_size=8, in_chans=in_chans,
                               num_classes=num_classes, embed_dim=32, depth=2, num_heads=2)
-    model.pretrained_cfg = dict(input_size=(in_chans, img_size, img_size), crop_pct=0.875,
-                                interpolation="bicubic", mean=(0.485, 0.456, 0.406),
-                                std=(0.229, 0.224, 0.225))
+    model.pretrained_cfg = {"input_size": (in_chans, img_size, img_size), "crop_pct": 0.875,
+                            "interpolation": "bicubic", "mean": (0.485, 0.456, 0.406),
+                            "std": (0.229, 0.224, 0.225)}
     return model.eval()
 
 

@@ -89,7 +89,7 @@ def test_eval_config_file_matches_evaluate_cls(tmp_path: Path) -> None:
 @needs_fmnist
 def test_tiny_training_and_cache_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                             capsys: pytest.CaptureFixture) -> None:
-    settings = dict(epochs=1, max_train_images=512, max_test_images=256, batch_size=64)
+    settings = {"epochs": 1, "max_train_images": 512, "max_test_images": 256, "batch_size": 64}
     model, meta = dm.load_default_model(cache=tmp_path, **settings)
     err = capsys.readouterr().err
     assert "epoch 1/1" in err and "trained in" in err  # the user sees progress

@@ -7,7 +7,12 @@ import pytest
 import torch
 
 from vitbench.errors import CheckpointError, ParamError, UnknownNameError
-from vitbench.tasks.cls.models import input_config, load_model, read_state_dict, suggest_models
+from vitbench.tasks.cls.models import (
+    input_config,
+    load_model,
+    read_state_dict,
+    suggest_models,
+)
 
 
 def test_timm_model_with_num_classes() -> None:

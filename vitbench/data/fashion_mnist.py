@@ -16,7 +16,7 @@ import functools
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from mmpretrain.datasets import BaseDataset
@@ -116,7 +116,7 @@ class OfflineFashionMNIST(BaseDataset):
     a subset, as in every mmengine data set.
     """
 
-    METAINFO = {"classes": CLASSES}
+    METAINFO: ClassVar[dict[str, Any]] = {"classes": CLASSES}
 
     def __init__(self, split: str = "test", data_dir: str | None = None, pad_to: int = 32,
                  channels: int = 1, pipeline: Sequence[Any] = ({"type": "mmpretrain.PackInputs"},),

@@ -93,17 +93,17 @@ def eval_pipeline(*, input_size: tuple[int, int], crop_pct: float = 0.875,
     if not 0 < crop_pct <= 1:
         raise DataError(f"crop_pct must be in (0, 1], got {crop_pct}")
     h, w = input_size
-    load = dict(type="mmpretrain.LoadImageFromFile",
-                color_type="grayscale" if in_chans == 1 else "color")
+    load = {"type": "mmpretrain.LoadImageFromFile",
+            "color_type": "grayscale" if in_chans == 1 else "color"}
     if h == w:
-        resize = dict(type="mmpretrain.ResizeEdge", scale=math.floor(h / crop_pct), edge="short",
-                      backend="pillow", interpolation=interpolation)
+        resize = {"type": "mmpretrain.ResizeEdge", "scale": math.floor(h / crop_pct),
+                  "edge": "short", "backend": "pillow", "interpolation": interpolation}
     else:  # timm resizes both sides for a non-square input
-        resize = dict(type="mmpretrain.Resize",
-                      scale=(math.floor(w / crop_pct), math.floor(h / crop_pct)),
-                      backend="pillow", interpolation=interpolation)
-    crop = dict(type="mmpretrain.CenterCrop", crop_size=(w, h))
-    return [load, resize, crop, dict(type="mmpretrain.PackInputs")]
+        resize = {"type": "mmpretrain.Resize",
+                  "scale": (math.floor(w / crop_pct), math.floor(h / crop_pct)),
+                  "backend": "pillow", "interpolation": interpolation}
+    crop = {"type": "mmpretrain.CenterCrop", "crop_size": (w, h)}
+    return [load, resize, crop, {"type": "mmpretrain.PackInputs"}]
 
 
 @DATASETS.register_module()

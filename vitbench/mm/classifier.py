@@ -14,8 +14,8 @@ from typing import Any
 import timm
 import torch
 from mmengine.model import BaseModule
-from mmengine.registry import DefaultScope
 from mmengine.registry import MODELS as MMENGINE_MODELS
+from mmengine.registry import DefaultScope
 from mmpretrain.models import ImageClassifier
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
@@ -90,17 +90,17 @@ def classifier_cfg(model: nn.Module | dict, *, mean: Sequence[float], std: Seque
     Every type carries its scope so the dict builds under any current default scope.
     """
     _check_stats(mean, std)
-    return dict(
-        type="mmpretrain.ImageClassifier",
-        backbone=dict(type="vitbench.TimmLogits", model=model),
-        head=dict(type="mmpretrain.ClsHead",
-                  loss=dict(type="mmpretrain.CrossEntropyLoss", loss_weight=1.0),
-                  topk=(1, 5)),
-        data_preprocessor=dict(type="mmpretrain.ClsDataPreprocessor",
-                               mean=[round(m * PIXEL_SCALE, 6) for m in mean],
-                               std=[round(s * PIXEL_SCALE, 6) for s in std],
-                               to_rgb=to_rgb),
-    )
+    return {
+        "type": "mmpretrain.ImageClassifier",
+        "backbone": {"type": "vitbench.TimmLogits", "model": model},
+        "head": {"type": "mmpretrain.ClsHead",
+                 "loss": {"type": "mmpretrain.CrossEntropyLoss", "loss_weight": 1.0},
+                 "topk": (1, 5)},
+        "data_preprocessor": {"type": "mmpretrain.ClsDataPreprocessor",
+                              "mean": [round(m * PIXEL_SCALE, 6) for m in mean],
+                              "std": [round(s * PIXEL_SCALE, 6) for s in std],
+                              "to_rgb": to_rgb},
+    }
 
 
 def build_classifier(model: nn.Module, *, mean: Sequence[float], std: Sequence[float],

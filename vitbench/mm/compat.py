@@ -2,12 +2,14 @@
 
 Each fix below says what breaks without it. :func:`apply_compat` applies them all; it is
 idempotent and cheap after the first call, and the ``vitbench.mm`` package calls it on import,
-so every mm code path in vitbench has it before mmpretrain/mmdet modules load. Other tasks add their quirks here (one function each,
-called from :func:`apply_compat`).
+so every mm code path in vitbench has it before mmpretrain/mmdet modules load. Other tasks add
+their quirks here (one function each, called from :func:`apply_compat`, or -- like
+:func:`deterministic_cublas` -- from the place that needs it).
 """
 from __future__ import annotations
 
 import importlib
+import os
 import pickle
 import threading
 import warnings
@@ -81,6 +83,16 @@ def _safe_globals_for_mmengine_checkpoints() -> None:
             if hasattr(dtypes, name):
                 allowed.append(getattr(dtypes, name))
     torch.serialization.add_safe_globals(allowed)
+
+
+def deterministic_cublas() -> None:
+    """mmengine's ``randomness=dict(deterministic=True)`` calls
+    ``torch.use_deterministic_algorithms(True)`` but does not set ``CUBLAS_WORKSPACE_CONFIG``;
+    on a GPU every cuBLAS matmul then raises a RuntimeError. Set torch's documented value,
+    unless the user chose one. (Called by vitbench's runner set-up for deterministic runs
+    only, since the smaller workspace can cost a little speed.)
+    """
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 
 def apply_compat() -> None:

@@ -46,4 +46,4 @@ METRICS = Registry("metric", parent=MMENGINE_METRICS, scope=SCOPE, locations=[])
 #: Runner hooks (progress printing; the reduction runner hook lives with the engine).
 HOOKS = Registry("hook", parent=MMENGINE_HOOKS, scope=SCOPE, locations=["vitbench.mm.hooks"])
 
-__all__ = ["SCOPE", "MODELS", "DATASETS", "TRANSFORMS", "METRICS", "HOOKS"]
+__all__ = ["DATASETS", "HOOKS", "METRICS", "MODELS", "SCOPE", "TRANSFORMS"]

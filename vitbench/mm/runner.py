@@ -19,6 +19,7 @@ from typing import Any
 from mmengine.runner import Runner
 
 from vitbench.mm import registry as _registry  # noqa: F401 - the vitbench scope must exist
+from vitbench.mm.compat import deterministic_cublas
 
 #: Runner hooks every vitbench runner keeps (mmengine's defaults minus checkpoint saving).
 QUIET_DEFAULT_HOOKS: dict[str, Any] = {
@@ -28,17 +29,23 @@ QUIET_DEFAULT_HOOKS: dict[str, Any] = {
 
 def runner_kwargs(*, work_dir: str | Path, seed: int = 0, default_scope: str = "mmpretrain",
                   deterministic: bool = False, **kwargs: Any) -> dict[str, Any]:
-    """Keyword arguments for ``Runner``: vitbench's quiet defaults, updated with ``kwargs``."""
-    base: dict[str, Any] = dict(
-        work_dir=str(work_dir),
-        default_scope=default_scope,
-        log_level="WARNING",
-        default_hooks=dict(QUIET_DEFAULT_HOOKS),
-        visualizer=dict(type="Visualizer", vis_backends=[]),  # no scalars.json files
-        env_cfg=dict(cudnn_benchmark=False, dist_cfg=dict(backend="gloo")),
-        randomness=dict(seed=seed, deterministic=deterministic),
-        experiment_name=f"vitbench-{uuid.uuid4().hex[:12]}",
-    )
+    """Keyword arguments for ``Runner``: vitbench's quiet defaults, updated with ``kwargs``.
+
+    ``deterministic=True`` turns on torch's deterministic algorithms (see
+    :func:`vitbench.mm.compat.deterministic_cublas` for the CUDA part mmengine leaves out).
+    """
+    if deterministic:
+        deterministic_cublas()
+    base: dict[str, Any] = {
+        "work_dir": str(work_dir),
+        "default_scope": default_scope,
+        "log_level": "WARNING",
+        "default_hooks": dict(QUIET_DEFAULT_HOOKS),
+        "visualizer": {"type": "Visualizer", "vis_backends": []},  # no scalars.json files
+        "env_cfg": {"cudnn_benchmark": False, "dist_cfg": {"backend": "gloo"}},
+        "randomness": {"seed": seed, "deterministic": deterministic},
+        "experiment_name": f"vitbench-{uuid.uuid4().hex[:12]}",
+    }
     base.update(kwargs)
     return base
 

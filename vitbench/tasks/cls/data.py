@@ -72,11 +72,12 @@ def _fashion_mnist(model: nn.Module) -> ClsData:
         raise DataError(f"{FASHION_MNIST} is grey; a model with {cfg.in_chans} input channels cannot use it")
     pipeline: list[dict[str, Any]] = []
     if cfg.input_size != (32, 32):  # e.g. a 224-pixel ImageNet backbone fine-tuned on it
-        pipeline.append(dict(type="mmpretrain.Resize", scale=(cfg.input_size[1], cfg.input_size[0]),
-                             backend="pillow", interpolation=cfg.interpolation))
-    pipeline.append(dict(type="mmpretrain.PackInputs"))
-    dataset = dict(type="vitbench.OfflineFashionMNIST", split="test", pad_to=32,
-                   channels=cfg.in_chans, pipeline=pipeline)
+        pipeline.append({"type": "mmpretrain.Resize",
+                         "scale": (cfg.input_size[1], cfg.input_size[0]),
+                         "backend": "pillow", "interpolation": cfg.interpolation})
+    pipeline.append({"type": "mmpretrain.PackInputs"})
+    dataset = {"type": "vitbench.OfflineFashionMNIST", "split": "test", "pad_to": 32,
+               "channels": cfg.in_chans, "pipeline": pipeline}
     return ClsData(name=FASHION_MNIST, dataset=dataset, num_classes=len(FMNIST_CLASSES),
                    classes=FMNIST_CLASSES, bgr=False)
 
@@ -112,10 +113,10 @@ def _folder(path: str, model: nn.Module) -> ClsData:
             raise DataError(f"data folder {split.split_dir} has {len(classes)} classes but the model "
                             f"predicts {n_out}; pass --num-classes {len(classes)} with a matching "
                             "checkpoint, or a folder with the model's classes")
-    dataset = dict(type="vitbench.ClsImageFolder", data_root=str(split.root), split="val",
-                   label_map=label_map, classes=classes,
-                   pipeline=eval_pipeline(input_size=cfg.input_size, crop_pct=cfg.crop_pct,
-                                          interpolation=cfg.interpolation, in_chans=cfg.in_chans))
+    dataset = {"type": "vitbench.ClsImageFolder", "data_root": str(split.root), "split": "val",
+               "label_map": label_map, "classes": classes,
+               "pipeline": eval_pipeline(input_size=cfg.input_size, crop_pct=cfg.crop_pct,
+                                         interpolation=cfg.interpolation, in_chans=cfg.in_chans)}
     return ClsData(name=str(split.root), dataset=dataset, num_classes=len(split.classes),
                    classes=tuple(classes), bgr=cfg.in_chans == 3)
 

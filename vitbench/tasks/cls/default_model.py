@@ -37,9 +37,9 @@ NUM_CLASSES = 10
 IMG_SIZE = 32
 #: timm ``VisionTransformer`` kwargs. Width 64 / 4 heads keeps a 12-block model trainable in
 #: a few minutes on a 2-core CPU; ``global_pool="token"`` keeps the class token (ViT/DeiT-like).
-ARCH: dict[str, Any] = dict(img_size=IMG_SIZE, patch_size=4, in_chans=1, num_classes=NUM_CLASSES,
-                            embed_dim=64, depth=12, num_heads=4, mlp_ratio=2.0,
-                            global_pool="token", class_token=True)
+ARCH: dict[str, Any] = {"img_size": IMG_SIZE, "patch_size": 4, "in_chans": 1,
+                        "num_classes": NUM_CLASSES, "embed_dim": 64, "depth": 12, "num_heads": 4,
+                        "mlp_ratio": 2.0, "global_pool": "token", "class_token": True}
 #: Mean/std of the padded (32x32) Fashion-MNIST training images in 0-1 scale
 #: (``fashion_mnist_stats()``; a test checks these constants against the data).
 MEAN: tuple[float] = (0.2190,)
@@ -78,15 +78,15 @@ def fashion_mnist_stats(data_dir: str | Path | None = None) -> tuple[float, floa
 
 def pretrained_cfg() -> dict[str, Any]:
     """timm-style ``pretrained_cfg`` for the default model, so it is read like any timm model."""
-    return dict(architecture=NAME, num_classes=NUM_CLASSES, input_size=(1, IMG_SIZE, IMG_SIZE),
-                crop_pct=1.0, interpolation="bilinear", mean=MEAN, std=STD,
-                first_conv="patch_embed.proj", classifier="head", label_names=CLASSES)
+    return {"architecture": NAME, "num_classes": NUM_CLASSES, "input_size": (1, IMG_SIZE, IMG_SIZE),
+            "crop_pct": 1.0, "interpolation": "bilinear", "mean": MEAN, "std": STD,
+            "first_conv": "patch_embed.proj", "classifier": "head", "label_names": CLASSES}
 
 
 def build_arch() -> VisionTransformer:
     """The untrained default architecture (random init, timm's own initialisation)."""
     model = VisionTransformer(**ARCH)
-    model.pretrained_cfg = pretrained_cfg()
+    model.pretrained_cfg = pretrained_cfg()  # type: ignore[assignment]  # timm sets a plain dict too
     return model
 
 
@@ -109,36 +109,41 @@ def train_config(*, epochs: int = EPOCHS, max_train_images: int | None = MAX_TRA
     n_train = 60000 if max_train_images is None else min(int(max_train_images), 60000)
     total = _iters_per_epoch(n_train, batch_size) * epochs
     warmup = max(1, int(total * WARMUP_FRACTION))
-    return dict(
-        default_scope="mmpretrain",
-        model=classifier_cfg(dict(type="vitbench.TimmVisionTransformer", **ARCH),
-                             mean=MEAN, std=STD, to_rgb=False),
-        train_dataloader=dict(
-            batch_size=batch_size, num_workers=0, persistent_workers=False,
-            sampler=dict(type="DefaultSampler", shuffle=True),
-            dataset=dict(type="vitbench.OfflineFashionMNIST", split="train", data_dir=data_dir,
-                         indices=max_train_images, pipeline=[dict(type="mmpretrain.PackInputs")])),
-        val_dataloader=dict(
-            batch_size=256, num_workers=0, persistent_workers=False,
-            sampler=dict(type="DefaultSampler", shuffle=False),
-            dataset=dict(type="vitbench.OfflineFashionMNIST", split="test", data_dir=data_dir,
-                         indices=max_test_images)),
-        val_evaluator=dict(type="mmpretrain.Accuracy", topk=(1, 5)),
-        train_cfg=dict(by_epoch=True, max_epochs=epochs, val_interval=epochs),
-        val_cfg=dict(),
-        optim_wrapper=dict(
-            optimizer=dict(type="AdamW", lr=lr, weight_decay=WEIGHT_DECAY, betas=(0.9, 0.999)),
-            clip_grad=dict(max_norm=1.0),
-            paramwise_cfg=dict(norm_decay_mult=0.0, bias_decay_mult=0.0,
-                               custom_keys={".pos_embed": dict(decay_mult=0.0),
-                                            ".cls_token": dict(decay_mult=0.0)})),
-        param_scheduler=[
-            dict(type="LinearLR", start_factor=0.01, by_epoch=False, begin=0, end=warmup),
-            dict(type="CosineAnnealingLR", by_epoch=False, begin=warmup, end=total, T_max=total - warmup,
-                 eta_min=lr * 0.01),
+    backbone = {"type": "vitbench.TimmVisionTransformer", **ARCH}
+    return {
+        "default_scope": "mmpretrain",
+        "model": classifier_cfg(backbone, mean=MEAN, std=STD, to_rgb=False),
+        "train_dataloader": {
+            "batch_size": batch_size, "num_workers": 0, "persistent_workers": False,
+            "sampler": {"type": "DefaultSampler", "shuffle": True},
+            "dataset": {"type": "vitbench.OfflineFashionMNIST", "split": "train",
+                        "data_dir": data_dir, "indices": max_train_images,
+                        "pipeline": [{"type": "mmpretrain.PackInputs"}]},
+        },
+        "val_dataloader": {
+            "batch_size": 256, "num_workers": 0, "persistent_workers": False,
+            "sampler": {"type": "DefaultSampler", "shuffle": False},
+            "dataset": {"type": "vitbench.OfflineFashionMNIST", "split": "test",
+                        "data_dir": data_dir, "indices": max_test_images},
+        },
+        "val_evaluator": {"type": "mmpretrain.Accuracy", "topk": (1, 5)},
+        "train_cfg": {"by_epoch": True, "max_epochs": epochs, "val_interval": epochs},
+        "val_cfg": {},
+        "optim_wrapper": {
+            "optimizer": {"type": "AdamW", "lr": lr, "weight_decay": WEIGHT_DECAY,
+                          "betas": (0.9, 0.999)},
+            "clip_grad": {"max_norm": 1.0},
+            "paramwise_cfg": {"norm_decay_mult": 0.0, "bias_decay_mult": 0.0,
+                              "custom_keys": {".pos_embed": {"decay_mult": 0.0},
+                                              ".cls_token": {"decay_mult": 0.0}}},
+        },
+        "param_scheduler": [
+            {"type": "LinearLR", "start_factor": 0.01, "by_epoch": False, "begin": 0, "end": warmup},
+            {"type": "CosineAnnealingLR", "by_epoch": False, "begin": warmup, "end": total,
+             "T_max": total - warmup, "eta_min": lr * 0.01},
         ],
-        randomness=dict(seed=seed, deterministic=True),
-    )
+        "randomness": {"seed": seed, "deterministic": True},
+    }
 
 
 def config_hash(cfg: dict[str, Any]) -> str:
@@ -216,8 +221,8 @@ def train_default_model(*, epochs: int = EPOCHS, max_train_images: int | None = 
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="vitbench-train-") as work_dir:
         kwargs = runner_kwargs(work_dir=work_dir, seed=seed, deterministic=True,
-                               custom_hooks=[dict(type="vitbench.ProgressHook", verbose=verbose,
-                                                  interval=50, prefix="vitbench: ")])
+                               custom_hooks=[{"type": "vitbench.ProgressHook", "verbose": verbose,
+                                              "interval": 50, "prefix": "vitbench: "}])
         run_cfg = Config({**cfg, **{k: v for k, v in kwargs.items() if k not in cfg}})
         runner = Runner.from_cfg(run_cfg)
         try:
@@ -230,22 +235,22 @@ def train_default_model(*, epochs: int = EPOCHS, max_train_images: int | None = 
         metrics = hook.val_metrics
     seconds = time.perf_counter() - start
     model: VisionTransformer = runner.model.backbone.model.cpu().eval()
-    model.pretrained_cfg = pretrained_cfg()
+    model.pretrained_cfg = pretrained_cfg()  # type: ignore[assignment]  # timm sets a plain dict too
     state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
-    meta: dict[str, Any] = dict(
-        name=NAME, cache_format=CACHE_FORMAT, config_hash=config_hash(cfg), arch=ARCH,
-        mean=list(MEAN), std=list(STD), input_size=[1, IMG_SIZE, IMG_SIZE], crop_pct=1.0,
-        num_classes=NUM_CLASSES, classes=list(CLASSES),
-        test_top1_pct=metrics.get("accuracy/top1"), test_top5_pct=metrics.get("accuracy/top5"),
-        test_images=10000 if max_test_images is None else min(max_test_images, 10000),
-        train_images=60000 if max_train_images is None else min(max_train_images, 60000),
-        epochs=epochs, batch_size=batch_size, lr=lr, seed=seed, train_seconds=round(seconds, 1),
-        torch_threads=torch.get_num_threads(), versions=_versions(),
-        command=" ".join(shlex.quote(a) for a in sys.argv),
-        call=(f"vitbench.tasks.cls.default_model.train_default_model(epochs={epochs}, "
+    meta: dict[str, Any] = {
+        "name": NAME, "cache_format": CACHE_FORMAT, "config_hash": config_hash(cfg), "arch": ARCH,
+        "mean": list(MEAN), "std": list(STD), "input_size": [1, IMG_SIZE, IMG_SIZE], "crop_pct": 1.0,
+        "num_classes": NUM_CLASSES, "classes": list(CLASSES),
+        "test_top1_pct": metrics.get("accuracy/top1"), "test_top5_pct": metrics.get("accuracy/top5"),
+        "test_images": 10000 if max_test_images is None else min(max_test_images, 10000),
+        "train_images": 60000 if max_train_images is None else min(max_train_images, 60000),
+        "epochs": epochs, "batch_size": batch_size, "lr": lr, "seed": seed, "train_seconds": round(seconds, 1),
+        "torch_threads": torch.get_num_threads(), "versions": _versions(),
+        "command": " ".join(shlex.quote(a) for a in sys.argv),
+        "call": (f"vitbench.tasks.cls.default_model.train_default_model(epochs={epochs}, "
               f"max_train_images={max_train_images}, batch_size={batch_size}, lr={lr}, seed={seed})"),
-        config=cfg,
-    )
+        "config": cfg,
+    }
     if save:
         _atomic_write(weights_path, lambda p: torch.save(state, p))
         meta["weights"] = weights_path.name
@@ -299,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache", default=None, help=f"cache folder (default ${ENV_CACHE} or ~/.cache/vitbench)")
     parser.add_argument("--force", action="store_true", help="retrain even if cached")
     args = parser.parse_args(argv)
-    kwargs = dict(epochs=args.epochs, max_train_images=args.max_train_images, seed=args.seed)
+    kwargs = {"epochs": args.epochs, "max_train_images": args.max_train_images, "seed": args.seed}
     if args.force:
         _, meta = train_default_model(cache=args.cache, **kwargs)
     else:

@@ -15,7 +15,7 @@ from vitbench.errors import ParamError
 from vitbench.tasks.cls.data import ClsData, resolve_cls_data
 from vitbench.tasks.cls.models import input_config
 
-__all__ = ["evaluate_cls", "resolve_cls_data", "ClsData"]
+__all__ = ["ClsData", "evaluate_cls", "resolve_cls_data"]
 
 
 def _positive(name: str, value: Any, *, allow_none: bool = False) -> None:
@@ -46,22 +46,23 @@ def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, devi
     try:
         target = torch.device(device)
     except RuntimeError as exc:
-        raise ParamError(f"unknown device {device!r}: {exc}") from exc
+        raise ParamError(f"unknown device {device!r}; use cpu, cuda or cuda:N") from exc
     if target.type == "cuda" and not torch.cuda.is_available():
         raise ParamError(f"device {device!r} asked for but CUDA is not available; use --device cpu")
 
     cfg = input_config(model)
-    classifier = build_classifier(model, mean=cfg.mean, std=cfg.std, to_rgb=data.bgr and cfg.in_chans == 3)
+    classifier = build_classifier(model, mean=cfg.mean, std=cfg.std,
+                                  to_rgb=data.bgr and cfg.in_chans == 3)
     n_out = getattr(model, "num_classes", None)
     topk = (1, 5) if not isinstance(n_out, int) or n_out > 5 else (1,)
     with work_dir_or_temp(work_dir) as wd:
         runner = Runner(**runner_kwargs(
             work_dir=wd, seed=seed, model=classifier,
-            test_dataloader=dict(batch_size=batch_size, num_workers=0, persistent_workers=False,
-                                 sampler=dict(type="DefaultSampler", shuffle=False),
-                                 dataset=data.dataset_cfg(limit=limit)),
-            test_evaluator=dict(type="mmpretrain.Accuracy", topk=topk),
-            test_cfg=dict(type="TestLoop"),
+            test_dataloader={"batch_size": batch_size, "num_workers": 0, "persistent_workers": False,
+                             "sampler": {"type": "DefaultSampler", "shuffle": False},
+                             "dataset": data.dataset_cfg(limit=limit)},
+            test_evaluator={"type": "mmpretrain.Accuracy", "topk": topk},
+            test_cfg={"type": "TestLoop"},
         ))
         try:
             runner.model.to(target)  # the Runner puts the model on its own choice (cuda if any)

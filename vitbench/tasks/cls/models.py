@@ -13,6 +13,7 @@ import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import timm
 import torch
@@ -192,14 +193,14 @@ def load_model(name: str, *, pretrained: bool = False, checkpoint: str | Path | 
 
         if num_classes not in (None, NUM_CLASSES):
             raise ParamError(f"{DEFAULT_MODEL_NAME} has {NUM_CLASSES} classes, got num_classes={num_classes}")
-        model, _ = load_default_model()
+        model: nn.Module = load_default_model()[0]
     else:
         if not timm.is_model(name):
             raise _unknown_model(name)
-        kwargs = {} if num_classes is None else {"num_classes": num_classes}
+        kwargs: dict[str, Any] = {} if num_classes is None else {"num_classes": num_classes}
         try:
             model = timm.create_model(name, pretrained=pretrained, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - hub/network errors have many types
+        except Exception as exc:
             if not pretrained:
                 raise
             raise CheckpointError(f"cannot get timm's pretrained weights for {name!r} "
