@@ -1,8 +1,12 @@
 """Shared fixtures: small random timm models (no weights are downloaded)."""
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 
 @pytest.fixture(scope="session")
@@ -24,3 +28,21 @@ def _fresh_plugin_host(monkeypatch):
     monkeypatch.delenv("VITBENCH_STRICT_PLUGINS", raising=False)
     yield
     vitbench.plugins.reset_host()
+
+
+def write_folder(root: Path, classes: dict[str, int], *, size: tuple[int, int] = (40, 48),
+                 seed: int = 0) -> Path:
+    """Write ``count`` random RGB PNGs (``size`` = (w, h)) per class under ``root/<class>/``."""
+    rng = np.random.default_rng(seed)
+    for name, count in classes.items():
+        (root / name).mkdir(parents=True, exist_ok=True)
+        for i in range(count):
+            pixels = rng.integers(0, 256, size=(size[1], size[0], 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / name / f"img{i}.png")
+    return root
+
+
+@pytest.fixture()
+def folder_writer():
+    """:func:`write_folder` as a fixture (conftest modules are not reliably importable)."""
+    return write_folder

@@ -3,10 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 from timm.models.vision_transformer import VisionTransformer
 
 
@@ -21,16 +19,6 @@ def tiny_vit(*, num_classes: int = 6, in_chans: int = 3, img_size: int = 32, see
     return model.eval()
 
 
-def write_folder(root: Path, classes: dict[str, int], *, size: tuple[int, int] = (40, 48),
-                 seed: int = 0) -> Path:
-    """Write ``count`` random RGB PNGs (``size`` = (w, h)) per class under ``root/<class>/``."""
-    rng = np.random.default_rng(seed)
-    for name, count in classes.items():
-        (root / name).mkdir(parents=True, exist_ok=True)
-        for i in range(count):
-            pixels = rng.integers(0, 256, size=(size[1], size[0], 3), dtype=np.uint8)
-            Image.fromarray(pixels).save(root / name / f"img{i}.png")
-    return root
 
 
 @pytest.fixture()
@@ -43,15 +31,12 @@ def make_model():
     return tiny_vit
 
 
-@pytest.fixture()
-def folder_writer():
-    return write_folder
 
 
 @pytest.fixture()
-def image_folder(tmp_path: Path) -> Path:
+def image_folder(tmp_path: Path, folder_writer) -> Path:
     """ROOT/val/<6 classes>/ with 4 images each (varied sizes so resize and crop both act)."""
     root = tmp_path / "folder"
     for k, name in enumerate(["ant", "bee", "cat", "dog", "eel", "fox"]):
-        write_folder(root / "val", {name: 4}, size=(40 + 4 * k, 48 - 2 * k), seed=k)
+        folder_writer(root / "val", {name: 4}, size=(40 + 4 * k, 48 - 2 * k), seed=k)
     return root
