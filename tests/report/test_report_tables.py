@@ -37,7 +37,7 @@ def test_deltas_against_the_baseline(records):
     assert (base["ΔTop-1 (pp)"], base["GMACs ↓ (%)"]) == ("0.00", "0.0")
     assert tome["Top-1 (%)"] == "80.68"
     assert tome["ΔTop-1 (pp)"] == "-0.52"
-    assert tome["GMACs"] == "2.71"
+    assert tome["GMACs"] == "2.706"
     assert tome["GMACs ↓ (%)"] == "41.2"  # 1 - 2.706 / 4.60
     assert ibtm["ΔTop-1 (pp)"] == "+0.30"
     assert ibtm["GMACs ↓ (%)"] == "32.6"
@@ -47,7 +47,7 @@ def test_deltas_against_the_baseline(records):
 def test_spread_speedup_and_efficiency(records):
     rows = by_method(comparison_table(records, *CLS))
     base, tome, ibtm = rows["baseline"], rows["tome (r=13)"], rows["ibtm (r=0.7)"]
-    assert ibtm["GMACs"] == "3.10 ± 0.03"  # input dependent: mean ± std
+    assert ibtm["GMACs"] == "3.100 ± 0.030"  # input dependent: mean ± std
     assert base["Throughput (img/s, bs=64)"] == "100.0 ± 2.0"
     # no speed-up recorded: 162 / 100 from the table; efficiency = 1.62 / (4.60 / 2.706)
     assert (tome["Speed-up (×)"], tome["Efficiency"]) == ("1.62", "0.95")
@@ -133,3 +133,11 @@ def test_method_labels(make_record):
     assert list(comparison_table(recs, *CLS)["Method"]) == [
         "baseline", "tome (r=4) [seed=0]", "tome (r=4) [seed=1]",
     ]
+
+
+def test_gmacs_keep_three_significant_figures_on_small_models():
+    from vitbench.report.tables import gmacs_spec
+
+    assert format(0.03123, gmacs_spec(0.03123)) == "0.0312"
+    assert format(4.599, gmacs_spec(4.599)) == "4.599"
+    assert format(17.564, gmacs_spec(17.564)) == "17.564"

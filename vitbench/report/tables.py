@@ -15,7 +15,7 @@ import pandas as pd
 from vitbench.results.store import latest_records
 
 __all__ = [
-    "NA", "accuracy_key", "metric", "comparison_table", "group_records", "groups", "method_label",
+    "NA", "accuracy_key", "gmacs_spec", "metric", "comparison_table", "group_records", "groups", "method_label",
     "ok_rows", "pick_baseline", "row_labels",
 ]
 
@@ -47,6 +47,14 @@ def _spread(v: float | None, sd: float | None, spec: str) -> str:
     if sd is not None and sd > 0:
         return f"{_fmt(v, spec)} ± {_fmt(sd, spec)}"
     return _fmt(v, spec)
+
+
+def gmacs_spec(v: float | None) -> str:
+    """Format spec for a GMACs cell: 3 decimals, more for small models so that three
+    significant figures survive (0.0312, not 0.03)."""
+    if v is None or v <= 0:
+        return ".3f"
+    return f".{max(3, 2 - math.floor(math.log10(v)))}f"
 
 
 def _short(v: Any) -> str:
@@ -153,7 +161,7 @@ def comparison_table(records: Iterable[Record], task: str, model: str) -> pd.Dat
             row[dcol] = _fmt(v - b, "+" + spec) if v is not None and b is not None else NA
 
         gm = metric(rec, "gmacs")
-        row["GMACs"] = _spread(gm, metric(rec, "gmacs_std"), ".2f")
+        row["GMACs"] = _spread(gm, metric(rec, "gmacs_std"), gmacs_spec(gm))
         ratio = b_gmacs / gm if gm and b_gmacs else None  # baseline GMACs / method GMACs
         cut = (1 - gm / b_gmacs) * 100 if gm is not None and b_gmacs else None
         row["GMACs ↓ (%)"] = _fmt(cut, ".1f")
