@@ -35,6 +35,51 @@ class ModelInfo:
         return self.num_prefix_tokens + self.num_patches
 
 
+#: ``callback(model, batches)``: ``batches()`` iterates the training data once as
+#: ``(images [B,C,H,W] normalised like the model's input, labels [B])`` (no grad, eval mode).
+StatsCallback = Callable[["nn.Module", Callable[[], Any]], None]
+
+
+@dataclass(frozen=True)
+class TrainStage:
+    """One stage of the fine-tuning loop (:mod:`vitbench.train`): a learnable method declares
+    its stages; methods never write their own loop (architecture.md, "Plugins").
+
+    Trained: the parameters of the method's modules (its ``nn.Module`` reducers) whose names
+    contain one of ``trainable`` (``None``: all of them); with ``--train-backbone`` the
+    backbone's too. ``lr_groups`` gives parameter-name substrings their own learning rate (LTMP:
+    merge 5e-3, prune 5e-6). ``arch_keys``/``arch_fraction``: parameters whose names contain one
+    of ``arch_keys`` are updated on a share ``arch_fraction`` of the steps, the others on the
+    rest (DCS's alternating search).
+    """
+
+    name: str = "finetune"
+    epochs: int = 1
+    optimizer: str = "AdamW"  # SGD | AdamW | Adam
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    momentum: float = 0.9  # SGD only
+    schedule: str = "cosine"  # cosine | constant
+    lr_groups: tuple[tuple[str, float], ...] = ()
+    label_smoothing: float = 0.0
+    arch_keys: tuple[str, ...] = ()
+    arch_fraction: float = 0.0
+    batch_size: int = 64
+    trainable: Optional[tuple[str, ...]] = None
+    #: ``extra_loss(model, logits, labels) -> scalar | None`` added to the CE loss after each
+    #: training forward (LTMP's FLOPs penalty, the IB bound); per-forward values come from
+    #: ``reduction_context(model).extras``. Its terms are logged separately.
+    extra_loss: Optional[Callable[["nn.Module", "torch.Tensor", "torch.Tensor"], Optional["torch.Tensor"]]] = None
+    #: ``callback(model, batches)`` once before the first epoch (LTM's statistics pass)
+    before: tuple[StatsCallback, ...] = ()
+    #: ``callback(model, epoch, batches)`` after every epoch (statistics, temperature schedules)
+    epoch_end: tuple[Callable[["nn.Module", int, Callable[[], Any]], None], ...] = ()
+    #: ``callback(model)`` after every optimiser step (LTMP clamps its thresholds)
+    after_step: tuple[Callable[["nn.Module"], None], ...] = ()
+    #: ``callback(model)`` when the stage ends (DCS shrinks its MLPs after the search)
+    after: tuple[Callable[["nn.Module"], None], ...] = ()
+
+
 @dataclass
 class Reduction:
     """What a method contributes to one model: one reducer (or ``None``) per block.
@@ -48,6 +93,12 @@ class Reduction:
     reducers: Sequence[Optional[Callable[..., "torch.Tensor"]]]
     prop_attn: bool = True
     trace_source: bool = False
+    # -- learnable methods: what the fine-tuning loop runs ----------------------------------
+    #: the training stages in order (empty for training-free methods)
+    train: Sequence[TrainStage] = ()
+    #: ``prepare_load(model, state_dict)``: reshape a freshly reduced model so that a state
+    #: dict saved after training loads with ``strict=True`` (DCS: shrink to the saved widths)
+    prepare_load: Optional[Callable[["nn.Module", dict], None]] = None
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ Only a block that needs the full matrix (``"attn"``) gives up the fused kernel.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import AbstractSet, Optional
+from typing import AbstractSet, Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -34,14 +34,24 @@ def uses_fused_kernel(attn: nn.Module, needs: AbstractSet[str]) -> bool:
     return bool(getattr(attn, "fused_attn", False)) and "attn" not in needs
 
 
+QKHook = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
 def attention_forward(attn: nn.Module, x: torch.Tensor, bias: Optional[torch.Tensor],
-                      needs: AbstractSet[str] = frozenset()) -> tuple[torch.Tensor, AttnInfo]:
-    """Run timm ``Attention`` module ``attn`` on ``x [B, N, C]`` with key bias ``bias [B,1,1,N]``."""
+                      needs: AbstractSet[str] = frozenset(),
+                      qk_hook: Optional[QKHook] = None) -> tuple[torch.Tensor, AttnInfo]:
+    """Run timm ``Attention`` module ``attn`` on ``x [B, N, C]`` with key bias ``bias [B,1,1,N]``.
+
+    ``qk_hook(q, k, x) -> (q, k)`` changes the per-head queries and keys ``[B, h, N, d]`` after
+    qk-norm (DCS's channel masks, methods.md §7).
+    """
     b, n, _ = x.shape
     gate = attn.gate(x).sigmoid() if getattr(attn, "gate", None) is not None else None
     qkv = attn.qkv(x).reshape(b, n, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
     q, k, v = qkv.unbind(0)
     q, k = attn.q_norm(q), attn.k_norm(k)
+    if qk_hook is not None:
+        q, k = qk_hook(q, k, x)
     info = AttnInfo()
     if "keys" in needs:
         info.keys = k.mean(dim=1)

@@ -30,6 +30,14 @@ class ReductionContext:
         self.trace_source = trace_source
         self.state: Optional[TokenState] = None
         self.token_counts: list[int] = []
+        #: the :class:`~vitbench.catalog.Reduction` the model was patched with (training hooks)
+        self.reduction: Any = None
+        #: the current forward's input images (set by a forward pre-hook of the family adapter)
+        self.inputs: Optional[torch.Tensor] = None
+        #: the current batch's labels while fine-tuning (set by the loop; ``None`` otherwise)
+        self.labels: Optional[torch.Tensor] = None
+        #: per-forward values methods hand to their ``extra_loss`` (reset by the first block)
+        self.extras: dict[str, Any] = {}
 
 
 def reduction_context(model: nn.Module) -> Optional[ReductionContext]:
@@ -38,7 +46,13 @@ def reduction_context(model: nn.Module) -> Optional[ReductionContext]:
 
 
 class ReducingBlock(nn.Module):
-    """A timm ViT block with a reduction step between attention and MLP."""
+    """A timm ViT block with a reduction step between attention and MLP.
+
+    Besides the token step ``reducer(x, state, info)``, a reducer may define two channel hooks
+    (DCS, methods.md §7): ``qk(q, k, x) -> (q, k)``, applied to the per-head queries and keys
+    ``[B, h, N, d]`` after qk-norm (``x`` the normed block input), and
+    ``mlp_forward(mlp, x) -> y``, run instead of ``mlp(x)`` on the normed tokens.
+    """
 
     def __init__(self, block: nn.Module, index: int, reducer: Optional[Callable[..., torch.Tensor]],
                  context: ReductionContext) -> None:
@@ -63,15 +77,19 @@ class ReducingBlock(nn.Module):
         if self.index == 0 or ctx.state is None:
             ctx.state = TokenState.start(x, ctx.prefix, ctx.trace_source)
             ctx.token_counts = []
+            ctx.extras = {}
         state = ctx.state
         blk = self.block
-        bias = state.attn_bias(x.dtype) if ctx.prop_attn else None
-        out, info = attention_forward(blk.attn, blk.norm1(x), bias, self.needs)
+        bias = state.bias(x.dtype, ctx.prop_attn)
+        qk = getattr(self.reducer, "qk", None)
+        out, info = attention_forward(blk.attn, blk.norm1(x), bias, self.needs, qk_hook=qk)
         x = x + blk.drop_path1(blk.ls1(out))
         if self.reducer is not None:
             x = self.reducer(x, state, info)
         ctx.token_counts.append(x.shape[1])
-        return x + blk.drop_path2(blk.ls2(blk.mlp(blk.norm2(x))))
+        mlp_forward = getattr(self.reducer, "mlp_forward", None)
+        y = mlp_forward(blk.mlp, blk.norm2(x)) if mlp_forward is not None else blk.mlp(blk.norm2(x))
+        return x + blk.drop_path2(blk.ls2(y))
 
 
 def _drop_wrapper_level(module: nn.Module, state_dict: dict, prefix: str, local_metadata: Any) -> dict:

@@ -8,6 +8,8 @@ One small object, created fresh by the first block of every forward:
   visualisation and :func:`vitbench.engine.unmerge.unmerge`);
 - ``fill [B, N0, C]``: the last value of every patch before it was pruned (only when tracing);
 - ``prefix``: protected leading tokens (cls, dist, registers), never merged or pruned;
+- ``key_bias [B, 1, 1, N]``: an extra additive attention-logit bias per key (LTMP's soft key
+  mask in training, ``-inf`` on padded tokens at inference); ``None`` = none;
 - ``private``: method-private state (LTM's previous mask, LTMP's keep mask).
 
 Every reduction goes through :meth:`TokenState.merge` or :meth:`TokenState.keep`, which change
@@ -33,6 +35,7 @@ class TokenState:
     source: Optional[torch.Tensor] = None
     fill: Optional[torch.Tensor] = None
     private: dict[str, Any] = field(default_factory=dict)
+    key_bias: Optional[torch.Tensor] = None
 
     @classmethod
     def start(cls, x: torch.Tensor, prefix: int, trace_source: bool = False) -> "TokenState":
@@ -54,10 +57,20 @@ class TokenState:
         """Proportional attention: ``log(size)`` of each key as a float bias ``[B, 1, 1, N]``.
 
         ``None`` while every token stands for one patch, so the fused kernel runs unmasked.
+        A method's :attr:`key_bias` is added (alone when ``prop_attn`` is off: see
+        :meth:`bias`).
         """
         if self.size is None:
-            return None
-        return self.size.log().to(dtype)[:, None, None, :, 0]
+            return self.key_bias.to(dtype) if self.key_bias is not None else None
+        bias = self.size.log().to(dtype)[:, None, None, :, 0]
+        return bias if self.key_bias is None else bias + self.key_bias.to(dtype)
+
+    def bias(self, dtype: torch.dtype, prop_attn: bool) -> Optional[torch.Tensor]:
+        """The attention bias a block uses: :meth:`attn_bias` with proportional attention,
+        else only the method's :attr:`key_bias`."""
+        if prop_attn:
+            return self.attn_bias(dtype)
+        return self.key_bias.to(dtype) if self.key_bias is not None else None
 
     # -- reductions ----------------------------------------------------------------------
     def merge(self, x: torch.Tensor, m: Matching) -> torch.Tensor:
@@ -100,7 +113,8 @@ class TokenState:
 
     # -- per-image branches (PPT) --------------------------------------------------------
     def copy(self) -> "TokenState":
-        return TokenState(self.prefix, self.size, self.source, self.fill, copy.copy(self.private))
+        return TokenState(self.prefix, self.size, self.source, self.fill, copy.copy(self.private),
+                          self.key_bias)
 
     def select(self, choose_first: torch.Tensor, first: "TokenState", second: "TokenState") -> None:
         """Take ``first``'s tensors for images where ``choose_first [B]`` holds, else ``second``'s."""

@@ -66,6 +66,8 @@ def patch(model: nn.Module, reduction: Reduction, method: str = "", params: Any 
         raise ValueError(f"{method}: {len(reduction.reducers)} reducers for {info.depth} blocks")
     context = ReductionContext(method, params, info.num_prefix_tokens, reduction.prop_attn,
                                reduction.trace_source)
+    context.reduction = reduction
+    model.register_forward_pre_hook(_RememberInputs(context))
     model.blocks = nn.Sequential(*[
         ReducingBlock(blk, i, reducer, context)
         for i, (blk, reducer) in enumerate(zip(model.blocks, reduction.reducers))
@@ -73,6 +75,19 @@ def patch(model: nn.Module, reduction: Reduction, method: str = "", params: Any 
     model._vitbench_context = context  # see vitbench.engine.block.reduction_context
     model.pool = _SizeWeightedPool(model, context)
     return model
+
+
+class _RememberInputs:
+    """A forward pre-hook keeping a reference to the input images (LTM's input clusters).
+
+    An object, not a closure, so ``copy.deepcopy(model)`` gives the copy's hook the copy's
+    context."""
+
+    def __init__(self, context: ReductionContext) -> None:
+        self.context = context
+
+    def __call__(self, module: nn.Module, args: tuple) -> None:  # type: ignore[type-arg]
+        self.context.inputs = args[0] if args else None
 
 
 class _SizeWeightedPool:

@@ -1,0 +1,1 @@
+"""dcs: being written (issue 3)."""

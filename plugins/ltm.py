@@ -1,0 +1,1 @@
+"""ltm: being written (issue 3)."""

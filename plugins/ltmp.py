@@ -1,0 +1,1 @@
+"""ltmp: being written (issue 3)."""
