@@ -48,6 +48,19 @@ class ClsData:
             cfg["indices"] = int(limit)
         return cfg
 
+    def train_cfg(self, *, limit: int | None = None) -> dict[str, Any]:
+        """The config of the matching training split (what learnable methods fine-tune on).
+
+        Same preprocessing as evaluation (no augmentation: the fine-tuning setup trains only a
+        method's few parameters, briefly). Fashion-MNIST: its 60k training images; a folder:
+        ``ROOT/train`` (a missing one raises :class:`DataError` naming the path).
+        """
+        cfg = self.dataset_cfg(limit=limit)
+        if cfg["type"] == "vitbench.ClsImageFolder":
+            find_split(cfg["data_root"], "train")  # a clear error when ROOT/train is missing
+        cfg["split"] = "train"
+        return cfg
+
     def build(self, *, limit: int | None = None) -> Any:
         """Build the mm data set (mainly for tests and inspection)."""
         from mmengine.registry import DATASETS, DefaultScope

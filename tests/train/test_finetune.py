@@ -1,0 +1,160 @@
+"""The fine-tuning loop (vitbench.train) with a small learnable test method: what trains, what
+stays frozen, the callbacks, the alternating optimisers and the checkpoint round trip."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+from torch import nn
+
+import vitbench
+from vitbench.catalog import MethodSpec, Reduction, TrainStage
+from vitbench.engine import reduction_context
+from vitbench.errors import CheckpointError
+from vitbench.hookspecs import hookimpl
+from vitbench.plugins import get_host
+from vitbench.testing import tiny_vit
+from vitbench.train import finetune, load_trained, save_trained
+from vitbench.train.finetune import is_arch_step, trainable_parameters
+
+CALLS: list[tuple] = []
+
+
+class Gate(nn.Module):
+    """Scales the tokens by a learnable factor (starts at 1: the model is unchanged)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(dim))
+        self.alpha = nn.Parameter(torch.zeros(1))
+        self.register_buffer("epochs_seen", torch.zeros(()))
+
+    def forward(self, x, state, info):
+        return x * self.scale * (1 + self.alpha)
+
+
+@dataclass(frozen=True)
+class GateParams:
+    epochs: int = 1
+    arch_fraction: float = 0.0
+    two_stages: bool = False
+
+
+def _build(params: GateParams, info) -> Reduction:
+    gates = [Gate(info.embed_dim) if i == 0 else None for i in range(info.depth)]
+
+    def extra(model, logits, labels):
+        reduction_context(model).extras["seen"] = labels.numel()
+        return 0.01 * (gates[0].scale - 1).pow(2).sum()
+
+    def before(model, batches):
+        n = sum(len(y) for _, y in batches())
+        CALLS.append(("before", n, model.training))
+
+    def epoch_end(model, epoch, batches):
+        gates[0].epochs_seen += 1
+        CALLS.append(("epoch_end", epoch))
+
+    stage = TrainStage(name="search", epochs=params.epochs, lr=0.05, optimizer="SGD", batch_size=32,
+                       extra_loss=extra, before=(before,), epoch_end=(epoch_end,),
+                       after_step=(lambda m: CALLS.append(("step",)),),
+                       after=(lambda m: CALLS.append(("after",)),),
+                       arch_keys=("alpha",), arch_fraction=params.arch_fraction)
+    stages = [stage]
+    if params.two_stages:
+        stages.append(TrainStage(name="retrain", epochs=1, lr=0.05, batch_size=32, trainable=("scale",)))
+    return Reduction(gates, train=tuple(stages))
+
+
+class _Plugin:
+    @hookimpl
+    def vitbench_register_methods(self, register):
+        register(MethodSpec(name="test-gate", params=GateParams, build=_build, needs_training=True))
+
+
+@pytest.fixture()
+def gate_method():
+    get_host().add_plugin(_Plugin(), "test_gate")
+    CALLS.clear()
+    yield "test-gate"
+
+
+@pytest.fixture(scope="module")
+def fmnist():
+    from vitbench.tasks.cls.data import resolve_cls_data
+
+    return resolve_cls_data("fashion-mnist", _model())
+
+
+def _model() -> nn.Module:
+    model = tiny_vit(in_chans=1)
+    model.pretrained_cfg = {"input_size": (1, 32, 32), "mean": (0.2190,), "std": (0.3318,),
+                            "crop_pct": 1.0, "interpolation": "bilinear"}
+    return model
+
+
+def test_only_the_method_trains_and_the_backbone_stays_frozen(gate_method, fmnist):
+    model = vitbench.apply(_model(), gate_method)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    result = finetune(model, fmnist, limit=96)
+    after = model.state_dict()
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed == {"blocks.0.reducer.scale", "blocks.0.reducer.alpha", "blocks.0.reducer.epochs_seen"}
+    assert result.train_images == 96 and result.stages[0]["iters"] == 3
+    assert set(result.stages[0]) >= {"last_loss", "last_ce", "last_extra"}
+    assert not model.training
+    # callbacks: statistics pass over the 96 images in eval mode, one epoch end, 3 steps, the end
+    assert CALLS == [("before", 96, False), ("step",), ("step",), ("step",), ("epoch_end", 0), ("after",)]
+    # requires_grad restored
+    assert all(p.requires_grad for p in model.parameters())
+
+
+def test_train_backbone_trains_everything(gate_method, fmnist):
+    model = vitbench.apply(_model(), gate_method)
+    head = model.head.weight.clone()
+    finetune(model, fmnist, limit=64, train_backbone=True)
+    assert not torch.equal(head, model.head.weight)
+
+
+def test_trainable_filter_and_stages(gate_method, fmnist):
+    model = vitbench.apply(_model(), gate_method, two_stages=True)
+    stages = reduction_context(model).reduction.train
+    assert set(trainable_parameters(model, stages[1])) == {"blocks.0.reducer.scale"}
+    assert set(trainable_parameters(model, stages[0], train_backbone=True)) == {
+        n for n, _ in model.named_parameters()}
+    result = finetune(model, fmnist, limit=32)
+    assert [s["name"] for s in result.stages] == ["search", "retrain"]
+
+
+def test_alternating_steps_update_one_group_at_a_time(gate_method, fmnist):
+    assert [is_arch_step(i, 0.3) for i in range(10)].count(True) == 3
+    assert not any(is_arch_step(i, 0.0) for i in range(10))
+    model = vitbench.apply(_model(), gate_method, arch_fraction=0.5)
+    gate = model.blocks[0].reducer
+    finetune(model, fmnist, limit=64)  # 2 steps: weights then arch
+    assert not torch.equal(gate.scale, torch.ones_like(gate.scale))
+    assert gate.alpha.item() != 0.0
+
+
+def test_zero_epochs_trains_nothing_but_runs_the_statistics(gate_method, fmnist):
+    model = vitbench.apply(_model(), gate_method, epochs=0)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    finetune(model, fmnist, limit=32)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
+    assert [c[0] for c in CALLS] == ["before", "after"]
+
+
+def test_checkpoint_round_trip_and_corrupt_file(gate_method, fmnist, tmp_path):
+    model = vitbench.apply(_model(), gate_method)
+    finetune(model, fmnist, limit=32)
+    path = save_trained(model, tmp_path / "ckpt" / "m.pth")
+    fresh = load_trained(vitbench.apply(_model(), gate_method), path)
+    x = torch.randn(2, 1, 32, 32)
+    assert torch.allclose(fresh.eval()(x), model.eval()(x))
+    path.write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="m.pth"):
+        load_trained(vitbench.apply(_model(), gate_method), path)
+    with pytest.raises(CheckpointError, match="does not fit"):
+        save_trained(model, path)
+        load_trained(vitbench.apply(_model(), "tome"), path)

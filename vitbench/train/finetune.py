@@ -1,0 +1,339 @@
+"""One fine-tuning loop for every learnable method, on the mmengine ``Runner`` (issue 3).
+
+Each :class:`~vitbench.catalog.TrainStage` a method declares is one ``Runner.train()``:
+
+- **what trains**: the method's parameters (those of its ``nn.Module`` reducers, keys
+  ``blocks.i.reducer.*``), filtered by ``stage.trainable``; every backbone weight is frozen
+  (the papers' fine-tuning setup) unless ``train_backbone`` (the train-from-scratch setup, where
+  the backbone trains at the stage's learning rate);
+- **the step** (:class:`MethodTrainer.train_step`): the batch's labels go to the reduction
+  context (LTM's IB step needs them), CE with the stage's label smoothing plus the method's
+  ``extra_loss``; with ``arch_keys`` the step alternates between the architecture parameters
+  (a share ``arch_fraction`` of the steps) and the others, each with its own optimiser (DCS);
+  then the ``after_step`` callbacks;
+- **the schedule**: mmengine's ``CosineAnnealingLR`` per iteration (or constant);
+- **callbacks** (:class:`StageHook`): ``before`` once, ``epoch_end`` after every epoch and
+  ``after`` when the stage ends, each given ``batches()``, an iterator over the training data
+  (normalised images, labels) run in eval mode without gradients.
+
+Data: the training split of the evaluation data (:meth:`ClsData.train_cfg`), the first
+``limit`` images when given, no augmentation (a choice: brief fine-tuning of a few method
+parameters; noted in the README).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from mmengine.hooks import Hook
+from mmengine.model import BaseModel
+from mmengine.optim import OptimWrapper, OptimWrapperDict
+from torch import nn
+
+from vitbench.catalog import TrainStage
+from vitbench.engine.block import ReductionContext, reduction_context
+from vitbench.errors import ParamError, VitbenchError
+
+__all__ = ["FinetuneResult", "MethodTrainer", "StageHook", "finetune", "trainable_parameters"]
+
+OPTIMIZERS = ("SGD", "AdamW", "Adam")
+SCHEDULES = ("cosine", "constant")
+Batches = Callable[[], Iterator[tuple[torch.Tensor, torch.Tensor]]]
+
+
+@dataclass
+class FinetuneResult:
+    """What the loop did: per stage its settings, images, iterations, time and last losses."""
+
+    stages: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+    train_images: int = 0
+    trainable_params: int = 0
+
+
+def _is_method_param(name: str) -> bool:
+    return ".reducer." in f".{name}"
+
+
+def trainable_parameters(model: nn.Module, stage: TrainStage, train_backbone: bool = False
+                         ) -> dict[str, nn.Parameter]:
+    """The parameters ``stage`` trains, by name: the method's (filtered by
+    ``stage.trainable``), plus every backbone parameter when ``train_backbone``."""
+    out: dict[str, nn.Parameter] = {}
+    for name, p in model.named_parameters():
+        if _is_method_param(name):
+            if stage.trainable is None or any(key in name for key in stage.trainable):
+                out[name] = p
+        elif train_backbone:
+            out[name] = p
+    return out
+
+
+def _check_stage(method: str, stage: TrainStage) -> None:
+    if stage.optimizer not in OPTIMIZERS:
+        raise ParamError(f"{method}: optimizer {stage.optimizer!r} is not supported; "
+                         f"valid: {', '.join(OPTIMIZERS)}")
+    if stage.schedule not in SCHEDULES:
+        raise ParamError(f"{method}: schedule {stage.schedule!r} is not supported; "
+                         f"valid: {', '.join(SCHEDULES)}")
+    if stage.epochs < 0 or stage.lr <= 0 or stage.batch_size < 1:
+        raise ParamError(f"{method}: stage {stage.name!r} needs epochs >= 0, lr > 0, batch_size >= 1; "
+                         f"got epochs={stage.epochs}, lr={stage.lr}, batch_size={stage.batch_size}")
+    if not 0.0 <= stage.arch_fraction < 1.0:
+        raise ParamError(f"{method}: arch_fraction {stage.arch_fraction} is out of range [0, 1)")
+
+
+def _optimizer(stage: TrainStage, params: dict[str, nn.Parameter]) -> torch.optim.Optimizer:
+    """One torch optimiser with a parameter group per ``lr_groups`` entry (first match wins)."""
+    groups: dict[float, list[nn.Parameter]] = {}
+    for name, p in params.items():
+        lr = next((lr for key, lr in stage.lr_groups if key in name), stage.lr)
+        groups.setdefault(lr, []).append(p)
+    param_groups = [{"params": ps, "lr": lr} for lr, ps in groups.items()]
+    kwargs: dict[str, Any] = {"lr": stage.lr, "weight_decay": stage.weight_decay}
+    if stage.optimizer == "SGD":
+        kwargs["momentum"] = stage.momentum
+    return getattr(torch.optim, stage.optimizer)(param_groups, **kwargs)
+
+
+def _optim_wrapper(stage: TrainStage, params: dict[str, nn.Parameter]) -> OptimWrapper:
+    if not stage.arch_keys or stage.arch_fraction == 0:
+        return OptimWrapper(_optimizer(stage, params))
+    arch = {n: p for n, p in params.items() if any(k in n for k in stage.arch_keys)}
+    weights = {n: p for n, p in params.items() if n not in arch}
+    wrappers = {}
+    if weights:
+        wrappers["weights"] = OptimWrapper(_optimizer(stage, weights))
+    if arch:
+        wrappers["arch"] = OptimWrapper(_optimizer(stage, arch))
+    return OptimWrapperDict(**wrappers)
+
+
+def is_arch_step(step: int, fraction: float) -> bool:
+    """Whether step ``step`` (0-based) updates the architecture parameters: evenly spread,
+    ``fraction`` of the steps (0.3 -> steps 3, 6, 9 of every 10 when counted from 1)."""
+    return math.floor((step + 1) * fraction + 1e-9) > math.floor(step * fraction + 1e-9)
+
+
+class MethodTrainer(BaseModel):
+    """The model the Runner trains: normalisation, the reduced timm model, CE + method loss."""
+
+    def __init__(self, model: nn.Module, stage: TrainStage, data_preprocessor: nn.Module) -> None:
+        super().__init__(data_preprocessor=data_preprocessor)
+        self.model = model
+        self.stage = stage
+        self.steps = 0
+        self.last: dict[str, float] = {}
+
+    def init_weights(self) -> None:
+        """Keep the weights (``Runner.train()`` would re-initialise the timm backbone)."""
+
+    @property
+    def context(self) -> ReductionContext:
+        ctx = reduction_context(self.model)
+        assert ctx is not None
+        return ctx
+
+    def forward(self, inputs: torch.Tensor, data_samples: Any = None, mode: str = "tensor") -> Any:
+        if mode != "tensor":
+            raise NotImplementedError("MethodTrainer trains through train_step only")
+        return self.model(inputs)
+
+    def losses(self, inputs: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        """CE (with the stage's label smoothing) and the method's extra loss for one batch."""
+        ctx = self.context
+        ctx.labels = labels
+        try:
+            logits = self.model(inputs)
+            ce = F.cross_entropy(logits, labels, label_smoothing=self.stage.label_smoothing)
+            extra = self.stage.extra_loss(self.model, logits, labels) if self.stage.extra_loss else None
+        finally:
+            ctx.labels = None
+        out = {"ce": ce}
+        if extra is not None:
+            out["extra"] = extra
+        out["loss"] = ce + extra if extra is not None else ce
+        return out
+
+    def train_step(self, data: Any, optim_wrapper: OptimWrapper) -> dict[str, torch.Tensor]:
+        data = self.data_preprocessor(data, True)
+        inputs = data["inputs"]
+        labels = torch.cat([s.gt_label for s in data["data_samples"]]).to(inputs.device)
+        wrapper: OptimWrapper = optim_wrapper
+        if isinstance(optim_wrapper, OptimWrapperDict):
+            arch = is_arch_step(self.steps, self.stage.arch_fraction)
+            key = "arch" if arch else "weights"
+            wrapper = optim_wrapper[key] if key in optim_wrapper.keys() else next(iter(optim_wrapper.values()))
+        with wrapper.optim_context(self):
+            losses = self.losses(inputs, labels)
+        optim_wrapper.zero_grad()  # the other optimiser's parameters must not accumulate grads
+        wrapper.update_params(losses["loss"])
+        self.steps += 1
+        for callback in self.stage.after_step:
+            callback(self.model)
+        out = {k: v.detach() for k, v in losses.items()}
+        self.last = {k: float(v) for k, v in out.items()}
+        return out
+
+
+@contextlib.contextmanager
+def _eval_no_grad(model: nn.Module) -> Iterator[None]:
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was_training)
+
+
+class StageHook(Hook):
+    """Calls a stage's ``before`` / ``epoch_end`` / ``after`` callbacks (LTM's statistics
+    passes, DCS's temperature schedule and shrink) with the training-data iterator."""
+
+    priority = "HIGH"
+
+    def __init__(self, stage: TrainStage, model: nn.Module, batches: Batches) -> None:
+        self.stage, self.model, self.batches = stage, model, batches
+
+    def before_train(self, runner: Any) -> None:
+        for callback in self.stage.before:
+            with _eval_no_grad(self.model):
+                callback(self.model, self.batches)
+
+    def after_train_epoch(self, runner: Any) -> None:
+        for callback in self.stage.epoch_end:
+            with _eval_no_grad(self.model):
+                callback(self.model, runner.epoch, self.batches)
+
+    def after_train(self, runner: Any) -> None:
+        for callback in self.stage.after:
+            callback(self.model)
+
+
+def _preprocessor(model: nn.Module, bgr: bool) -> nn.Module:
+    from mmengine.registry import MODELS, DefaultScope
+
+    from vitbench.mm.classifier import classifier_cfg
+    from vitbench.tasks.cls.models import input_config
+
+    cfg = input_config(model)
+    pre = classifier_cfg(model, mean=cfg.mean, std=cfg.std, to_rgb=bgr and cfg.in_chans == 3)
+    with DefaultScope.overwrite_default_scope("mmpretrain"):
+        return MODELS.build(pre["data_preprocessor"])
+
+
+def _loader_cfg(dataset: dict, batch_size: int, shuffle: bool) -> dict[str, Any]:
+    return {"batch_size": batch_size, "num_workers": 0, "persistent_workers": False,
+            "sampler": {"type": "DefaultSampler", "shuffle": shuffle}, "dataset": dataset}
+
+
+def _batches(dataset: dict, preprocessor: nn.Module, device: torch.device, seed: int) -> Batches:
+    from mmengine.registry import DefaultScope
+    from mmengine.runner import Runner
+
+    def iterate() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        with DefaultScope.overwrite_default_scope("mmpretrain"):
+            loader = Runner.build_dataloader(_loader_cfg(dataset, 128, False), seed=seed)
+        preprocessor.to(device)
+        for batch in loader:
+            data = preprocessor(batch, False)
+            labels = torch.cat([s.gt_label for s in data["data_samples"]])
+            yield data["inputs"].to(device), labels.to(device)
+    return iterate
+
+
+def finetune(model: nn.Module, data: Any, *, train_backbone: bool = False, limit: Optional[int] = None,
+             device: str = "cpu", seed: int = 0, work_dir: str | Path | None = None,
+             verbose: bool = False, progress: Optional[Callable[[str], None]] = None) -> FinetuneResult:
+    """Run the training stages of the method ``model`` was reduced with, in place.
+
+    ``data``: a :class:`~vitbench.tasks.cls.data.ClsData`; training uses its training split,
+    the first ``limit`` images when given. Returns what was done; ``model`` is left in eval
+    mode with ``requires_grad`` as it was.
+    """
+    from mmengine.runner import Runner
+
+    from vitbench.mm.runner import release, runner_kwargs, work_dir_or_temp
+
+    ctx = reduction_context(model)
+    if ctx is None or ctx.reduction is None:
+        raise VitbenchError("finetune() needs a model reduced with vitbench.apply(model, method)")
+    stages = list(ctx.reduction.train)
+    result = FinetuneResult()
+    if not stages:
+        return result
+    for stage in stages:
+        _check_stage(ctx.method, stage)
+    target = torch.device(device)
+    dataset = data.train_cfg(limit=limit)
+    preprocessor = _preprocessor(model, data.bgr)
+    batches = _batches(dataset, preprocessor, target, seed)
+    saved_grad = {n: p.requires_grad for n, p in model.named_parameters()}
+    start = time.perf_counter()
+    try:
+        for stage in stages:
+            params = trainable_parameters(model, stage, train_backbone)
+            if not params:
+                raise VitbenchError(f"{ctx.method}: training stage {stage.name!r} has no trainable "
+                                    f"parameters (trainable={stage.trainable})")
+            for name, p in model.named_parameters():
+                p.requires_grad_(name in params)
+            result.trainable_params = max(result.trainable_params, sum(p.numel() for p in params.values()))
+            if progress:
+                progress(f"fine-tuning stage {stage.name!r}: {stage.epochs} epoch(s), "
+                         f"{sum(p.numel() for p in params.values()):,} trainable parameters"
+                         + (" (backbone included)" if train_backbone else " (backbone frozen)"))
+            trainer = MethodTrainer(model, stage, preprocessor).to(target)
+            stage_start = time.perf_counter()
+            if stage.epochs == 0:
+                hook = StageHook(stage, model, batches)
+                hook.before_train(None)
+                hook.after_train(None)
+                result.stages.append({"name": stage.name, "epochs": 0, "iters": 0,
+                                      "seconds": round(time.perf_counter() - stage_start, 2)})
+                continue
+            schedulers = [] if stage.schedule == "constant" else [{
+                "type": "CosineAnnealingLR", "by_epoch": True, "T_max": stage.epochs,
+                "convert_to_iter_based": True, "eta_min_ratio": 0.01}]
+            with work_dir_or_temp(work_dir) as wd:
+                runner = Runner(**runner_kwargs(
+                    work_dir=wd / stage.name, seed=seed, model=trainer,
+                    train_dataloader=_loader_cfg(dataset, stage.batch_size, True),
+                    train_cfg={"by_epoch": True, "max_epochs": stage.epochs,
+                               "val_interval": stage.epochs + 1},
+                    optim_wrapper=_optim_wrapper(stage, params),
+                    param_scheduler=schedulers or None,
+                    custom_hooks=[StageHook(stage, model, batches),
+                                  {"type": "vitbench.ProgressHook", "verbose": verbose,
+                                   "interval": 50, "prefix": f"vitbench: {ctx.method} {stage.name}: "}],
+                ))
+                try:
+                    runner.model.to(target)
+                    runner.train()
+                    n_images = len(runner.train_dataloader.dataset)
+                    iters = runner.iter
+                finally:
+                    release(runner)
+            result.train_images = max(result.train_images, n_images)
+            result.stages.append({"name": stage.name, "epochs": stage.epochs, "iters": iters,
+                                  "images": n_images, **{f"last_{k}": v for k, v in trainer.last.items()},
+                                  "seconds": round(time.perf_counter() - stage_start, 2)})
+            if progress:
+                last = ", ".join(f"{k} {v:.4f}" for k, v in trainer.last.items())
+                progress(f"stage {stage.name!r} done: {iters} iterations on {n_images} images "
+                         f"in {time.perf_counter() - stage_start:.0f} s ({last})")
+    finally:
+        for name, p in model.named_parameters():
+            p.requires_grad_(saved_grad.get(name, False))
+        ctx.labels = None
+    result.seconds = round(time.perf_counter() - start, 2)
+    model.eval()
+    return result
