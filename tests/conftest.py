@@ -46,3 +46,11 @@ def write_folder(root: Path, classes: dict[str, int], *, size: tuple[int, int] =
 def folder_writer():
     """:func:`write_folder` as a fixture (conftest modules are not reliably importable)."""
     return write_folder
+
+
+@pytest.fixture()
+def gate_method():
+    """Registers ``test-gate``, a small learnable method (tests/tests_support.py)."""
+    from tests_support import register_gate
+
+    return register_gate()

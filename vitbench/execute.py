@@ -37,11 +37,15 @@ class Workspace:
     input_size: tuple[int, int, int]
     data: Any = None  # a ClsData when accuracy is measured
     work_dir: Optional[Path] = None
-    gmacs_images: int = 8
+    gmacs_images: int = 16
     eval_batch_size: int = 128
     eval_limit: Optional[int] = None
     throughput_repeats: int = 10
     latency_repeats: int = 20
+    #: fine-tuned models are saved here (``<spec_id>.pth``) and reloaded on ``--resume``
+    checkpoint_dir: Optional[Path] = None
+    resume: bool = False
+    verbose_training: bool = False
 
 
 def input_size_of(model: nn.Module) -> tuple[int, int, int]:
@@ -69,16 +73,62 @@ def attention_kernel(model: nn.Module) -> str:
     return "fused (SDPA); unfused in blocks " + ",".join(str(i) for i in unfused)
 
 
+def _eval_batches(ws: Workspace, model: nn.Module, device: str, limit: Optional[int] = None):  # type: ignore[no-untyped-def]
+    from vitbench.tasks.cls.batches import cls_batches, data_preprocessor
+
+    n = ws.eval_limit if limit is None else (limit if ws.eval_limit is None else min(limit, ws.eval_limit))
+    return cls_batches(ws.data.dataset_cfg(limit=n), data_preprocessor(model, ws.data.bgr),
+                       device=device, batch_size=ws.eval_batch_size)
+
+
+def _gmacs_images(spec: RunSpec, ws: Workspace) -> torch.Tensor:
+    """The images GMACs are counted on: the first evaluation images when there is data (input-
+    dependent methods are averaged over real images, benchmarking.md), else seeded noise."""
+    if ws.data is not None:
+        from vitbench.tasks.cls.batches import first_images
+
+        images = first_images(_eval_batches(ws, ws.model, "cpu", ws.gmacs_images), ws.gmacs_images)
+        if images is not None:
+            return images
+    gen = torch.Generator().manual_seed(spec.seed)
+    return torch.randn(ws.gmacs_images, *ws.input_size, generator=gen)
+
+
+def _train(spec: RunSpec, ws: Workspace, model: nn.Module, progress: Progress) -> dict[str, Any]:
+    """Fine-tune a learnable method (or reload its checkpoint on ``--resume``)."""
+    from vitbench.train import finetune, load_trained, save_trained
+
+    path = ws.checkpoint_dir / f"{spec.spec_id}.pth" if ws.checkpoint_dir else None
+    if ws.resume and path is not None and path.is_file():
+        progress(f"loading the fine-tuned checkpoint {path}")
+        load_trained(model, path)
+        return {"trained": "checkpoint", "checkpoint_path": str(path)}
+    if ws.data is None:
+        raise VitbenchError(f"{spec.method} needs training data to fine-tune: pass --data PATH "
+                            f"(with a train/ split) or use the default model")
+    result = finetune(model, ws.data, train_backbone=spec.train_backbone, limit=spec.train_limit,
+                      device=spec.device, seed=spec.seed, verbose=ws.verbose_training,
+                      work_dir=ws.work_dir / spec.spec_id / "train" if ws.work_dir else None,
+                      progress=progress)
+    out: dict[str, Any] = {"trained": "fine-tuned", "train_s": result.seconds,
+                           "train_images": result.train_images,
+                           "trainable_params": result.trainable_params, "train_stages": result.stages}
+    if path is not None:
+        save_trained(model, path)
+        out["checkpoint_path"] = str(path)
+    return out
+
+
 def _measure(spec: RunSpec, ws: Workspace, model: nn.Module, baseline: Optional[dict],
              progress: Progress) -> dict[str, Any]:
     out: dict[str, Any] = {"attention_kernel": attention_kernel(model), "batch_size": spec.batch_size}
     device = spec.device
     if "gmacs" in spec.metrics:
         progress("counting GMACs")
-        gen = torch.Generator().manual_seed(spec.seed)
-        images = torch.randn(ws.gmacs_images, *ws.input_size, generator=gen)
+        images = _gmacs_images(spec, ws)
         result = measure.count_gmacs(model, images)
-        out.update(gmacs=result.mean, gmacs_std=result.std, gmacs_images=result.n)
+        out.update(gmacs=result.mean, gmacs_std=result.std, gmacs_images=result.n,
+                   gmacs_on="evaluation images" if ws.data is not None else "random images")
     if "params" in spec.metrics:
         out["params_m"] = measure.count_params_m(model)
     model.to(device)
@@ -100,6 +150,13 @@ def _measure(spec: RunSpec, ws: Workspace, model: nn.Module, baseline: Optional[
         progress("timing latency (batch 1)")
         lat = measure.measure_latency(model, ws.input_size, device=device, repeats=ws.latency_repeats)
         out.update(latency_ms=lat.median_ms, latency_spread_ms=lat.spread_ms)
+    if "ib" in spec.metrics and ws.data is not None:
+        progress("measuring IB loss and bound")
+        from vitbench.measure.ib import measure_ib
+
+        ib = measure_ib(model, _eval_batches(ws, model, device)(), ws.data.num_classes, device=device)
+        out.update(ib_loss=float(ib.loss), ib_bound=float(ib.bound),
+                   ib_input_constant=float(ib.input_constant))
     if "memory" in spec.metrics:
         progress("measuring peak memory")
         out["peak_mem_mb"] = measure.measure_peak_memory(model, spec.batch_size, ws.input_size, device=device)
@@ -128,6 +185,9 @@ def run_spec(spec: RunSpec, ws: Workspace, baseline: Optional[dict], env: dict[s
         if spec.method != BASELINE:
             progress("applying the method")
             model = apply(model, spec.method, **spec.params)
+            context = reduction_context(model)
+            if context is not None and context.reduction is not None and context.reduction.train:
+                record.update(_train(spec, ws, model, progress))
         record.update(_measure(spec, ws, model.eval(), baseline, progress))
     except VitbenchError as exc:
         record.update(status="error", error=str(exc))

@@ -14,7 +14,12 @@ from vitbench.plugins import get_host
 
 BASELINE = "baseline"
 TASKS = ("cls",)
-METRICS = ("accuracy", "gmacs", "params", "throughput", "latency", "memory")
+METRICS = ("accuracy", "gmacs", "params", "throughput", "latency", "memory", "ib")
+#: metrics that need labelled evaluation data
+DATA_METRICS = ("accuracy", "ib")
+#: training images learnable methods fine-tune on with the embedded default model (``--train-limit``
+#: overrides): keeps ``vitbench run --methods ibtm,tome`` within minutes on a 2-core CPU
+DEFAULT_MODEL_TRAIN_LIMIT = 10000
 DEVICES = ("cpu", "cuda")
 DEFAULT_MODEL = "vitbench-fmnist-vit"
 
@@ -34,6 +39,8 @@ class RunSpec:
     seed: int
     checkpoint: Optional[str] = None
     pretrained: bool = False
+    train_backbone: bool = False  # fine-tune the backbone too (the train-from-scratch setup)
+    train_limit: Optional[int] = None  # fine-tune on the first N training images
 
     @property
     def params(self) -> dict[str, Any]:
@@ -41,7 +48,11 @@ class RunSpec:
 
     @property
     def spec_id(self) -> str:
-        return hashlib.sha1(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+        fields = asdict(self)
+        for key in _LATER_FIELDS:  # fields added later hash only when set: old ids stay valid
+            if fields[key] is None or fields[key] is False:
+                del fields[key]
+        return hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
     @property
     def label(self) -> str:
@@ -51,10 +62,18 @@ class RunSpec:
         spec = get_host().method(self.method)
         defaults = params_dict(make_params(self.method, spec.params, {}))
         changed = {k: v for k, v in self.params.items() if defaults.get(k) != v}
+        if self.train_backbone:
+            return f"{self.method} ({', '.join([*self._shown(changed), 'backbone trained'])})"
         if not changed:
             return self.method
-        shown = ", ".join(f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in changed.items())
-        return f"{self.method} ({shown})"
+        return f"{self.method} ({', '.join(self._shown(changed))})"
+
+    @staticmethod
+    def _shown(changed: dict[str, Any]) -> list[str]:
+        return [f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in changed.items()]
+
+
+_LATER_FIELDS = ("train_backbone", "train_limit")
 
 
 def parse_param_overrides(items: Iterable[str]) -> dict[str, dict[str, str]]:
@@ -82,7 +101,8 @@ def parse_list(kind: str, text: str, valid: Iterable[str]) -> tuple[str, ...]:
 def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[str],
                overrides: Mapping[str, Mapping[str, Any]], metrics: Iterable[str],
                batch_size: int, device: str, seed: int, checkpoint: Optional[str] = None,
-               pretrained: bool = False) -> list[RunSpec]:
+               pretrained: bool = False, train_backbone: bool = False,
+               train_limit: Optional[int] = None) -> list[RunSpec]:
     """The baseline, then one spec per method, parameters validated (no model is built here)."""
     if task not in TASKS:
         raise choices_error("task", task, TASKS)
@@ -90,6 +110,8 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
         raise choices_error("device", device, DEVICES)
     if batch_size < 1:
         raise ParamError(f"--batch-size {batch_size} is out of range; it must be >= 1")
+    if train_limit is not None and train_limit < 1:
+        raise ParamError(f"--train-limit {train_limit} is out of range; it must be >= 1")
     host = get_host()
     names = [host.method(name).name for name in methods]  # unknown -> error listing valid ones
     for name in overrides:
@@ -104,6 +126,8 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
     for name in dict.fromkeys(names):
         spec = host.method(name)
         values = make_params(name, spec.params, canonical_overrides.get(name, {}))
+        training = ({"train_backbone": train_backbone, "train_limit": train_limit}
+                    if spec.needs_training else {})
         plan.append(RunSpec(method=name, params_json=json.dumps(params_dict(values), sort_keys=True),
-                            **common))
+                            **common, **training))
     return plan

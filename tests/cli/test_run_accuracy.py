@@ -46,3 +46,42 @@ def test_embedded_default_end_to_end(tmp_path):
     assert base["top1_pct"] > 70.0  # a trained model, far above chance (10%)
     assert tome["gmacs"] < base["gmacs"] and ppt["gmacs"] < base["gmacs"]
     assert "Top-1 (%)" in (out / "report.md").read_text()
+
+
+def _split_folder(root, split, classes=("cat", "dog"), per_class=3, seed=0):
+    rng = np.random.default_rng(seed)
+    for c in classes:
+        (root / split / c).mkdir(parents=True)
+        for i in range(per_class):
+            Image.fromarray(rng.integers(0, 255, (48, 64, 3), dtype=np.uint8)).save(root / split / c / f"{i}.png")
+    return root
+
+
+def test_learnable_method_fine_tunes_saves_a_checkpoint_and_reloads_it_on_resume(tmp_path, gate_method):
+    data = _split_folder(_split_folder(tmp_path / "data", "val"), "train", per_class=4, seed=1)
+    out = tmp_path / "out"
+    args = ["run", "--methods", gate_method, "--model", "test_vit", "--data", str(data), "--num-classes", "2",
+            "--metrics", "accuracy,gmacs,ib", "--train-limit", "6", "--out", str(out)]
+    assert main(args) == 0
+    base, gate = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    assert gate["trained"] == "fine-tuned" and gate["train_images"] == 6
+    assert gate["train_stages"][0]["iters"] == 1  # 6 images, batch 32
+    assert base["ib_loss"] is not None and gate["ib_bound"] is not None
+    assert base["gmacs_on"] == "evaluation images"
+    ckpt = out / "checkpoints" / f"{gate['spec_id']}.pth"
+    assert ckpt.is_file()
+    # a failed run is retried by --resume, and the learnable method reloads its checkpoint
+    lines = (out / "runs.jsonl").read_text().splitlines()
+    failed = dict(json.loads(lines[1]), status="error", error="interrupted")
+    (out / "runs.jsonl").write_text("\n".join(lines + [json.dumps(failed)]) + "\n")
+    assert main(args + ["--resume"]) == 0
+    again = json.loads((out / "runs.jsonl").read_text().splitlines()[-1])
+    assert again["trained"] == "checkpoint" and again["top1_pct"] == gate["top1_pct"]
+    assert "ib" in (out / "report.md").read_text().lower()
+
+
+def test_learnable_method_without_training_data_is_a_clear_error(tmp_path, gate_method, capsys):
+    rc = main(["run", "--methods", gate_method, "--model", "test_vit", "--metrics", "gmacs",
+               "--out", str(tmp_path / "out")])
+    assert rc == 2
+    assert "test-gate must be fine-tuned: pass --data PATH" in capsys.readouterr().err

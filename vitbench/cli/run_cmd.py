@@ -13,7 +13,10 @@ from pathlib import Path
 from typing import Optional
 
 from vitbench.errors import VitbenchError
-from vitbench.plan import DEFAULT_MODEL, METRICS, build_plan, parse_list, parse_param_overrides
+from vitbench.plan import (
+    DATA_METRICS, DEFAULT_MODEL, DEFAULT_MODEL_TRAIN_LIMIT, METRICS, build_plan, parse_list,
+    parse_param_overrides,
+)
 from vitbench.plugins import get_host
 
 
@@ -38,20 +41,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-classes", type=int, default=None,
                    help="resize the classifier head (with a matching --checkpoint)")
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N images")
+    p.add_argument("--train-backbone", action="store_true",
+                   help="learnable methods: train the backbone too (default: only the method's parameters)")
+    p.add_argument("--train-limit", type=int, default=None,
+                   help="learnable methods: fine-tune on the first N training images (default: all; "
+                        f"{DEFAULT_MODEL_TRAIN_LIMIT} with the default model)")
     p.set_defaults(handler=run)
 
 
 def _metrics(args: argparse.Namespace, model: str) -> tuple[str, ...]:
     if args.metrics is not None:
         metrics = parse_list("metric", args.metrics, METRICS)
-        if "accuracy" in metrics and args.data is None and model != DEFAULT_MODEL:
-            raise VitbenchError(f"accuracy of {model!r} needs --data PATH (an ImageNet-style folder); "
-                                f"or leave accuracy out of --metrics")
+        needs = [m for m in metrics if m in DATA_METRICS]
+        if needs and args.data is None and model != DEFAULT_MODEL:
+            raise VitbenchError(f"{' and '.join(needs)} of {model!r} need --data PATH (an ImageNet-style "
+                                f"folder); or leave {', '.join(needs)} out of --metrics")
         return metrics
     if args.data is None and model != DEFAULT_MODEL:
-        print(f"vitbench: note: no --data for {model!r}: measuring {', '.join(METRICS[1:])} without accuracy",
-              file=sys.stderr)
-        return METRICS[1:]
+        without = tuple(m for m in METRICS if m not in DATA_METRICS)
+        print(f"vitbench: note: no --data for {model!r}: measuring {', '.join(without)} without "
+              f"{' and '.join(DATA_METRICS)}", file=sys.stderr)
+        return without
     return METRICS
 
 
@@ -73,15 +83,19 @@ def run(args: argparse.Namespace) -> int:
     model_name = args.model or DEFAULT_MODEL
     metrics = _metrics(args, model_name)
     data: Optional[str] = args.data
-    if "accuracy" in metrics and data is None:
+    if any(m in metrics for m in DATA_METRICS) and data is None:
         data = "fashion-mnist"
+    train_limit = args.train_limit
+    if train_limit is None and model_name == DEFAULT_MODEL:
+        train_limit = DEFAULT_MODEL_TRAIN_LIMIT
     methods = [m for m in args.methods.split(",") if m.strip()]
     if not methods:
         raise VitbenchError("--methods is empty; see `vitbench list methods`")
     plan = build_plan(task=args.task, model=model_name, methods=[m.strip() for m in methods], data=data,
                       overrides=parse_param_overrides(args.param), metrics=metrics,
                       batch_size=args.batch_size, device=args.device, seed=args.seed,
-                      checkpoint=args.checkpoint, pretrained=args.pretrained)
+                      checkpoint=args.checkpoint, pretrained=args.pretrained,
+                      train_backbone=args.train_backbone, train_limit=train_limit)
     if args.device == "cuda":
         import torch
 
@@ -99,7 +113,13 @@ def run(args: argparse.Namespace) -> int:
     get_host().family_of(model)
     _check_methods_apply(plan, model)
     cls_data = None
-    if "accuracy" in metrics:
+    learnable = [s.method for s in plan[1:] if get_host().method(s.method).needs_training]
+    if learnable and data is None:
+        if model_name != DEFAULT_MODEL:
+            raise VitbenchError(f"{', '.join(learnable)} must be fine-tuned: pass --data PATH (an "
+                                f"ImageNet-style folder with a train/ split)")
+        data = "fashion-mnist"
+    if any(m in metrics for m in DATA_METRICS) or learnable:
         from vitbench.tasks.cls.data import resolve_cls_data
 
         cls_data = resolve_cls_data(data, model)
@@ -107,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     store = ResultStore(out)
     ws = Workspace(model=model, input_size=input_size_of(model), data=cls_data, work_dir=out / "work",
-                   eval_limit=args.limit)
+                   eval_limit=args.limit, checkpoint_dir=out / "checkpoints", resume=args.resume)
     env = environment(args.device)
     records = execute_plan(plan, ws, store, resume=args.resume, env=env, progress=say.step)
     md, png = write_report(store.records(), out / "report.md", command=env["command"])

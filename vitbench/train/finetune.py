@@ -45,7 +45,7 @@ __all__ = ["FinetuneResult", "MethodTrainer", "StageHook", "finetune", "trainabl
 
 OPTIMIZERS = ("SGD", "AdamW", "Adam")
 SCHEDULES = ("cosine", "constant")
-Batches = Callable[[], Iterator[tuple[torch.Tensor, torch.Tensor]]]
+from vitbench.tasks.cls.batches import Batches
 
 
 @dataclass
@@ -218,38 +218,6 @@ class StageHook(Hook):
             callback(self.model)
 
 
-def _preprocessor(model: nn.Module, bgr: bool) -> nn.Module:
-    from mmengine.registry import MODELS, DefaultScope
-
-    from vitbench.mm.classifier import classifier_cfg
-    from vitbench.tasks.cls.models import input_config
-
-    cfg = input_config(model)
-    pre = classifier_cfg(model, mean=cfg.mean, std=cfg.std, to_rgb=bgr and cfg.in_chans == 3)
-    with DefaultScope.overwrite_default_scope("mmpretrain"):
-        return MODELS.build(pre["data_preprocessor"])
-
-
-def _loader_cfg(dataset: dict, batch_size: int, shuffle: bool) -> dict[str, Any]:
-    return {"batch_size": batch_size, "num_workers": 0, "persistent_workers": False,
-            "sampler": {"type": "DefaultSampler", "shuffle": shuffle}, "dataset": dataset}
-
-
-def _batches(dataset: dict, preprocessor: nn.Module, device: torch.device, seed: int) -> Batches:
-    from mmengine.registry import DefaultScope
-    from mmengine.runner import Runner
-
-    def iterate() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        with DefaultScope.overwrite_default_scope("mmpretrain"):
-            loader = Runner.build_dataloader(_loader_cfg(dataset, 128, False), seed=seed)
-        preprocessor.to(device)
-        for batch in loader:
-            data = preprocessor(batch, False)
-            labels = torch.cat([s.gt_label for s in data["data_samples"]])
-            yield data["inputs"].to(device), labels.to(device)
-    return iterate
-
-
 def finetune(model: nn.Module, data: Any, *, train_backbone: bool = False, limit: Optional[int] = None,
              device: str = "cpu", seed: int = 0, work_dir: str | Path | None = None,
              verbose: bool = False, progress: Optional[Callable[[str], None]] = None) -> FinetuneResult:
@@ -262,6 +230,7 @@ def finetune(model: nn.Module, data: Any, *, train_backbone: bool = False, limit
     from mmengine.runner import Runner
 
     from vitbench.mm.runner import release, runner_kwargs, work_dir_or_temp
+    from vitbench.tasks.cls.batches import cls_batches, data_preprocessor, loader_cfg
 
     ctx = reduction_context(model)
     if ctx is None or ctx.reduction is None:
@@ -274,8 +243,8 @@ def finetune(model: nn.Module, data: Any, *, train_backbone: bool = False, limit
         _check_stage(ctx.method, stage)
     target = torch.device(device)
     dataset = data.train_cfg(limit=limit)
-    preprocessor = _preprocessor(model, data.bgr)
-    batches = _batches(dataset, preprocessor, target, seed)
+    preprocessor = data_preprocessor(model, data.bgr)
+    batches = cls_batches(dataset, preprocessor, device=target, seed=seed)
     saved_grad = {n: p.requires_grad for n, p in model.named_parameters()}
     start = time.perf_counter()
     try:
@@ -306,7 +275,7 @@ def finetune(model: nn.Module, data: Any, *, train_backbone: bool = False, limit
             with work_dir_or_temp(work_dir) as wd:
                 runner = Runner(**runner_kwargs(
                     work_dir=wd / stage.name, seed=seed, model=trainer,
-                    train_dataloader=_loader_cfg(dataset, stage.batch_size, True),
+                    train_dataloader=loader_cfg(dataset, stage.batch_size, True),
                     train_cfg={"by_epoch": True, "max_epochs": stage.epochs,
                                "val_interval": stage.epochs + 1},
                     optim_wrapper=_optim_wrapper(stage, params),

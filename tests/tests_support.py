@@ -1,0 +1,75 @@
+"""A small learnable method for the fine-tuning loop's tests (``test-gate``).
+
+Registered through :func:`register_gate` (the ``gate_method`` fixture in conftest.py)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from vitbench.catalog import MethodSpec, Reduction, TrainStage
+from vitbench.engine import reduction_context
+from vitbench.hookspecs import hookimpl
+from vitbench.plugins import get_host
+
+CALLS: list[tuple] = []
+
+
+class Gate(nn.Module):
+    """Scales the tokens by a learnable factor (starts at 1: the model is unchanged)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(dim))
+        self.alpha = nn.Parameter(torch.zeros(1))
+        self.register_buffer("epochs_seen", torch.zeros(()))
+
+    def forward(self, x, state, info):
+        return x * self.scale * (1 + self.alpha)
+
+
+@dataclass(frozen=True)
+class GateParams:
+    epochs: int = 1
+    arch_fraction: float = 0.0
+    two_stages: bool = False
+
+
+def _build(params: GateParams, info) -> Reduction:
+    gates = [Gate(info.embed_dim) if i == 0 else None for i in range(info.depth)]
+
+    def extra(model, logits, labels):
+        reduction_context(model).extras["seen"] = labels.numel()
+        return 0.01 * (gates[0].scale - 1).pow(2).sum()
+
+    def before(model, batches):
+        n = sum(len(y) for _, y in batches())
+        CALLS.append(("before", n, model.training))
+
+    def epoch_end(model, epoch, batches):
+        gates[0].epochs_seen += 1
+        CALLS.append(("epoch_end", epoch))
+
+    stage = TrainStage(name="search", epochs=params.epochs, lr=0.05, optimizer="SGD", batch_size=32,
+                       extra_loss=extra, before=(before,), epoch_end=(epoch_end,),
+                       after_step=(lambda m: CALLS.append(("step",)),),
+                       after=(lambda m: CALLS.append(("after",)),),
+                       arch_keys=("alpha",), arch_fraction=params.arch_fraction)
+    stages = [stage]
+    if params.two_stages:
+        stages.append(TrainStage(name="retrain", epochs=1, lr=0.05, batch_size=32, trainable=("scale",)))
+    return Reduction(gates, train=tuple(stages))
+
+
+class _Plugin:
+    @hookimpl
+    def vitbench_register_methods(self, register):
+        register(MethodSpec(name="test-gate", params=GateParams, build=_build, needs_training=True))
+
+
+
+def register_gate() -> str:
+    get_host().add_plugin(_Plugin(), "test_gate")
+    CALLS.clear()
+    return "test-gate"

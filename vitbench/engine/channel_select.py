@@ -1,0 +1,194 @@
+"""Channel selection by straight-through Gumbel-sigmoid masks (DCS, methods.md §7).
+
+Family-independent building blocks of the DCS plugin (``plugins/dcs.py``): they see tensors and
+an MLP module, never a model family, so the MobileViT/EfficientViT adapters of a later issue
+reuse them unchanged.
+
+- :func:`straight_through_mask`: ``M = sigmoid((logits + g1 - g2) / tau)`` with Gumbel noise
+  ``g1, g2`` in training and none at inference; the forward uses the hard mask ``M > 0.5`` and
+  the backward the gradient of the soft ``M`` (straight-through).
+- :class:`QKChannelMask`: the input-dependent query/key channel mask ``theta = Linear(x)``
+  (one Linear shared by Q and K, or two with ``separate=True``).
+- :class:`ChannelGate`: per-channel architecture logits ``alpha`` of the attention-output/MLP
+  channels, with the expected kept fraction ``sigmoid(alpha / tau)`` for the FLOPs cost.
+- :func:`gated_mlp`, :func:`shrink_mlp`, :func:`sparse_mlp`: the MLP under a channel gate, the
+  physical shrink of ``fc1``/``fc2`` to the kept channels, and the shrunk MLP's forward that
+  scatters its ``C~`` outputs back into the ``C`` channels of the residual stream.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from vitbench.errors import UnsupportedError
+
+__all__ = [
+    "KEEP_LOGIT", "ChannelGate", "QKChannelMask", "check_mlp", "gated_mlp", "gumbel_difference",
+    "shrink_mlp", "sparse_mlp", "straight_through_mask",
+]
+
+#: The initial mask logit (``theta``'s Linear bias, ``alpha``): positive, so an untrained mask
+#: keeps every channel at inference and the untrained method equals the unpatched model. Its
+#: size sets the exploration in training: the Gumbel noise ``g1 - g2`` is standard logistic, so
+#: a channel at this logit is dropped in a training forward with probability
+#: ``sigmoid(-KEEP_LOGIT)`` = 12% -- enough for the search to see what a channel is worth,
+#: little enough not to wreck a pretrained model.
+KEEP_LOGIT = 2.0
+
+
+def gumbel_difference(like: torch.Tensor) -> torch.Tensor:
+    """``g1 - g2`` for two independent standard Gumbel samples of ``like``'s shape.
+
+    A Gumbel sample is ``-log(E)`` with ``E ~ Exp(1)`` (never 0, so no clamping is needed)."""
+    g1 = -torch.empty_like(like).exponential_().log()
+    g2 = -torch.empty_like(like).exponential_().log()
+    return g1 - g2
+
+
+def straight_through_mask(logits: torch.Tensor, tau: torch.Tensor | float, noisy: bool) -> torch.Tensor:
+    """Hard 0/1 mask with the gradient of ``sigmoid((logits + g1 - g2) / tau)``.
+
+    ``noisy`` adds the Gumbel noise (training); without it the mask is deterministic. The hard
+    value is taken as ``logits (+ noise) > 0``, which is ``M > 0.5`` in exact arithmetic and,
+    unlike thresholding the rounded sigmoid, agrees exactly with the shrink rule ``alpha > 0``.
+    The forward value is exactly 0 or 1 (``soft - soft.detach()`` is exactly zero).
+    """
+    if noisy:
+        logits = logits + gumbel_difference(logits)
+    soft = torch.sigmoid(logits / tau)
+    hard = (logits > 0).to(soft.dtype)
+    return hard + (soft - soft.detach())
+
+
+def _keep_all_linear(in_features: int, out_features: int) -> nn.Linear:
+    linear = nn.Linear(in_features, out_features)
+    nn.init.zeros_(linear.weight)
+    nn.init.constant_(linear.bias, KEEP_LOGIT)
+    return linear
+
+
+class QKChannelMask(nn.Module):
+    """Input-dependent query/key channel mask (DCS, methods.md §7, "Q/K channels").
+
+    ``theta = Linear(x)`` maps the block's normed input ``x [B, N, in_features]`` to one logit
+    per query/key channel (``num_heads * head_dim``), reshaped per head to ``[B, h, N, d]``; the
+    mask multiplies Q and K, so the logits become ``(Q*M)(K*M)^T / sqrt(d)`` (the scale stays
+    the full head width's). ``separate=True`` learns one Linear for Q and one for K (the
+    ablation ``qk_mask=separate``). The Linear starts with zero weight and bias
+    :data:`KEEP_LOGIT`, so the untrained mask keeps every channel.
+    """
+
+    def __init__(self, in_features: int, num_heads: int, head_dim: int, separate: bool = False) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        width = num_heads * head_dim
+        if separate:
+            self.theta_q = _keep_all_linear(in_features, width)
+            self.theta_k = _keep_all_linear(in_features, width)
+        else:
+            self.theta = _keep_all_linear(in_features, width)
+        self.separate = separate
+
+    def _per_head(self, theta: torch.Tensor) -> torch.Tensor:
+        b, n, _ = theta.shape
+        return theta.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+
+    def masks(self, x: torch.Tensor, tau: torch.Tensor | float) -> tuple[torch.Tensor, torch.Tensor]:
+        """The masks ``(M_q, M_k)``, each ``[B, h, N, d]`` (the same tensor when shared)."""
+        if self.separate:
+            mq = straight_through_mask(self._per_head(self.theta_q(x)), tau, self.training)
+            mk = straight_through_mask(self._per_head(self.theta_k(x)), tau, self.training)
+            return mq, mk
+        m = straight_through_mask(self._per_head(self.theta(x)), tau, self.training)
+        return m, m
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, x: torch.Tensor,
+                tau: torch.Tensor | float) -> tuple[torch.Tensor, torch.Tensor]:
+        """Masked ``(q, k)``: per-head ``[B, h, N, d]`` queries and keys times their masks."""
+        mq, mk = self.masks(x, tau)
+        return q * mq.to(q.dtype), k * mk.to(k.dtype)
+
+
+class ChannelGate(nn.Module):
+    """Architecture logits ``alpha [C]`` of the attention-output/MLP channels (methods.md §7).
+
+    ``g = sigmoid((alpha + g1 - g2) / tau)``, hard with a straight-through gradient like
+    :func:`straight_through_mask` (Gumbel noise in training only). ``alpha`` starts at
+    :data:`KEEP_LOGIT`, so every channel is kept until the search says otherwise; after the
+    search the kept channels are ``alpha > 0``, deterministically.
+    """
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.alpha = nn.Parameter(torch.full((channels,), KEEP_LOGIT))
+
+    def forward(self, tau: torch.Tensor | float) -> torch.Tensor:
+        """The gate ``g [C]``: exactly 0 or 1 in the forward."""
+        return straight_through_mask(self.alpha, tau, self.training)
+
+    def expected_kept(self, tau: torch.Tensor | float) -> torch.Tensor:
+        """``sigmoid(alpha / tau) [C]``: each channel's probability of being kept (noise-free),
+        differentiable in ``alpha`` -- what the search's FLOPs cost is the expectation over."""
+        return torch.sigmoid(self.alpha / tau)
+
+    def kept_index(self) -> torch.Tensor:
+        """The channels kept after the search, ``alpha > 0``, as sorted indices ``[C~]``."""
+        return (self.alpha.detach() > 0).nonzero().flatten()
+
+
+def check_mlp(mlp: nn.Module) -> None:
+    """Raise :class:`UnsupportedError` unless ``mlp`` is a timm ``Mlp`` with Linear fc1/fc2.
+
+    The shrink slices ``fc1``'s input columns and ``fc2``'s output rows and relies on the
+    ``fc1 -> act -> drop -> norm -> fc2 -> drop`` order of ``timm.layers.Mlp``; gated MLPs
+    (``GluMlp``, ``SwiGLU``) and the 1x1-conv variant are refused rather than shrunk wrongly."""
+    from timm.layers import Mlp
+
+    if type(mlp) is not Mlp or not isinstance(mlp.fc1, nn.Linear) or not isinstance(mlp.fc2, nn.Linear):
+        raise UnsupportedError(
+            f"DCS channel selection needs a timm Mlp with Linear fc1/act/drop/norm/fc2; this block's "
+            f"MLP is a {type(mlp).__name__}"
+            + (" with 1x1 convolutions" if type(mlp) is Mlp else "")
+            + "; use arch=qk (Q/K channel masks only) for this model")
+
+
+def gated_mlp(mlp: nn.Module, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """The MLP with gate ``g [C]`` on its input and its output: ``mlp(x * g) * g``."""
+    gate = gate.to(x.dtype)
+    return mlp(x * gate) * gate
+
+
+def _linear_like(weight: torch.Tensor, bias: torch.Tensor | None, like: nn.Linear) -> nn.Linear:
+    """A Linear holding copies of ``weight``/``bias``, frozen exactly when ``like`` was.
+
+    Built as a 1x1 Linear whose parameters are then replaced, so no random initialisation is
+    spent (and none warns when nothing is kept)."""
+    linear = nn.Linear(1, 1, bias=bias is not None, device=weight.device, dtype=weight.dtype)
+    linear.out_features, linear.in_features = weight.shape
+    linear.weight = nn.Parameter(weight.detach().clone(), requires_grad=like.weight.requires_grad)
+    if bias is not None:
+        linear.bias = nn.Parameter(bias.detach().clone(), requires_grad=like.bias.requires_grad)
+    return linear
+
+
+def shrink_mlp(mlp: nn.Module, index: torch.Tensor) -> None:
+    """Replace ``mlp.fc1``/``mlp.fc2`` in place by Linears on the kept channels ``index [C~]``.
+
+    ``fc1`` keeps only the input columns ``index`` (``[H, C~]``); ``fc2`` only the output rows
+    ``index`` (``[C~, H]``) and their biases. The module names stay ``fc1``/``fc2``, so the
+    state-dict keys stay the timm ones, only smaller. Use :func:`sparse_mlp` to run it.
+    """
+    check_mlp(mlp)
+    index = index.to(mlp.fc1.weight.device)
+    fc1, fc2 = mlp.fc1, mlp.fc2
+    mlp.fc1 = _linear_like(fc1.weight[:, index], fc1.bias, fc1)
+    mlp.fc2 = _linear_like(fc2.weight[index], None if fc2.bias is None else fc2.bias[index], fc2)
+
+
+def sparse_mlp(mlp: nn.Module, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """A shrunk MLP on ``x [..., C]``: read channels ``index``, write them back, the rest zero.
+
+    Equals :func:`gated_mlp` with the 0/1 gate whose ones are ``index``."""
+    y = mlp(x.index_select(-1, index))
+    return y.new_zeros(*x.shape[:-1], x.shape[-1]).index_copy(x.dim() - 1, index, y)
