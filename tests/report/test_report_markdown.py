@@ -112,3 +112,18 @@ def test_write_report_replaces_an_old_report(records, tmp_path):
     out.write_text("old")
     write_report(records[:2], out)
     assert out.read_text(encoding="utf-8").startswith("# vitbench report")
+
+
+def test_fine_tuned_rows_say_how_they_were_trained(make_record):
+    from vitbench.report.markdown import render_markdown
+
+    stages = [{"name": "finetune", "epochs": 1, "iters": 157, "images": 10000}]
+    recs = [make_record("b", "baseline", top1_pct=80.0, gmacs=1.0),
+            make_record("l", "ltm", top1_pct=81.0, gmacs=0.7, trained="fine-tuned", train_s=95.4,
+                        train_images=10000, trainable_params=12345, train_stages=stages),
+            make_record("r", "ltmp", top1_pct=79.0, gmacs=0.8, trained="checkpoint",
+                        checkpoint_path="out/checkpoints/r.pth")]
+    md = render_markdown(recs)
+    assert ("- ltm: finetune: 1 epoch(s), 157 iterations on 10000 training images in 95 s, "
+            "12,345 trainable parameters (backbone frozen)") in md
+    assert "- ltmp: reloaded from out/checkpoints/r.pth (--resume)" in md

@@ -34,9 +34,26 @@ METHODOLOGY = (
     "(baseline GMACs / method GMACs): 1.0 means every saved MAC turned into time. Deltas "
     "(ΔTop-1 in percentage points, GMACs ↓ in %) are against the baseline of the same task "
     "and model. Top-1/top-5 come from mmpretrain's Accuracy, box/mask mAP from mmdet's "
-    "CocoMetric; IB loss and bound are measured on the evaluation split at the final block. "
+    "CocoMetric. **IB loss** = I(X~;X) - I(X~;Y) and **IB bound** (Theorem 3.1 of the IBTM paper) "
+    "are in nats, measured on the evaluation split: X~ the size-weighted mean of the final block's "
+    "patch tokens, X the input image (area-downsampled to at most 32x32), soft assignments to the "
+    "class centroids of each; the bound includes the input-only constant, so bound minus that "
+    "constant (recorded as `ib_input_constant`) is >= the loss; lower is better for both. "
+    "Learnable methods are fine-tuned before they are measured (details under each table). "
     "\"n/a\": the metric does not apply to that row or was not measured."
 )
+
+
+def _training_line(rec: Mapping[str, Any]) -> str:
+    """``1 epoch(s) on 10000 training images, 95 s, 12,345 trainable parameters (backbone frozen)``."""
+    if rec.get("trained") == "checkpoint":
+        return f"reloaded from {rec.get('checkpoint_path')} (--resume)"
+    stages = rec.get("train_stages") or []
+    parts = [f"{s.get('name')}: {s.get('epochs')} epoch(s), {s.get('iters')} iterations" for s in stages]
+    frozen = "backbone trained" if "backbone trained" in str(rec.get("label")) else "backbone frozen"
+    return (f"{'; '.join(parts)} on {rec.get('train_images')} training images in "
+            f"{float(rec.get('train_s') or 0):.0f} s, {int(rec.get('trainable_params') or 0):,} "
+            f"trainable parameters ({frozen})")
 
 
 def _one_line(text: Any, limit: int = 500) -> str:
@@ -131,6 +148,10 @@ def _group_section(records: list[Mapping[str, Any]], task: str, model: str) -> l
             lines += [f"Attention kernel: {known[0][1]} in every row.", ""]
         elif known:
             lines += ["Attention kernel:"] + [f"- {lab}: {k or 'n/a'}" for lab, k in kernels] + [""]
+        trained = [(lab, r) for lab, r in zip(row_labels(rows), rows) if r.get("trained")]
+        if trained:
+            lines += ["Fine-tuning (learnable methods, before measuring):"]
+            lines += [f"- {lab}: {_training_line(r)}" for lab, r in trained] + [""]
     else:
         lines += ["No successful runs.", ""]
     for status, title, default in (("error", "Failed runs", "(no message)"),
