@@ -22,8 +22,9 @@ def run(args: argparse.Namespace) -> int:
         for name in host.names("methods"):
             spec = host.method(name)
             extra = f" (aliases: {', '.join(spec.aliases)})" if spec.aliases else ""
+            trains = "; fine-tuned before measuring" if spec.needs_training else ""
             print(f"{name}{extra}  [families: {', '.join(spec.families)}; plugin: "
-                  f"{host.owner('methods', name)}]  {spec.description}")
+                  f"{host.owner('methods', name)}{trains}]  {spec.description}")
     elif args.kind == "scorers":
         for name in host.names("scorers"):
             print(f"{name}  [plugin: {host.owner('scorers', name)}]  {host.scorer(name).description}")
