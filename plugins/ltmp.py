@@ -1,1 +1,408 @@
-"""ltmp: being written (issue 3)."""
+"""LTMP: learned thresholds for token merging and pruning (Bonnaerens & Dambre, 2023;
+methods.md §2).
+
+Every reducing block owns two scalar thresholds, ``theta_m`` (merging, init 0.9) and
+``theta_p`` (pruning, init 0.0), the only parameters that train. After the attention residual
+(methods.md §0) a block
+
+1. **merges**: the current tokens after the prefix are split alternately into sets A and B (as
+   ToMe, §1); every A token finds its most similar B token (cosine similarity of the
+   head-averaged keys) and merges into it, size-weighted, when that similarity exceeds
+   ``theta_m`` -- so the number of merges varies per image;
+2. **prunes**: the importance of a token is the attention it receives, averaged over heads and
+   queries (``A.mean(heads).mean(queries)``); a merge destination takes the max over its group;
+   tokens with importance ``<= theta_p`` are dropped. Prefix tokens are never merged or pruned.
+
+Masker: ``soft = sigmoid((v - theta) / tau)``; the forward uses the hard mask
+``soft > 0.5`` and the backward the gradient of ``soft`` (straight-through).
+
+Training (``reducer.training``): tokens are **masked, not removed**. A keep mask
+``[B, N]`` travels in ``TokenState.private``; every following block sees it as the key bias
+``log(mask + 1e-6)``; masked tokens keep flowing through the blocks (training saves no compute).
+A merged-away token is masked and its destination's size and value take it in. The loss is
+``CE(label smoothing 0.1) + lambda * (flops_ratio - target)^2`` (:func:`flops_ratio`); the
+penalty is the train stage's ``extra_loss``. Only the thresholds train (plain SGD, lr 5e-3 for
+merging and 5e-6 for pruning, cosine schedule); they are clamped to ``[0, 1]`` after each step.
+
+Inference (``eval()``): tokens are removed for real. Counts differ per image, so the batch is
+padded to its largest count: padded tokens have size 0 and key bias ``-inf`` (and value 0), so
+every image gives the same output as when it runs alone.
+
+Choices the paper and methods.md leave open (this module is the reference):
+
+- **A/B split**: tokens keep their original order (never reordered as ToMe does), and the
+  split alternates over the *current* tokens: the ``j``-th surviving patch token is in A when
+  ``prefix + j`` is even (ToMe's split in block 0). In training ``j`` counts the unmasked tokens,
+  at inference the remaining ones, so the two modes match exactly the same tokens.
+- **Hard mask**: computed as ``v > theta``, which is ``soft > 0.5`` without the rounding of the
+  sigmoid near 0.5 (so training and inference agree bit for bit on which tokens go).
+- **Key mask in training**: ``log(mask + 1e-6)``, not ``log(mask)``: ``log(0)`` would make the
+  backward ``inf * 0 = NaN``, and with the small ``eps`` a masked key still passes the gradient
+  of bringing it back (its attention weight is ``1e-6`` of an unmasked one, so the forward
+  differs from a hard mask by at most that). The proportional-attention bias ``log(size)`` is
+  added as for every method (``prop_attn`` is on).
+- **Importance**: attention probabilities (``needs = {"keys", "attn"}``: the blocks with a
+  reducer run unfused). A column mean of softmax probabilities cannot be had more cheaply than
+  the probabilities themselves (every query row needs its own normaliser), so the full matrix
+  is asked for; unfused and fused attention count the same MACs (vitbench.measure.flops). The
+  mean is over the current (unmasked, unpadded) queries. Importance and similarities are
+  constants for the backward (the matching runs under ``no_grad``, as ToMe's); the thresholds get
+  their gradient through the masks.
+- **Kept fraction** ``m`` of a block: the mask mean over all ``N`` tokens (prefix included),
+  per image; the FLOPs ratio is computed per image and averaged over the batch before the
+  penalty. Blocks without a reducer (``layers``) keep the previous ``m``.
+- **No prefix token** (``global_pool='avg'`` models without cls): the most important token is
+  never pruned, so an image always keeps one token.
+- Source tracing (unmerge) is followed at inference; in training tokens never move and the
+  mask says what is gone.
+- Known limitation: in training, size-weighted *average* pooling (``global_pool='avg'``) still
+  counts masked tokens (the family's pool sees sizes, not the mask); ``'max'``/``'avgmax'``
+  pooling at inference also sees padded tokens. Class-token models (DeiT/ViT) are unaffected.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from vitbench.catalog import MethodSpec, ModelInfo, Reduction, TrainStage
+from vitbench.engine import AttnInfo, TokenState, reduction_context
+from vitbench.errors import ParamError
+from vitbench.hookspecs import hookimpl
+
+MASK_EPS = 1e-6
+_MASK = "ltmp_mask"  # training: [B, N] straight-through keep mask
+_KEPT = "ltmp_kept"  # training: {block: [B] kept fraction after that block}
+_VALID = "ltmp_valid"  # inference: [B, N] bool, False on padding
+_COUNTS = "ltmp_counts"  # inference: {block: [B] tokens of each image after that block}
+_OPTIMIZERS = ("SGD", "AdamW", "Adam")
+
+
+@dataclass(frozen=True)
+class LTMPParams:
+    """``target``: FLOPs ratio to reach; ``tau``: masker temperature; ``lambda_flops``: weight of
+    the FLOPs penalty; ``lr_merge``/``lr_prune``: learning rates of ``theta_m``/``theta_p``;
+    ``layers``: the blocks that reduce (``None``: all)."""
+
+    target: float = 0.75
+    tau: float = 0.1
+    lambda_flops: float = 10.0
+    epochs: int = 1
+    lr_merge: float = 5e-3
+    lr_prune: float = 5e-6
+    optimizer: str = "SGD"
+    label_smoothing: float = 0.1
+    batch_size: int = 64
+    layers: Optional[tuple[int, ...]] = None
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.target <= 1.0:
+            raise ParamError(f"ltmp.target={self.target} is out of range; the FLOPs ratio must be in (0, 1]")
+        if not self.tau > 0.0:
+            raise ParamError(f"ltmp.tau={self.tau} is out of range; the temperature must be > 0")
+        if not self.lambda_flops >= 0.0:
+            raise ParamError(f"ltmp.lambda_flops={self.lambda_flops} is out of range; it must be >= 0")
+        if self.epochs < 1:
+            raise ParamError(f"ltmp.epochs={self.epochs} is out of range; it must be >= 1")
+        for name in ("lr_merge", "lr_prune"):
+            if not getattr(self, name) >= 0.0:
+                raise ParamError(f"ltmp.{name}={getattr(self, name)} is out of range; it must be >= 0")
+        if self.optimizer not in _OPTIMIZERS:
+            raise ParamError(f"ltmp.optimizer={self.optimizer!r}; valid optimizers: {', '.join(_OPTIMIZERS)}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ParamError(f"ltmp.label_smoothing={self.label_smoothing} is out of range; "
+                             f"it must be in [0, 1)")
+        if self.batch_size < 1:
+            raise ParamError(f"ltmp.batch_size={self.batch_size} is out of range; it must be >= 1")
+        if self.layers is not None and any(layer < 0 for layer in self.layers):
+            raise ParamError(f"ltmp.layers={list(self.layers)}: block indices are >= 0")
+
+
+# -- masker and the two reductions ------------------------------------------------------------
+
+
+def straight_through(value: torch.Tensor, theta: torch.Tensor, tau: float) -> torch.Tensor:
+    """The masker: hard ``value > theta`` forward, gradient of ``sigmoid((value - theta)/tau)``.
+
+    ``value = -inf`` gives exactly 0 with zero gradient (tokens that cannot take part).
+    """
+    diff = value - theta
+    soft = torch.sigmoid(diff / tau)
+    return (diff > 0).to(soft.dtype) + (soft - soft.detach())
+
+
+def _front(flags: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions ``[B, K]`` of the flagged tokens first (original order), ``K`` the most flagged
+    in any image; and which of them are flagged."""
+    order = torch.argsort((~flags).to(torch.uint8), dim=1, stable=True)
+    order = order[:, : int(flags.sum(dim=1).max())]
+    return order, flags.gather(1, order)
+
+
+def best_partners(metric: torch.Tensor, current: torch.Tensor,
+                  prefix: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bipartite matching over the ``current [B, N]`` tokens by ``metric [B, N, d]``.
+
+    Returns ``best [B, N]``, the cosine similarity of each A token to its most similar B token
+    (``-inf`` for every other token), and ``dst [B, N]``, that partner's position (a token's own
+    position where it is not in A). The split alternates over the current patch tokens in
+    original order (module docstring).
+    """
+    b, n = current.shape
+    with torch.no_grad():
+        pos = torch.arange(n, device=current.device)
+        patch = current & (pos >= prefix)
+        rank = patch.long().cumsum(dim=1) - 1
+        is_a = patch & ((rank + prefix) % 2 == 0)
+        is_b = patch & ~is_a
+        best = torch.full((b, n), float("-inf"), device=metric.device, dtype=metric.dtype)
+        dst = pos.expand(b, n).clone()
+        if not (bool(is_a.any()) and bool(is_b.any())):
+            return best, dst
+        unit = metric / metric.norm(dim=-1, keepdim=True)
+        idx_a, ok_a = _front(is_a)
+        idx_b, ok_b = _front(is_b)
+        d = unit.shape[-1]
+        a = unit.gather(1, idx_a[..., None].expand(-1, -1, d))
+        bb = unit.gather(1, idx_b[..., None].expand(-1, -1, d))
+        scores = (a @ bb.transpose(-1, -2)).masked_fill(~ok_b[:, None, :], float("-inf"))
+        top, j = scores.max(dim=-1)
+        top = top.masked_fill(~ok_a, float("-inf"))
+        best.scatter_(1, idx_a, top)
+        dst.scatter_(1, idx_a, torch.where(ok_a, idx_b.gather(1, j), idx_a))
+    return best, dst
+
+
+def received_attention(attn: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+    """Importance ``[B, N]``: attention each key receives, averaged over heads and over the
+    ``queries [B, N]`` that are current (masked and padded queries do not count)."""
+    with torch.no_grad():
+        per_key = attn.mean(dim=1)  # [B, Nq, Nk]
+        w = queries.to(per_key.dtype)
+        return (per_key * w[:, :, None]).sum(dim=1) / w.sum(dim=1, keepdim=True).clamp_min(1.0)
+
+
+def group_importance(importance: torch.Tensor, dst: torch.Tensor, merged: torch.Tensor) -> torch.Tensor:
+    """A merge destination takes the max importance over its group (itself and its sources)."""
+    sources = importance.masked_fill(~merged, float("-inf"))
+    return importance.scatter_reduce(1, dst, sources, reduce="amax", include_self=True)
+
+
+def _protected(candidates: torch.Tensor, importance: torch.Tensor, prefix: int) -> torch.Tensor:
+    """Tokens that are never pruned: the prefix; without prefix, each image's most important
+    candidate (so no image loses every token)."""
+    b, n = candidates.shape
+    keep = (torch.arange(n, device=candidates.device) < prefix).expand(b, n)
+    if prefix > 0:
+        return keep
+    top = importance.masked_fill(~candidates, float("-inf")).argmax(dim=1, keepdim=True)
+    return keep | torch.zeros_like(candidates).scatter(1, top, True)
+
+
+def merge_into_partners(x: torch.Tensor, state: TokenState, weight: torch.Tensor,
+                        dst: torch.Tensor) -> torch.Tensor:
+    """Add each token, times ``weight [B, N]`` (0 or 1, straight-through in training), into
+    its partner ``dst`` size-weighted; sizes add up. A source keeps its own value and size
+    (training masks it, inference removes it). Padded tokens (size 0) get value 0."""
+    size = state.sizes(x)
+    w = weight[..., None].to(x.dtype) * size
+    index = dst[..., None]
+    new_size = size + torch.zeros_like(size).scatter_add(1, index, w)
+    added = torch.zeros_like(x).scatter_add(1, index.expand_as(x), x * w)
+    if state.source is not None:
+        src = state.source
+        state.source = src + torch.zeros_like(src).scatter_add(
+            1, index.expand_as(src), src * weight[..., None].to(src.dtype))
+    state.size = new_size
+    return (x * size + added) / new_size.clamp_min(1e-12)
+
+
+def _compact(x: torch.Tensor, state: TokenState, keep: torch.Tensor, pruned: torch.Tensor) -> torch.Tensor:
+    """Remove the tokens not in ``keep [B, N]``; pad each image to the batch's largest count."""
+    order, valid = _front(keep)
+    if state.source is not None and state.fill is not None:
+        covers = (state.source > 0).to(x.dtype) * pruned[..., None].to(x.dtype)
+        values = torch.einsum("btp,btc->bpc", covers, x.detach())
+        state.fill = torch.where(covers.sum(dim=1)[..., None] > 0, values, state.fill)
+        state.source = state.source.gather(1, order[..., None].expand(-1, -1, state.source.shape[-1]))
+        state.source = state.source * valid[..., None].to(state.source.dtype)
+    size = state.sizes(x).gather(1, order[..., None]) * valid[..., None].to(x.dtype)
+    x = x.gather(1, order[..., None].expand(-1, -1, x.shape[-1])).masked_fill(~valid[..., None], 0.0)
+    state.size = size
+    state.private[_VALID] = valid
+    if bool(valid.all()):
+        state.key_bias = None
+    else:
+        bias = torch.zeros(valid.shape, device=x.device, dtype=x.dtype).masked_fill(~valid, float("-inf"))
+        state.key_bias = bias[:, None, None, :]
+    return x
+
+
+class LTMPReducer(nn.Module):
+    """One block's learned merge and prune thresholds (methods.md §2)."""
+
+    needs = frozenset({"keys", "attn"})
+
+    def __init__(self, index: int, tau: float, merge_init: float = 0.9, prune_init: float = 0.0) -> None:
+        super().__init__()
+        self.index = index
+        self.tau = tau
+        self.theta_m = nn.Parameter(torch.tensor(float(merge_init)))
+        self.theta_p = nn.Parameter(torch.tensor(float(prune_init)))
+        # Inference until ``model.train()``: methods are applied to eval models, and a new
+        # nn.Module would otherwise start in training mode inside an eval model.
+        self.train(False)
+
+    def extra_repr(self) -> str:
+        return f"index={self.index}, tau={self.tau}"
+
+    def forward(self, x: torch.Tensor, state: TokenState, info: AttnInfo) -> torch.Tensor:
+        if info.keys is None or info.attn is None:
+            raise ValueError("ltmp needs the block's keys and attention probabilities")
+        if self.training:
+            return self._mask(x, state, info)
+        return self._remove(x, state, info)
+
+    def _mask(self, x: torch.Tensor, state: TokenState, info: AttnInfo) -> torch.Tensor:
+        """Training: the tokens stay; the keep mask and the key bias change."""
+        b, n, _ = x.shape
+        mask = state.private.get(_MASK)
+        if mask is None:
+            mask = torch.ones(b, n, device=x.device, dtype=self.theta_m.dtype)
+        current = mask.detach() > 0.5
+        best, dst = best_partners(info.keys, current, state.prefix)
+        merge = straight_through(best, self.theta_m, self.tau)  # 0 (no grad) outside A
+        merged = merge.detach() > 0.5
+        x = merge_into_partners(x, state, merge, dst)
+        importance = group_importance(received_attention(info.attn, current), dst, merged)
+        alive = current & ~merged
+        prune = straight_through(importance, self.theta_p, self.tau)
+        prune = torch.where(_protected(alive, importance, state.prefix), torch.ones_like(prune), prune)
+        mask = mask * (1.0 - merge) * prune
+        state.private[_MASK] = mask
+        state.private.setdefault(_KEPT, {})[self.index] = mask.mean(dim=1)
+        state.key_bias = torch.log(mask + MASK_EPS)[:, None, None, :]
+        return x
+
+    def _remove(self, x: torch.Tensor, state: TokenState, info: AttnInfo) -> torch.Tensor:
+        """Inference: merged and pruned tokens leave; the batch is re-padded."""
+        b, n, _ = x.shape
+        current = state.private.get(_VALID)
+        if current is None:
+            current = torch.ones(b, n, device=x.device, dtype=torch.bool)
+        best, dst = best_partners(info.keys, current, state.prefix)
+        merged = best > self.theta_m
+        importance = group_importance(received_attention(info.attn, current), dst, merged)
+        alive = current & ~merged
+        keep = alive & ((importance > self.theta_p) | _protected(alive, importance, state.prefix))
+        state.private.setdefault(_COUNTS, {})[self.index] = keep.sum(dim=1)
+        if bool((keep == current).all()):
+            return x
+        if bool(merged.any()):
+            x = merge_into_partners(x, state, merged, dst)
+        return _compact(x, state, keep, alive & ~keep)
+
+
+# -- training: FLOPs penalty and threshold clamp --------------------------------------------------
+
+
+def flops_ratio(kept: Sequence[Union[torch.Tensor, float, None]], num_tokens: int,
+                dim: int) -> Union[torch.Tensor, float]:
+    """LTMP's FLOPs ratio (the paper's FLOPs loss; methods.md §2): the mean over blocks of
+    ``[2*m_prev*n*C^2 + (m_prev*n)^2*C + 4*m*n*C^2] / (6*n*C^2 + n^2*C)``.
+
+    ``kept[i]`` is the kept fraction ``m`` after block ``i`` (a tensor per image or a number;
+    ``None``: block ``i`` does not reduce, ``m`` stays); ``m_prev`` is 1 before block 0.
+    """
+    n, c = float(num_tokens), float(dim)
+    full = 6 * n * c * c + n * n * c
+    total: Union[torch.Tensor, float] = 0.0
+    prev: Union[torch.Tensor, float] = 1.0
+    for m in kept:
+        m = prev if m is None else m
+        total = total + (2 * prev * n * c * c + (prev * n) ** 2 * c + 4 * m * n * c * c) / full
+        prev = m
+    return total / max(len(kept), 1)
+
+
+def flops_penalty_of(params: LTMPParams, info: ModelInfo) -> Callable[..., Optional[torch.Tensor]]:
+    """The train stage's ``extra_loss``: ``lambda * (flops_ratio - target)^2`` of the last forward.
+
+    The reducers leave their straight-through kept fractions in the forward's token state
+    (``state.private["ltmp_kept"]``: a reducer is handed the state, not the context, and
+    ``ctx.extras`` is a new dict every forward); the penalty reads them from there and puts the
+    batch's FLOPs ratio and the per-block kept fractions into ``ctx.extras`` (detached, for
+    logging) as ``"ltmp_flops_ratio"`` and ``"ltmp_kept"``.
+    """
+
+    def flops_penalty(model: nn.Module, logits: torch.Tensor, labels: torch.Tensor) -> Optional[torch.Tensor]:
+        ctx = reduction_context(model)
+        kept = ctx.state.private.get(_KEPT) if ctx is not None and ctx.state is not None else None
+        if not kept:
+            return None  # an inference forward: nothing was masked
+        per_image = flops_ratio([kept.get(i) for i in range(info.depth)], info.num_tokens, info.embed_dim)
+        ratio = per_image.mean()  # type: ignore[union-attr]
+        ctx.extras["ltmp_flops_ratio"] = ratio.detach()
+        ctx.extras["ltmp_kept"] = {i: m.detach().mean() for i, m in kept.items()}
+        return params.lambda_flops * (ratio - params.target) ** 2
+
+    return flops_penalty
+
+
+def clamp_thresholds(model: nn.Module) -> None:
+    """``after_step``: clamp every LTMP threshold of ``model`` to ``[0, 1]`` (methods.md §2)."""
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, LTMPReducer):
+                module.theta_m.clamp_(0.0, 1.0)
+                module.theta_p.clamp_(0.0, 1.0)
+
+
+def kept_tokens(model: nn.Module) -> torch.Tensor:
+    """Tokens ``[B]`` each image had after the last reducing block of the last eval forward."""
+    ctx = reduction_context(model)
+    counts = ctx.state.private.get(_COUNTS) if ctx is not None and ctx.state is not None else None
+    if not counts:
+        raise ValueError("no ltmp inference forward has run on this model yet")
+    return counts[max(counts)]
+
+
+def build(params: LTMPParams, info: ModelInfo) -> Reduction:
+    layers = tuple(range(info.depth)) if params.layers is None else params.layers
+    for layer in layers:
+        if not 0 <= layer < info.depth:
+            raise ParamError(f"ltmp.layers contains {layer}; valid block indices for this model: "
+                             f"0..{info.depth - 1}")
+    reducers = [LTMPReducer(i, params.tau) if i in layers else None for i in range(info.depth)]
+    stage = TrainStage(
+        name="thresholds",
+        epochs=params.epochs,
+        optimizer=params.optimizer,
+        lr=params.lr_merge,
+        weight_decay=0.0,
+        momentum=0.0,  # plain SGD
+        schedule="cosine",
+        lr_groups=(("theta_m", params.lr_merge), ("theta_p", params.lr_prune)),
+        label_smoothing=params.label_smoothing,
+        batch_size=params.batch_size,
+        trainable=("theta_m", "theta_p"),
+        extra_loss=flops_penalty_of(params, info),
+        after_step=(clamp_thresholds,),
+    )
+    return Reduction(reducers, prop_attn=True, train=(stage,))
+
+
+@hookimpl
+def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
+    register(MethodSpec(
+        name="ltmp",
+        params=LTMPParams,
+        build=build,
+        families=("vit",),
+        needs_training=True,
+        needs_attention_probs=True,
+        description="LTMP: learned per-block thresholds for token merging and pruning "
+                    "(trains only the thresholds)",
+    ))
