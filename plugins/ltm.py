@@ -1,1 +1,597 @@
-"""ltm: being written (issue 3)."""
+"""LTM / IBTM: learnable token merging guided by the information bottleneck (methods.md §5, §6).
+
+IBTM (Information-Bottleneck Token Merging) and LTM (Learnable Token Merging) are the same
+method; it is registered as ``ltm`` with the alias ``ibtm``. No public implementation exists
+(the authors' repository holds only an IB training harness), so this module is the reference;
+every choice the papers and methods.md leave open is listed here.
+
+What it does (methods.md §5)
+----------------------------
+- **Shapes.** Block 1 (index 0) merges the ``N_p`` patch tokens once into
+  ``P = ceil(ratio * N_p)`` tokens; every later block re-merges its ``P`` tokens into ``P``
+  tokens, so all later masks have the same ``[P, P]`` shape (the papers' update
+  ``G_l = G_{l-1} - eta * grad`` needs that) and the token count is constant after block 1, which
+  is what the papers' GFLOPs (ViT-B 17.58 -> 12.85 at ratio 0.7) correspond to. Prefix tokens
+  (cls, dist, registers) are kept aside, untouched, and stay first. Every merge happens after
+  the attention residual and before the MLP (§0). P and its spatial grid ``(H', W')`` come
+  from :data:`MERGE_GRIDS`, a replaceable per-family function ``(info, ratio) -> (P, (H', W'))``;
+  the plain-ViT rule (:func:`vit_merge_grid`) is a ``ceil(sqrt(P))`` square grid. A conv hybrid
+  (MobileViT: ``P = H'W'``, ``H' = ceil(H*sqrt(ratio))``) adds its own entry.
+- **First mask** (:class:`FirstMerge`): ``x_merged = G1^T x`` per image with
+  ``G1 = column-softmax((M1 + g) / tau)`` over the ``N_p`` inputs (each merged token is a convex
+  combination of patches), ``M1 [N_p, P]`` learnable, ``g`` Gumbel noise drawn per image and
+  entry in training only (inference: ``column-softmax(M1 / tau)``, deterministic).
+- **Initialisation = average pooling.** Merged token ``p`` is cell ``cells[p]`` of an
+  ``H' x W'`` grid laid over the ``H x W`` patch grid with the windows of
+  ``torch.nn.functional.adaptive_avg_pool2d`` (rows ``floor(i*H/H') .. ceil((i+1)*H/H')``,
+  columns likewise; windows may overlap). ``M1`` is 0 inside the window and
+  ``-12 * tau`` outside, so ``M1 / tau`` is 0 / -12 for any ``tau``. "Equals average pooling"
+  therefore means: every merged token is the plain mean of its window, up to a leak of
+  ``e^-12`` (6e-6) of weight per outside patch (about 1e-4 of the total for 64 patches); the
+  outside logits stay finite so that training can move weight out of the window (a prior,
+  not a constraint). When ``H'W' > P`` (the square grid rarely has exactly P cells: 45 tokens
+  on a 7x7 grid) the ``P`` cells are spread evenly in raster order,
+  ``cells = floor(linspace(0, H'W'-1, P) + 0.5)``, so the merged tokens span the whole image;
+  a patch covered only by a skipped cell gets no weight at initialisation ("as far as that is
+  possible"). ``ratio = 1`` gives the identity.
+- **Later blocks** (:class:`ReMerge`): one gradient step on the IB bound from "keep every
+  token" (:func:`ib_mask_step`),
+  ``G~ = I - 2 eta sum_a X~ (S_a / gamma^2) (gamma C_a - zeta)^T psi_a`` with ``Z`` the patch
+  tokens entering the merge, ``X~ = MLP_l(Z) [P, C]``, ``C_a [P, C]`` the class-a centroid of
+  ``X~``, ``S_a = exp(-dist(X~, C_a))``, ``gamma = sum_a S_a``, ``zeta = sum_a S_a C_a``, and
+  ``dist`` the *mean* squared distance (squared Frobenius norm / (P*C); methods.md's
+  documented deviation from the raw squared norm, so that the softmax does not saturate). Then
+  ``G_l = column-softmax(s_l * G~)`` over the entries the binary Gumbel mask ``M_l`` keeps,
+  and ``x_merged = G_l^T Z``. ``G~ [p, q] = delta_pq - 2 eta X~_p . V_q`` (rows: inputs,
+  columns: merged tokens).
+- **The per-block MLP** ``MLP_l``: ``LayerNorm(C) -> Linear(C, h) -> GELU -> Linear(h, C)``,
+  ``h = round(mlp_ratio * C)`` (default ``C/4``: 16 for width 64, 192 for ViT-B), PyTorch's
+  default init. The LayerNorm (our choice) makes the IB step independent of the scale of the
+  residual stream (ViT-B's has large outlier channels). The MLP only drives the mask; the
+  tokens merged are ``Z`` itself.
+- **The binary mask** ``M_l``: logits ``[P, P]`` initialised to +3 (keep all),
+  ``soft = sigmoid((logits + g1 - g2) / tau)`` with Gumbel noise ``g1, g2`` per image in
+  training (none at inference), forward ``hard = soft > 0.5``, straight-through gradient
+  through ``soft`` (as LTMP's and DCS's maskers). At +3 an entry is dropped by the training
+  noise with probability 5%; the gradient ``sigmoid'(3) = 0.045`` is not vanishing. The
+  diagonal is always kept (a token may always keep itself), so no column is empty; the
+  diagonal logits therefore get no gradient.
+- **The logit scale** ``s_l``: a learnable scalar initialised to ``ln(99 (P-1))``, so that
+  with ``G~ = I`` each merged token is 99% itself and 1% the others: an untrained block does
+  not mix (``G ~ I``). Not more: the gradients reaching ``s_l``, ``M_l`` and the MLP scale with
+  the off-diagonal mass of the saturated softmax (at 99.9% they come down to AdamW's ``eps``,
+  1e-8 per element, on the tiny test model).
+
+Labels and the statistics
+-------------------------
+- ``psi_a = sum_b tau(X,b) log tau(X,b) - log Q(a|y)``. In training (module in training mode
+  and the loop's ``ctx.labels`` set) ``y`` is the true label; at inference (and in training
+  without labels) ``log Q(a|y)`` is replaced by its expectation under the class prior,
+  ``sum_y pi_y log Q(a|y)``: the label is unknown, and the expectation keeps the step
+  input-dependent (through ``tau``) and deterministic.
+- **The input term cancels.** Since ``sum_a (S_a/gamma^2)(gamma C_a - zeta) = 0`` (with
+  ``tau_a = S_a/gamma``: ``sum_a tau_a (C_a - zeta/gamma) = 0``), any part of ``psi_a`` that does
+  not depend on ``a`` drops out of ``G~`` exactly; ``sum_b tau(X,b) log tau(X,b)`` is such a
+  part. :func:`ib_mask_step` therefore uses ``psi_a = -log Q(a|y)`` (its test checks equality
+  with the literal formula, input term included). The input clusters still matter for the IB
+  *bound* (the training loss below), so their centroids are kept as a buffer -- once, in the
+  first block's module, since they are the same for every block.
+- ``tau`` inside a block is ``softmax_a(-dist(X~, C_a))`` (``= S_a / gamma``, computed as a
+  softmax for stability); ``Q(a|y)`` is the mean of that ``tau`` over the samples of class
+  ``y`` (clamped at 1e-12, uniform for a class without samples, as
+  :func:`vitbench.measure.ib.log_q_given_y`); a class without samples has a zero centroid.
+- **Algorithm 1.** The centroids and ``Q`` are buffers, refreshed by
+  :func:`refresh_statistics`: once before the first epoch (``TrainStage.before``) and after
+  every epoch (``TrainStage.epoch_end``), so a checkpoint is self-contained. The refresh runs
+  in eval mode, without gradients, over the first ``stats_images`` training images (0: all of
+  them), in two passes: the first computes the new centroids, the second ``Q`` against them;
+  both forwards use the previous statistics (they change only at the end), so the new
+  statistics describe exactly the forward that produced them, one refresh behind, as
+  Algorithm 1's per-epoch lag. Default 2048 images (about 200 per class on the 10-class
+  default: enough for the centroids; the four passes of one stage take ~15 s on 2 CPU cores
+  for the default model, next to ~1 min for its training epoch); for ImageNet use a few
+  images per class at least, or 0.
+- Before any refresh the buffers are empty (shape ``[0, ...]``: the number of classes,
+  ``model.num_classes``, is only known from the model) and ``G~ = I``. A checkpoint therefore
+  loads through ``Reduction.prepare_load``, which sizes the buffers like the saved ones.
+- **Memory**: per later block ``K x P x C`` floats of centroids (plus ``K x K`` for ``Q``):
+  10 classes x 45 x 64 = 29k floats on the default model; ImageNet ViT-S (1000 x 138 x 384)
+  about 200 MB per block, ViT-B about 400 MB per block.
+- **Compute**: per later block and image ``2 K P C`` MACs for the distances and ``V``,
+  ``2 P^2 C`` for ``G~`` and the merge, ``2 P C h`` for the MLP. Counted
+  (:func:`vitbench.measure.count_gmacs`): ViT-B/16 17.56 -> 13.07 GMACs before any statistics
+  (the ~12.4 of the merged backbone plus the first merge and the MLPs), 13.26 with 10-class
+  statistics; ImageNet's ``K = 1000`` adds ~2.3 GMACs more (0.28 GMACs per later block in
+  all), more than the papers' 12.85 GFLOPs leave room for -- the formula as specified has no
+  cheaper exact form. The 10-class default model: 44.9 -> 35.7 MMACs.
+
+Sizes and sources
+-----------------
+A soft merge must say how many patches a merged token stands for. We keep the meaning of
+``size`` (methods.md §0, ToMe): each input token hands out its size to the merged tokens in
+proportion to its row of ``G`` (``share = G / row-sum(G)``), so
+``size_q = sum_i share_iq size_i``, the sizes of the patch tokens keep summing to ``N_p``, and a
+hard ToMe-like merge gives ToMe's sizes. (The literal "column weights times the input sizes",
+``G^T size``, is a convex combination whose total is ``P``, not ``N_p``, since each column of G
+sums to 1.) The same shares update ``source`` when tracing (``source_q = sum_i share_iq
+source_i``: rows sum to the size, each original patch's column sums to 1); these soft sources
+are weights, so :func:`vitbench.engine.unmerge.unmerge` (which binarises coverage) does not
+apply to LTM. Proportional attention (``log size``) and size-weighted pooling use these sizes.
+
+Training (the papers' fine-tuning setup, Table 1)
+-------------------------------------------------
+One :class:`~vitbench.catalog.TrainStage`: the backbone is frozen (the loop trains only the
+reducers' parameters): ``M1``, the ``M_l`` logits, ``s_l`` and the MLPs, with AdamW (lr 1e-3,
+no weight decay: decay would pull the mask logits towards "undecided"), cosine schedule, one
+epoch, and the loss ``CE + ib_weight * IB bound``. The bound (Theorem 3.1, §6) is computed by
+:mod:`vitbench.measure.ib` on the final block's output features (size-weighted mean of its
+patch tokens, exactly :func:`vitbench.measure.ib.final_features`, so the training term and the
+reported metric are the same quantity), with the feature centroids, input centroids and
+``log Q`` from the previous refresh (buffers of the first block's module). The features reach
+``extra_loss`` through ``ctx.extras["ltm_features"]``, written by a forward hook on the last
+block (the reducer runs before the last MLP, so it cannot see the block output); the hook is
+registered by the ``before`` callback and removed by the ``after`` callback.
+``ib_weight = 1`` (default): methods.md gives no weight for LTM's fine-tuning, so the bound
+enters with unit weight, on the scale of the CE (the DCS paper's ``eta = 50`` belongs to its
+own retraining phase); 0 trains with CE only. The train-from-scratch setup (everything trains, merging after ``t_warm`` epochs) is not
+provided here; ``--train-backbone`` gives the joint fine-tuning.
+
+The reducers are created in eval mode (deterministic, like the eval-mode models vitbench
+reduces); ``model.train()`` turns the Gumbel noise on. Each module holds a reference to a small
+shared object (not in the state dict) through which the callbacks and ``prepare_load`` give the
+later blocks the reduction context (its ``labels`` in training) and collect ``X~`` during a
+statistics pass; reducers are built before the model's context exists, so they cannot capture
+it.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vitbench.catalog import MethodSpec, ModelInfo, Reduction, TrainStage
+from vitbench.engine import AttnInfo, TokenState, reduction_context
+from vitbench.errors import ParamError, UnsupportedError
+from vitbench.hookspecs import hookimpl
+from vitbench.measure.ib import (
+    final_features,
+    ib_terms,
+    input_vectors,
+    soft_assign,
+    token_features,
+)
+
+__all__ = [
+    "MERGE_GRIDS",
+    "FirstMerge",
+    "LTMParams",
+    "ReMerge",
+    "block_assign",
+    "ib_mask_step",
+    "pooling_cells",
+    "pooling_logits",
+    "refresh_statistics",
+    "soft_merge",
+    "vit_merge_grid",
+]
+
+OPTIMIZERS = ("SGD", "AdamW", "Adam")
+FEATURES_KEY = "ltm_features"  # ctx.extras: the final block's features for the IB bound
+_OUTSIDE_LOGIT = -12.0  # M1 / tau outside the pooling window (e^-12: a 6e-6 leak per patch)
+_KEEP_LOGIT = 3.0  # initial M_l logits: keep (95% kept under training noise at tau = 1)
+_EPS = 1e-12
+
+
+@dataclass(frozen=True)
+class LTMParams:
+    """``ratio``: P = ceil(ratio * N_p) tokens after block 1; ``eta``: the IB step size;
+    ``tau``: Gumbel temperature of both masks; ``ib_weight``: weight of the IB bound in the
+    loss; ``mlp_ratio``: hidden width of the per-block MLP / C; ``stats_images``: training
+    images per statistics pass (0: all)."""
+
+    ratio: float = 0.7
+    eta: float = 1.0
+    tau: float = 1.0
+    epochs: int = 1
+    lr: float = 1e-3
+    optimizer: str = "AdamW"
+    ib_weight: float = 1.0
+    batch_size: int = 64
+    mlp_ratio: float = 0.25
+    stats_images: int = 2048
+    trace_source: bool = False
+
+    def __post_init__(self) -> None:
+        checks = [
+            ("ratio", 0.0 < self.ratio <= 1.0, "in (0, 1]"),
+            ("eta", self.eta >= 0.0, ">= 0"),
+            ("tau", self.tau > 0.0, "> 0"),
+            ("epochs", self.epochs >= 0, "an integer >= 0"),
+            ("lr", self.lr > 0.0, "> 0"),
+            ("ib_weight", self.ib_weight >= 0.0, ">= 0"),
+            ("batch_size", self.batch_size >= 1, "an integer >= 1"),
+            ("mlp_ratio", self.mlp_ratio > 0.0, "> 0"),
+            ("stats_images", self.stats_images >= 0, "an integer >= 0 (0: all training images)"),
+        ]
+        for name, ok, valid in checks:
+            if not ok:
+                raise ParamError(f"ltm.{name}={getattr(self, name)!r} is out of range; it must be {valid}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ParamError(f"ltm.optimizer={self.optimizer!r} is not supported; valid: {', '.join(OPTIMIZERS)}")
+
+
+# -- shapes and the pooling initialisation ---------------------------------------------------
+GridFn = Callable[[ModelInfo, float], tuple[int, tuple[int, int]]]
+
+
+def vit_merge_grid(info: ModelInfo, ratio: float) -> tuple[int, tuple[int, int]]:
+    """Plain ViT: ``P = ceil(ratio * N_p)`` on a ``ceil(sqrt(P))`` square grid."""
+    p = max(1, math.ceil(ratio * info.num_patches - 1e-9))  # 1e-9: 0.7 * 10 is 7.000000000000001
+    side = math.isqrt(p - 1) + 1  # ceil(sqrt(p)), exact
+    return p, (side, side)
+
+
+#: family name -> its ``(info, ratio) -> (P, (H', W'))``; a hybrid family adapter adds its own
+MERGE_GRIDS: dict[str, GridFn] = {"vit": vit_merge_grid}
+
+
+def pooling_cells(num_cells: int, p: int) -> torch.Tensor:
+    """The ``p`` grid cells (raster indices) the merged tokens start from, spread evenly."""
+    return torch.floor(torch.linspace(0, num_cells - 1, p, dtype=torch.float64) + 0.5).long()
+
+
+def _windows(n: int, m: int) -> torch.Tensor:
+    """``[m, n]``: which of ``n`` inputs adaptive average pooling to ``m`` outputs averages."""
+    i, r = torch.arange(m), torch.arange(n)
+    start, end = (i * n) // m, -((-(i + 1) * n) // m)
+    return (r[None] >= start[:, None]) & (r[None] < end[:, None])
+
+
+def pooling_logits(grid: tuple[int, int], cells: tuple[int, int], p: int, outside: float) -> torch.Tensor:
+    """``M1 [H*W, p]``: 0 inside each merged token's pooling window, ``outside`` elsewhere."""
+    (h, w), (gh, gw) = grid, cells
+    rows, cols = _windows(h, gh), _windows(w, gw)
+    inside = (rows[:, None, :, None] & cols[None, :, None, :]).reshape(gh * gw, h * w)
+    inside = inside[pooling_cells(gh * gw, p)].t()
+    return torch.where(inside, torch.tensor(0.0), torch.tensor(outside))
+
+
+# -- the merge -------------------------------------------------------------------------------
+def soft_merge(x: torch.Tensor, state: TokenState, g: torch.Tensor) -> torch.Tensor:
+    """``x [B, prefix + N_in, C]`` -> ``[B, prefix + P, C]`` with ``G [B, N_in, P]``: merged
+    token ``q`` is ``sum_i G_iq x_i``; sizes and sources follow the row shares (module doc)."""
+    prefix = state.prefix
+    merged = g.mT @ x[:, prefix:]  # [B or 1, P, N_in] @ [B, N_in, C]
+    share_t = (g / g.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(g.dtype).tiny)).mT
+    size = state.sizes(x)
+    state.size = torch.cat([size[:, :prefix], share_t @ size[:, prefix:]], dim=1)
+    if state.source is not None:
+        source = state.source
+        state.source = torch.cat([source[:, :prefix], share_t @ source[:, prefix:]], dim=1)
+    return torch.cat([x[:, :prefix], merged], dim=1)
+
+
+class _Shared:
+    """What all LTM modules of one model share (a plain object: not in the state dict): the
+    reduction context (bound by the callbacks and ``prepare_load``; the labels in training) and,
+    during a statistics pass, the ``X~`` each block records."""
+
+    def __init__(self) -> None:
+        self.ctx: Any = None
+        self.recording: dict[nn.Module, torch.Tensor] | None = None
+        self.hook: Any = None
+
+
+class FirstMerge(nn.Module):
+    """Block 1: ``N_p`` patch tokens -> ``P`` by ``G1 = column-softmax(M1)`` (module doc).
+
+    Also holds the statistics of the IB bound used as the training loss: the final features'
+    class centroids, their ``log Q(a|y)`` and the input clusters' centroids.
+    """
+
+    needs: frozenset[str] = frozenset()
+
+    def __init__(self, grid: tuple[int, int], cells: tuple[int, int], p: int, dim: int, tau: float,
+                 shared: _Shared) -> None:
+        super().__init__()
+        self.num_patches, self.p, self.tau = grid[0] * grid[1], p, tau
+        self.logits = nn.Parameter(pooling_logits(grid, cells, p, _OUTSIDE_LOGIT * tau))
+        self._shared = shared
+        self.register_buffer("feature_centroids", torch.zeros(0, dim))
+        self.register_buffer("feature_log_q", torch.zeros(0, 0))
+        self.register_buffer("input_centroids", torch.zeros(0, 0))
+
+    def weights(self, batch: int) -> torch.Tensor:
+        """``G1 [B, N_p, P]`` in training (Gumbel noise per image), ``[1, N_p, P]`` at inference."""
+        logits = self.logits[None]
+        if self.training:
+            logits = logits + _gumbel((batch, *self.logits.shape), self.logits)
+        return (logits / self.tau).softmax(dim=-2)
+
+    def forward(self, x: torch.Tensor, state: TokenState, info: AttnInfo) -> torch.Tensor:
+        if x.shape[1] - state.prefix != self.num_patches:
+            raise ValueError(f"ltm: block 1 expects {self.num_patches} patch tokens, got "
+                             f"{x.shape[1] - state.prefix} (the merge is sized for the model's grid)")
+        return soft_merge(x, state, self.weights(x.shape[0]))
+
+
+def block_assign(xt: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
+    """``tau(X~, a) = softmax_a(-dist(X~, C_a))`` ``[B, K]``, ``dist`` the mean squared
+    distance of ``X~ [B, P, C]`` to each ``C_a [P, C]``."""
+    n = xt.shape[1] * xt.shape[2]
+    cross = torch.einsum("bpc,kpc->bk", xt, centroids)
+    dist = (xt.pow(2).sum(dim=(1, 2))[:, None] - 2 * cross + centroids.pow(2).sum(dim=(1, 2))[None]) / n
+    return (-dist).softmax(dim=1)
+
+
+def ib_mask_step(xt: torch.Tensor, centroids: torch.Tensor, log_q_rows: torch.Tensor, eta: float) -> torch.Tensor:
+    """``G~ = I - 2 eta sum_a X~ (S_a/gamma^2)(gamma C_a - zeta)^T psi_a`` ``[B, P, P]``.
+
+    ``xt [B, P, C]`` is ``X~``, ``centroids [K, P, C]``, ``log_q_rows [B or 1, K]`` the
+    ``log Q(a|y)`` row of each image's label (or its expectation). With ``tau_a = S_a/gamma``,
+    ``(S_a/gamma^2)(gamma C_a - zeta) = tau_a (C_a - sum_b tau_b C_b)``, so the sum is
+    ``X~ V^T`` with ``V = sum_a tau_a (psi_a - sum_b tau_b psi_b) C_a``; an ``a``-independent
+    part of ``psi`` (the input term) cancels, hence ``psi_a = -log Q(a|y)`` (module doc).
+    """
+    tau = block_assign(xt, centroids)
+    w = tau * -log_q_rows
+    v = torch.einsum("bk,kpc->bpc", w - tau * w.sum(dim=1, keepdim=True), centroids)
+    eye = torch.eye(xt.shape[1], dtype=xt.dtype, device=xt.device)
+    return eye - 2.0 * eta * torch.einsum("bpc,bqc->bpq", xt, v)
+
+
+class ReMerge(nn.Module):
+    """A later block: ``P`` tokens -> ``P`` by one IB gradient step from the identity."""
+
+    needs: frozenset[str] = frozenset()
+
+    def __init__(self, p: int, dim: int, hidden: int, eta: float, tau: float, shared: _Shared) -> None:
+        super().__init__()
+        self.p, self.eta, self.tau = p, eta, tau
+        self.mask_logits = nn.Parameter(torch.full((p, p), _KEEP_LOGIT))
+        self.scale = nn.Parameter(torch.tensor(math.log(99.0 * max(p - 1, 1))))
+        self.mlp = nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+        self._shared = shared
+        self.register_buffer("centroids", torch.zeros(0, p, dim))
+        self.register_buffer("log_q", torch.zeros(0, 0))
+        self.register_buffer("class_prior", torch.zeros(0))
+
+    def log_q_rows(self) -> torch.Tensor | None:
+        """``log Q(a|y)`` per image (training, labels known) or its prior expectation ``[1, K]``;
+        ``None`` before the first statistics pass."""
+        if self.log_q.shape[0] == 0:
+            return None
+        ctx = self._shared.ctx
+        labels = ctx.labels if self.training and ctx is not None else None
+        if labels is not None:
+            return self.log_q[labels.long()]
+        return (self.class_prior @ self.log_q)[None]
+
+    def keep_mask(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The binary mask ``M_l``: ``(hard, straight-through)`` ``[B or 1, P, P]``, diagonal kept."""
+        logits = self.mask_logits[None]
+        if self.training:
+            u = torch.rand((batch, self.p, self.p), device=logits.device, dtype=logits.dtype).clamp(_EPS, 1 - _EPS)
+            logits = logits + (u.log() - torch.log1p(-u))  # g1 - g2 of two Gumbels: logistic noise
+        soft = torch.sigmoid(logits / self.tau)
+        eye = torch.eye(self.p, dtype=torch.bool, device=logits.device)
+        hard = (soft > 0.5).to(soft.dtype).masked_fill(eye, 1.0)
+        return hard, (hard + soft - soft.detach()).masked_fill(eye, 1.0)
+
+    def mixing(self, z: torch.Tensor) -> torch.Tensor:
+        """``G_l [B, P, P]`` for the patch tokens ``z [B, P, C]`` entering the merge."""
+        b, p, _ = z.shape
+        xt = self.mlp(z)
+        if self._shared.recording is not None:
+            self._shared.recording[self] = xt.detach()
+        rows = self.log_q_rows()
+        if rows is None:
+            g_tilde = torch.eye(p, dtype=z.dtype, device=z.device).expand(b, p, p)
+        else:
+            g_tilde = ib_mask_step(xt, self.centroids, rows, self.eta)
+        hard, st = self.keep_mask(b)
+        logits = self.scale * g_tilde
+        ref = logits.masked_fill(hard == 0, float("-inf")).amax(dim=-2, keepdim=True).detach()
+        e = torch.exp((logits - ref).clamp_max(0.0)) * st  # a dropped entry may exceed ref: clamp
+        return e / e.sum(dim=-2, keepdim=True)
+
+    def forward(self, x: torch.Tensor, state: TokenState, info: AttnInfo) -> torch.Tensor:
+        return soft_merge(x, state, self.mixing(x[:, state.prefix:]))
+
+
+def _gumbel(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+    u = torch.rand(shape, device=like.device, dtype=like.dtype).clamp(_EPS, 1 - _EPS)
+    return -torch.log(-torch.log(u))
+
+
+# -- statistics (Algorithm 1) ----------------------------------------------------------------
+def _modules(model: nn.Module) -> tuple[FirstMerge, list[ReMerge]]:
+    reducers = [getattr(blk, "reducer", None) for blk in getattr(model, "blocks", ())]
+    if not reducers or not isinstance(reducers[0], FirstMerge):
+        raise ValueError("this model is not reduced with ltm (vitbench.apply(model, 'ltm'))")
+    return reducers[0], [r for r in reducers[1:] if isinstance(r, ReMerge)]
+
+
+def _bind(model: nn.Module) -> FirstMerge:
+    first, _ = _modules(model)
+    first._shared.ctx = reduction_context(model)
+    return first
+
+
+def _limited(batches: Callable[[], Iterator[Any]], max_images: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    seen = 0
+    for images, labels in batches():
+        if max_images:
+            images, labels = images[: max_images - seen], labels[: max_images - seen]
+        seen += len(labels)
+        yield images, labels
+        if max_images and seen >= max_images:
+            return
+
+
+def _log_q(sums: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """``log Q(a|y)`` from per-class sums of ``tau``, as :func:`vitbench.measure.ib.log_q_given_y`."""
+    q = sums / counts.clamp_min(1)[:, None]
+    q = torch.where(counts[:, None] > 0, q, torch.full_like(q, 1.0 / sums.shape[1]))
+    return q.clamp_min(_EPS).log()
+
+
+def refresh_statistics(model: nn.Module, batches: Callable[[], Iterator[Any]], max_images: int = 0) -> None:
+    """Algorithm 1's refresh: recompute every block's centroids, ``Q`` and the class prior, and
+    the IB bound's feature/input centroids and ``Q``, over the first ``max_images`` images of
+    ``batches()`` (0: all), in eval mode without gradients; see the module doc."""
+    first, later = _modules(model)
+    shared = _bind(model)._shared
+    k = int(getattr(model, "num_classes", 0) or 0)
+    if k < 1:
+        raise UnsupportedError("ltm needs a classification head (model.num_classes >= 1) for its class clusters")
+    was_training = model.training
+    model.eval()
+    shared.recording = {}
+    try:
+        with torch.no_grad():
+            # pass 1: centroids, prior, input and feature centroids
+            counts, sums, feat_sums, input_sums = None, {}, None, None
+            for images, labels in _limited(batches, max_images):
+                feats = final_features(model, images).float()
+                onehot = F.one_hot(labels.long(), k).float().to(feats.device)
+                counts = onehot.sum(0) if counts is None else counts + onehot.sum(0)
+                for m in later:
+                    s = onehot.t() @ shared.recording[m].flatten(1).float()
+                    sums[m] = s if m not in sums else sums[m] + s
+                fs, xs = onehot.t() @ F.normalize(feats, dim=1), onehot.t() @ input_vectors(images)
+                feat_sums = fs if feat_sums is None else feat_sums + fs
+                input_sums = xs if input_sums is None else input_sums + xs
+            if counts is None:
+                raise ValueError("ltm: the statistics pass got no training batches")
+            centroids = {m: (sums[m] / counts.clamp_min(1)[:, None]).view(k, *m.centroids.shape[1:]) for m in later}
+            feat_centroids, input_centroids = F.normalize(feat_sums, dim=1), F.normalize(input_sums, dim=1)
+            prior = counts / counts.sum()
+            # pass 2: Q(a|y) against the new centroids (the forward still uses the old ones)
+            counts2, q_sums, feat_q_sums = torch.zeros_like(counts), {m: 0.0 for m in later}, 0.0
+            for images, labels in _limited(batches, max_images):
+                feats = final_features(model, images).float()
+                onehot = F.one_hot(labels.long(), k).float().to(feats.device)
+                counts2 += onehot.sum(0)
+                for m in later:
+                    q_sums[m] = q_sums[m] + onehot.t() @ block_assign(shared.recording[m].float(), centroids[m])
+                feat_q_sums = feat_q_sums + onehot.t() @ soft_assign(feats, feat_centroids)
+    finally:
+        shared.recording = None
+        model.train(was_training)
+    for m in later:
+        like = m.mask_logits
+        m.centroids = centroids[m].to(like)
+        m.log_q = _log_q(q_sums[m], counts2).to(like)
+        m.class_prior = prior.to(like)
+    like = first.logits
+    first.feature_centroids = feat_centroids.to(like)
+    first.feature_log_q = _log_q(feat_q_sums, counts2).to(like)
+    first.input_centroids = input_centroids.to(like)
+
+
+# -- training hooks --------------------------------------------------------------------------
+class _FinalFeatures:
+    """Forward hook on the last block: its size-weighted patch features into ``ctx.extras``."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.ctx = ctx
+
+    def __call__(self, module: nn.Module, args: Any, out: torch.Tensor) -> None:
+        size = self.ctx.state.size if self.ctx.state is not None else None
+        self.ctx.extras[FEATURES_KEY] = token_features(out, self.ctx.prefix, size)
+
+
+def _before(model: nn.Module, batches: Callable[[], Iterator[Any]], max_images: int, ib_loss: bool) -> None:
+    first = _bind(model)
+    shared = first._shared
+    if ib_loss and shared.hook is None:
+        shared.hook = model.blocks[-1].register_forward_hook(_FinalFeatures(shared.ctx))
+    refresh_statistics(model, batches, max_images)
+
+
+def _epoch_end(model: nn.Module, epoch: int, batches: Callable[[], Iterator[Any]], max_images: int) -> None:
+    refresh_statistics(model, batches, max_images)
+
+
+def _after(model: nn.Module) -> None:
+    shared = _modules(model)[0]._shared
+    if shared.hook is not None:
+        shared.hook.remove()
+        shared.hook = None
+
+
+def ib_bound_loss(model: nn.Module, logits: torch.Tensor, labels: torch.Tensor, weight: float) -> torch.Tensor:
+    """``weight *`` the IB bound (§6) of this forward's final features, with the previous
+    refresh's centroids and ``log Q`` (the stage's ``extra_loss``)."""
+    ctx = reduction_context(model)
+    first, _ = _modules(model)
+    feats = ctx.extras.get(FEATURES_KEY) if ctx is not None else None
+    if feats is None or first.feature_log_q.shape[0] == 0:
+        raise RuntimeError("ltm: the IB loss needs the statistics pass and the feature hook of the "
+                           "stage's `before` callback to have run")
+    tau_f = soft_assign(feats, first.feature_centroids)
+    tau_x = soft_assign(input_vectors(ctx.inputs), first.input_centroids)
+    terms = ib_terms(tau_f, tau_x, labels, first.feature_log_q.shape[0], log_q=first.feature_log_q)
+    return weight * terms.bound
+
+
+def prepare_load(model: nn.Module, state_dict: dict) -> None:
+    """Size the statistics buffers like the saved ones (they are empty until the first refresh)
+    and bind the modules to the model's context."""
+    for i, blk in enumerate(model.blocks):
+        module = getattr(blk, "reducer", None)
+        if not isinstance(module, (FirstMerge, ReMerge)):
+            continue
+        for name, buf in list(module.named_buffers(recurse=False)):
+            saved = state_dict.get(f"blocks.{i}.reducer.{name}")
+            if saved is not None and saved.shape != buf.shape:
+                setattr(module, name, buf.new_zeros(saved.shape))
+    _bind(model)
+
+
+def build(params: LTMParams, info: ModelInfo) -> Reduction:
+    grid_fn = MERGE_GRIDS.get(info.family)
+    if grid_fn is None:
+        raise UnsupportedError(f"ltm has no merge grid for the {info.family!r} family; "
+                               f"known: {', '.join(sorted(MERGE_GRIDS))}")
+    if info.grid[0] * info.grid[1] != info.num_patches:
+        raise UnsupportedError(f"ltm needs a patch grid: grid {info.grid} does not hold {info.num_patches} patches")
+    p, cells = grid_fn(info, params.ratio)
+    shared = _Shared()
+    hidden = max(1, round(params.mlp_ratio * info.embed_dim))
+    reducers: list[nn.Module] = [FirstMerge(info.grid, cells, p, info.embed_dim, params.tau, shared)]
+    reducers += [ReMerge(p, info.embed_dim, hidden, params.eta, params.tau, shared) for _ in range(1, info.depth)]
+    for module in reducers:  # start deterministic, like the (eval-mode) models vitbench reduces;
+        module.eval()  # model.train() turns the Gumbel noise on
+    ib_loss = params.ib_weight > 0
+    stage = TrainStage(
+        name="finetune", epochs=params.epochs, optimizer=params.optimizer, lr=params.lr,
+        batch_size=params.batch_size,
+        extra_loss=functools.partial(ib_bound_loss, weight=params.ib_weight) if ib_loss else None,
+        before=(functools.partial(_before, max_images=params.stats_images, ib_loss=ib_loss),),
+        epoch_end=(functools.partial(_epoch_end, max_images=params.stats_images),),
+        after=(_after,),
+    )
+    return Reduction(reducers, prop_attn=True, trace_source=params.trace_source, train=(stage,),
+                     prepare_load=prepare_load)
+
+
+@hookimpl
+def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
+    register(MethodSpec(
+        name="ltm",
+        params=LTMParams,
+        build=build,
+        families=("vit",),
+        aliases=("ibtm",),
+        needs_training=True,
+        description="LTM/IBTM: learnable token merging by one IB-bound gradient step per block "
+                    "(P = ceil(ratio * N_p) tokens after block 1; fine-tuned masks)",
+    ))
