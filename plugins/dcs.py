@@ -1,1 +1,512 @@
-"""dcs: being written (issue 3)."""
+"""DCS: differentiable channel selection, searched then retrained with the IB bound
+(methods.md §7; the IB bound of §6). No public implementation exists: this is the reference,
+so every choice the paper leaves open is stated here.
+
+DCS changes channels, not tokens: its token step returns ``x`` unchanged, and it acts through
+the two channel hooks of :class:`~vitbench.engine.block.ReducingBlock`. One
+:class:`DCSReducer` per block holds
+
+- ``qk_mask`` (``arch`` both|qk): the input-dependent query/key channel mask
+  ``theta = Linear(x)``, ``M = sigmoid((theta + g1 - g2)/tau)``, hard ``M > 0.5`` in the
+  forward with a straight-through gradient, applied as ``softmax((Q*M)(K*M)^T/sqrt(d))`` -- one
+  Linear shared by Q and K, or two with ``qk_mask=separate``. Its ``qk(q, k, x)`` hook runs after
+  qk-norm, so the fused attention kernel is kept.
+- ``mlp_gate`` (``arch`` both|out): the architecture logits ``alpha [C]`` of the
+  attention-output/MLP channels, ``g = sigmoid((alpha + g1 - g2)/tau)`` (hard, straight-through)
+  multiplied onto the MLP input and output through the ``mlp_forward(mlp, x)`` hook.
+- ``tau``: the Gumbel temperature, a buffer (so a checkpoint carries it).
+
+The mask modules live in :mod:`vitbench.engine.channel_select` and know nothing of the model
+family. Everything family-specific here is finding each block's MLP (``ReducingBlock.block.mlp``)
+and the last block (``model.blocks[-1]``, for the IB features).
+
+Training is declared as two :class:`~vitbench.catalog.TrainStage` objects, never looped here:
+
+1. ``search`` (``search_epochs``): alternate the weights (70% of the batches) and ``alpha``
+   (30%, ``arch_keys=("alpha",)``, learning rate ``arch_lr``). Loss ``CE + lam * log(cost)``
+   with ``cost`` the expected MACs of the MLPs under ``g``: per block ``N * 2 * H *
+   sum_i sigmoid(alpha_i / tau)`` (``fc1`` reads and ``fc2`` writes the kept channels; ``N`` and
+   the hidden width ``H`` as the last forward saw them). It is divided by the cost of the full
+   MLPs, which only shifts the term by a constant: it reads as the log of the expected kept
+   fraction, 0 for the full model. ``tau`` starts at ``tau0`` and is multiplied by
+   ``tau_decay`` after every search epoch (``epoch_end``). When the stage ends (``after``) the
+   MLPs are shrunk to the channels with ``alpha > 0`` (``g = 1`` without noise, the
+   deterministic choice): ``fc1`` and ``fc2`` become smaller ``nn.Linear`` modules under the
+   same names, ``alpha`` is removed, and a buffer ``kept`` holds the channel indices the MLP
+   output is scattered back to (the other channels add zero). GMACs fall accordingly.
+2. ``retrain`` (``retrain_epochs``): the architecture is fixed (there is no ``alpha`` any more;
+   ``trainable=("qk_mask",)``). Loss ``CE + eta * IB_bound`` once ``t_warm`` retraining epochs
+   are done (methods.md §6, Theorem 3.1), on the final block's output reduced to the mean of
+   its patch tokens (:func:`vitbench.measure.ib.token_features`) -- the very features whose IB
+   loss and bound vitbench reports, so the retraining lowers the reported quantity. (The
+   pre-logits would serve as well; for a cls-token ViT they are one token, the patch mean
+   summarises all of them.) Class centroids of the features and of the inputs and
+   ``log Q(a|y)`` come from a statistics pass over the training data before the first epoch
+   that uses the bound and after every epoch that precedes one, stored as buffers of
+   ``blocks.<last>.reducer.ib`` together with the count of finished retraining epochs.
+
+Choices the paper leaves open:
+
+- **Frozen backbone** (vitbench's default fine-tuning setup): the "weights" of the search's
+  weight steps and of the retraining are the DCS Linear layers (``theta``); the backbone,
+  including the shrunk ``fc1``/``fc2``, stays frozen (the shrunk Linears inherit the frozen
+  flag). The paper retrains the whole network; ``--train-backbone`` does that. With
+  ``arch=out`` the method's only parameters are the ``alpha`` logits, fixed after the search, so
+  no retrain stage is declared (vitbench's loop refuses a stage with nothing to train, and with
+  a frozen backbone there is nothing); with ``--train-backbone`` the backbone then trains only in
+  the search's weight steps. (In that ablation every search step updates ``alpha``: the loop
+  falls back to the one optimiser there is.)
+- **Hard gates in the search**: ``g`` is hard in the forward (straight-through), like ``M``,
+  so the network the search evaluates is exactly a subnetwork and the one kept after it is the
+  noise-free one, ``alpha > 0``.
+- **Initialisation**: ``theta``'s Linear has zero weight and bias ``KEEP_LOGIT`` = 2, and
+  ``alpha`` starts at 2: the untrained method keeps every channel at inference and equals the
+  unpatched model; in training the Gumbel noise drops a channel with probability
+  ``sigmoid(-2)`` = 12%, the search's exploration.
+- **Inference until trained**: the reducers are built in eval mode (a new ``nn.Module`` would
+  train), so a freshly applied model is deterministic; the fine-tuning loop's ``model.train()``
+  turns the Gumbel noise on.
+- **Temperature**: the hard mask does not depend on ``tau`` (``theta + noise > 0``); ``tau``
+  scales the straight-through gradient and the cost's ``sigmoid(alpha/tau)``. The Q/K masks
+  keep Gumbel noise in retraining, at the temperature the search ended with (no decay there).
+- **Q/K masks cost FLOPs**: the mask is computed densely (one ``C x C`` Linear per token and
+  block, two with ``separate``) and the masked channels are still multiplied, so ``arch=qk``
+  *adds* about ``N*C^2`` MACs per block; only the MLP shrink saves. The paper reports the
+  FLOPs of the searched architecture; vitbench counts what runs.
+- **lam** = 0.1 (the paper gives no value): removing 10% of the MLP MACs is worth ~0.01 nats
+  of cross-entropy. Measured on the default model (one search epoch over 9.6k Fashion-MNIST
+  images, frozen backbone, constant learning rates, top-1 on 2,000 test images): lam=0.1 keeps
+  72% of the MLP channels at 81.7% top-1 (unpatched: 82.2%); lam=1 kept 10%, emptying the last
+  eight MLPs. No FLOPs target: since ``d log(cost) = d cost / cost`` the pressure grows as the
+  cost falls, so a long search needs a smaller lam (or fewer epochs).
+- **eta** = 1.0 (the paper: 50, from epoch 90 of a 300-epoch training from scratch, where the
+  bound regularises a network that has long fitted the data); in vitbench's short fine-tuning
+  of a trained model a weight of 50 would swamp the cross-entropy. ``t_warm`` = 0: the bound is
+  on from the first retraining epoch (``t_warm >= retrain_epochs`` switches it off).
+- **Learning rates** for short CPU runs: ``lr`` = 1e-3 (AdamW) for ``theta``; ``arch_lr`` =
+  0.1 for ``alpha``, so that in one search epoch of ~150 batches (~45 architecture steps) a
+  channel the cost pushes steadily can cross from 2 to below 0. Lower it for long searches.
+- **Statistics memory**: the statistics pass keeps the features of the training set (``n x C``
+  floats) for ``Q(a|y)``; the input centroids are summed on the fly and computed once.
+- **Supported MLPs**: timm ``Mlp`` with Linear ``fc1``/``fc2``; any other MLP raises
+  :class:`~vitbench.errors.UnsupportedError` (with ``arch`` both|out).
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from vitbench.catalog import MethodSpec, ModelInfo, Reduction, TrainStage
+from vitbench.engine.attention import AttnInfo
+from vitbench.engine.block import ReducingBlock, reduction_context
+from vitbench.engine.channel_select import (
+    ChannelGate,
+    QKChannelMask,
+    check_mlp,
+    gated_mlp,
+    shrink_mlp,
+    sparse_mlp,
+)
+from vitbench.engine.token_state import TokenState
+from vitbench.errors import ParamError
+from vitbench.hookspecs import hookimpl
+from vitbench.measure.ib import (
+    class_centroids,
+    final_features,
+    ib_terms,
+    input_vectors,
+    log_q_given_y,
+    soft_assign,
+    token_features,
+)
+
+ARCHS = ("both", "qk", "out")
+QK_MASKS = ("shared", "separate")
+OPTIMIZERS = ("SGD", "AdamW", "Adam")
+#: share of the search's batches that update ``alpha`` (methods.md §7: 70% weights, 30% alpha)
+ARCH_FRACTION = 0.3
+#: where the retraining's forward leaves the final block's tokens for the IB bound
+_TOKENS_KEY = "dcs_final_tokens"
+
+
+@dataclass(frozen=True)
+class DCSParams:
+    """DCS options (methods.md §7); see the module docstring for the defaults' reasons."""
+
+    arch: str = "both"
+    qk_mask: str = "shared"
+    tau0: float = 4.5
+    tau_decay: float = 0.95
+    lam: float = 0.1
+    search_epochs: int = 1
+    retrain_epochs: int = 1
+    t_warm: int = 0
+    eta: float = 1.0
+    lr: float = 1e-3
+    arch_lr: float = 0.1
+    optimizer: str = "AdamW"
+    batch_size: int = 64
+
+    def __post_init__(self) -> None:
+        for name, value, valid in (("arch", self.arch, ARCHS), ("qk_mask", self.qk_mask, QK_MASKS),
+                                   ("optimizer", self.optimizer, OPTIMIZERS)):
+            if value not in valid:
+                raise ParamError(f"dcs.{name}={value!r} is not valid; valid values: {', '.join(valid)}")
+        for name in ("tau0", "lr", "arch_lr"):
+            if not getattr(self, name) > 0:
+                raise ParamError(f"dcs.{name}={getattr(self, name)} is out of range; it must be > 0")
+        if not 0 < self.tau_decay <= 1:
+            raise ParamError(f"dcs.tau_decay={self.tau_decay} is out of range; it must be in (0, 1]")
+        for name in ("lam", "eta"):
+            if not getattr(self, name) >= 0:
+                raise ParamError(f"dcs.{name}={getattr(self, name)} is out of range; it must be >= 0")
+        for name, low in (("search_epochs", 1), ("retrain_epochs", 0), ("t_warm", 0), ("batch_size", 1)):
+            if getattr(self, name) < low:
+                raise ParamError(f"dcs.{name}={getattr(self, name)} is out of range; it must be >= {low}")
+
+    @property
+    def uses_ib(self) -> bool:
+        """Whether there is a retraining and it ever adds the IB bound."""
+        return self.arch != "out" and self.eta > 0 and self.retrain_epochs > self.t_warm
+
+
+class IBStatistics(nn.Module):
+    """What the retraining's IB bound needs from the previous epoch (methods.md §6), as buffers.
+
+    ``feature_centroids [K, C]`` and ``input_centroids [K, D]`` (class centroids of the final
+    features and of the inputs), ``log_q [K, K]`` (``log Q(a|y)``), ``epochs_done`` (finished
+    retraining epochs, for ``t_warm``). Empty until the first statistics pass; a checkpoint
+    carries them (``prepare_load`` gives an empty module the saved shapes).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("feature_centroids", torch.zeros(0))
+        self.register_buffer("input_centroids", torch.zeros(0))
+        self.register_buffer("log_q", torch.zeros(0))
+        self.register_buffer("epochs_done", torch.zeros((), dtype=torch.long))
+
+    @property
+    def ready(self) -> bool:
+        return self.log_q.numel() > 0
+
+    @torch.no_grad()
+    def refresh(self, model: nn.Module, batches: Callable[[], Any]) -> None:
+        """One pass over ``batches()`` in eval mode: centroids and ``log Q(a|y)`` of the model
+        as it is now (LTM's Algorithm 1; DCS retrains with the same bound). The classes are
+        ``model.num_classes`` (or more, if a label says so)."""
+        device = self.log_q.device
+        feats, labels = [], []
+        input_sums: Optional[torch.Tensor] = None  # per class, summed once: inputs never change
+        num_classes = int(getattr(model, "num_classes", 0) or 0)
+        was_training = model.training
+        model.eval()
+        try:
+            for images, y in batches():
+                images, y = images.to(device), y.to(device).long()
+                num_classes = max(num_classes, int(y.max()) + 1)
+                feats.append(final_features(model, images).float())
+                labels.append(y)
+                if not self.input_centroids.numel():
+                    input_sums = _add_per_class(input_sums, input_vectors(images), y, num_classes)
+        finally:
+            model.train(was_training)
+        if not feats:
+            raise ValueError("dcs: the statistics pass of the IB bound got no training batches")
+        f, y = torch.cat(feats), torch.cat(labels)
+        self.feature_centroids = class_centroids(f, y, num_classes)
+        self.log_q = log_q_given_y(soft_assign(f, self.feature_centroids), y, num_classes)
+        if input_sums is not None:
+            self.input_centroids = nn.functional.normalize(_grow(input_sums, num_classes), dim=1)
+
+
+def _grow(sums: torch.Tensor, rows: int) -> torch.Tensor:
+    """``sums`` with zero rows appended up to ``rows`` rows."""
+    if sums.shape[0] >= rows:
+        return sums
+    return torch.cat([sums, sums.new_zeros(rows - sums.shape[0], sums.shape[1])])
+
+
+def _add_per_class(sums: Optional[torch.Tensor], vectors: torch.Tensor, labels: torch.Tensor,
+                   num_classes: int) -> torch.Tensor:
+    """``sums [K, D]`` plus the ``vectors [n, D]`` added to their class's row (grown to ``K``)."""
+    if sums is None:
+        sums = vectors.new_zeros(num_classes, vectors.shape[1])
+    return _grow(sums, num_classes).index_add_(0, labels, vectors)
+
+
+class _CaptureTokens:
+    """Forward hook on the last block: leaves its output tokens in the context's extras.
+
+    An object, not a closure, so it survives ``copy.deepcopy`` of the model."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def __call__(self, module: nn.Module, args: tuple, out: torch.Tensor) -> None:  # type: ignore[type-arg]
+        ctx = _context_of(module)
+        if ctx is not None:
+            ctx.extras[self.key] = out
+
+
+def _context_of(block: nn.Module) -> Any:
+    """The reduction context a reducing block shares with its model."""
+    return getattr(block, "_context", None)
+
+
+class DCSReducer(nn.Module):
+    """One block's DCS channel selection: Q/K masks, MLP channel gate, temperature.
+
+    The token step (``forward``) returns ``x`` unchanged; :meth:`qk` and :meth:`mlp_forward` are
+    the block's channel hooks. Submodules: ``qk_mask`` (``arch`` both|qk), ``mlp_gate`` (``arch``
+    both|out, until the shrink), ``ib`` (the last block only, when the retraining uses the IB
+    bound); buffers ``tau`` and, after the shrink, ``kept``.
+    """
+
+    needs: frozenset[str] = frozenset()
+
+    def __init__(self, dim: int, num_heads: int, arch: str, separate: bool, tau0: float) -> None:
+        super().__init__()
+        self.register_buffer("tau", torch.tensor(float(tau0)))
+        self.register_buffer("kept", None)
+        self.qk_mask = QKChannelMask(dim, num_heads, dim // num_heads, separate) if arch != "out" else None
+        self.mlp_gate = ChannelGate(dim) if arch != "qk" else None
+        self.ib: Optional[IBStatistics] = None
+        self._mlp_macs: Optional[tuple[int, int]] = None  # (tokens, hidden) of the last forward
+
+    def forward(self, x: torch.Tensor, state: TokenState, info: AttnInfo) -> torch.Tensor:
+        return x
+
+    def qk(self, q: torch.Tensor, k: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mask the per-head queries and keys ``[B, h, N, d]`` (identity without ``qk_mask``)."""
+        if self.qk_mask is None:
+            return q, k
+        return self.qk_mask(q, k, x, self.tau)
+
+    def mlp_forward(self, mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """The block's MLP on the normed tokens: gated in the search, sparse after the shrink."""
+        if self.kept is not None:
+            return sparse_mlp(mlp, x, self.kept)
+        if self.mlp_gate is None:
+            return mlp(x)
+        check_mlp(mlp)  # fail in the first forward, not after a whole search epoch
+        self._mlp_macs = (x.numel() // (x.shape[0] * x.shape[-1]), mlp.fc1.out_features)
+        return gated_mlp(mlp, x, self.mlp_gate(self.tau))
+
+    def expected_mlp_macs(self) -> Optional[tuple[torch.Tensor, int]]:
+        """``(expected, full)`` MACs per image of this block's MLP in the last forward:
+        ``N * 2 * H * sum_i sigmoid(alpha_i / tau)`` (differentiable in ``alpha``) and the
+        same with every channel kept. ``None`` without a gate or before a forward."""
+        if self.mlp_gate is None or self._mlp_macs is None:
+            return None
+        tokens, hidden = self._mlp_macs
+        per_channel = tokens * 2 * hidden
+        return per_channel * self.mlp_gate.expected_kept(self.tau).sum(), per_channel * self.alpha_count
+
+    @property
+    def alpha_count(self) -> int:
+        return 0 if self.mlp_gate is None else self.mlp_gate.alpha.numel()
+
+    def shrink(self, mlp: nn.Module, index: Optional[torch.Tensor] = None) -> None:
+        """Fix the architecture: keep the channels ``index`` (default ``alpha > 0``), shrink
+        ``mlp`` to them and drop the gate. Does nothing without a gate (``arch=qk``)."""
+        if self.mlp_gate is None:
+            return
+        if index is None:
+            index = self.mlp_gate.kept_index()
+        shrink_mlp(mlp, index)
+        self.kept = index.to(device=self.tau.device, dtype=torch.long)
+        self.mlp_gate = None
+        self._mlp_macs = None
+
+
+# -- finding the method's modules in a patched model --------------------------------------------
+
+def _blocks(model: nn.Module) -> Iterator[tuple[str, ReducingBlock, DCSReducer]]:
+    for name, module in model.named_modules():
+        if isinstance(module, ReducingBlock) and isinstance(module.reducer, DCSReducer):
+            yield name, module, module.reducer
+
+
+def dcs_reducers(model: nn.Module) -> list[DCSReducer]:
+    """The DCS reducers of a patched model, in block order."""
+    return [reducer for _, _, reducer in _blocks(model)]
+
+
+def _ib_statistics(model: nn.Module) -> Optional[IBStatistics]:
+    return next((r.ib for r in dcs_reducers(model) if r.ib is not None), None)
+
+
+# -- search -----------------------------------------------------------------------------------
+
+def decay_tau(tau_decay: float) -> Callable[[nn.Module, int, Callable[[], Any]], None]:
+    """``epoch_end`` callback: multiply every block's ``tau`` by ``tau_decay``."""
+    def callback(model: nn.Module, epoch: int, batches: Callable[[], Any]) -> None:
+        for reducer in dcs_reducers(model):
+            reducer.tau.mul_(tau_decay)
+    return callback
+
+
+def search_loss(lam: float) -> Callable[[nn.Module, torch.Tensor, torch.Tensor], Optional[torch.Tensor]]:
+    """``extra_loss`` of the search: ``lam * log(expected MLP MACs / full MLP MACs)``."""
+    def extra_loss(model: nn.Module, logits: torch.Tensor, labels: torch.Tensor) -> Optional[torch.Tensor]:
+        costs = [c for c in (r.expected_mlp_macs() for r in dcs_reducers(model)) if c is not None]
+        if not costs or lam == 0:
+            return None
+        expected = torch.stack([c[0] for c in costs]).sum()
+        full = float(sum(c[1] for c in costs))
+        return lam * torch.log(expected / full)
+    return extra_loss
+
+
+def shrink_searched(model: nn.Module) -> None:
+    """``after`` callback of the search: shrink every gated MLP to its channels with ``alpha > 0``."""
+    for _, block, reducer in _blocks(model):
+        reducer.shrink(block.block.mlp)
+
+
+# -- retraining with the IB bound ---------------------------------------------------------------
+
+def _ib_active(ib: IBStatistics, t_warm: int) -> bool:
+    return int(ib.epochs_done) >= t_warm
+
+
+def ib_before(t_warm: int) -> Callable[[nn.Module, Callable[[], Any]], None]:
+    """``before`` callback of the retraining: capture the final block's tokens in every forward
+    and, if the bound is on from the first epoch, fill the statistics."""
+    def callback(model: nn.Module, batches: Callable[[], Any]) -> None:
+        ib = _ib_statistics(model)
+        if ib is None:
+            return
+        last = model.blocks[-1]
+        if not any(isinstance(h, _CaptureTokens) for h in last._forward_hooks.values()):
+            last.register_forward_hook(_CaptureTokens(_TOKENS_KEY))
+        if _ib_active(ib, t_warm):
+            ib.refresh(model, batches)
+    return callback
+
+
+def ib_epoch_end(t_warm: int, epochs: int) -> Callable[[nn.Module, int, Callable[[], Any]], None]:
+    """``epoch_end`` callback of the retraining: count the epoch; refresh the statistics when
+    the next epoch uses the bound (nothing to refresh after the last of ``epochs``)."""
+    def callback(model: nn.Module, epoch: int, batches: Callable[[], Any]) -> None:
+        ib = _ib_statistics(model)
+        if ib is None:
+            return
+        ib.epochs_done += 1
+        if _ib_active(ib, t_warm) and int(ib.epochs_done) < epochs:
+            ib.refresh(model, batches)
+    return callback
+
+
+def ib_after(model: nn.Module) -> None:
+    """``after`` callback of the retraining: remove the token capture hook."""
+    hooks = model.blocks[-1]._forward_hooks
+    for key in [k for k, h in hooks.items() if isinstance(h, _CaptureTokens)]:
+        del hooks[key]
+
+
+def ib_loss(eta: float, t_warm: int) -> Callable[[nn.Module, torch.Tensor, torch.Tensor], Optional[torch.Tensor]]:
+    """``extra_loss`` of the retraining: ``eta * IB bound`` of the final patch-token mean
+    (methods.md §6) once ``t_warm`` retraining epochs are done."""
+    def extra_loss(model: nn.Module, logits: torch.Tensor, labels: torch.Tensor) -> Optional[torch.Tensor]:
+        ib = _ib_statistics(model)
+        ctx = reduction_context(model)
+        if ib is None or ctx is None or not _ib_active(ib, t_warm):
+            return None
+        if not ib.ready:
+            raise RuntimeError("dcs: the IB statistics are empty; the retrain stage's `before` "
+                               "callback (the statistics pass) did not run")
+        tokens = ctx.extras.get(_TOKENS_KEY)
+        if tokens is None or ctx.inputs is None:
+            raise RuntimeError("dcs: the forward left no final tokens or inputs; the retrain "
+                               "stage's `before` callback did not run")
+        size = ctx.state.size if ctx.state is not None else None
+        tau_f = soft_assign(token_features(tokens, ctx.prefix, size), ib.feature_centroids)
+        tau_x = soft_assign(input_vectors(ctx.inputs), ib.input_centroids)
+        return eta * ib_terms(tau_f, tau_x, labels, ib.log_q.shape[0], log_q=ib.log_q).bound
+    return extra_loss
+
+
+# -- loading a trained checkpoint ---------------------------------------------------------------
+
+def prepare_load(model: nn.Module, state_dict: dict) -> None:
+    """Shrink a freshly applied model to the widths saved in ``state_dict`` and give empty IB
+    statistics the saved shapes, so ``model.load_state_dict(state_dict, strict=True)`` works.
+
+    Keys may carry a prefix (a wrapper's ``backbone.``): a block's keys are found by suffix."""
+    for name, block, reducer in _blocks(model):
+        kept = _find(state_dict, f"{name}.reducer.kept")
+        if kept is not None and reducer.kept is None:
+            reducer.shrink(block.block.mlp, kept.to(torch.long))
+        ib_name = f"{name}.reducer.ib."
+        if reducer.ib is not None:
+            for buffer, value in list(reducer.ib.named_buffers()):
+                saved = _find(state_dict, ib_name + buffer)
+                if saved is not None and saved.shape != value.shape:
+                    setattr(reducer.ib, buffer, torch.empty(saved.shape, dtype=value.dtype, device=value.device))
+
+
+def _find(state_dict: dict, key: str) -> Optional[torch.Tensor]:
+    if key in state_dict:
+        return state_dict[key]
+    pattern = re.compile(r"(^|\.)" + re.escape(key) + "$")
+    matches = [k for k in state_dict if pattern.search(k)]
+    return state_dict[matches[0]] if len(matches) == 1 else None
+
+
+# -- registration -----------------------------------------------------------------------------
+
+def build(params: DCSParams, info: ModelInfo) -> Reduction:
+    reducers = [DCSReducer(info.embed_dim, info.num_heads, params.arch,
+                           params.qk_mask == "separate", params.tau0) for _ in range(info.depth)]
+    if params.uses_ib:
+        reducers[-1].ib = IBStatistics()
+    for reducer in reducers:  # a new module trains; these start as inference (no Gumbel noise)
+        reducer.eval()
+    gated = params.arch != "qk"
+    stages = [TrainStage(
+        name="search",
+        epochs=params.search_epochs,
+        optimizer=params.optimizer,
+        lr=params.lr,
+        lr_groups=(("alpha", params.arch_lr),) if gated else (),
+        arch_keys=("alpha",) if gated else (),
+        arch_fraction=ARCH_FRACTION if gated else 0.0,
+        batch_size=params.batch_size,
+        extra_loss=search_loss(params.lam) if gated else None,
+        epoch_end=(decay_tau(params.tau_decay),),
+        after=(shrink_searched,),
+    )]
+    if params.retrain_epochs > 0 and params.arch != "out":  # arch=out: nothing to retrain
+        stages.append(TrainStage(
+            name="retrain",
+            epochs=params.retrain_epochs,
+            optimizer=params.optimizer,
+            lr=params.lr,
+            batch_size=params.batch_size,
+            trainable=("qk_mask",),
+            extra_loss=ib_loss(params.eta, params.t_warm) if params.uses_ib else None,
+            before=(ib_before(params.t_warm),) if params.uses_ib else (),
+            epoch_end=(ib_epoch_end(params.t_warm, params.retrain_epochs),) if params.uses_ib else (),
+            after=(ib_after,) if params.uses_ib else (),
+        ))
+    return Reduction(reducers, prop_attn=False, train=tuple(stages), prepare_load=prepare_load)
+
+
+@hookimpl
+def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
+    register(MethodSpec(
+        name="dcs",
+        params=DCSParams,
+        build=build,
+        families=("vit",),
+        needs_training=True,
+        description="DCS: differentiable Q/K and MLP channel selection, searched then retrained "
+                    "with the IB bound (learnable)",
+    ))

@@ -1,0 +1,362 @@
+"""DCS (methods.md §7): channel masks, search, shrink, checkpoint loading, retraining with the IB
+bound (§6). Training mechanics run as small hand-written loops on random data."""
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import vitbench
+from vitbench.engine import reduction_context
+from vitbench.errors import ParamError, UnsupportedError
+from vitbench.measure.flops import count_gmacs
+from vitbench.measure.ib import final_features, ib_terms, input_vectors, soft_assign
+from vitbench.params import make_params
+from vitbench.plugins import get_host
+from vitbench.testing import check_method, tiny_vit
+
+DEPTH = 4
+
+
+def _images(n: int = 4, seed: int = 0) -> torch.Tensor:
+    return torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
+
+
+def _data(batches: int = 2, n: int = 8) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g))
+            for _ in range(batches)]
+
+
+def _apply(**params):  # type: ignore[no-untyped-def]
+    base = tiny_vit(depth=DEPTH)
+    return base, vitbench.apply(copy.deepcopy(base), "dcs", **params)
+
+
+def _reducers(model):  # type: ignore[no-untyped-def]
+    return [blk.reducer for blk in model.blocks]
+
+
+def _stage(model, name: str):  # type: ignore[no-untyped-def]
+    return next(s for s in reduction_context(model).reduction.train if s.name == name)
+
+
+def _randomise(model, seed: int = 0) -> None:
+    """Input-dependent Q/K masks that drop some channels, and some negative alphas."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for reducer in _reducers(model):
+            if reducer.qk_mask is not None:
+                for lin in (m for m in reducer.qk_mask.modules() if isinstance(m, torch.nn.Linear)):
+                    lin.weight.copy_(torch.randn(lin.weight.shape, generator=g))
+                    lin.bias.copy_(torch.randn(lin.bias.shape, generator=g))
+            if reducer.mlp_gate is not None:
+                reducer.mlp_gate.alpha.copy_(torch.randn(reducer.mlp_gate.alpha.shape, generator=g))
+
+
+def _mlp(model, i: int):  # type: ignore[no-untyped-def]
+    return model.blocks[i].block.mlp
+
+
+def _sgd_steps(model, stage, data, steps: int, lr: float = 0.5) -> None:  # type: ignore[no-untyped-def]
+    """A hand-written stand-in for the fine-tuning loop: plain SGD on the stage's parameters,
+    alpha on every third step (arch_keys), the other method parameters otherwise."""
+    method = {n: p for n, p in model.named_parameters() if ".reducer." in n and p.requires_grad
+              and (stage.trainable is None or any(k in n for k in stage.trainable))}
+    arch = {n: p for n, p in method.items() if any(k in n for k in stage.arch_keys)}
+    weights = {n: p for n, p in method.items() if n not in arch}
+    model.train()
+    for step in range(steps):
+        group = arch if arch and step % 3 == 2 else weights
+        images, labels = data[step % len(data)]
+        logits = model(images)
+        loss = F.cross_entropy(logits, labels)
+        extra = stage.extra_loss(model, logits, labels) if stage.extra_loss is not None else None
+        if extra is not None:
+            loss = loss + extra
+        model.zero_grad(set_to_none=True)
+        loss.backward()
+        with torch.no_grad():
+            for p in group.values():
+                if p.grad is not None:
+                    p -= lr * p.grad
+    model.eval()
+
+
+def test_resolves_through_the_plugin_host_and_conforms():
+    spec = get_host().method("dcs")
+    assert spec.name == "dcs" and spec.needs_training and spec.families == ("vit",)
+    check_method("dcs", model_factory=lambda: tiny_vit(depth=DEPTH), reduces_tokens=False)
+
+
+@pytest.mark.parametrize("params", [{}, {"qk_mask": "separate"}, {"arch": "qk"}, {"arch": "out"}])
+def test_untrained_equals_unpatched(params):
+    base, model = _apply(**params)
+    x = _images()
+    with torch.inference_mode():
+        assert (model(x) - base(x)).abs().max().item() < 1e-5
+        assert torch.equal(model(x), model(x))
+
+
+def test_straight_through_gradients_reach_theta_and_alpha():
+    _, model = _apply(qk_mask="separate")
+    model.train()
+    images, labels = _data(1)[0]
+    logits = model(images)
+    loss = F.cross_entropy(logits, labels) + _stage(model, "search").extra_loss(model, logits, labels)
+    loss.backward()
+    for reducer in _reducers(model):
+        for lin in (reducer.qk_mask.theta_q, reducer.qk_mask.theta_k):
+            assert lin.weight.grad is not None and lin.weight.grad.abs().sum() > 0
+            assert lin.bias.grad.abs().sum() > 0
+        assert reducer.mlp_gate.alpha.grad is not None and reducer.mlp_gate.alpha.grad.abs().sum() > 0
+
+
+def test_masks_are_hard_in_training_and_hard_deterministic_at_inference():
+    _, model = _apply()
+    _randomise(model)
+    reducer = model.blocks[1].reducer
+    x = torch.randn(2, 65, 48)
+    reducer.train()
+    mq, mk = reducer.qk_mask.masks(x, reducer.tau)
+    assert mq is mk and set(mq.unique().tolist()) <= {0.0, 1.0}
+    assert not torch.equal(mq, reducer.qk_mask.masks(x, reducer.tau)[0])  # Gumbel noise
+    assert set(reducer.mlp_gate(reducer.tau).unique().tolist()) <= {0.0, 1.0}
+    reducer.eval()
+    with torch.no_grad():
+        m, _ = reducer.qk_mask.masks(x, reducer.tau)
+        theta = reducer.qk_mask.theta(x).view(2, 65, 3, 16).transpose(1, 2)
+    assert torch.equal(m, (theta > 0).float()) and torch.equal(m, reducer.qk_mask.masks(x, reducer.tau)[0])
+    assert 0 < m.mean() < 1
+    alpha = reducer.mlp_gate.alpha
+    assert torch.equal(reducer.mlp_gate(reducer.tau).detach(), (alpha > 0).float())
+    images = _images()
+    with torch.inference_mode():
+        assert torch.equal(model(images), model(images))
+    model.train()
+    with torch.no_grad():
+        assert not torch.equal(model(images), model(images))
+
+
+def test_shrink_keeps_the_selected_channels_and_the_masked_outputs():
+    base, model = _apply()
+    _randomise(model)
+    x = _images()
+    alphas = [r.mlp_gate.alpha.detach().clone() for r in _reducers(model)]
+    with torch.inference_mode():
+        masked = model(x)
+    _stage(model, "search").after[0](model)
+    with torch.inference_mode():
+        assert (model(x) - masked).abs().max().item() < 1e-5
+    for i, (reducer, alpha) in enumerate(zip(_reducers(model), alphas)):
+        kept = (alpha > 0).nonzero().flatten()
+        mlp, full = _mlp(model, i), base.blocks[i].mlp
+        assert 0 < len(kept) < 48 and torch.equal(reducer.kept, kept)
+        assert mlp.fc1.weight.shape == (96, len(kept)) and mlp.fc2.weight.shape == (len(kept), 96)
+        assert torch.equal(mlp.fc1.weight, full.fc1.weight[:, kept])
+        assert torch.equal(mlp.fc2.bias, full.fc2.bias[kept])
+        assert reducer.mlp_gate is None
+    keys = set(model.state_dict())
+    assert set(base.state_dict()) <= keys  # the timm keys, only smaller
+    assert not any("alpha" in k for k in keys) and "blocks.0.reducer.kept" in keys
+
+
+def test_a_block_may_lose_every_mlp_channel():
+    _, model = _apply(arch="out")
+    with torch.no_grad():
+        model.blocks[0].reducer.mlp_gate.alpha.fill_(-1.0)
+    x = _images()
+    with torch.inference_mode():
+        masked = model(x)
+    _stage(model, "search").after[0](model)
+    assert _mlp(model, 0).fc1.weight.shape == (96, 0) and _mlp(model, 0).fc2.weight.shape == (0, 96)
+    with torch.inference_mode():
+        assert (model(x) - masked).abs().max().item() < 1e-5
+
+
+def test_gmacs_fall_after_the_shrink():
+    x = _images(1)
+    base, model = _apply()
+    _randomise(model)
+    masked = count_gmacs(model, x).mean
+    _stage(model, "search").after[0](model)
+    assert count_gmacs(model, x).mean < masked
+    base, out_only = _apply(arch="out")
+    _randomise(out_only)
+    kept = sum(int((r.mlp_gate.alpha > 0).sum()) for r in _reducers(out_only))
+    shrink = _stage(out_only, "search").after[0]
+    shrink(out_only)
+    saved = count_gmacs(base, x).mean - count_gmacs(out_only, x).mean
+    # fc1 and fc2 lose 65 tokens x 96 hidden MACs for every dropped channel
+    assert math.isclose(saved, 65 * 2 * 96 * (DEPTH * 48 - kept) / 1e9, rel_tol=1e-6)
+
+
+def test_prepare_load_round_trip():
+    _, trained = _apply()
+    _randomise(trained)
+    _stage(trained, "search").after[0](trained)
+    data = _data()
+    _stage(trained, "retrain").before[0](trained, lambda: iter(data))
+    state = trained.state_dict()
+    assert state["blocks.3.reducer.ib.log_q"].shape == (10, 10)
+    _, fresh = _apply()
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        fresh.load_state_dict(state, strict=True)
+    _, fresh = _apply()
+    reduction_context(fresh).reduction.prepare_load(fresh, state)
+    fresh.load_state_dict(state, strict=True)
+    x = _images()
+    with torch.inference_mode():
+        assert torch.equal(fresh(x), trained(x))
+    assert torch.equal(fresh.blocks[3].reducer.ib.feature_centroids, trained.blocks[3].reducer.ib.feature_centroids)
+    _, wrapped = _apply()  # keys under a wrapper's prefix are found too
+    reduction_context(wrapped).reduction.prepare_load(wrapped, {f"backbone.{k}": v for k, v in state.items()})
+    wrapped.load_state_dict(state, strict=True)
+
+
+def test_tau_schedule_is_an_epoch_end_callback_and_a_buffer():
+    _, model = _apply(tau0=3.0, tau_decay=0.5)
+    decay = _stage(model, "search").epoch_end
+    assert len(decay) == 1
+    decay[0](model, 0, lambda: iter(()))
+    decay[0](model, 1, lambda: iter(()))
+    assert all(r.tau.item() == 0.75 for r in _reducers(model))
+    assert model.state_dict()["blocks.2.reducer.tau"].item() == 0.75
+
+
+def test_search_cost_is_the_log_expected_mlp_fraction():
+    _, model = _apply(lam=0.5)
+    with torch.no_grad():
+        model.blocks[0].reducer.mlp_gate.alpha.fill_(-1.0)
+    model.train()
+    images, labels = _data(1)[0]
+    logits = model(images)
+    cost = _stage(model, "search").extra_loss(model, logits, labels)
+    tau = 4.5
+    fraction = (3 * torch.sigmoid(torch.tensor(2.0 / tau)) + torch.sigmoid(torch.tensor(-1.0 / tau))) / 4
+    assert math.isclose(cost.item(), 0.5 * math.log(fraction.item()), rel_tol=1e-5)
+    cost.backward()
+    assert all((r.mlp_gate.alpha.grad > 0).all() for r in _reducers(model))  # it pushes alpha down
+
+
+def test_options_decide_which_modules_and_stages_exist():
+    def names(**params):  # type: ignore[no-untyped-def]
+        return {n.split("reducer.", 1)[1] for n, _ in _apply(**params)[1].named_parameters() if "reducer." in n}
+
+    assert names() == {"qk_mask.theta.weight", "qk_mask.theta.bias", "mlp_gate.alpha"}
+    assert names(qk_mask="separate") == {"qk_mask.theta_q.weight", "qk_mask.theta_q.bias",
+                                         "qk_mask.theta_k.weight", "qk_mask.theta_k.bias", "mlp_gate.alpha"}
+    assert names(arch="qk") == {"qk_mask.theta.weight", "qk_mask.theta.bias"}
+    assert names(arch="out") == {"mlp_gate.alpha"}
+
+    _, model = _apply(arch_lr=0.3, batch_size=16)
+    search, retrain = reduction_context(model).reduction.train
+    assert (search.name, search.arch_keys, search.arch_fraction) == ("search", ("alpha",), 0.3)
+    assert search.lr_groups == (("alpha", 0.3),) and search.batch_size == 16
+    assert retrain.name == "retrain" and retrain.trainable == ("qk_mask",)
+    assert not any("alpha" in n and any(k in n for k in retrain.trainable) for n, _ in model.named_parameters())
+    _, qk_only = _apply(arch="qk", retrain_epochs=0)
+    (search,) = reduction_context(qk_only).reduction.train
+    assert search.arch_keys == () and search.extra_loss is None
+    assert all(r.ib is None for r in _reducers(qk_only))
+    _, out_only = _apply(arch="out")  # only alpha, fixed after the search: nothing to retrain
+    assert [s.name for s in reduction_context(out_only).reduction.train] == ["search"]
+    _, no_ib = _apply(eta=0.0)
+    assert _stage(no_ib, "retrain").extra_loss is None and all(r.ib is None for r in _reducers(no_ib))
+
+
+def test_frozen_backbone_stays_frozen_through_search_shrink_and_retraining():
+    base, model = _apply()
+    for name, p in model.named_parameters():
+        p.requires_grad_(".reducer." in name)
+    frozen = {k: v.clone() for k, v in model.state_dict().items() if ".reducer." not in k}
+    theta0 = model.blocks[0].reducer.qk_mask.theta.weight.detach().clone()
+    alpha0 = model.blocks[0].reducer.mlp_gate.alpha.detach().clone()
+    data = _data()
+    search, retrain = reduction_context(model).reduction.train
+    _sgd_steps(model, search, data, steps=3)
+    assert not torch.equal(model.blocks[0].reducer.qk_mask.theta.weight, theta0)
+    assert not torch.equal(model.blocks[0].reducer.mlp_gate.alpha, alpha0)
+    for callback in search.epoch_end:
+        callback(model, 0, lambda: iter(data))
+    with torch.no_grad():  # make the shrink drop something
+        model.blocks[1].reducer.mlp_gate.alpha[:5] = -1.0
+    for callback in search.after:
+        callback(model)
+    assert _mlp(model, 1).fc1.in_features == 43
+    for callback in retrain.before:
+        callback(model, lambda: iter(data))
+    theta1 = model.blocks[0].reducer.qk_mask.theta.weight.detach().clone()
+    _sgd_steps(model, retrain, data, steps=2)
+    assert not torch.equal(model.blocks[0].reducer.qk_mask.theta.weight, theta1)
+    for callback in retrain.epoch_end:
+        callback(model, 0, lambda: iter(data))
+    for callback in retrain.after:
+        callback(model)
+    assert all(not p.requires_grad and p.grad is None
+               for n, p in model.named_parameters() if ".reducer." not in n)
+    state = model.state_dict()
+    kept = model.blocks[1].reducer.kept
+    for key, value in frozen.items():
+        if key.startswith("blocks.1.mlp.fc1.weight"):
+            assert torch.equal(state[key], value[:, kept])
+        elif key.startswith(("blocks.1.mlp.fc2.weight", "blocks.1.mlp.fc2.bias")):
+            assert torch.equal(state[key], value[kept])
+        else:
+            assert torch.equal(state[key], value), key
+    assert not model.blocks[-1]._forward_hooks  # the retraining's capture hook is gone
+
+
+def test_ib_bound_waits_t_warm_epochs_and_matches_section_6():
+    _, model = _apply(retrain_epochs=2, t_warm=1, eta=2.0)
+    _stage(model, "search").after[0](model)
+    retrain = _stage(model, "retrain")
+    data = _data()
+    retrain.before[0](model, lambda: iter(data))
+    ib = model.blocks[-1].reducer.ib
+    assert not ib.ready  # the bound starts after t_warm=1 epoch: no statistics pass yet
+    images, labels = data[0]
+    assert retrain.extra_loss(model, model(images), labels) is None
+    retrain.epoch_end[0](model, 0, lambda: iter(data))
+    assert ib.ready and int(ib.epochs_done) == 1
+    with torch.no_grad():
+        bound = retrain.extra_loss(model, model(images), labels)
+        tau_f = soft_assign(final_features(model, images), ib.feature_centroids)
+        tau_x = soft_assign(input_vectors(images), ib.input_centroids)
+        expected = 2.0 * ib_terms(tau_f, tau_x, labels, 10, log_q=ib.log_q).bound
+    assert torch.isfinite(bound) and math.isclose(bound.item(), expected.item(), rel_tol=1e-5)
+    retrain.epoch_end[0](model, 1, lambda: iter(data))  # the last epoch: no refresh needed
+    assert int(ib.epochs_done) == 2
+
+
+def test_a_non_timm_mlp_is_refused_clearly():
+    from timm.layers import GluMlp
+
+    model = vitbench.apply(tiny_vit(depth=2, mlp_layer=GluMlp), "dcs")
+    with pytest.raises(UnsupportedError, match="needs a timm Mlp .* this block's MLP is a GluMlp"):
+        model(_images(1))
+    qk_only = vitbench.apply(tiny_vit(depth=2, mlp_layer=GluMlp), "dcs", arch="qk")
+    qk_only(_images(1))
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(arch="mlp"), r"dcs.arch='mlp' is not valid; valid values: both, qk, out"),
+    (dict(qk_mask="both"), r"dcs.qk_mask='both' is not valid; valid values: shared, separate"),
+    (dict(optimizer="Lion"), r"dcs.optimizer='Lion' is not valid"),
+    (dict(tau0=0), r"dcs.tau0=0.0 is out of range; it must be > 0"),
+    (dict(tau_decay=1.5), r"dcs.tau_decay=1.5 is out of range; it must be in \(0, 1\]"),
+    (dict(lam=-1), r"dcs.lam=-1.0 is out of range; it must be >= 0"),
+    (dict(eta=-0.5), r"dcs.eta=-0.5 is out of range"),
+    (dict(search_epochs=0), r"dcs.search_epochs=0 is out of range; it must be >= 1"),
+    (dict(retrain_epochs=-1), r"dcs.retrain_epochs=-1 is out of range; it must be >= 0"),
+    (dict(t_warm=-1), r"dcs.t_warm=-1 is out of range"),
+    (dict(lr=0), r"dcs.lr=0.0 is out of range"),
+    (dict(arch_lr=-1), r"dcs.arch_lr=-1.0 is out of range"),
+    (dict(batch_size=0), r"dcs.batch_size=0 is out of range"),
+])
+def test_bad_parameters(bad, message):
+    with pytest.raises(ParamError, match=message):
+        make_params("dcs", get_host().method("dcs").params, bad)
