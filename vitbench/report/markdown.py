@@ -49,6 +49,9 @@ def _training_line(rec: Mapping[str, Any]) -> str:
     if rec.get("trained") == "checkpoint":
         return f"reloaded from {rec.get('checkpoint_path')} (--resume)"
     stages = rec.get("train_stages") or []
+    if stages and all(not s.get("epochs") for s in stages):
+        return (f"not trained (0 epochs): only the method's statistics/preparation callbacks ran "
+                f"({float(rec.get('train_s') or 0):.0f} s)")
     parts = [f"{s.get('name')}: {s.get('epochs')} epoch(s), {s.get('iters')} iterations" for s in stages]
     frozen = "backbone trained" if "backbone trained" in str(rec.get("label")) else "backbone frozen"
     return (f"{'; '.join(parts)} on {rec.get('train_images')} training images in "
