@@ -85,3 +85,20 @@ def test_learnable_method_without_training_data_is_a_clear_error(tmp_path, gate_
                "--out", str(tmp_path / "out")])
     assert rc == 2
     assert "test-gate must be fine-tuned: pass --data PATH" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_learnable_methods_on_the_embedded_default(tmp_path):
+    """Every learnable built-in fine-tunes (briefly) and is measured on the default model."""
+    out = tmp_path / "out"
+    rc = main(["run", "--task", "cls", "--methods", "ibtm,ltmp,dcs", "--train-limit", "192",
+               "--param", "ltm.stats_images=128", "--metrics", "accuracy,gmacs,ib", "--limit", "300",
+               "--out", str(out)])
+    assert rc == 0
+    base, ltm, ltmp, dcs = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    assert [r["method"] for r in (ltm, ltmp, dcs)] == ["ltm", "ltmp", "dcs"]
+    assert all(r["trained"] == "fine-tuned" and r["train_images"] == 192 for r in (ltm, ltmp, dcs))
+    assert [s["name"] for s in dcs["train_stages"]] == ["search", "retrain"]
+    assert ltm["gmacs"] < base["gmacs"] and ltmp["gmacs"] < base["gmacs"]
+    assert all(r["ib_bound"] - r["ib_input_constant"] >= r["ib_loss"] - 1e-6 for r in (base, ltm, ltmp, dcs))
+    assert all((out / "checkpoints" / f"{r['spec_id']}.pth").is_file() for r in (ltm, ltmp, dcs))
