@@ -2,12 +2,15 @@
 PYTHON ?= python
 export PYTHON
 
-.PHONY: install demo test test-fast lint
+.PHONY: install demo demo-training-free test test-fast lint
 
 install:  ## install everything into the active Python (idempotent, quick when done)
 	bash scripts/install.sh
 
-demo: install  ## the main job on the embedded default: ToMe and PPT on the Fashion-MNIST ViT
+demo: install  ## the main job on the embedded default: IBTM (fine-tuned) and ToMe vs the baseline
+	$(PYTHON) -m vitbench run --methods ibtm,tome --task cls --out reports/flagship
+
+demo-training-free: install  ## ToMe, PPT and top-k on the embedded default (reports/demo)
 	$(PYTHON) -m vitbench run --task cls --methods tome,ppt,topk --param tome.r=4 --param ppt.r=12 --out reports/demo
 
 test: install  ## the whole suite, slow end-to-end tests included (what CI runs)
