@@ -157,6 +157,7 @@ from torch import nn
 
 from vitbench.catalog import MethodSpec, ModelInfo, Reduction, TrainStage
 from vitbench.engine import AttnInfo, TokenState, reduction_context
+from vitbench.engine.masks import straight_through_mask
 from vitbench.errors import ParamError, UnsupportedError
 from vitbench.hookspecs import hookimpl
 from vitbench.measure.ib import (
@@ -381,13 +382,11 @@ class ReMerge(nn.Module):
     def keep_mask(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The binary mask ``M_l``: ``(hard, straight-through)`` ``[B or 1, P, P]``, diagonal kept."""
         logits = self.mask_logits[None]
-        if self.training:
-            u = torch.rand((batch, self.p, self.p), device=logits.device, dtype=logits.dtype).clamp(_EPS, 1 - _EPS)
-            logits = logits + (u.log() - torch.log1p(-u))  # g1 - g2 of two Gumbels: logistic noise
-        soft = torch.sigmoid(logits / self.tau)
+        if self.training:  # noise drawn per image
+            logits = logits.expand(batch, -1, -1)
+        st = straight_through_mask(logits, self.tau, noisy=self.training)
         eye = torch.eye(self.p, dtype=torch.bool, device=logits.device)
-        hard = (soft > 0.5).to(soft.dtype).masked_fill(eye, 1.0)
-        return hard, (hard + soft - soft.detach()).masked_fill(eye, 1.0)
+        return st.detach().masked_fill(eye, 1.0), st.masked_fill(eye, 1.0)
 
     def mixing(self, z: torch.Tensor) -> torch.Tensor:
         """``G_l [B, P, P]`` for the patch tokens ``z [B, P, C]`` entering the merge."""

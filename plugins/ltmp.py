@@ -69,6 +69,7 @@ from torch import nn
 
 from vitbench.catalog import MethodSpec, ModelInfo, Reduction, TrainStage
 from vitbench.engine import AttnInfo, TokenState, reduction_context
+from vitbench.engine.masks import straight_through_mask
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
 
@@ -128,9 +129,7 @@ def straight_through(value: torch.Tensor, theta: torch.Tensor, tau: float) -> to
 
     ``value = -inf`` gives exactly 0 with zero gradient (tokens that cannot take part).
     """
-    diff = value - theta
-    soft = torch.sigmoid(diff / tau)
-    return (diff > 0).to(soft.dtype) + (soft - soft.detach())
+    return straight_through_mask(value - theta, tau, noisy=False)
 
 
 def _front(flags: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

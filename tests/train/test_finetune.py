@@ -2,18 +2,14 @@
 stays frozen, the callbacks, the alternating optimisers and the checkpoint round trip."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import pytest
 import torch
 from torch import nn
 
 import vitbench
-from vitbench.catalog import MethodSpec, Reduction, TrainStage
 from vitbench.engine import reduction_context
 from vitbench.errors import CheckpointError
-from vitbench.hookspecs import hookimpl
-from vitbench.plugins import get_host
 from vitbench.testing import tiny_vit
 
 from tests_support import CALLS  # noqa: E402 - tests/tests_support.py: the learnable test method

@@ -88,10 +88,16 @@ def run(args: argparse.Namespace) -> int:
     train_limit = args.train_limit
     if train_limit is None and model_name == DEFAULT_MODEL:
         train_limit = DEFAULT_MODEL_TRAIN_LIMIT
-    methods = [m for m in args.methods.split(",") if m.strip()]
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if not methods:
         raise VitbenchError("--methods is empty; see `vitbench list methods`")
-    plan = build_plan(task=args.task, model=model_name, methods=[m.strip() for m in methods], data=data,
+    learnable = [get_host().method(m).name for m in methods if get_host().method(m).needs_training]
+    if learnable and data is None:
+        if model_name != DEFAULT_MODEL:
+            raise VitbenchError(f"{', '.join(learnable)} must be fine-tuned: pass --data PATH (an "
+                                f"ImageNet-style folder with a train/ split)")
+        data = "fashion-mnist"
+    plan = build_plan(task=args.task, model=model_name, methods=methods, data=data,
                       overrides=parse_param_overrides(args.param), metrics=metrics,
                       batch_size=args.batch_size, device=args.device, seed=args.seed,
                       checkpoint=args.checkpoint, pretrained=args.pretrained,
@@ -113,12 +119,6 @@ def run(args: argparse.Namespace) -> int:
     get_host().family_of(model)
     _check_methods_apply(plan, model)
     cls_data = None
-    learnable = [s.method for s in plan[1:] if get_host().method(s.method).needs_training]
-    if learnable and data is None:
-        if model_name != DEFAULT_MODEL:
-            raise VitbenchError(f"{', '.join(learnable)} must be fine-tuned: pass --data PATH (an "
-                                f"ImageNet-style folder with a train/ split)")
-        data = "fashion-mnist"
     if any(m in metrics for m in DATA_METRICS) or learnable:
         from vitbench.tasks.cls.data import resolve_cls_data
 

@@ -4,7 +4,7 @@ Family-independent building blocks of the DCS plugin (``plugins/dcs.py``): they 
 an MLP module, never a model family, so the MobileViT/EfficientViT adapters of a later issue
 reuse them unchanged.
 
-- :func:`straight_through_mask`: ``M = sigmoid((logits + g1 - g2) / tau)`` with Gumbel noise
+- :func:`~vitbench.engine.masks.straight_through_mask` (shared with LTMP and LTM): ``M = sigmoid((logits + g1 - g2) / tau)`` with Gumbel noise
   ``g1, g2`` in training and none at inference; the forward uses the hard mask ``M > 0.5`` and
   the backward the gradient of the soft ``M`` (straight-through).
 - :class:`QKChannelMask`: the input-dependent query/key channel mask ``theta = Linear(x)``
@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from vitbench.engine.masks import gumbel_difference, straight_through_mask
 from vitbench.errors import UnsupportedError
 
 __all__ = [
@@ -34,30 +35,6 @@ __all__ = [
 #: ``sigmoid(-KEEP_LOGIT)`` = 12% -- enough for the search to see what a channel is worth,
 #: little enough not to wreck a pretrained model.
 KEEP_LOGIT = 2.0
-
-
-def gumbel_difference(like: torch.Tensor) -> torch.Tensor:
-    """``g1 - g2`` for two independent standard Gumbel samples of ``like``'s shape.
-
-    A Gumbel sample is ``-log(E)`` with ``E ~ Exp(1)`` (never 0, so no clamping is needed)."""
-    g1 = -torch.empty_like(like).exponential_().log()
-    g2 = -torch.empty_like(like).exponential_().log()
-    return g1 - g2
-
-
-def straight_through_mask(logits: torch.Tensor, tau: torch.Tensor | float, noisy: bool) -> torch.Tensor:
-    """Hard 0/1 mask with the gradient of ``sigmoid((logits + g1 - g2) / tau)``.
-
-    ``noisy`` adds the Gumbel noise (training); without it the mask is deterministic. The hard
-    value is taken as ``logits (+ noise) > 0``, which is ``M > 0.5`` in exact arithmetic and,
-    unlike thresholding the rounded sigmoid, agrees exactly with the shrink rule ``alpha > 0``.
-    The forward value is exactly 0 or 1 (``soft - soft.detach()`` is exactly zero).
-    """
-    if noisy:
-        logits = logits + gumbel_difference(logits)
-    soft = torch.sigmoid(logits / tau)
-    hard = (logits > 0).to(soft.dtype)
-    return hard + (soft - soft.detach())
 
 
 def _keep_all_linear(in_features: int, out_features: int) -> nn.Linear:
