@@ -17,8 +17,27 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 @dataclass(frozen=True)
+class BlockInfo:
+    """One attention block of a backbone whose blocks differ (conv hybrids, architecture.md
+    "Engine"): its width, heads, the token grid it sees, and which token sequence it belongs to
+    (MobileViT: one sequence per MobileViT block; the state restarts at each ``first`` block)."""
+
+    dim: int
+    num_heads: int
+    num_patches: int
+    grid: tuple[int, int]
+    sequence: int = 0
+    first: bool = False
+
+
+@dataclass(frozen=True)
 class ModelInfo:
-    """A family adapter's uniform description of a backbone (what a method may size itself by)."""
+    """A family adapter's uniform description of a backbone (what a method may size itself by).
+
+    Plain ViTs fill the scalar fields; hybrids also fill ``blocks`` (one :class:`BlockInfo` per
+    attention block, in forward order), and their scalar fields describe the first block.
+    ``input_size`` is the ``(H, W)`` the description was made for (token grids depend on it).
+    """
 
     family: str
     depth: int
@@ -29,6 +48,8 @@ class ModelInfo:
     grid: tuple[int, int]
     has_dist_token: bool = False
     global_pool: str = "token"
+    blocks: tuple[BlockInfo, ...] = ()
+    input_size: tuple[int, int] = (0, 0)
 
     @property
     def num_tokens(self) -> int:

@@ -1,0 +1,1 @@
+"""Built-in plugin: the efficientvit model-family adapter (issue 4; being written)."""
