@@ -1,1 +1,8 @@
-"""Built-in plugin: the mobilevit model-family adapter (issue 4; being written)."""
+"""Built-in plugin: the MobileViT model-family adapter."""
+from vitbench.engine.families.mobilevit import SPEC
+from vitbench.hookspecs import hookimpl
+
+
+@hookimpl
+def vitbench_register_families(register):  # type: ignore[no-untyped-def]
+    register(SPEC)

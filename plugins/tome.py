@@ -16,7 +16,7 @@ from typing import Union
 import torch
 
 from vitbench.catalog import MethodSpec, ModelInfo, Reduction
-from vitbench.engine import AttnInfo, TokenState, bipartite_soft_matching
+from vitbench.engine import AttnInfo, TokenState, bipartite_soft_matching, max_merge
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
 
@@ -64,7 +64,7 @@ class ToMeReducer:
         self.r = r
 
     def __call__(self, x: torch.Tensor, state: TokenState, info: AttnInfo) -> torch.Tensor:
-        if self.r <= 0:
+        if min(self.r, max_merge(x.shape[1], state.prefix)) <= 0:  # nothing left to merge
             return x
         return state.merge(x, bipartite_soft_matching(info.keys, self.r, state.prefix))
 
@@ -80,6 +80,6 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
         name="tome",
         params=ToMeParams,
         build=build,
-        families=("vit",),
+        families=("vit", "mobilevit"),
         description="ToMe: bipartite soft matching, r tokens merged per block (training-free)",
     ))

@@ -136,3 +136,14 @@ def test_gradients_flow_through_the_merge():
     model(torch.randn(2, 3, 32, 32)).sum().backward()
     assert model.blocks[0].block.attn.qkv.weight.grad is not None
     assert model.patch_embed.proj.weight.grad.abs().sum() > 0
+
+
+def test_a_sequence_too_short_to_merge_is_left_alone():
+    """Hybrids run ToMe on short sequences (MobileViT: 1 token at 64x64): r caps to 0."""
+    from vitbench.engine import AttnInfo, TokenState
+    from vitbench_plugins.tome import ToMeReducer
+
+    x = torch.randn(4, 1, 8)
+    state = TokenState.start(x, prefix=0)
+    assert ToMeReducer(2)(x, state, AttnInfo(keys=torch.randn(4, 1, 8))) is x
+    assert state.size is None

@@ -52,13 +52,19 @@ class ReducingBlock(nn.Module):
     (DCS, methods.md §7): ``qk(q, k, x) -> (q, k)``, applied to the per-head queries and keys
     ``[B, h, N, d]`` after qk-norm (``x`` the normed block input), and
     ``mlp_forward(mlp, x) -> y``, run instead of ``mlp(x)`` on the normed tokens.
+
+    The block with ``index == 0`` starts every forward (fresh token counts and extras) and a
+    fresh :class:`TokenState`. A hybrid whose blocks run on several token sequences (MobileViT:
+    one per MobileViT block) marks the first block of each sequence with
+    ``starts_sequence=True``: the token state restarts there, the counts run on.
     """
 
     def __init__(self, block: nn.Module, index: int, reducer: Optional[Callable[..., torch.Tensor]],
-                 context: ReductionContext) -> None:
+                 context: ReductionContext, starts_sequence: Optional[bool] = None) -> None:
         super().__init__()
         self.block = block
         self.index = index
+        self.starts_sequence = index == 0 if starts_sequence is None else starts_sequence
         self.reducer = reducer  # an nn.Module reducer (learnable methods) becomes a submodule
         self.needs = frozenset(getattr(reducer, "needs", ())) if reducer is not None else frozenset()
         self._context = context
@@ -74,8 +80,10 @@ class ReducingBlock(nn.Module):
         if attn_mask is not None or is_causal:
             raise ValueError("vitbench reducing blocks do not take an external attention mask")
         ctx = self._context
-        if self.index == 0 or ctx.state is None:
+        new_forward = self.index == 0 or ctx.state is None
+        if new_forward or self.starts_sequence:
             ctx.state = TokenState.start(x, ctx.prefix, ctx.trace_source)
+        if new_forward:
             ctx.token_counts = []
             ctx.extras = {}
         state = ctx.state
