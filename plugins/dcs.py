@@ -20,6 +20,27 @@ The mask modules live in :mod:`vitbench.engine.channel_select` and know nothing 
 family. Everything family-specific here is finding each block's MLP (``ReducingBlock.block.mlp``)
 and the last block (``model.blocks[-1]``, for the IB features).
 
+**Hybrid backbones** (issue 4; methods.md §7 "on EfficientViT: Q/K of each LiteMLA branch, and
+the concatenated branch outputs feeding the projection"; the paper's DCS-MobileViT-S and
+DCS-EfficientViT-B1):
+
+- *MobileViT*: its transformer blocks are timm ViT ``Block`` s wrapped in ReducingBlocks by the
+  mobilevit adapter; the same :class:`DCSReducer` serves them, sized per block from
+  ``ModelInfo.blocks`` (widths 96/120/144 on mobilevit_xs).
+- *EfficientViT*: one :class:`DCSLiteMLAReducer` per LiteMLA, through the hooks of
+  :mod:`vitbench.engine.families.efficientvit`: the Q/K mask ``theta = Linear(x)`` on the
+  LiteMLA's input map (one logit per q/k channel of every branch and head) multiplies the
+  ReLU-kernel features ``phi(Q)``, ``phi(K)`` -- after the kernel, so the linear attention's
+  similarity and its normaliser both lose the masked channels, as ``(Q*M)(K*M)^T`` does in §7;
+  the architecture gate ``alpha`` sits on the concatenated branch outputs before ``proj``
+  (EfficientViT's attention-output channels; its MLPs are MBConvs, not gated). The search cost
+  is the expected MACs of ``proj`` (``HW * C_out`` per kept channel). The shrink slices
+  ``proj.conv``'s input channels, skips the heads that lost every output channel (their q, k,
+  v, attention and Q/K logits), and keeps the ``qkv``/aggregation convolutions whole (see
+  :class:`DCSLiteMLAReducer` for why).
+- The IB bound of the retraining reads the last stage's output map, spatially averaged
+  (:func:`feature_module`): a hybrid has no final token sequence.
+
 Training is declared as two :class:`~vitbench.catalog.TrainStage` objects, never looped here:
 
 1. ``search`` (``search_epochs``): alternate the weights (70% of the batches) and ``alpha``
@@ -103,13 +124,16 @@ from torch import nn
 
 from vitbench.catalog import MethodSpec, ModelInfo, Reduction, TrainStage
 from vitbench.engine.attention import AttnInfo
-from vitbench.engine.block import ReducingBlock, reduction_context
+from vitbench.engine.block import reduction_context
 from vitbench.engine.channel_select import (
     ChannelGate,
     QKChannelMask,
     check_mlp,
+    check_pointwise_proj,
     gated_mlp,
     shrink_mlp,
+    shrink_proj_input,
+    shrink_qk_mask,
     sparse_mlp,
 )
 from vitbench.engine.token_state import TokenState
@@ -210,7 +234,7 @@ class IBStatistics(nn.Module):
             for images, y in batches():
                 images, y = images.to(device), y.to(device).long()
                 num_classes = max(num_classes, int(y.max()) + 1)
-                feats.append(final_features(model, images).float())
+                feats.append(_final_features(model, images).float())
                 labels.append(y)
                 if not self.input_centroids.numel():
                     input_sums = _add_per_class(input_sums, input_vectors(images), y, num_classes)
@@ -241,22 +265,46 @@ def _add_per_class(sums: Optional[torch.Tensor], vectors: torch.Tensor, labels: 
 
 
 class _CaptureTokens:
-    """Forward hook on the last block: leaves its output tokens in the context's extras.
+    """Forward hook on the feature module (:func:`feature_module`): leaves its output (tokens,
+    or a map on a conv hybrid) in the context's extras.
 
-    An object, not a closure, so it survives ``copy.deepcopy`` of the model."""
+    An object, not a closure, so ``copy.deepcopy`` of the model gives the copy's hook the copy's
+    context."""
 
-    def __init__(self, key: str) -> None:
+    def __init__(self, key: str, context: Any) -> None:
         self.key = key
+        self.context = context
 
     def __call__(self, module: nn.Module, args: tuple, out: torch.Tensor) -> None:  # type: ignore[type-arg]
-        ctx = _context_of(module)
-        if ctx is not None:
-            ctx.extras[self.key] = out
+        self.context.extras[self.key] = out
 
 
-def _context_of(block: nn.Module) -> Any:
-    """The reduction context a reducing block shares with its model."""
-    return getattr(block, "_context", None)
+def feature_module(model: nn.Module) -> nn.Module:
+    """The module whose output the retraining's IB bound reads: a ViT's last block (tokens) or,
+    on a conv hybrid without ``blocks`` (EfficientViT, MobileViT), its last stage (a map)."""
+    blocks = getattr(model, "blocks", None)
+    return blocks[-1] if blocks is not None else model.stages[-1]
+
+
+def _pooled(out: torch.Tensor, prefix: int, size: Optional[torch.Tensor]) -> torch.Tensor:
+    """``[B, C]`` features of the feature module's output: the size-weighted patch-token mean
+    (:func:`token_features`) or, for a map ``[B, C, H, W]``, its spatial mean."""
+    return out.mean(dim=(2, 3)) if out.dim() == 4 else token_features(out, prefix, size)
+
+
+def _final_features(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
+    """:func:`vitbench.measure.ib.final_features` on a ViT; the last stage's pooled map on a
+    conv hybrid (the same features the bound is trained on, see :func:`_pooled`)."""
+    if getattr(model, "blocks", None) is not None:
+        return final_features(model, images)
+    captured: dict[str, torch.Tensor] = {}
+    handle = feature_module(model).register_forward_hook(
+        lambda mod, args, out: captured.__setitem__("out", out))
+    try:
+        model(images)
+    finally:
+        handle.remove()
+    return _pooled(captured["out"], 0, None)
 
 
 class DCSReducer(nn.Module):
@@ -298,7 +346,7 @@ class DCSReducer(nn.Module):
         self._mlp_macs = (x.numel() // (x.shape[0] * x.shape[-1]), mlp.fc1.out_features)
         return gated_mlp(mlp, x, self.mlp_gate(self.tau))
 
-    def expected_mlp_macs(self) -> Optional[tuple[torch.Tensor, int]]:
+    def expected_macs(self) -> Optional[tuple[torch.Tensor, int]]:
         """``(expected, full)`` MACs per image of this block's MLP in the last forward:
         ``N * 2 * H * sum_i sigmoid(alpha_i / tau)`` (differentiable in ``alpha``) and the
         same with every channel kept. ``None`` without a gate or before a forward."""
@@ -324,16 +372,117 @@ class DCSReducer(nn.Module):
         self.mlp_gate = None
         self._mlp_macs = None
 
+    def shrink_block(self, block: nn.Module, index: Optional[torch.Tensor] = None) -> None:
+        """:meth:`shrink` on the MLP of ``block`` (the timm ``Block`` a ReducingBlock wraps)."""
+        self.shrink(block.mlp, index)
+
+
+class DCSLiteMLAReducer(nn.Module):
+    """One EfficientViT LiteMLA's DCS channel selection (methods.md §7 on EfficientViT: "Q/K of
+    each LiteMLA branch, and the concatenated branch outputs feeding the projection").
+
+    The hooks are those of :mod:`vitbench.engine.families.efficientvit`:
+
+    - ``qk_mask`` (``arch`` both|qk): ``theta = Linear(x)`` from the LiteMLA's input map (each
+      position a token, ``C`` channels) to one logit per query/key channel of every branch and
+      head (``BRANCHES * C``), the same straight-through Gumbel mask as on a ViT, applied to the
+      ReLU-kernel features ``phi(Q)``, ``phi(K)`` (:meth:`qk`);
+    - ``out_gate`` (``arch`` both|out): architecture logits ``alpha`` over the ``BRANCHES * C``
+      concatenated branch outputs; :meth:`proj_forward` runs ``proj(out * g)``.
+
+    :meth:`shrink` (after the search) keeps the channels with ``alpha > 0``: ``proj.conv`` reads
+    only those (a :class:`~vitbench.engine.channel_select.PointwiseConv` under the same name),
+    ``kept`` holds their indices, ``heads_used`` the heads with at least one kept channel --
+    only those heads' attention (their q, k, v) runs, and the Q/K mask's Linear keeps only
+    their rows. Within a kept head all ``d`` value channels are computed (the head's ``k^T v``
+    product is ``[d, d+1]`` either way); the ``qkv`` and aggregation convolutions keep every
+    channel, because the 5x5 branch's grouped 1x1 conv mixes all ``d`` channels of a head of
+    the 1x1 branch, so timm's shapes stay and only ``proj`` changes shape in the state dict.
+    """
+
+    needs: frozenset[str] = frozenset()
+
+    def __init__(self, in_channels: int, num_heads: int, head_dim: int, arch: str, separate: bool,
+                 tau0: float) -> None:
+        super().__init__()
+        self.head_dim = head_dim
+        self.register_buffer("tau", torch.tensor(float(tau0)))
+        self.register_buffer("kept", None)
+        self.register_buffer("heads_used", None, persistent=False)  # derived from ``kept``
+        self.register_buffer("kept_positions", None, persistent=False)
+        self.qk_mask = QKChannelMask(in_channels, num_heads, head_dim, separate) if arch != "out" else None
+        self.out_gate = ChannelGate(num_heads * head_dim) if arch != "qk" else None
+        self.ib: Optional[IBStatistics] = None
+        self._proj_macs: Optional[int] = None  # MACs per input channel of proj in the last forward
+
+    def qk(self, q: torch.Tensor, k: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mask the kernel features ``[B, H', HW, d]`` of the computed heads (identity without
+        ``qk_mask``); ``x [B, HW, C]`` the LiteMLA's input positions."""
+        if self.qk_mask is None:
+            return q, k
+        return self.qk_mask(q, k, x, self.tau)
+
+    def proj_forward(self, proj: nn.Module, out: torch.Tensor) -> torch.Tensor:
+        """``proj`` on the concatenated branch outputs ``[B, H'*d, H, W]``: gated in the search,
+        reading only the kept channels after the shrink."""
+        if self.kept is not None:
+            return proj(out.index_select(1, self.kept_positions))
+        if self.out_gate is None:
+            return proj(out)
+        check_pointwise_proj(proj)  # fail in the first forward, not after a whole search epoch
+        self._proj_macs = out.shape[-2] * out.shape[-1] * proj.conv.out_channels
+        return proj(out * self.out_gate(self.tau).to(out.dtype)[:, None, None])
+
+    def expected_macs(self) -> Optional[tuple[torch.Tensor, int]]:
+        """``(expected, full)`` MACs per image of ``proj`` in the last forward: ``HW * C_out *
+        sum_i sigmoid(alpha_i / tau)`` (differentiable in ``alpha``) and the same with every
+        channel kept. ``None`` without a gate or before a forward."""
+        if self.out_gate is None or self._proj_macs is None:
+            return None
+        return self._proj_macs * self.out_gate.expected_kept(self.tau).sum(), self._proj_macs * self.alpha_count
+
+    @property
+    def alpha_count(self) -> int:
+        return 0 if self.out_gate is None else self.out_gate.alpha.numel()
+
+    def shrink(self, proj: nn.Module, index: Optional[torch.Tensor] = None) -> None:
+        """Fix the architecture: keep the output channels ``index`` (default ``alpha > 0``),
+        shrink ``proj`` and the Q/K mask to them (class docstring) and drop the gate. Does
+        nothing without a gate (``arch=qk``)."""
+        if self.out_gate is None:
+            return
+        if index is None:
+            index = self.out_gate.kept_index()
+        index = index.to(device=self.tau.device, dtype=torch.long)
+        shrink_proj_input(proj, index)
+        heads = torch.unique(index // self.head_dim)  # sorted
+        if self.qk_mask is not None:
+            shrink_qk_mask(self.qk_mask, heads)
+        self.kept = index
+        self.heads_used = heads
+        self.kept_positions = torch.searchsorted(heads, index // self.head_dim) * self.head_dim + index % self.head_dim
+        self.out_gate = None
+        self._proj_macs = None
+
+    def shrink_block(self, block: nn.Module, index: Optional[torch.Tensor] = None) -> None:
+        """:meth:`shrink` on the ``proj`` of ``block`` (the LiteMLA a ReducingLiteMLA wraps)."""
+        self.shrink(block.proj, index)
+
 
 # -- finding the method's modules in a patched model --------------------------------------------
 
-def _blocks(model: nn.Module) -> Iterator[tuple[str, ReducingBlock, DCSReducer]]:
+_REDUCERS = (DCSReducer, DCSLiteMLAReducer)
+
+
+def _blocks(model: nn.Module) -> Iterator[tuple[str, nn.Module, Any]]:
+    """``(name, wrapper, reducer)`` of every block wrapper (a ViT/MobileViT ReducingBlock, an
+    EfficientViT ReducingLiteMLA) holding a DCS reducer, in forward order."""
     for name, module in model.named_modules():
-        if isinstance(module, ReducingBlock) and isinstance(module.reducer, DCSReducer):
+        if isinstance(getattr(module, "reducer", None), _REDUCERS):
             yield name, module, module.reducer
 
 
-def dcs_reducers(model: nn.Module) -> list[DCSReducer]:
+def dcs_reducers(model: nn.Module) -> list[Any]:
     """The DCS reducers of a patched model, in block order."""
     return [reducer for _, _, reducer in _blocks(model)]
 
@@ -355,7 +504,7 @@ def decay_tau(tau_decay: float) -> Callable[[nn.Module, int, Callable[[], Any]],
 def search_loss(lam: float) -> Callable[[nn.Module, torch.Tensor, torch.Tensor], Optional[torch.Tensor]]:
     """``extra_loss`` of the search: ``lam * log(expected MLP MACs / full MLP MACs)``."""
     def extra_loss(model: nn.Module, logits: torch.Tensor, labels: torch.Tensor) -> Optional[torch.Tensor]:
-        costs = [c for c in (r.expected_mlp_macs() for r in dcs_reducers(model)) if c is not None]
+        costs = [c for c in (r.expected_macs() for r in dcs_reducers(model)) if c is not None]
         if not costs or lam == 0:
             return None
         expected = torch.stack([c[0] for c in costs]).sum()
@@ -365,9 +514,10 @@ def search_loss(lam: float) -> Callable[[nn.Module, torch.Tensor, torch.Tensor],
 
 
 def shrink_searched(model: nn.Module) -> None:
-    """``after`` callback of the search: shrink every gated MLP to its channels with ``alpha > 0``."""
+    """``after`` callback of the search: shrink every gated MLP (or LiteMLA projection) to its
+    channels with ``alpha > 0``."""
     for _, block, reducer in _blocks(model):
-        reducer.shrink(block.block.mlp)
+        reducer.shrink_block(block.block)
 
 
 # -- retraining with the IB bound ---------------------------------------------------------------
@@ -383,9 +533,9 @@ def ib_before(t_warm: int) -> Callable[[nn.Module, Callable[[], Any]], None]:
         ib = _ib_statistics(model)
         if ib is None:
             return
-        last = model.blocks[-1]
+        last = feature_module(model)
         if not any(isinstance(h, _CaptureTokens) for h in last._forward_hooks.values()):
-            last.register_forward_hook(_CaptureTokens(_TOKENS_KEY))
+            last.register_forward_hook(_CaptureTokens(_TOKENS_KEY, reduction_context(model)))
         if _ib_active(ib, t_warm):
             ib.refresh(model, batches)
     return callback
@@ -406,7 +556,7 @@ def ib_epoch_end(t_warm: int, epochs: int) -> Callable[[nn.Module, int, Callable
 
 def ib_after(model: nn.Module) -> None:
     """``after`` callback of the retraining: remove the token capture hook."""
-    hooks = model.blocks[-1]._forward_hooks
+    hooks = feature_module(model)._forward_hooks
     for key in [k for k, h in hooks.items() if isinstance(h, _CaptureTokens)]:
         del hooks[key]
 
@@ -427,7 +577,7 @@ def ib_loss(eta: float, t_warm: int) -> Callable[[nn.Module, torch.Tensor, torch
             raise RuntimeError("dcs: the forward left no final tokens or inputs; the retrain "
                                "stage's `before` callback did not run")
         size = ctx.state.size if ctx.state is not None else None
-        tau_f = soft_assign(token_features(tokens, ctx.prefix, size), ib.feature_centroids)
+        tau_f = soft_assign(_pooled(tokens, ctx.prefix, size), ib.feature_centroids)
         tau_x = soft_assign(input_vectors(ctx.inputs), ib.input_centroids)
         return eta * ib_terms(tau_f, tau_x, labels, ib.log_q.shape[0], log_q=ib.log_q).bound
     return extra_loss
@@ -443,7 +593,7 @@ def prepare_load(model: nn.Module, state_dict: dict) -> None:
     for name, block, reducer in _blocks(model):
         kept = _find(state_dict, f"{name}.reducer.kept")
         if kept is not None and reducer.kept is None:
-            reducer.shrink(block.block.mlp, kept.to(torch.long))
+            reducer.shrink_block(block.block, kept.to(torch.long))
         ib_name = f"{name}.reducer.ib."
         if reducer.ib is not None:
             for buffer, value in list(reducer.ib.named_buffers()):
@@ -462,9 +612,21 @@ def _find(state_dict: dict, key: str) -> Optional[torch.Tensor]:
 
 # -- registration -----------------------------------------------------------------------------
 
+def _reducers(params: DCSParams, info: ModelInfo) -> list[Any]:
+    """One reducer per attention block, sized by ``info.blocks`` when the family fills it
+    (hybrids: per-block widths) and by the scalar fields otherwise."""
+    separate = params.qk_mask == "separate"
+    if info.family == "efficientvit":
+        from vitbench.engine.families.efficientvit import BRANCHES
+
+        return [DCSLiteMLAReducer(b.dim, BRANCHES * b.num_heads, b.dim // b.num_heads, params.arch,
+                                  separate, params.tau0) for b in info.blocks]
+    shapes = [(b.dim, b.num_heads) for b in info.blocks] or [(info.embed_dim, info.num_heads)] * info.depth
+    return [DCSReducer(dim, heads, params.arch, separate, params.tau0) for dim, heads in shapes]
+
+
 def build(params: DCSParams, info: ModelInfo) -> Reduction:
-    reducers = [DCSReducer(info.embed_dim, info.num_heads, params.arch,
-                           params.qk_mask == "separate", params.tau0) for _ in range(info.depth)]
+    reducers = _reducers(params, info)
     if params.uses_ib:
         reducers[-1].ib = IBStatistics()
     for reducer in reducers:  # a new module trains; these start as inference (no Gumbel noise)
@@ -505,8 +667,8 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
         name="dcs",
         params=DCSParams,
         build=build,
-        families=("vit",),
+        families=("vit", "efficientvit", "mobilevit"),
         needs_training=True,
-        description="DCS: differentiable Q/K and MLP channel selection, searched then retrained "
-                    "with the IB bound (learnable)",
+        description="DCS: differentiable Q/K and MLP (EfficientViT: attention-output) channel "
+                    "selection, searched then retrained with the IB bound (learnable)",
     ))

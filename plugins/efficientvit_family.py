@@ -1,1 +1,8 @@
-"""Built-in plugin: the efficientvit model-family adapter (issue 4; being written)."""
+"""Built-in plugin: the EfficientViT (MIT, timm ``EfficientVit``) model-family adapter."""
+from vitbench.engine.families.efficientvit import SPEC
+from vitbench.hookspecs import hookimpl
+
+
+@hookimpl
+def vitbench_register_families(register):  # type: ignore[no-untyped-def]
+    register(SPEC)

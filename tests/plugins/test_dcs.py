@@ -88,7 +88,7 @@ def _sgd_steps(model, stage, data, steps: int, lr: float = 0.5) -> None:  # type
 
 def test_resolves_through_the_plugin_host_and_conforms():
     spec = get_host().method("dcs")
-    assert spec.name == "dcs" and spec.needs_training and spec.families == ("vit",)
+    assert spec.name == "dcs" and spec.needs_training and spec.families == ("vit", "efficientvit", "mobilevit")
     check_method("dcs", model_factory=lambda: tiny_vit(depth=DEPTH), reduces_tokens=False)
 
 
@@ -360,3 +360,283 @@ def test_a_non_timm_mlp_is_refused_clearly():
 def test_bad_parameters(bad, message):
     with pytest.raises(ParamError, match=message):
         make_params("dcs", get_host().method("dcs").params, bad)
+
+
+# -- EfficientViT (issue 4): Q/K masks of each LiteMLA branch, gates on the outputs feeding proj --
+
+EV_SIZE = 64  # LiteMLA maps 4x4 (stages[2]) and 2x2 (stages[3])
+EV_HW = [16] * 3 + [4] * 4
+EV_DIMS = [128] * 3 + [256] * 4
+
+
+@pytest.fixture()
+def one_thread():
+    """One thread: efficientvit_b1 runs several times faster so on the shared 2-core machines."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _efficientvit(num_classes: int = 10):  # type: ignore[no-untyped-def]
+    import timm
+
+    torch.manual_seed(0)
+    return timm.create_model("efficientvit_b1", pretrained=False, num_classes=num_classes).eval()
+
+
+def _ev_apply(**params):  # type: ignore[no-untyped-def]
+    base = _efficientvit()
+    return base, vitbench.apply(copy.deepcopy(base), "dcs", **params)
+
+
+def _ev_images(n: int = 2) -> torch.Tensor:
+    return torch.randn(n, 3, EV_SIZE, EV_SIZE, generator=torch.Generator().manual_seed(0))
+
+
+def _ev_wrappers(model):  # type: ignore[no-untyped-def]
+    from vitbench.engine.families.efficientvit import ReducingLiteMLA
+
+    return [m for m in model.modules() if isinstance(m, ReducingLiteMLA)]
+
+
+def _ev_reducers(model):  # type: ignore[no-untyped-def]
+    return [w.reducer for w in _ev_wrappers(model)]
+
+
+def _ev_randomise(model, seed: int = 0) -> None:
+    """Q/K masks that drop some channels per position, and random alphas."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for reducer in _ev_reducers(model):
+            if reducer.qk_mask is not None:
+                for lin in (m for m in reducer.qk_mask.modules() if isinstance(m, torch.nn.Linear)):
+                    lin.weight.copy_(0.1 * torch.randn(lin.weight.shape, generator=g))
+                    lin.bias.copy_(torch.randn(lin.bias.shape, generator=g))
+            if reducer.out_gate is not None:
+                reducer.out_gate.alpha.copy_(torch.randn(reducer.out_gate.alpha.shape, generator=g))
+
+
+@pytest.mark.parametrize("params", [{}, {"qk_mask": "separate"}, {"arch": "qk"}, {"arch": "out"}])
+def test_efficientvit_untrained_equals_unpatched(one_thread, params):
+    base, model = _ev_apply(**params)
+    x = _ev_images()
+    with torch.inference_mode():
+        assert torch.equal(model(x), base(x))  # every mask and gate is exactly 1: nothing changes
+        assert torch.equal(model.forward_features(x), base.forward_features(x))
+
+
+def test_efficientvit_masks_have_the_branch_widths_and_keep_shapes(one_thread):
+    base, model = _ev_apply()
+    reducers = _ev_reducers(model)
+    assert len(reducers) == 7
+    assert [r.qk_mask.theta.weight.shape for r in reducers] == [(2 * c, c) for c in EV_DIMS]
+    assert [(r.qk_mask.num_heads, r.qk_mask.head_dim) for r in reducers] == [(2 * c // 16, 16) for c in EV_DIMS]
+    assert [r.out_gate.alpha.shape[0] for r in reducers] == [2 * c for c in EV_DIMS]
+    names = {n.split("reducer.", 1)[1] for n, _ in model.named_parameters() if ".reducer." in n}
+    assert names == {"qk_mask.theta.weight", "qk_mask.theta.bias", "out_gate.alpha"}
+    _ev_randomise(model)
+    x = _ev_images()
+    with torch.inference_mode():
+        out, masked = model(x), model.forward_features(x)
+        assert out.shape == (2, 10) and masked.shape == (2, 256, 2, 2)
+        assert not torch.allclose(out, base(x))  # the masks do act
+        assert torch.equal(out, model(x))  # deterministic at inference
+
+
+def test_efficientvit_gradients_reach_theta_and_alpha(one_thread):
+    _, model = _ev_apply()
+    model.train()
+    x = _ev_images(4)
+    labels = torch.tensor([0, 1, 2, 3])
+    logits = model(x)
+    cost = _stage(model, "search").extra_loss(model, logits, labels)
+    assert cost is not None and cost.item() == pytest.approx(0.1 * math.log(torch.sigmoid(torch.tensor(2 / 4.5)).item()))
+    (F.cross_entropy(logits, labels) + cost).backward()
+    for reducer in _ev_reducers(model):
+        assert reducer.qk_mask.theta.weight.grad.abs().sum() > 0
+        assert reducer.out_gate.alpha.grad.abs().sum() > 0
+
+
+def test_efficientvit_shrink_cuts_proj_inputs_and_heads(one_thread):
+    base, model = _ev_apply()
+    _ev_randomise(model)
+    with torch.no_grad():  # block 0 also loses every output channel of heads 0..3 (branch 1x1)
+        _ev_reducers(model)[0].out_gate.alpha[:64] = -1.0
+    alphas = [r.out_gate.alpha.detach().clone() for r in _ev_reducers(model)]
+    x = _ev_images()
+    with torch.inference_mode():
+        masked = model(x)
+    masked_gmacs = count_gmacs(model, x[:1]).mean
+    _stage(model, "search").after[0](model)
+    with torch.inference_mode():
+        assert (model(x) - masked).abs().max().item() < 1e-5
+    for wrapper, reducer, alpha in zip(_ev_wrappers(model), _ev_reducers(model), alphas):
+        kept = (alpha > 0).nonzero().flatten()
+        proj = wrapper.block.proj
+        full = base.get_submodule(next(n for n, m in model.named_modules() if m is wrapper)).proj
+        assert 0 < len(kept) < len(alpha) and torch.equal(reducer.kept, kept)
+        assert proj.conv.in_channels == len(kept) and torch.equal(proj.conv.weight, full.conv.weight[:, kept])
+        assert torch.equal(reducer.heads_used, torch.unique(kept // 16))
+        assert reducer.qk_mask.theta.weight.shape[0] == 16 * len(reducer.heads_used)
+        assert reducer.out_gate is None
+    assert _ev_reducers(model)[0].heads_used.tolist() == list(range(4, 16))
+    assert count_gmacs(model, x[:1]).mean < masked_gmacs
+    keys = set(model.state_dict())
+    assert set(base.state_dict()) <= keys and not any("alpha" in k for k in keys)
+    assert "stages.2.blocks.1.context_module.main.reducer.kept" in keys
+
+
+def test_efficientvit_shrink_saves_the_proj_and_skipped_head_macs(one_thread):
+    base, model = _ev_apply(arch="out")  # no Q/K mask: the only MACs DCS changes are the shrink's
+    _ev_randomise(model)
+    with torch.no_grad():
+        _ev_reducers(model)[0].out_gate.alpha[:64] = -1.0
+        _ev_reducers(model)[3].out_gate.alpha[256:] = -1.0  # the whole 5x5 branch
+    x = _ev_images(1)
+    assert count_gmacs(model, x).mean == pytest.approx(count_gmacs(base, x).mean, rel=1e-9)
+    _stage(model, "search").after[0](model)
+    expected = 0
+    for hw, dim, reducer in zip(EV_HW, EV_DIMS, _ev_reducers(model)):
+        dropped, skipped = 2 * dim - len(reducer.kept), 2 * dim // 16 - len(reducer.heads_used)
+        # proj reads hw x dim MACs per input channel; a head's linear attention costs
+        # k^T [v 1] + q (k^T [v 1]): 2 x hw x d x (d + 1)
+        expected += hw * dim * dropped + skipped * 2 * hw * 16 * 17
+    saved = count_gmacs(base, x).mean - count_gmacs(model, x).mean
+    assert math.isclose(saved, expected / 1e9, rel_tol=1e-6)
+
+
+def test_efficientvit_lite_mla_may_lose_every_channel(one_thread):
+    _, model = _ev_apply()
+    _ev_randomise(model)
+    with torch.no_grad():
+        _ev_reducers(model)[1].out_gate.alpha.fill_(-1.0)
+    x = _ev_images()
+    with torch.inference_mode():
+        masked = model(x)
+    _stage(model, "search").after[0](model)
+    assert _ev_wrappers(model)[1].block.proj.conv.in_channels == 0
+    assert _ev_reducers(model)[1].heads_used.numel() == 0
+    with torch.inference_mode():
+        assert (model(x) - masked).abs().max().item() < 1e-5
+
+
+def test_efficientvit_prepare_load_round_trip(one_thread):
+    _, trained = _ev_apply()
+    _ev_randomise(trained)
+    _stage(trained, "search").after[0](trained)
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(8, 3, EV_SIZE, EV_SIZE, generator=g), torch.randint(0, 10, (8,), generator=g))]
+    _stage(trained, "retrain").before[0](trained, lambda: iter(data))
+    state = trained.state_dict()
+    last = "stages.3.blocks.4.context_module.main.reducer"
+    assert state[f"{last}.ib.log_q"].shape == (10, 10) and state[f"{last}.ib.feature_centroids"].shape == (10, 256)
+    _, fresh = _ev_apply()
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        fresh.load_state_dict(state, strict=True)
+    _, fresh = _ev_apply()
+    reduction_context(fresh).reduction.prepare_load(fresh, state)
+    fresh.load_state_dict(state, strict=True)
+    x = _ev_images()
+    with torch.inference_mode():
+        assert torch.equal(fresh(x), trained(x))
+    assert all(torch.equal(a.heads_used, b.heads_used) for a, b in zip(_ev_reducers(fresh), _ev_reducers(trained)))
+
+
+def test_efficientvit_fine_tunes_search_then_retrain(one_thread, folder_writer, tmp_path):
+    """The real loop (mmengine Runner) on a tiny image folder: both stages run, the search ends
+    in the shrink, the retraining uses the IB bound of the last stage's map."""
+    from vitbench.tasks.cls.data import resolve_cls_data
+    from vitbench.train import finetune
+
+    for split in ("train", "val"):
+        folder_writer(tmp_path / split, {"a": 8, "b": 8}, size=(EV_SIZE, EV_SIZE))
+    base = _efficientvit(num_classes=2)
+    base.pretrained_cfg = {**base.pretrained_cfg, "input_size": (3, EV_SIZE, EV_SIZE), "crop_pct": 1.0}
+    model = vitbench.apply(copy.deepcopy(base), "dcs", batch_size=8, arch_lr=1.0)
+    weights = {n: p.detach().clone() for n, p in model.named_parameters() if ".reducer." not in n}
+    theta = _ev_reducers(model)[0].qk_mask.theta.weight.detach().clone()
+    result = finetune(model, resolve_cls_data(str(tmp_path), model), limit=16)
+    assert [(s["name"], s["iters"]) for s in result.stages] == [("search", 2), ("retrain", 2)]
+    assert result.stages[1]["last_extra"] != 0.0  # the IB bound was on
+    reducers = _ev_reducers(model)
+    assert all(r.kept is not None and r.out_gate is None for r in reducers)
+    assert all(w.block.proj.conv.in_channels == len(r.kept) for w, r in zip(_ev_wrappers(model), reducers))
+    assert reducers[-1].ib.ready and not model.stages[-1]._forward_hooks
+    assert not torch.equal(reducers[0].qk_mask.theta.weight[:16], theta[:16])
+    state = dict(model.named_parameters())
+    for name, value in weights.items():  # the backbone stayed frozen (proj only lost columns)
+        if ".proj.conv." not in name:
+            assert torch.equal(state[name], value), name
+    with torch.inference_mode():
+        assert model(_ev_images()).shape == (2, 2)
+
+
+# -- MobileViT (issue 4): its ViT Blocks get the ViT reducers, sized per block --------------------
+
+def _mobilevit_apply(**params):  # type: ignore[no-untyped-def]
+    import timm
+
+    torch.manual_seed(0)
+    base = timm.create_model("mobilevit_xs", pretrained=False, num_classes=10).eval()
+    return base, vitbench.apply(copy.deepcopy(base), "dcs", **params)
+
+
+def _mobilevit_reducers(model):  # type: ignore[no-untyped-def]
+    from vitbench.engine import ReducingBlock
+
+    return [m.reducer for m in model.modules() if isinstance(m, ReducingBlock)]
+
+
+def test_mobilevit_reducers_are_sized_per_block_and_start_as_the_identity(one_thread):
+    base, model = _mobilevit_apply()
+    reducers = _mobilevit_reducers(model)
+    dims = [96] * 2 + [120] * 4 + [144] * 3
+    assert [r.qk_mask.theta.weight.shape for r in reducers] == [(d, d) for d in dims]
+    assert [r.mlp_gate.alpha.numel() for r in reducers] == dims
+    x = _ev_images()
+    with torch.inference_mode():
+        assert torch.equal(model(x), base(x))
+
+
+def test_mobilevit_shrink_prepare_load_and_ib_bound(one_thread):
+    _, model = _mobilevit_apply(eta=2.0)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for reducer in _mobilevit_reducers(model):
+            reducer.qk_mask.theta.weight.copy_(0.1 * torch.randn(reducer.qk_mask.theta.weight.shape, generator=g))
+            reducer.mlp_gate.alpha.copy_(torch.randn(reducer.mlp_gate.alpha.shape, generator=g))
+    x = _ev_images()
+    with torch.inference_mode():
+        masked = model(x)
+    masked_gmacs = count_gmacs(model, x[:1]).mean
+    _stage(model, "search").after[0](model)
+    with torch.inference_mode():
+        assert (model(x) - masked).abs().max().item() < 1e-5
+    assert count_gmacs(model, x[:1]).mean < masked_gmacs
+    mlp = model.stages[3][1].transformer[0].block.mlp
+    assert mlp.fc1.in_features == len(_mobilevit_reducers(model)[2].kept) < 120
+    data = [(torch.randn(8, 3, EV_SIZE, EV_SIZE, generator=g), torch.randint(0, 10, (8,), generator=g))]
+    retrain = _stage(model, "retrain")
+    retrain.before[0](model, lambda: iter(data))  # the statistics of the last stage's pooled map
+    ib = _mobilevit_reducers(model)[-1].ib
+    assert ib.ready and ib.feature_centroids.shape == (10, model.stages[-1][-1].conv_fusion.conv.out_channels)
+    images, labels = data[0]
+    with torch.no_grad():
+        bound = retrain.extra_loss(model, model(images), labels)
+        captured = []
+        handle = model.stages[-1].register_forward_hook(lambda m, a, out: captured.append(out.mean(dim=(2, 3))))
+        model(images)
+        handle.remove()
+        tau_f = soft_assign(captured[0], ib.feature_centroids)
+        tau_x = soft_assign(input_vectors(images), ib.input_centroids)
+        expected = 2.0 * ib_terms(tau_f, tau_x, labels, 10, log_q=ib.log_q).bound
+    assert math.isclose(bound.item(), expected.item(), rel_tol=1e-5)
+    retrain.after[0](model)
+    assert not model.stages[-1]._forward_hooks
+    state = model.state_dict()
+    _, fresh = _mobilevit_apply(eta=2.0)
+    reduction_context(fresh).reduction.prepare_load(fresh, state)
+    fresh.load_state_dict(state, strict=True)
+    with torch.inference_mode():
+        assert torch.equal(fresh(x), model(x))

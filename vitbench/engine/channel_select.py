@@ -1,8 +1,8 @@
 """Channel selection by straight-through Gumbel-sigmoid masks (DCS, methods.md §7).
 
-Family-independent building blocks of the DCS plugin (``plugins/dcs.py``): they see tensors and
-an MLP module, never a model family, so the MobileViT/EfficientViT adapters of a later issue
-reuse them unchanged.
+Family-independent building blocks of the DCS plugin (``plugins/dcs.py``): they see tensors, an
+MLP module or a 1x1-conv projection, never a model family. The MobileViT blocks (timm ViT
+``Block``s) use the MLP pieces unchanged; EfficientViT's LiteMLA uses the projection pieces.
 
 - :func:`~vitbench.engine.masks.straight_through_mask` (shared with LTMP and LTM): ``M = sigmoid((logits + g1 - g2) / tau)`` with Gumbel noise
   ``g1, g2`` in training and none at inference; the forward uses the hard mask ``M > 0.5`` and
@@ -14,6 +14,10 @@ reuse them unchanged.
 - :func:`gated_mlp`, :func:`shrink_mlp`, :func:`sparse_mlp`: the MLP under a channel gate, the
   physical shrink of ``fc1``/``fc2`` to the kept channels, and the shrunk MLP's forward that
   scatters its ``C~`` outputs back into the ``C`` channels of the residual stream.
+- :func:`check_pointwise_proj`, :func:`shrink_proj_input`, :class:`PointwiseConv`: a projection
+  module whose ``conv`` is a 1x1 convolution (EfficientViT's ``LiteMLA.proj``) shrunk to read
+  only the kept input channels (DCS on the concatenated branch outputs feeding it).
+- :func:`shrink_qk_mask`: a Q/K channel mask reduced to the heads still computed.
 """
 from __future__ import annotations
 
@@ -24,8 +28,9 @@ from vitbench.engine.masks import gumbel_difference, straight_through_mask
 from vitbench.errors import UnsupportedError
 
 __all__ = [
-    "KEEP_LOGIT", "ChannelGate", "QKChannelMask", "check_mlp", "gated_mlp", "gumbel_difference",
-    "shrink_mlp", "sparse_mlp", "straight_through_mask",
+    "KEEP_LOGIT", "ChannelGate", "PointwiseConv", "QKChannelMask", "check_mlp",
+    "check_pointwise_proj", "gated_mlp", "gumbel_difference", "shrink_mlp", "shrink_proj_input",
+    "shrink_qk_mask", "sparse_mlp", "straight_through_mask",
 ]
 
 #: The initial mask logit (``theta``'s Linear bias, ``alpha``): positive, so an untrained mask
@@ -169,3 +174,60 @@ def sparse_mlp(mlp: nn.Module, x: torch.Tensor, index: torch.Tensor) -> torch.Te
     Equals :func:`gated_mlp` with the 0/1 gate whose ones are ``index``."""
     y = mlp(x.index_select(-1, index))
     return y.new_zeros(*x.shape[:-1], x.shape[-1]).index_copy(x.dim() - 1, index, y)
+
+
+def shrink_qk_mask(mask: QKChannelMask, heads: torch.Tensor) -> None:
+    """Keep only the logits of ``heads [h~]`` (sorted head indices) in ``mask``'s Linear(s).
+
+    For a block whose attention then runs only those heads (EfficientViT after the shrink: a
+    head none of whose output channels is kept is skipped), so the mask is computed for them
+    alone. The Linears keep their names (``theta``/``theta_q``/``theta_k``), only fewer rows."""
+    heads = heads.to(device=next(mask.parameters()).device, dtype=torch.long)
+    rows = (heads[:, None] * mask.head_dim + torch.arange(mask.head_dim, device=heads.device)).flatten()
+    names = ("theta_q", "theta_k") if mask.separate else ("theta",)
+    for name in names:
+        linear = getattr(mask, name)
+        setattr(mask, name, _linear_like(linear.weight[rows], linear.bias[rows], linear))
+    mask.num_heads = int(heads.numel())
+
+
+class PointwiseConv(nn.Conv2d):
+    """A 1x1 ``nn.Conv2d`` that also works with no input channels (all of them dropped): it then
+    returns the bias (or zeros) at every position, as the full conv does on all-zero input.
+    (``F.conv2d`` returns an empty tensor for an empty weight.) Same parameters and state-dict
+    keys as ``nn.Conv2d``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.in_channels > 0:
+            return super().forward(x)
+        b, _, h, w = x.shape
+        out = x.new_zeros(b, self.out_channels, h, w)
+        return out if self.bias is None else out + self.bias.view(1, -1, 1, 1).to(x.dtype)
+
+
+def check_pointwise_proj(proj: nn.Module) -> None:
+    """Raise :class:`UnsupportedError` unless ``proj.conv`` is a plain 1x1 ``nn.Conv2d`` (stride 1,
+    no groups or dilation), the layout :func:`shrink_proj_input` can slice by input channel."""
+    conv = getattr(proj, "conv", None)
+    if not (isinstance(conv, nn.Conv2d) and conv.kernel_size == (1, 1) and conv.stride == (1, 1)
+            and conv.groups == 1 and conv.padding in ((0, 0), "valid")):
+        raise UnsupportedError(
+            f"DCS output-channel selection needs a projection whose `conv` is a plain 1x1 Conv2d; "
+            f"this block's projection is a {type(proj).__name__} with {type(conv).__name__} "
+            f"{'' if conv is None else conv}; use arch=qk (Q/K channel masks only) for this model")
+
+
+def shrink_proj_input(proj: nn.Module, index: torch.Tensor) -> None:
+    """Replace ``proj.conv`` in place by a :class:`PointwiseConv` reading only the input channels
+    ``index [C~]`` (its weight ``[out, C~, 1, 1]``; the bias, norm and activation unchanged), so
+    ``proj(out[:, index])`` equals ``proj(out * g)`` for the 0/1 gate ``g`` whose ones are
+    ``index``. The parameters inherit the frozen flag; the module name stays ``conv``."""
+    check_pointwise_proj(proj)
+    conv = proj.conv
+    index = index.to(device=conv.weight.device, dtype=torch.long)
+    new = PointwiseConv(1, conv.out_channels, 1, bias=conv.bias is not None, device="meta")
+    new.in_channels = int(index.numel())
+    new.weight = nn.Parameter(conv.weight[:, index].detach().clone(), requires_grad=conv.weight.requires_grad)
+    if conv.bias is not None:
+        new.bias = nn.Parameter(conv.bias.detach().clone(), requires_grad=conv.bias.requires_grad)
+    proj.conv = new
