@@ -15,8 +15,21 @@ What it does (methods.md §5)
   (cls, dist, registers) are kept aside, untouched, and stay first. Every merge happens after
   the attention residual and before the MLP (§0). P and its spatial grid ``(H', W')`` come
   from :data:`MERGE_GRIDS`, a replaceable per-family function ``(info, ratio) -> (P, (H', W'))``;
-  the plain-ViT rule (:func:`vit_merge_grid`) is a ``ceil(sqrt(P))`` square grid. A conv hybrid
-  (MobileViT: ``P = H'W'``, ``H' = ceil(H*sqrt(ratio))``) adds its own entry.
+  the plain-ViT rule (:func:`vit_merge_grid`) is a ``ceil(sqrt(P))`` square grid.
+- **Conv hybrids** (MobileViT, methods.md §5 "Conv hybrids"; the family's ``ModelInfo.blocks``):
+  everything above holds per token sequence (one per MobileViT block; the token state restarts
+  at its first block): the first block of each sequence merges the ``H x W`` tokens it sees
+  into ``P = H'W'``, ``H' = ceil(H sqrt(ratio))``, ``W'`` likewise (:func:`conv_merge_grid`),
+  with its own :class:`FirstMerge`; its later blocks re-merge ``P -> P`` with their own widths.
+  Every merge is declared a grid merge (:mod:`vitbench.engine.grid_merge`): the adapter folds
+  the tokens to the ``2H' x 2W'`` map and merges the fusion shortcut with the same matrices,
+  and the next stages run on the smaller map, so a later sequence sees fewer tokens than in
+  the unreduced model (:data:`SEQUENCE_GRIDS`; mobilevit_xs at 256x256, ratio 0.7: 16x16 ->
+  14x14, then 7x7 -> 6x6, then 3x3 stays; maps 28, 12, 6 instead of 32, 16, 8). The model is
+  sized for the input size the adapter describes (``model.vitbench_input_size``, else the
+  pretrained config's): another size is an error. Counted GMACs at 256x256, ratio 0.7,
+  untrained: mobilevit_s 2.00 -> 1.71 (the papers: 1.40 -> 1.17 GFLOPs, a similar 16%),
+  mobilevit_xs 1.03 -> 0.92.
 - **First mask** (:class:`FirstMerge`): ``x_merged = G1^T x`` per image with
   ``G1 = column-softmax((M1 + g) / tau)`` over the ``N_p`` inputs (each merged token is a convex
   combination of patches), ``M1 [N_p, P]`` learnable, ``g`` Gumbel noise drawn per image and
@@ -94,6 +107,12 @@ Labels and the statistics
 - Before any refresh the buffers are empty (shape ``[0, ...]``: the number of classes,
   ``model.num_classes``, is only known from the model) and ``G~ = I``. A checkpoint therefore
   loads through ``Reduction.prepare_load``, which sizes the buffers like the saved ones.
+- **Hybrids**: each of an image's token sequences (MobileViT: ``B*4`` of them) is a sample of
+  the image's class for a block's centroids and ``Q`` (its label reaches all of them), and the
+  final features (IB bound) are the size-weighted mean over all sequences of the image, taken
+  at the last reducing block (:func:`final_features`, the hybrid-aware twin of
+  :func:`vitbench.measure.ib.final_features`). The bound's statistics live in the first
+  sequence's :class:`FirstMerge`; the other sequences' keep empty buffers.
 - **Memory**: per later block ``K x P x C`` floats of centroids (plus ``K x K`` for ``Q``):
   10 classes x 45 x 64 = 29k floats on the default model; ImageNet ViT-S (1000 x 138 x 384)
   about 200 MB per block, ViT-B about 400 MB per block.
@@ -145,6 +164,7 @@ it.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Iterator
@@ -156,12 +176,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitbench.catalog import MethodSpec, ModelInfo, Reduction, TrainStage
-from vitbench.engine import AttnInfo, TokenState, reduction_context
+from vitbench.engine import AttnInfo, ReducingBlock, TokenState, reduction_context
+from vitbench.engine.families.mobilevit import sequence_grids as mobilevit_sequence_grids
+from vitbench.engine.grid_merge import record_grid_merge
 from vitbench.engine.masks import straight_through_mask
 from vitbench.errors import ParamError, UnsupportedError
 from vitbench.hookspecs import hookimpl
 from vitbench.measure.ib import (
-    final_features,
     ib_terms,
     input_vectors,
     soft_assign,
@@ -174,6 +195,7 @@ __all__ = [
     "LTMParams",
     "ReMerge",
     "block_assign",
+    "conv_merge_grid",
     "ib_mask_step",
     "pooling_cells",
     "pooling_logits",
@@ -243,8 +265,23 @@ def vit_merge_grid(info: ModelInfo, ratio: float) -> tuple[int, tuple[int, int]]
     return p, (side, side)
 
 
+def conv_merge_grid(info: ModelInfo, ratio: float) -> tuple[int, tuple[int, int]]:
+    """Conv hybrids keep a grid (methods.md §5): ``H' = ceil(H sqrt(ratio))``, ``W'`` likewise,
+    ``P = H'W'``; ``info`` describes one token sequence (its ``grid`` is the one it sees)."""
+    root = math.sqrt(ratio)
+    h, w = (max(1, math.ceil(n * root - 1e-9)) for n in info.grid)  # 1e-9: float noise at ratio 1
+    return h * w, (h, w)
+
+
 #: family name -> its ``(info, ratio) -> (P, (H', W'))``; a hybrid family adapter adds its own
-MERGE_GRIDS: dict[str, GridFn] = {"vit": vit_merge_grid}
+MERGE_GRIDS: dict[str, GridFn] = {"vit": vit_merge_grid, "mobilevit": conv_merge_grid}
+
+#: hybrids, whose merged sequences fold back to a smaller map that the next sequence sees:
+#: family -> ``(info, shrink) -> [(grid seen, grid folded to)]`` per sequence, ``shrink(s, grid)``
+#: the grid sequence ``s`` folds to (the family adapter's rule)
+SEQUENCE_GRIDS: dict[str, Callable[..., list[tuple[tuple[int, int], tuple[int, int]]]]] = {
+    "mobilevit": mobilevit_sequence_grids,
+}
 
 
 def pooling_cells(num_cells: int, p: int) -> torch.Tensor:
@@ -304,9 +341,13 @@ class FirstMerge(nn.Module):
     needs: frozenset[str] = frozenset()
 
     def __init__(self, grid: tuple[int, int], cells: tuple[int, int], p: int, dim: int, tau: float,
-                 shared: _Shared) -> None:
+                 shared: _Shared, fold_grid: bool = False) -> None:
         super().__init__()
         self.num_patches, self.p, self.tau = grid[0] * grid[1], p, tau
+        #: conv hybrids: the merge is declared as a grid merge to ``cells`` (the adapter folds
+        #: the tokens to that grid and merges its fusion shortcut alike, methods.md §5)
+        self.records_grid_merge = fold_grid
+        self.cells = tuple(cells)
         self.logits = nn.Parameter(pooling_logits(grid, cells, p, _OUTSIDE_LOGIT * tau))
         self._shared = shared
         self.register_buffer("feature_centroids", torch.zeros(0, dim))
@@ -324,7 +365,10 @@ class FirstMerge(nn.Module):
         if x.shape[1] - state.prefix != self.num_patches:
             raise ValueError(f"ltm: block 1 expects {self.num_patches} patch tokens, got "
                              f"{x.shape[1] - state.prefix} (the merge is sized for the model's grid)")
-        return soft_merge(x, state, self.weights(x.shape[0]))
+        g = self.weights(x.shape[0])
+        if self.records_grid_merge:
+            record_grid_merge(state, g, self.cells)  # type: ignore[arg-type]
+        return soft_merge(x, state, g)
 
 
 def block_assign(xt: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
@@ -357,9 +401,11 @@ class ReMerge(nn.Module):
 
     needs: frozenset[str] = frozenset()
 
-    def __init__(self, p: int, dim: int, hidden: int, eta: float, tau: float, shared: _Shared) -> None:
+    def __init__(self, p: int, dim: int, hidden: int, eta: float, tau: float, shared: _Shared,
+                 fold_grid: bool = False) -> None:
         super().__init__()
         self.p, self.eta, self.tau = p, eta, tau
+        self.records_grid_merge = fold_grid  # conv hybrids: appended to the sequence's grid merge
         self.mask_logits = nn.Parameter(torch.full((p, p), _KEEP_LOGIT))
         self.scale = nn.Parameter(torch.tensor(math.log(99.0 * max(p - 1, 1))))
         self.mlp = nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
@@ -398,6 +444,8 @@ class ReMerge(nn.Module):
         if rows is None:
             g_tilde = torch.eye(p, dtype=z.dtype, device=z.device).expand(b, p, p)
         else:
+            if rows.shape[0] not in (1, b):  # hybrids: an image's labels for each of its sequences
+                rows = rows.repeat_interleave(b // rows.shape[0], dim=0)
             g_tilde = ib_mask_step(xt, self.centroids, rows, self.eta)
         hard, st = self.keep_mask(b)
         logits = self.scale * g_tilde
@@ -406,7 +454,10 @@ class ReMerge(nn.Module):
         return e / e.sum(dim=-2, keepdim=True)
 
     def forward(self, x: torch.Tensor, state: TokenState, info: AttnInfo) -> torch.Tensor:
-        return soft_merge(x, state, self.mixing(x[:, state.prefix:]))
+        g = self.mixing(x[:, state.prefix:])
+        if self.records_grid_merge:
+            record_grid_merge(state, g)
+        return soft_merge(x, state, g)
 
 
 def _gumbel(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
@@ -415,11 +466,48 @@ def _gumbel(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
 
 
 # -- statistics (Algorithm 1) ----------------------------------------------------------------
+def _reducing_blocks(model: nn.Module) -> list[ReducingBlock]:
+    """The model's reducing blocks in forward order (``model.blocks`` of a ViT; the transformer
+    blocks of every MobileViT block of a hybrid)."""
+    return [m for m in model.modules() if isinstance(m, ReducingBlock)]
+
+
 def _modules(model: nn.Module) -> tuple[FirstMerge, list[ReMerge]]:
-    reducers = [getattr(blk, "reducer", None) for blk in getattr(model, "blocks", ())]
+    """The first block's :class:`FirstMerge` (it holds the IB bound's statistics) and every
+    :class:`ReMerge` (a hybrid has one :class:`FirstMerge` per token sequence)."""
+    reducers = [blk.reducer for blk in _reducing_blocks(model)]
     if not reducers or not isinstance(reducers[0], FirstMerge):
         raise ValueError("this model is not reduced with ltm (vitbench.apply(model, 'ltm'))")
     return reducers[0], [r for r in reducers[1:] if isinstance(r, ReMerge)]
+
+
+def _image_rows(onehot: torch.Tensor, rows: int) -> torch.Tensor:
+    """Per-image rows repeated for each token sequence of the image (hybrids run ``B*k``
+    sequences, image-major: MobileViT's ``k = 4``); unchanged for a plain ViT."""
+    return onehot if rows == onehot.shape[0] else onehot.repeat_interleave(rows // onehot.shape[0], dim=0)
+
+
+def _image_features(tokens: torch.Tensor, prefix: int, size: torch.Tensor | None, batch: int) -> torch.Tensor:
+    """:func:`~vitbench.measure.ib.token_features` per image: a hybrid's ``B*k`` sequences of an
+    image (no prefix) count as one sequence of ``k`` times the tokens."""
+    if tokens.shape[0] != batch:
+        tokens = tokens.reshape(batch, -1, tokens.shape[-1])
+        size = size.reshape(batch, -1, 1) if size is not None else None
+    return token_features(tokens, prefix, size)
+
+
+def final_features(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
+    """``[B, C]``: the size-weighted mean of the last reducing block's patch tokens, per image
+    (:func:`vitbench.measure.ib.final_features`, extended to hybrids)."""
+    captured: dict[str, torch.Tensor] = {}
+    handle = _reducing_blocks(model)[-1].register_forward_hook(
+        lambda mod, args, out: captured.__setitem__("tokens", out))
+    try:
+        model(images)
+    finally:
+        handle.remove()
+    ctx = reduction_context(model)
+    return _image_features(captured["tokens"], ctx.prefix, ctx.state.size, images.shape[0])
 
 
 def _bind(model: nn.Module) -> FirstMerge:
@@ -462,29 +550,38 @@ def refresh_statistics(model: nn.Module, batches: Callable[[], Iterator[Any]], m
         with torch.no_grad():
             # pass 1: centroids, prior, input and feature centroids
             counts, sums, feat_sums, input_sums = None, {}, None, None
+            block_counts: dict[ReMerge, torch.Tensor] = {}  # per block: hybrids see k per image
             for images, labels in _limited(batches, max_images):
                 feats = final_features(model, images).float()
                 onehot = F.one_hot(labels.long(), k).float().to(feats.device)
                 counts = onehot.sum(0) if counts is None else counts + onehot.sum(0)
                 for m in later:
-                    s = onehot.t() @ shared.recording[m].flatten(1).float()
+                    rec = shared.recording[m].flatten(1).float()
+                    rows = _image_rows(onehot, rec.shape[0])
+                    s = rows.t() @ rec
                     sums[m] = s if m not in sums else sums[m] + s
+                    block_counts[m] = rows.sum(0) if m not in block_counts else block_counts[m] + rows.sum(0)
                 fs, xs = onehot.t() @ F.normalize(feats, dim=1), onehot.t() @ input_vectors(images)
                 feat_sums = fs if feat_sums is None else feat_sums + fs
                 input_sums = xs if input_sums is None else input_sums + xs
             if counts is None:
                 raise ValueError("ltm: the statistics pass got no training batches")
-            centroids = {m: (sums[m] / counts.clamp_min(1)[:, None]).view(k, *m.centroids.shape[1:]) for m in later}
+            centroids = {m: (sums[m] / block_counts[m].clamp_min(1)[:, None]).view(k, *m.centroids.shape[1:])
+                         for m in later}
             feat_centroids, input_centroids = F.normalize(feat_sums, dim=1), F.normalize(input_sums, dim=1)
             prior = counts / counts.sum()
             # pass 2: Q(a|y) against the new centroids (the forward still uses the old ones)
             counts2, q_sums, feat_q_sums = torch.zeros_like(counts), {m: 0.0 for m in later}, 0.0
+            block_counts2 = {m: torch.zeros_like(counts) for m in later}
             for images, labels in _limited(batches, max_images):
                 feats = final_features(model, images).float()
                 onehot = F.one_hot(labels.long(), k).float().to(feats.device)
                 counts2 += onehot.sum(0)
                 for m in later:
-                    q_sums[m] = q_sums[m] + onehot.t() @ block_assign(shared.recording[m].float(), centroids[m])
+                    rec = shared.recording[m].float()
+                    rows = _image_rows(onehot, rec.shape[0])
+                    q_sums[m] = q_sums[m] + rows.t() @ block_assign(rec, centroids[m])
+                    block_counts2[m] += rows.sum(0)
                 feat_q_sums = feat_q_sums + onehot.t() @ soft_assign(feats, feat_centroids)
     finally:
         shared.recording = None
@@ -492,7 +589,7 @@ def refresh_statistics(model: nn.Module, batches: Callable[[], Iterator[Any]], m
     for m in later:
         like = m.mask_logits
         m.centroids = centroids[m].to(like)
-        m.log_q = _log_q(q_sums[m], counts2).to(like)
+        m.log_q = _log_q(q_sums[m], block_counts2[m]).to(like)
         m.class_prior = prior.to(like)
     like = first.logits
     first.feature_centroids = feat_centroids.to(like)
@@ -509,14 +606,15 @@ class _FinalFeatures:
 
     def __call__(self, module: nn.Module, args: Any, out: torch.Tensor) -> None:
         size = self.ctx.state.size if self.ctx.state is not None else None
-        self.ctx.extras[FEATURES_KEY] = token_features(out, self.ctx.prefix, size)
+        batch = self.ctx.inputs.shape[0] if self.ctx.inputs is not None else out.shape[0]
+        self.ctx.extras[FEATURES_KEY] = _image_features(out, self.ctx.prefix, size, batch)
 
 
 def _before(model: nn.Module, batches: Callable[[], Iterator[Any]], max_images: int, ib_loss: bool) -> None:
     first = _bind(model)
     shared = first._shared
     if ib_loss and shared.hook is None:
-        shared.hook = model.blocks[-1].register_forward_hook(_FinalFeatures(shared.ctx))
+        shared.hook = _reducing_blocks(model)[-1].register_forward_hook(_FinalFeatures(shared.ctx))
     refresh_statistics(model, batches, max_images)
 
 
@@ -549,15 +647,44 @@ def ib_bound_loss(model: nn.Module, logits: torch.Tensor, labels: torch.Tensor, 
 def prepare_load(model: nn.Module, state_dict: dict) -> None:
     """Size the statistics buffers like the saved ones (they are empty until the first refresh)
     and bind the modules to the model's context."""
-    for i, blk in enumerate(model.blocks):
-        module = getattr(blk, "reducer", None)
+    for path, blk in model.named_modules():
+        module = getattr(blk, "reducer", None) if isinstance(blk, ReducingBlock) else None
         if not isinstance(module, (FirstMerge, ReMerge)):
             continue
         for name, buf in list(module.named_buffers(recurse=False)):
-            saved = state_dict.get(f"blocks.{i}.reducer.{name}")
+            saved = state_dict.get(f"{path}.reducer.{name}")
             if saved is not None and saved.shape != buf.shape:
                 setattr(module, name, buf.new_zeros(saved.shape))
     _bind(model)
+
+
+def _hybrid_reducers(params: LTMParams, info: ModelInfo, grid_fn: GridFn, shared: _Shared) -> list[nn.Module]:
+    """Conv hybrids (methods.md §5): per token sequence, its first block merges the ``H x W``
+    tokens it sees to ``P = H'W'`` (:class:`FirstMerge`, logits sized for that sequence), its
+    later blocks re-merge ``P -> P`` (:class:`ReMerge`, the block's own width), and every merge
+    is declared a grid merge to ``(H', W')`` so that the adapter folds to that grid and merges
+    the fusion shortcut with the same matrices. The grid a sequence sees follows from the
+    merges before it (:data:`SEQUENCE_GRIDS`); all modules share one ``_Shared``, the first
+    block's :class:`FirstMerge` holds the IB bound's statistics."""
+    chain = SEQUENCE_GRIDS.get(info.family)
+    if chain is None:
+        raise UnsupportedError(f"ltm does not know how the token grids of the {info.family!r} family "
+                               f"follow from each other; known: {', '.join(sorted(SEQUENCE_GRIDS))}")
+
+    def sequence_info(grid: tuple[int, int]) -> ModelInfo:
+        return dataclasses.replace(info, grid=grid, num_patches=grid[0] * grid[1], blocks=())
+
+    plan = chain(info, lambda s, grid: grid_fn(sequence_info(grid), params.ratio)[1])
+    reducers: list[nn.Module] = []
+    for blk in info.blocks:
+        seen, cells = plan[blk.sequence]
+        p = cells[0] * cells[1]
+        if blk.first:
+            reducers.append(FirstMerge(seen, cells, p, blk.dim, params.tau, shared, fold_grid=True))
+        else:
+            hidden = max(1, round(params.mlp_ratio * blk.dim))
+            reducers.append(ReMerge(p, blk.dim, hidden, params.eta, params.tau, shared, fold_grid=True))
+    return reducers
 
 
 def build(params: LTMParams, info: ModelInfo) -> Reduction:
@@ -567,11 +694,14 @@ def build(params: LTMParams, info: ModelInfo) -> Reduction:
                                f"known: {', '.join(sorted(MERGE_GRIDS))}")
     if info.grid[0] * info.grid[1] != info.num_patches:
         raise UnsupportedError(f"ltm needs a patch grid: grid {info.grid} does not hold {info.num_patches} patches")
-    p, cells = grid_fn(info, params.ratio)
     shared = _Shared()
-    hidden = max(1, round(params.mlp_ratio * info.embed_dim))
-    reducers: list[nn.Module] = [FirstMerge(info.grid, cells, p, info.embed_dim, params.tau, shared)]
-    reducers += [ReMerge(p, info.embed_dim, hidden, params.eta, params.tau, shared) for _ in range(1, info.depth)]
+    if info.blocks:
+        reducers = _hybrid_reducers(params, info, grid_fn, shared)
+    else:
+        p, cells = grid_fn(info, params.ratio)
+        hidden = max(1, round(params.mlp_ratio * info.embed_dim))
+        reducers = [FirstMerge(info.grid, cells, p, info.embed_dim, params.tau, shared)]
+        reducers += [ReMerge(p, info.embed_dim, hidden, params.eta, params.tau, shared) for _ in range(1, info.depth)]
     for module in reducers:  # start deterministic, like the (eval-mode) models vitbench reduces;
         module.eval()  # model.train() turns the Gumbel noise on
     ib_loss = params.ib_weight > 0
@@ -593,7 +723,7 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
         name="ltm",
         params=LTMParams,
         build=build,
-        families=("vit",),
+        families=("vit", "mobilevit"),
         aliases=("ibtm",),
         needs_training=True,
         description="LTM/IBTM: learnable token merging by one IB-bound gradient step per block "

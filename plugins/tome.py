@@ -7,6 +7,11 @@ size-weighted; proportional attention adds ``log(size)`` to the attention logits
 Choices: ``r`` per layer is capped at ``(N - prefix) // 2``; prefix tokens (cls, dist,
 registers) are neither sources nor destinations; ``(r, inflect)`` schedules ``int`` values
 linearly from ``r*(1-inflect)`` to ``2r - r*(1-inflect)``.
+
+Hybrids (MobileViT, ``families`` below): the schedule runs over all ``info.depth`` blocks, the
+token state restarts with every token sequence (one per MobileViT block), so the cap applies
+per sequence (a 16-token sequence merges at most 8, then 4, 2; a 1-token one not at all), and
+the family adapter unmerges each sequence back to its full map (methods.md §0, "Unmerge").
 """
 from __future__ import annotations
 
