@@ -29,7 +29,8 @@ from vitbench.plugins import PluginFailure, PluginHost
 from vitbench.testing import check_method
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "vitbench-example-plugin"
-BUILTIN_PLUGINS = {"vit_family", "tome", "ppt", "topk", "scorers", "ltmp", "ltm", "dcs"}
+BUILTIN_PLUGINS = {"vit_family", "mobilevit_family", "efficientvit_family", "tome", "ppt", "topk", "scorers", "ltmp",
+                   "ltm", "dcs"}
 BUILTIN_METHODS = {"tome", "ppt", "entropy", "average", "topk", "ltmp", "ltm", "dcs"}
 BUILTIN_SCORERS = {"cls-attn", "entropy", "average"}
 

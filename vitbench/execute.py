@@ -22,7 +22,7 @@ from torch import nn
 from vitbench import measure
 from vitbench.engine import apply, reduction_context
 from vitbench.errors import VitbenchError
-from vitbench.plan import BASELINE, RunSpec
+from vitbench.plan import BASELINE, DENSE_TASKS, RunSpec
 from vitbench.plugins import get_host
 from vitbench.results import ResultStore
 
@@ -160,6 +160,11 @@ def _measure(spec: RunSpec, ws: Workspace, model: nn.Module, baseline: Optional[
     if "memory" in spec.metrics:
         progress("measuring peak memory")
         out["peak_mem_mb"] = measure.measure_peak_memory(model, spec.batch_size, ws.input_size, device=device)
+    return out
+
+
+def _relative(spec: RunSpec, out: dict[str, Any], baseline: Optional[dict]) -> dict[str, Any]:
+    """Speed-up and efficiency against the plan's baseline (benchmarking.md)."""
     if spec.method == BASELINE:
         if out.get("throughput_img_s"):
             out.update(speedup=1.0, efficiency=1.0 if out.get("gmacs") else None)
@@ -170,7 +175,7 @@ def _measure(spec: RunSpec, ws: Workspace, model: nn.Module, baseline: Optional[
     return out
 
 
-def run_spec(spec: RunSpec, ws: Workspace, baseline: Optional[dict], env: dict[str, Any],
+def run_spec(spec: RunSpec, ws: Any, baseline: Optional[dict], env: dict[str, Any],
              progress: Progress) -> dict[str, Any]:
     """Run one spec and return its record (status ``ok`` or ``error``, never raising)."""
     started = time.perf_counter()
@@ -181,14 +186,19 @@ def run_spec(spec: RunSpec, ws: Workspace, baseline: Optional[dict], env: dict[s
     }
     try:
         seed_everything(spec.seed)
-        model = copy.deepcopy(ws.model)
-        if spec.method != BASELINE:
-            progress("applying the method")
-            model = apply(model, spec.method, **spec.params)
-            context = reduction_context(model)
-            if context is not None and context.reduction is not None and context.reduction.train:
-                record.update(_train(spec, ws, model, progress))
-        record.update(_measure(spec, ws, model.eval(), baseline, progress))
+        if spec.task in DENSE_TASKS:
+            from vitbench.tasks.det.run import run_dense_spec
+
+            record.update(_relative(spec, run_dense_spec(spec, ws, baseline, progress), baseline))
+        else:
+            model = copy.deepcopy(ws.model)
+            if spec.method != BASELINE:
+                progress("applying the method")
+                model = apply(model, spec.method, **spec.params)
+                context = reduction_context(model)
+                if context is not None and context.reduction is not None and context.reduction.train:
+                    record.update(_train(spec, ws, model, progress))
+            record.update(_relative(spec, _measure(spec, ws, model.eval(), baseline, progress), baseline))
     except VitbenchError as exc:
         record.update(status="error", error=str(exc))
     except Exception as exc:  # noqa: BLE001 - one failed run must not take the others down

@@ -13,7 +13,11 @@ from vitbench.params import make_params, params_dict
 from vitbench.plugins import get_host
 
 BASELINE = "baseline"
-TASKS = ("cls",)
+TASKS = ("cls", "det", "seg")
+#: the tasks run on mmdet detectors (:mod:`vitbench.tasks.det`)
+DENSE_TASKS = ("det", "seg")
+#: the default backbone of the dense tasks (random init, trained with the detector)
+DEFAULT_DENSE_MODEL = "mobilevit_xs"
 METRICS = ("accuracy", "gmacs", "params", "throughput", "latency", "memory", "ib")
 #: metrics that need labelled evaluation data
 DATA_METRICS = ("accuracy", "ib")

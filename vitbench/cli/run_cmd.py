@@ -14,15 +14,15 @@ from typing import Optional
 
 from vitbench.errors import VitbenchError
 from vitbench.plan import (
-    DATA_METRICS, DEFAULT_MODEL, DEFAULT_MODEL_TRAIN_LIMIT, METRICS, build_plan, parse_list,
-    parse_param_overrides,
+    DATA_METRICS, DEFAULT_DENSE_MODEL, DEFAULT_MODEL, DEFAULT_MODEL_TRAIN_LIMIT, DENSE_TASKS, METRICS,
+    build_plan, parse_list, parse_param_overrides,
 )
 from vitbench.plugins import get_host
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run methods against the baseline and write runs.jsonl + report.md")
-    p.add_argument("--task", default="cls", help="task (cls)")
+    p.add_argument("--task", default="cls", help="task: cls, det (SSDLite) or seg (Mask R-CNN)")
     p.add_argument("--methods", required=True, help="comma-separated method names (see `vitbench list methods`)")
     p.add_argument("--model", default=None,
                    help=f"timm ViT/DeiT name; default: {DEFAULT_MODEL} (trained once on Fashion-MNIST)")
@@ -46,6 +46,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--train-limit", type=int, default=None,
                    help="learnable methods: fine-tune on the first N training images (default: all; "
                         f"{DEFAULT_MODEL_TRAIN_LIMIT} with the default model)")
+    p.add_argument("--detector-epochs", type=int, default=None,
+                   help="det/seg: epochs of the baseline detector's default training (trained once, cached; "
+                        "default: det 12, seg 6)")
+    p.add_argument("--detector-width", default=None, choices=("full", "light"),
+                   help="det/seg: the detector's neck/head widths (default: light on the embedded data, "
+                        "full with --data)")
     p.set_defaults(handler=run)
 
 
@@ -80,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
     from vitbench.report import write_report
     from vitbench.results import ResultStore
 
+    if args.task in DENSE_TASKS:
+        return run_dense(args)
     model_name = args.model or DEFAULT_MODEL
     metrics = _metrics(args, model_name)
     data: Optional[str] = args.data
@@ -128,6 +136,57 @@ def run(args: argparse.Namespace) -> int:
     store = ResultStore(out)
     ws = Workspace(model=model, input_size=input_size_of(model), data=cls_data, work_dir=out / "work",
                    eval_limit=args.limit, checkpoint_dir=out / "checkpoints", resume=args.resume)
+    env = environment(args.device)
+    records = execute_plan(plan, ws, store, resume=args.resume, env=env, progress=say.step)
+    md, png = write_report(store.records(), out / "report.md", command=env["command"])
+    _print_summary(records, md, png)
+    return 0 if all(r["status"] in ("ok", "skipped") for r in records) else 1
+
+
+#: metrics of the dense tasks ("accuracy" is box/mask mAP; the IB metric needs image classes)
+DENSE_METRICS = tuple(m for m in METRICS if m != "ib")
+
+
+def run_dense(args: argparse.Namespace) -> int:
+    """``vitbench run --task det|seg``: the trained detector, each method on its backbone."""
+    from vitbench.environment import environment
+    from vitbench.execute import execute_plan
+    from vitbench.report import write_report
+    from vitbench.results import ResultStore
+    from vitbench.tasks.cls.default_model import cache_dir
+    from vitbench.tasks.det.data import SHAPES, resolve_det_data
+    from vitbench.tasks.det.run import DEFAULT_EPOCHS, DenseWorkspace, load_backbone
+
+    model_name = args.model or DEFAULT_DENSE_MODEL
+    metrics = parse_list("metric", args.metrics, DENSE_METRICS) if args.metrics is not None else DENSE_METRICS
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if not methods:
+        raise VitbenchError("--methods is empty; see `vitbench list methods`")
+    epochs = DEFAULT_EPOCHS[args.task] if args.detector_epochs is None else args.detector_epochs
+    if epochs < 1:
+        raise VitbenchError(f"--detector-epochs {epochs} is out of range; it must be >= 1")
+    if args.limit is not None and args.limit < 1:
+        raise VitbenchError(f"--limit {args.limit} is out of range; it must be >= 1")
+    plan = build_plan(task=args.task, model=model_name, methods=methods, data=args.data or SHAPES,
+                      overrides=parse_param_overrides(args.param), metrics=metrics,
+                      batch_size=args.batch_size, device=args.device, seed=args.seed,
+                      checkpoint=args.checkpoint, pretrained=args.pretrained,
+                      train_backbone=args.train_backbone, train_limit=args.train_limit)
+    say = _Progress()
+    data = resolve_det_data(args.data)
+    say.note(f"data {data.name}: {data.num_classes} classes ({', '.join(data.classes[:8])}"
+             f"{', ...' if data.num_classes > 8 else ''}); loading backbone {model_name}")
+    model = load_backbone(model_name, data.num_classes, data.input_size, pretrained=args.pretrained,
+                          checkpoint=args.checkpoint)
+    get_host().family_of(model)
+    _check_methods_apply(plan, model)
+    out = Path(args.out or Path("runs") / f"{args.task}-{model_name}")
+    out.mkdir(parents=True, exist_ok=True)
+    store = ResultStore(out)
+    ws = DenseWorkspace(task=args.task, model=model, model_name=model_name, data=data,
+                        width=args.detector_width or ("light" if data.embedded else "full"), epochs=epochs,
+                        train_limit=args.train_limit, work_dir=out / "work", eval_limit=args.limit,
+                        cache_dir=cache_dir() / "detectors" if data.embedded else out / "checkpoints")
     env = environment(args.device)
     records = execute_plan(plan, ws, store, resume=args.resume, env=env, progress=say.step)
     md, png = write_report(store.records(), out / "report.md", command=env["command"])

@@ -95,6 +95,21 @@ def deterministic_cublas() -> None:
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 
+def ssd_head_predict_fix(model: object) -> None:
+    """mmdet 3.3.0 ``SSDHead.predict`` reads ``self.loss_cls`` (in ``BaseDenseHead.
+    _predict_by_feat_single``), an attribute ``SSDHead`` never sets: every SSD/SSDLite
+    evaluation fails with ``'SSDHead' object has no attribute 'loss_cls'`` (upstream issues
+    #11063/#11305). Set it to ``None`` on every ``SSDHead`` of ``model`` that lacks it (what
+    the upstream fix does); called by the det task when it builds a detector. An instance
+    attribute, not a class one: a subclass that does own a ``loss_cls`` module keeps it.
+    """
+    from mmdet.models.dense_heads import SSDHead
+
+    for module in model.modules():  # type: ignore[attr-defined]
+        if isinstance(module, SSDHead) and "loss_cls" not in module.__dict__ and "loss_cls" not in module._modules:
+            module.loss_cls = None
+
+
 def apply_compat() -> None:
     """Apply every OpenMMLab compatibility fix (idempotent; thread-safe)."""
     global _applied

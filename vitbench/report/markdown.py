@@ -133,6 +133,26 @@ def _escape_cell(s: Any) -> str:
     return str(s).replace("|", "\\|")
 
 
+def _detector_lines(rows: list[Mapping[str, Any]]) -> list[str]:
+    """det/seg: which detector, how its baseline was trained, what GMACs cover (benchmarking.md:
+    GMACs of the detector at its input size, backbone and full detector both stated)."""
+    detectors = _distinct(r.get("detector") for r in rows)
+    if not detectors:
+        return []
+    train = next((r.get("detector_training") for r in rows if r.get("detector_training")), None) or {}
+    size = _joined(_distinct(r.get("gmacs_input") for r in rows))
+    out = [f"Detector: {_joined(detectors)}. Box/mask mAP, AP50, AP75: mmdet CocoMetric on the "
+           f"validation split (COCO 0..1 scale). GMACs: the whole detector's tensor forward (backbone, "
+           f"neck, heads; no NMS) at {size}; Backbone GMACs: the backbone alone on the same images. "
+           f"Throughput, latency: the detector's tensor forward."]
+    if train.get("epochs"):
+        out.append(f"Baseline detector: trained once, every weight, {train['epochs']} epoch(s) "
+                   f"({train.get('iters', '?')} iterations on {train.get('images', '?')} images, batch "
+                   f"{train.get('batch_size', '?')}, AdamW lr {train.get('lr', '?')}, "
+                   f"{float(train.get('seconds', 0)):.0f} s); every method is applied to its backbone.")
+    return [" ".join(out), ""]
+
+
 def _group_section(records: list[Mapping[str, Any]], task: str, model: str) -> list[str]:
     recs = group_records(records, task, model)
     data = _distinct(r.get("data") for r in recs)
@@ -145,6 +165,7 @@ def _group_section(records: list[Mapping[str, Any]], task: str, model: str) -> l
         lines += [df.to_markdown(index=False, disable_numparse=True, colalign=align), ""]
         if base is None:
             lines += ["No successful baseline in this group: deltas and speed-ups are n/a.", ""]
+        lines += _detector_lines(rows)
         kernels = [(lab, r.get("attention_kernel")) for lab, r in zip(row_labels(rows), rows)]
         known = [(lab, k) for lab, k in kernels if k]
         if known and len({k for _, k in known}) == 1 and len(known) == len(kernels):

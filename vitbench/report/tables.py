@@ -155,6 +155,10 @@ def comparison_table(records: Iterable[Record], task: str, model: str) -> pd.Dat
             else [("Box mAP", "ΔBox mAP", "box_map", ".3f")]
             + ([("Mask mAP", "ΔMask mAP", "mask_map", ".3f")] if has_mask else [])
         )
+        if not is_cls:  # COCO's AP at IoU 0.50 and 0.75 (issue 4: box and mask AP, AP50, AP75)
+            for col, key in [("Box AP50", "box_ap50"), ("Box AP75", "box_ap75")] + (
+                    [("Mask AP50", "mask_ap50"), ("Mask AP75", "mask_ap75")] if has_mask else []):
+                row[col] = _fmt(metric(rec, key), ".3f")
         for col, dcol, key, spec in acc_cols:
             v, b = metric(rec, key), metric(base, key)
             row[col] = _fmt(v, spec)
@@ -165,6 +169,9 @@ def comparison_table(records: Iterable[Record], task: str, model: str) -> pd.Dat
         ratio = b_gmacs / gm if gm and b_gmacs else None  # baseline GMACs / method GMACs
         cut = (1 - gm / b_gmacs) * 100 if gm is not None and b_gmacs else None
         row["GMACs ↓ (%)"] = _fmt(cut, ".1f")
+        if not is_cls:  # the detector's GMACs above; the backbone's alone here (benchmarking.md)
+            bb = metric(rec, "backbone_gmacs")
+            row["Backbone GMACs"] = _spread(bb, metric(rec, "backbone_gmacs_std"), gmacs_spec(bb))
 
         tp = metric(rec, "throughput_img_s")
         cell = _spread(tp, metric(rec, "throughput_spread_img_s"), ".1f")
@@ -191,9 +198,9 @@ def comparison_table(records: Iterable[Record], task: str, model: str) -> pd.Dat
     if is_cls:
         columns += ["Top-1 (%)"] + (["Top-5 (%)"] if has_top5 else []) + ["ΔTop-1 (pp)"]
     else:
-        columns += ["Box mAP", "ΔBox mAP"] + (["Mask mAP", "ΔMask mAP"] if has_mask else [])
-    columns += [
-        "GMACs", "GMACs ↓ (%)", tp_col, "Speed-up (×)", "Efficiency",
-        "Latency bs=1 (ms)", "IB loss", "IB bound",
-    ]
+        columns += ["Box mAP", "ΔBox mAP", "Box AP50", "Box AP75"]
+        columns += ["Mask mAP", "ΔMask mAP", "Mask AP50", "Mask AP75"] if has_mask else []
+    columns += ["GMACs", "GMACs ↓ (%)"] + ([] if is_cls else ["Backbone GMACs"])
+    columns += [tp_col, "Speed-up (×)", "Efficiency", "Latency bs=1 (ms)"]
+    columns += ["IB loss", "IB bound"] if is_cls else []
     return pd.DataFrame(table, columns=columns)

@@ -1,0 +1,57 @@
+"""Box (and mask) mAP of a detector, measured by the mmengine Runner's test loop with mmdet's
+``CocoMetric`` (benchmarking.md, "Accuracy": mAP from mmdet's CocoMetric; issue 4).
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from vitbench.tasks.det.data import DetData
+from vitbench.tasks.det.train import _loader
+
+#: record field <- CocoMetric key (COCO's 0..1 scale, as mmdet and the papers' tables report it)
+_KEYS = {"box_map": "coco/bbox_mAP", "box_ap50": "coco/bbox_mAP_50", "box_ap75": "coco/bbox_mAP_75",
+         "mask_map": "coco/segm_mAP", "mask_ap50": "coco/segm_mAP_50", "mask_ap75": "coco/segm_mAP_75"}
+
+
+def evaluate_detector(detector: nn.Module, data: DetData, *, masks: bool, batch_size: int = 8,
+                      limit: Optional[int] = None, device: str = "cpu", seed: int = 0,
+                      work_dir: str | Path | None = None) -> dict[str, Any]:
+    """COCO mAP, AP50 and AP75 of boxes (and masks) on the validation split, plus ``num_images``."""
+    from mmengine.runner import Runner
+
+    from vitbench.mm.runner import release, runner_kwargs, work_dir_or_temp
+
+    with work_dir_or_temp(work_dir) as wd:
+        runner = Runner(**runner_kwargs(
+            work_dir=wd, seed=seed, default_scope="mmdet", model=detector,
+            test_dataloader=_loader(data.dataset_cfg("val", masks=masks, limit=limit), batch_size, False),
+            test_evaluator=data.metric_cfg(masks=masks), test_cfg={"type": "TestLoop"},
+        ))
+        try:
+            runner.model.to(torch.device(device))
+            with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints its summary to stdout
+                metrics = runner.test()
+            num_images = len(runner.test_dataloader.dataset)
+        finally:
+            release(runner)
+    out: dict[str, Any] = {key: float(metrics[src]) for key, src in _KEYS.items() if src in metrics}
+    out.update(num_images=int(num_images), num_classes=data.num_classes)
+    return out
+
+
+def first_val_images(detector: nn.Module, data: DetData, n: int) -> torch.Tensor:
+    """The first ``n`` validation images as the detector's backbone sees them (normalised,
+    resized, padded) -- what GMACs are counted on."""
+    from mmengine.registry import DefaultScope
+    from mmengine.runner import Runner
+
+    with DefaultScope.overwrite_default_scope("mmdet"):  # the pipeline names mmcv/mmdet transforms
+        loader = Runner.build_dataloader(_loader(data.dataset_cfg("val", masks=False, limit=n), n, False))
+        batch = next(iter(loader))
+    return detector.data_preprocessor(batch, False)["inputs"][:n].float()

@@ -1,0 +1,234 @@
+"""One ``det``/``seg`` run spec: reduce the backbone, put it in the trained detector, fine-tune a
+learnable method on the detection loss, measure (issue 4; benchmarking.md).
+
+The protocol mirrors ``cls``: the *baseline detector* is trained once (:func:`trained_weights`,
+cached on disk) and every method is applied to its backbone -- training-free methods are
+evaluated as they are, learnable ones fine-tune their own parameters first. Measured per run:
+box (and mask) mAP/AP50/AP75 with CocoMetric; GMACs of the whole detector and of the backbone
+alone at the detector's input size, on the first validation images; parameters; throughput,
+latency and peak memory of the detector's tensor forward (backbone, neck and heads; without
+the NMS post-processing, which is the same for every method).
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+from torch import nn
+
+from vitbench import measure
+from vitbench.engine import apply, reduction_context
+from vitbench.errors import VitbenchError
+from vitbench.tasks.det.data import DetData
+from vitbench.tasks.det.detectors import build_detector
+
+Progress = Callable[[str], None]
+#: default training of the baseline detector on the embedded shapes set (measured in the README)
+DEFAULT_EPOCHS = {"det": 12, "seg": 6}
+TRAIN_BATCH = 8
+
+
+@dataclass
+class DenseWorkspace:
+    """What the runs of one det/seg plan share: the unreduced backbone, the data and the
+    detector's trained weights (trained on first use)."""
+
+    task: str
+    model: nn.Module  # the unreduced timm backbone (``vitbench_input_size`` set)
+    model_name: str
+    data: DetData
+    width: str = "full"
+    epochs: int = 12
+    train_limit: Optional[int] = None
+    work_dir: Optional[Path] = None
+    cache_dir: Optional[Path] = None  # where trained detector weights are kept
+    eval_limit: Optional[int] = None
+    gmacs_images: int = 16
+    throughput_repeats: int = 10
+    latency_repeats: int = 20
+    verbose_training: bool = True
+    _weights: Optional[dict[str, torch.Tensor]] = field(default=None, repr=False)
+    training_info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def masks(self) -> bool:
+        return self.task == "seg"
+
+    @property
+    def input_size(self) -> tuple[int, int, int]:
+        return (3, self.data.input_size, self.data.input_size)
+
+    def weights_key(self, seed: int) -> str:
+        """What the trained detector depends on, hashed (its cache file name)."""
+        import mmdet
+        import timm
+
+        fields = {"task": self.task, "model": self.model_name, "data": self.data.name, "width": self.width,
+                  "epochs": self.epochs, "limit": self.train_limit, "batch": TRAIN_BATCH, "seed": seed,
+                  "input": self.data.input_size, "timm": timm.__version__, "mmdet": mmdet.__version__,
+                  "backbone": _state_digest(self.model)}
+        return hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _state_digest(model: nn.Module) -> str:
+    """A digest of the backbone's initial weights (a --checkpoint changes the trained detector)."""
+    h = hashlib.sha1()
+    for name, tensor in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().float().sum().numpy().tobytes())
+    return h.hexdigest()[:12]
+
+
+def trained_weights(ws: DenseWorkspace, seed: int, progress: Progress) -> dict[str, torch.Tensor]:
+    """The baseline detector's weights after the default training: from the cache file when
+    there is one, else trained now and saved atomically."""
+    if ws._weights is not None:
+        return ws._weights
+    path = ws.cache_dir / f"{ws.task}-{ws.model_name}-{ws.weights_key(seed)}.pth" if ws.cache_dir else None
+    if path is not None and path.is_file():
+        progress(f"loading the trained {ws.task} detector {path}")
+        ws._weights = torch.load(path, map_location="cpu", weights_only=True)
+        meta = path.with_suffix(".json")
+        ws.training_info = json.loads(meta.read_text()) if meta.is_file() else {"cached": str(path)}
+        return ws._weights
+    detector = build_detector(ws.task, copy.deepcopy(ws.model), ws.data.num_classes, width=ws.width)
+    progress(f"training the {ws.task} detector ({ws.width} heads) for {ws.epochs} epoch(s) on "
+             f"{ws.data.name}: the default training, once")
+    info = train_detector_weights(ws, detector, seed)
+    ws._weights = {k: v.detach().cpu().clone() for k, v in detector.state_dict().items()}
+    ws.training_info = info
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        os.close(fd)
+        torch.save(ws._weights, tmp)
+        os.replace(tmp, path)
+        path.with_suffix(".json").write_text(json.dumps(info, indent=1))
+    progress(f"detector trained in {info['seconds']:.0f} s ({info['iters']} iterations)")
+    return ws._weights
+
+
+def train_detector_weights(ws: DenseWorkspace, detector: nn.Module, seed: int) -> dict[str, Any]:
+    from vitbench.tasks.det.train import train_detector
+
+    return train_detector(detector, ws.data, masks=ws.masks, epochs=ws.epochs, batch_size=TRAIN_BATCH,
+                          limit=ws.train_limit, seed=seed, verbose=ws.verbose_training,
+                          work_dir=ws.work_dir / f"detector-{ws.task}" if ws.work_dir else None)
+
+
+def load_detector_weights(detector: nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    """Load the trained detector into one built around a reduced backbone: every detector
+    weight must load; only the method's own parameters (``.reducer.``) may be missing."""
+    result = detector.load_state_dict(weights, strict=False)
+    missing = [k for k in result.missing_keys if ".reducer." not in k]
+    if missing or result.unexpected_keys:
+        raise VitbenchError(f"the trained detector does not fit the reduced one: missing {missing[:5]}, "
+                            f"unexpected {result.unexpected_keys[:5]}")
+
+
+class DetectorForward(nn.Module):
+    """The detector's tensor forward (backbone, neck, heads; no post-processing): what GMACs,
+    throughput, latency and memory are measured on."""
+
+    def __init__(self, detector: nn.Module) -> None:
+        super().__init__()
+        self.detector = detector
+
+    def forward(self, images: torch.Tensor) -> Any:
+        return self.detector._forward(images)
+
+
+def run_dense_spec(spec: Any, ws: DenseWorkspace, baseline: Optional[dict], progress: Progress) -> dict[str, Any]:
+    """Everything one det/seg spec measures (raises on failure; the executor records it)."""
+    from vitbench.plan import BASELINE
+    from vitbench.tasks.det.evaluate import evaluate_detector, first_val_images
+    from vitbench.tasks.det.train import finetune_method
+
+    weights = trained_weights(ws, spec.seed, progress)
+    out: dict[str, Any] = {"batch_size": spec.batch_size, "detector": _detector_name(ws),
+                           "detector_training": ws.training_info}
+    backbone = copy.deepcopy(ws.model)
+    if spec.method != BASELINE:
+        progress("applying the method")
+        backbone = apply(backbone, spec.method, **spec.params)
+    detector = build_detector(ws.task, backbone, ws.data.num_classes, width=ws.width)
+    load_detector_weights(detector, weights)
+    ctx = reduction_context(backbone)
+    if ctx is not None and ctx.reduction is not None and ctx.reduction.train:
+        out.update(finetune_method(detector, backbone, ws.data, masks=ws.masks, train_backbone=spec.train_backbone,
+                                   limit=spec.train_limit, device=spec.device, seed=spec.seed,
+                                   verbose=ws.verbose_training, progress=progress,
+                                   work_dir=ws.work_dir / spec.spec_id / "train" if ws.work_dir else None))
+    detector.eval()
+    forward = DetectorForward(detector)
+    if "gmacs" in spec.metrics:
+        progress("counting GMACs (detector and backbone)")
+        images = first_val_images(detector, ws.data, ws.gmacs_images)
+        full = measure.count_gmacs(forward, images)
+        back = measure.count_gmacs(detector.backbone, images)
+        out.update(gmacs=full.mean, gmacs_std=full.std, gmacs_images=full.n, gmacs_on="evaluation images",
+                   backbone_gmacs=back.mean, backbone_gmacs_std=back.std,
+                   gmacs_input=f"{ws.data.input_size}x{ws.data.input_size}")
+    if "params" in spec.metrics:
+        out["params_m"] = measure.count_params_m(detector)
+        out["backbone_params_m"] = measure.count_params_m(backbone)
+    detector.to(spec.device)
+    if "accuracy" in spec.metrics:
+        progress("evaluating mAP")
+        out.update(evaluate_detector(detector, ws.data, masks=ws.masks, limit=ws.eval_limit, device=spec.device,
+                                     seed=spec.seed,
+                                     work_dir=ws.work_dir / spec.spec_id if ws.work_dir else None))
+    if "throughput" in spec.metrics:
+        progress(f"timing throughput (batch {spec.batch_size})")
+        tp = measure.measure_throughput(forward, spec.batch_size, ws.input_size, device=spec.device,
+                                        repeats=ws.throughput_repeats)
+        out.update(throughput_img_s=tp.median_img_s, throughput_spread_img_s=tp.spread_img_s,
+                   throughput_repeats=tp.repeats)
+    if "latency" in spec.metrics:
+        progress("timing latency (batch 1)")
+        lat = measure.measure_latency(forward, ws.input_size, device=spec.device, repeats=ws.latency_repeats)
+        out.update(latency_ms=lat.median_ms, latency_spread_ms=lat.spread_ms)
+    if "memory" in spec.metrics:
+        progress("measuring peak memory")
+        out["peak_mem_mb"] = measure.measure_peak_memory(forward, spec.batch_size, ws.input_size, device=spec.device)
+    return out
+
+
+def _detector_name(ws: DenseWorkspace) -> str:
+    head = "SSDLite (SSDNeck + depthwise SSDHead)" if ws.task == "det" else "Mask R-CNN + FPN"
+    return f"{head}, {ws.width} heads, {ws.data.input_size}x{ws.data.input_size}"
+
+
+def load_backbone(name: str, num_classes: int, input_size: int, *, pretrained: bool = False,
+                  checkpoint: Optional[str] = None) -> nn.Module:
+    """The timm backbone of a dense task: ``name`` at ``input_size`` (plain ViTs are built for
+    it; hybrids take any size), weights from ``--pretrained``/``--checkpoint`` (an ImageNet
+    classifier's state dict), and a classifier head resized to the data's classes -- unused by
+    the detector, but what methods with class statistics (LTM, DCS's IB bound) count classes by.
+    """
+    import timm
+
+    from vitbench.tasks.cls.models import _unknown_model, load_checkpoint
+    from vitbench.tasks.det.backbone import is_plain_vit
+
+    if not timm.is_model(name):
+        raise _unknown_model(name)
+    kwargs: dict[str, Any] = {}
+    if name.startswith(("vit_", "deit")):
+        kwargs["img_size"] = input_size
+    model = timm.create_model(name, pretrained=pretrained, **kwargs)
+    if checkpoint is not None:
+        load_checkpoint(model, checkpoint, name=name)
+    if is_plain_vit(model) and tuple(model.patch_embed.img_size) != (input_size, input_size):
+        raise VitbenchError(f"{name} is built for {tuple(model.patch_embed.img_size)} images; the dense tasks "
+                            f"need {input_size}x{input_size}")
+    model.reset_classifier(num_classes)
+    model.vitbench_input_size = (input_size, input_size)  # what family adapters size token grids by
+    return model.eval()

@@ -1,0 +1,249 @@
+"""Training for the dense tasks on the mmengine ``Runner`` (issue 4).
+
+- :func:`train_detector`: the *default training* -- the whole detector (backbone, neck, heads)
+  trains on the training split with AdamW and a cosine schedule. This is the baseline every
+  method is applied to, as the fine-tuned classifier is in ``cls``: vitbench trains it once per
+  (task, model, data, schedule) and caches the weights.
+- :func:`finetune_method`: a learnable method's stages (:class:`~vitbench.catalog.TrainStage`)
+  on the detection loss instead of cross-entropy. The same rules as the cls loop
+  (:mod:`vitbench.train.finetune`): only the method's parameters train unless
+  ``train_backbone``; arch/weight alternation; the stage's callbacks. What a method that needs
+  image labels (LTM's IB step, DCS's IB bound) gets as the label of a detection image: the
+  class of its largest object (a documented choice: the IB terms are defined for image
+  classes, methods.md §6, and the largest object is what the image is "of").
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from mmengine.model import BaseModel
+from mmengine.optim import OptimWrapper, OptimWrapperDict
+from torch import nn
+
+from vitbench.engine.block import reduction_context
+from vitbench.errors import VitbenchError
+from vitbench.tasks.det.data import DetData
+
+__all__ = ["DetMethodTrainer", "dominant_labels", "finetune_method", "train_detector"]
+
+#: the default training: AdamW, cosine to 1% of the rate, per iteration
+DEFAULT_LR = 2e-3
+DEFAULT_WEIGHT_DECAY = 0.05
+
+
+def dominant_labels(data_samples: list[Any], device: torch.device | str = "cpu") -> torch.Tensor:
+    """The class of the largest ground-truth box of each image (``0`` for an image without any)."""
+    out = []
+    for sample in data_samples:
+        gt = sample.gt_instances
+        if len(gt) == 0:
+            out.append(0)
+            continue
+        boxes = gt.bboxes.tensor if hasattr(gt.bboxes, "tensor") else gt.bboxes
+        area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+        out.append(int(gt.labels[int(area.argmax())]))
+    return torch.tensor(out, dtype=torch.long, device=device)
+
+
+def _loader(dataset: dict[str, Any], batch_size: int, shuffle: bool) -> dict[str, Any]:
+    return {"batch_size": batch_size, "num_workers": 0, "persistent_workers": False,
+            "sampler": {"type": "DefaultSampler", "shuffle": shuffle}, "dataset": dataset,
+            # mmdet's detectors take lists of samples, not stacked tensors
+            "collate_fn": {"type": "pseudo_collate"}}
+
+
+def _progress_hook(prefix: str, verbose: bool) -> dict[str, Any]:
+    return {"type": "vitbench.ProgressHook", "verbose": verbose, "interval": 10, "prefix": prefix}
+
+
+def train_detector(detector: nn.Module, data: DetData, *, masks: bool, epochs: int, batch_size: int = 8,
+                   lr: float = DEFAULT_LR, limit: Optional[int] = None, device: str = "cpu", seed: int = 0,
+                   work_dir: str | Path | None = None, verbose: bool = True) -> dict[str, Any]:
+    """Train every weight of ``detector`` for ``epochs`` epochs (the default training)."""
+    from mmengine.runner import Runner
+
+    from vitbench.mm.runner import release, runner_kwargs, work_dir_or_temp
+
+    if epochs < 1 or batch_size < 2:
+        raise VitbenchError(f"detector training needs epochs >= 1 and batch size >= 2 (BatchNorm in the "
+                            f"SSDLite head); got epochs={epochs}, batch size={batch_size}")
+    start = time.perf_counter()
+    with work_dir_or_temp(work_dir) as wd:
+        runner = Runner(**runner_kwargs(
+            work_dir=wd, seed=seed, default_scope="mmdet", model=detector,
+            train_dataloader=_loader(data.dataset_cfg("train", masks=masks, limit=limit), batch_size, True),
+            train_cfg={"by_epoch": True, "max_epochs": epochs, "val_interval": epochs + 1},
+            optim_wrapper={"optimizer": {"type": "AdamW", "lr": lr, "weight_decay": DEFAULT_WEIGHT_DECAY},
+                           "clip_grad": {"max_norm": 10.0}},
+            param_scheduler=[{"type": "CosineAnnealingLR", "by_epoch": True, "T_max": epochs,
+                              "convert_to_iter_based": True, "eta_min_ratio": 0.01}],
+            custom_hooks=[_progress_hook("vitbench: detector training: ", verbose)],
+        ))
+        try:
+            runner.model.to(torch.device(device))
+            runner.train()
+            images, iters = len(runner.train_dataloader.dataset), runner.iter
+        finally:
+            release(runner)
+    detector.eval()
+    return {"epochs": epochs, "iters": iters, "images": images, "batch_size": batch_size, "lr": lr,
+            "seconds": round(time.perf_counter() - start, 2)}
+
+
+class DetMethodTrainer(BaseModel):
+    """The model the Runner trains while a method fine-tunes inside a detector: the detection
+    losses plus the method's ``extra_loss``, with the arch/weight alternation of the cls loop."""
+
+    def __init__(self, detector: nn.Module, backbone: nn.Module, stage: Any) -> None:
+        super().__init__(data_preprocessor=detector.data_preprocessor)
+        self.detector = detector
+        self.backbone = backbone  # the reduced timm model inside the detector
+        self.stage = stage
+        self.steps = 0
+        self.last: dict[str, float] = {}
+
+    def init_weights(self) -> None:
+        """Keep every weight (the detector is trained already)."""
+
+    def train(self, mode: bool = True) -> "DetMethodTrainer":
+        """Train mode, except for normalisation layers with nothing to train: a frozen
+        backbone stays frozen, its BatchNorm running statistics included."""
+        super().train(mode)
+        if mode:
+            for module in self.detector.modules():
+                if isinstance(module, nn.modules.batchnorm._BatchNorm) and not any(
+                        p.requires_grad for p in module.parameters(recurse=False)):
+                    module.eval()
+        return self
+
+    def forward(self, inputs: torch.Tensor, data_samples: Any = None, mode: str = "tensor") -> Any:
+        return self.detector(inputs, data_samples, mode=mode)
+
+    def train_step(self, data: Any, optim_wrapper: OptimWrapper) -> dict[str, torch.Tensor]:
+        from vitbench.train.finetune import is_arch_step
+
+        data = self.data_preprocessor(data, True)
+        inputs, samples = data["inputs"], data["data_samples"]
+        labels = dominant_labels(samples, inputs.device)
+        wrapper: OptimWrapper = optim_wrapper
+        if isinstance(optim_wrapper, OptimWrapperDict):
+            key = "arch" if is_arch_step(self.steps, self.stage.arch_fraction) else "weights"
+            wrapper = optim_wrapper[key] if key in optim_wrapper.keys() else next(iter(optim_wrapper.values()))
+        ctx = reduction_context(self.backbone)
+        ctx.labels = labels
+        try:
+            with wrapper.optim_context(self):
+                loss, log_vars = self.detector.parse_losses(self.detector.loss(inputs, samples))
+                extra = self.stage.extra_loss(self.backbone, None, labels) if self.stage.extra_loss else None
+        finally:
+            ctx.labels = None
+        if extra is not None:
+            loss = loss + extra
+            log_vars["extra"] = extra.detach()
+        log_vars["loss"] = loss.detach()
+        optim_wrapper.zero_grad()
+        wrapper.update_params(loss)
+        self.steps += 1
+        for callback in self.stage.after_step:
+            callback(self.backbone)
+        self.last = {k: float(v) for k, v in log_vars.items()}
+        return log_vars
+
+
+def _image_batches(detector: nn.Module, data: DetData, masks: bool, limit: Optional[int],
+                   device: torch.device) -> Callable[[], Iterator[tuple[torch.Tensor, torch.Tensor]]]:
+    """``batches()`` for the stages' callbacks: the training split as (normalised images as the
+    backbone sees them, the dominant label of each image), in order."""
+    from mmengine.registry import DefaultScope
+    from mmengine.runner import Runner
+
+    def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        with DefaultScope.overwrite_default_scope("mmdet"):  # the pipeline names mmcv/mmdet transforms
+            loader = Runner.build_dataloader(_loader(data.dataset_cfg("train", masks=masks, limit=limit), 8, False))
+        for batch in loader:
+            out = detector.data_preprocessor(batch, False)
+            yield out["inputs"].to(device), dominant_labels(out["data_samples"], device)
+
+    return batches
+
+
+def finetune_method(detector: nn.Module, backbone: nn.Module, data: DetData, *, masks: bool,
+                    train_backbone: bool = False, limit: Optional[int] = None, device: str = "cpu",
+                    seed: int = 0, work_dir: str | Path | None = None, verbose: bool = False,
+                    progress: Optional[Callable[[str], None]] = None) -> dict[str, Any]:
+    """Run the training stages of the method ``backbone`` was reduced with, inside ``detector``.
+
+    Trained: the method's parameters (``train_backbone``: every detector weight). Returns what
+    was done, as :func:`vitbench.train.finetune.finetune` does for cls.
+    """
+    from mmengine.runner import Runner
+
+    from vitbench.mm.runner import release, runner_kwargs, work_dir_or_temp
+    from vitbench.train.finetune import StageHook, _check_stage, _optim_wrapper, trainable_parameters
+
+    ctx = reduction_context(backbone)
+    if ctx is None or ctx.reduction is None:
+        raise VitbenchError("finetune_method() needs a backbone reduced with vitbench.apply(model, method)")
+    target = torch.device(device)
+    batches = _image_batches(detector, data, masks, limit, target)
+    saved = {n: p.requires_grad for n, p in detector.named_parameters()}
+    stages_done: list[dict[str, Any]] = []
+    start = time.perf_counter()
+    trainable = 0
+    try:
+        for stage in ctx.reduction.train:
+            _check_stage(ctx.method, stage)
+            params = trainable_parameters(backbone, stage, train_backbone)
+            if train_backbone:
+                params.update({f"detector.{n}": p for n, p in detector.named_parameters()
+                               if not n.startswith("backbone.model.")})
+            if not params:
+                raise VitbenchError(f"{ctx.method}: training stage {stage.name!r} has no trainable parameters")
+            chosen = {id(p) for p in params.values()}
+            for p in detector.parameters():
+                p.requires_grad_(id(p) in chosen)
+            trainable = max(trainable, sum(p.numel() for p in params.values()))
+            if progress:
+                progress(f"fine-tuning stage {stage.name!r} on the detection loss: {stage.epochs} epoch(s), "
+                         f"{sum(p.numel() for p in params.values()):,} trainable parameters")
+            hook = StageHook(stage, backbone, batches)
+            stage_start = time.perf_counter()
+            if stage.epochs == 0:
+                hook.before_train(None)
+                hook.after_train(None)
+                stages_done.append({"name": stage.name, "epochs": 0, "iters": 0})
+                continue
+            trainer = DetMethodTrainer(detector, backbone, stage).to(target)
+            with work_dir_or_temp(work_dir) as wd:
+                runner = Runner(**runner_kwargs(
+                    work_dir=wd / stage.name, seed=seed, default_scope="mmdet", model=trainer,
+                    train_dataloader=_loader(data.dataset_cfg("train", masks=masks, limit=limit),
+                                             max(2, min(stage.batch_size, 8)), True),
+                    train_cfg={"by_epoch": True, "max_epochs": stage.epochs, "val_interval": stage.epochs + 1},
+                    optim_wrapper=_optim_wrapper(stage, params),
+                    param_scheduler=None if stage.schedule == "constant" else [{
+                        "type": "CosineAnnealingLR", "by_epoch": True, "T_max": stage.epochs,
+                        "convert_to_iter_based": True, "eta_min_ratio": 0.01}],
+                    custom_hooks=[hook, _progress_hook(f"vitbench: {ctx.method} {stage.name}: ", verbose)],
+                ))
+                try:
+                    runner.model.to(target)
+                    runner.train()
+                    iters, images = runner.iter, len(runner.train_dataloader.dataset)
+                finally:
+                    release(runner)
+            stages_done.append({"name": stage.name, "epochs": stage.epochs, "iters": iters, "images": images,
+                                **{f"last_{k}": v for k, v in trainer.last.items()},
+                                "seconds": round(time.perf_counter() - stage_start, 2)})
+    finally:
+        for n, p in detector.named_parameters():
+            p.requires_grad_(saved.get(n, True))
+        ctx.labels = None
+    detector.eval()
+    return {"trained": "fine-tuned", "train_s": round(time.perf_counter() - start, 2),
+            "trainable_params": trainable, "train_stages": stages_done,
+            "train_images": max((s.get("images", 0) for s in stages_done), default=0)}
