@@ -48,7 +48,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         f"{DEFAULT_MODEL_TRAIN_LIMIT} with the default model)")
     p.add_argument("--detector-epochs", type=int, default=None,
                    help="det/seg: epochs of the baseline detector's default training (trained once, cached; "
-                        "default: det 12, seg 6)")
+                        "default: det 8, seg 4)")
     p.add_argument("--detector-width", default=None, choices=("full", "light"),
                    help="det/seg: the detector's neck/head widths (default: light on the embedded data, "
                         "full with --data)")

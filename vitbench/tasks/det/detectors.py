@@ -144,6 +144,6 @@ def build_detector(task: str, backbone: nn.Module, num_classes: int, *, width: s
     detector = MMDET_MODELS.build(cfg)
     if detector.backbone.model is not backbone:
         raise RuntimeError("the detector config copied the backbone instead of wrapping it")
-    detector.init_weights()  # the neck and heads' init_cfg; FeatureMaps keeps the timm weights
+    # init_cfg (neck and heads) is applied by Runner.train(); FeatureMaps keeps the timm weights
     ssd_head_predict_fix(detector)
     return detector

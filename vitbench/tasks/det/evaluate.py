@@ -3,8 +3,6 @@
 """
 from __future__ import annotations
 
-import contextlib
-import io
 from pathlib import Path
 from typing import Any, Optional
 
@@ -12,7 +10,7 @@ import torch
 from torch import nn
 
 from vitbench.tasks.det.data import DetData
-from vitbench.tasks.det.train import _loader
+from vitbench.tasks.det.train import _loader, quiet_stdout
 
 #: record field <- CocoMetric key (COCO's 0..1 scale, as mmdet and the papers' tables report it)
 _KEYS = {"box_map": "coco/bbox_mAP", "box_ap50": "coco/bbox_mAP_50", "box_ap75": "coco/bbox_mAP_75",
@@ -35,7 +33,7 @@ def evaluate_detector(detector: nn.Module, data: DetData, *, masks: bool, batch_
         ))
         try:
             runner.model.to(torch.device(device))
-            with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints its summary to stdout
+            with quiet_stdout():
                 metrics = runner.test()
             num_images = len(runner.test_dataloader.dataset)
         finally:
@@ -51,7 +49,7 @@ def first_val_images(detector: nn.Module, data: DetData, n: int) -> torch.Tensor
     from mmengine.registry import DefaultScope
     from mmengine.runner import Runner
 
-    with DefaultScope.overwrite_default_scope("mmdet"):  # the pipeline names mmcv/mmdet transforms
+    with DefaultScope.overwrite_default_scope("mmdet"), quiet_stdout():  # the pipeline names mmdet transforms
         loader = Runner.build_dataloader(_loader(data.dataset_cfg("val", masks=False, limit=n), n, False))
         batch = next(iter(loader))
     return detector.data_preprocessor(batch, False)["inputs"][:n].float()

@@ -31,7 +31,7 @@ from vitbench.tasks.det.detectors import build_detector
 
 Progress = Callable[[str], None]
 #: default training of the baseline detector on the embedded shapes set (measured in the README)
-DEFAULT_EPOCHS = {"det": 12, "seg": 6}
+DEFAULT_EPOCHS = {"det": 8, "seg": 4}
 TRAIN_BATCH = 8
 
 
@@ -142,7 +142,13 @@ class DetectorForward(nn.Module):
         self.detector = detector
 
     def forward(self, images: torch.Tensor) -> Any:
-        return self.detector._forward(images)
+        from mmdet.structures import DetDataSample
+
+        h, w = images.shape[-2:]
+        meta = {"img_shape": (h, w), "ori_shape": (h, w), "pad_shape": (h, w), "batch_input_shape": (h, w),
+                "scale_factor": (1.0, 1.0)}
+        # Mask R-CNN's RPN needs each image's shape to place its proposals
+        return self.detector._forward(images, [DetDataSample(metainfo=meta) for _ in range(images.shape[0])])
 
 
 def run_dense_spec(spec: Any, ws: DenseWorkspace, baseline: Optional[dict], progress: Progress) -> dict[str, Any]:

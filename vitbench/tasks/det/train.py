@@ -14,6 +14,8 @@
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -47,6 +49,12 @@ def dominant_labels(data_samples: list[Any], device: torch.device | str = "cpu")
         area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
         out.append(int(gt.labels[int(area.argmax())]))
     return torch.tensor(out, dtype=torch.long, device=device)
+
+
+def quiet_stdout() -> contextlib.AbstractContextManager:
+    """pycocotools prints "loading annotations into memory..." and its evaluation summary to
+    stdout, which vitbench keeps for results: drop it (progress goes to stderr)."""
+    return contextlib.redirect_stdout(io.StringIO())
 
 
 def _loader(dataset: dict[str, Any], batch_size: int, shuffle: bool) -> dict[str, Any]:
@@ -85,7 +93,8 @@ def train_detector(detector: nn.Module, data: DetData, *, masks: bool, epochs: i
         ))
         try:
             runner.model.to(torch.device(device))
-            runner.train()
+            with quiet_stdout():
+                runner.train()
             images, iters = len(runner.train_dataloader.dataset), runner.iter
         finally:
             release(runner)
@@ -162,7 +171,7 @@ def _image_batches(detector: nn.Module, data: DetData, masks: bool, limit: Optio
     from mmengine.runner import Runner
 
     def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        with DefaultScope.overwrite_default_scope("mmdet"):  # the pipeline names mmcv/mmdet transforms
+        with DefaultScope.overwrite_default_scope("mmdet"), quiet_stdout():  # the pipeline names mmdet transforms
             loader = Runner.build_dataloader(_loader(data.dataset_cfg("train", masks=masks, limit=limit), 8, False))
         for batch in loader:
             out = detector.data_preprocessor(batch, False)
@@ -232,7 +241,8 @@ def finetune_method(detector: nn.Module, backbone: nn.Module, data: DetData, *, 
                 ))
                 try:
                     runner.model.to(target)
-                    runner.train()
+                    with quiet_stdout():
+                        runner.train()
                     iters, images = runner.iter, len(runner.train_dataloader.dataset)
                 finally:
                     release(runner)
