@@ -49,9 +49,15 @@ class Workspace:
 
 
 def input_size_of(model: nn.Module) -> tuple[int, int, int]:
-    """``(channels, height, width)`` a timm ViT takes."""
-    embed = model.patch_embed
-    return (int(embed.proj.in_channels), int(embed.img_size[0]), int(embed.img_size[1]))
+    """``(channels, height, width)`` a timm model takes: a ViT's patch embedding, else (hybrids)
+    the size the family adapter describes it at (``vitbench_input_size``) or timm's config."""
+    embed = getattr(model, "patch_embed", None)
+    if embed is not None and getattr(embed, "img_size", None) is not None:
+        return (int(embed.proj.in_channels), int(embed.img_size[0]), int(embed.img_size[1]))
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    c, h, w = cfg.get("input_size", (3, 224, 224))
+    h, w = getattr(model, "vitbench_input_size", None) or (h, w)
+    return (int(c), int(h), int(w))
 
 
 def seed_everything(seed: int) -> None:
@@ -62,6 +68,14 @@ def seed_everything(seed: int) -> None:
 
 def attention_kernel(model: nn.Module) -> str:
     """Which attention kernel each block ran (benchmarking.md: baseline and method must match)."""
+    if not hasattr(model, "blocks"):  # hybrids: conv stages around their attention blocks
+        from vitbench.engine.block import ReducingBlock
+
+        reducing = [m for m in model.modules() if isinstance(m, ReducingBlock)]
+        if not reducing:
+            return "timm default"
+        unfused = [blk.index for blk in reducing if not blk.fused]
+        return "fused (SDPA)" if not unfused else "unfused in blocks " + ",".join(map(str, unfused))
     if reduction_context(model) is not None:
         unfused = [blk.index for blk in model.blocks if not blk.fused]
     else:

@@ -64,8 +64,8 @@ from vitbench.engine.block import (
     ReductionContext,
     _add_wrapper_level,
     _drop_wrapper_level,
-    reduction_context,
 )
+from vitbench.engine.families.checks import describe_for_patch
 from vitbench.engine.families.vit import _RememberInputs
 from vitbench.errors import UnsupportedError
 
@@ -231,12 +231,7 @@ class ReducingLiteMLA(nn.Module):
 
 def patch(model: nn.Module, reduction: Reduction, method: str = "", params: Any = None) -> nn.Module:
     """Wrap every LiteMLA of ``model`` with the reducers of ``reduction``; returns ``model``."""
-    if reduction_context(model) is not None:
-        raise UnsupportedError(f"this model is already reduced by {reduction_context(model).method!r}; "
-                               f"apply a method to a fresh model")
-    info = describe(model)
-    if len(reduction.reducers) != info.depth:
-        raise ValueError(f"{method}: {len(reduction.reducers)} reducers for {info.depth} LiteMLA blocks")
+    describe_for_patch(model, reduction, method, describe, "LiteMLA blocks")
     for reducer in reduction.reducers:
         if reducer is not None and not (hasattr(reducer, "qk") or hasattr(reducer, "proj_forward")):
             raise UnsupportedError(

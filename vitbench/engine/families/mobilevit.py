@@ -32,7 +32,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitbench.catalog import BlockInfo, FamilySpec, ModelInfo, Reduction
-from vitbench.engine.block import ReducingBlock, ReductionContext, reduction_context
+from vitbench.engine.block import ReducingBlock, ReductionContext
+from vitbench.engine.families.checks import describe_for_patch
 from vitbench.engine.families.vit import _RememberInputs
 from vitbench.engine.grid_merge import grid_merge
 from vitbench.engine.unmerge import unmerge
@@ -237,12 +238,7 @@ def mobilevit_blocks(model: nn.Module) -> list[nn.Module]:
 def patch(model: nn.Module, reduction: Reduction, method: str = "", params: Any = None) -> nn.Module:
     """Wrap every ViT Block with the reducers of ``reduction`` and re-route each MobileViT block's
     fold (module doc); returns ``model``. State-dict keys stay timm's."""
-    if reduction_context(model) is not None:
-        raise UnsupportedError(f"this model is already reduced by {reduction_context(model).method!r}; "
-                               f"apply a method to a fresh model")
-    info = describe(model)
-    if len(reduction.reducers) != info.depth:
-        raise ValueError(f"{method}: {len(reduction.reducers)} reducers for {info.depth} blocks")
+    info = describe_for_patch(model, reduction, method, describe)
     # unmerge needs sources unless every reducer declares its merges as grid merges
     trace = reduction.trace_source or any(r is not None and not getattr(r, "records_grid_merge", False)
                                           for r in reduction.reducers)

@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from vitbench.catalog import FamilySpec, ModelInfo, Reduction
-from vitbench.engine.block import ReducingBlock, ReductionContext, reduction_context
+from vitbench.engine.block import ReducingBlock, ReductionContext
+from vitbench.engine.families.checks import describe_for_patch
 from vitbench.errors import UnsupportedError
 
 FAMILY = "vit"
@@ -58,12 +59,7 @@ def describe(model: nn.Module) -> ModelInfo:
 
 def patch(model: nn.Module, reduction: Reduction, method: str = "", params: Any = None) -> nn.Module:
     """Wrap every block of ``model`` with the reducers of ``reduction``; returns ``model``."""
-    if reduction_context(model) is not None:
-        raise UnsupportedError(f"this model is already reduced by {reduction_context(model).method!r}; "
-                               f"apply a method to a fresh model")
-    info = describe(model)
-    if len(reduction.reducers) != info.depth:
-        raise ValueError(f"{method}: {len(reduction.reducers)} reducers for {info.depth} blocks")
+    info = describe_for_patch(model, reduction, method, describe)
     context = ReductionContext(method, params, info.num_prefix_tokens, reduction.prop_attn,
                                reduction.trace_source)
     context.reduction = reduction

@@ -1,0 +1,24 @@
+"""What every family adapter's ``patch`` checks first (architecture.md, "Engine")."""
+from __future__ import annotations
+
+from typing import Callable
+
+from torch import nn
+
+from vitbench.catalog import ModelInfo, Reduction
+from vitbench.engine.block import reduction_context
+from vitbench.errors import UnsupportedError
+
+
+def describe_for_patch(model: nn.Module, reduction: Reduction, method: str,
+                       describe: Callable[[nn.Module], ModelInfo], what: str = "blocks") -> ModelInfo:
+    """``describe(model)`` after checking that ``model`` is not reduced yet and that
+    ``reduction`` has one reducer per attention block (``what`` names them in the error)."""
+    context = reduction_context(model)
+    if context is not None:
+        raise UnsupportedError(f"this model is already reduced by {context.method!r}; "
+                               f"apply a method to a fresh model")
+    info = describe(model)
+    if len(reduction.reducers) != info.depth:
+        raise ValueError(f"{method}: {len(reduction.reducers)} reducers for {info.depth} {what}")
+    return info
