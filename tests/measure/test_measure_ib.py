@@ -97,3 +97,21 @@ def test_measure_ib_on_a_model_baseline_and_reduced():
     reduced = measure_ib(vitbench.apply(tiny_vit(), "tome", r=4), batches, 4)
     assert math.isfinite(reduced.loss.item()) and math.isfinite(reduced.bound.item())
     assert reduced.bound.item() - reduced.input_constant.item() >= reduced.loss.item() - 1e-6
+
+
+def test_final_features_of_a_conv_hybrid_is_the_final_map_mean():
+    import timm
+
+    import vitbench
+    from vitbench.measure.ib import final_features
+
+    torch.manual_seed(0)
+    plain = timm.create_model("mobilevit_xs", num_classes=3).eval()
+    images = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        expected = plain.forward_features(images).mean(dim=(-2, -1))
+        assert torch.equal(final_features(plain, images), expected)
+    reduced = vitbench.apply(timm.create_model("mobilevit_xs", num_classes=3).eval(), "tome", r=0)
+    reduced.load_state_dict(plain.state_dict())
+    with torch.no_grad():
+        assert torch.allclose(final_features(reduced, images), expected, atol=1e-6)

@@ -128,9 +128,14 @@ def final_features(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
     """``[B, C]``: :func:`token_features` of the last block's output for ``images``.
 
     Works on a plain timm ViT (sizes all one) and on a reduced one (the token sizes of the
-    forward's :class:`~vitbench.engine.TokenState`, so merged tokens count by their size)."""
+    forward's :class:`~vitbench.engine.TokenState`, so merged tokens count by their size). A
+    conv hybrid (no ``blocks``) gives the spatial mean of its final feature map, which every
+    method's output is folded back into."""
     from vitbench.engine.block import reduction_context
 
+    if not hasattr(model, "blocks"):  # conv hybrids (MobileViT, EfficientViT): the final map's mean
+        fmap = model.forward_features(images)
+        return fmap.mean(dim=(-2, -1)) if fmap.dim() == 4 else fmap.mean(dim=1)
     captured: dict[str, torch.Tensor] = {}
     handle = model.blocks[-1].register_forward_hook(
         lambda mod, args, out: captured.__setitem__("tokens", out))
