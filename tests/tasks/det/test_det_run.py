@@ -1,0 +1,177 @@
+"""One det/seg run spec: the baseline detector trained once and cached (atomically), the backbone
+loader, and run_dense_spec's record on the tiny generated set."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from vitbench.errors import UnknownNameError
+from vitbench.plan import build_plan
+from vitbench.tasks.det import run as det_run
+from vitbench.tasks.det.run import DenseWorkspace, load_backbone, run_dense_spec, trained_weights
+
+
+class _FakeTraining:
+    """Stands in for the default training: counts calls and changes one weight, so the weights
+    returned and saved are visibly the trained ones."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, ws, detector, seed):
+        self.calls += 1
+        with torch.no_grad():
+            detector.bbox_head.cls_convs[0][0].conv.weight.fill_(0.5)
+        return {"epochs": ws.epochs, "iters": 2, "images": 4, "batch_size": 8, "lr": 0.002, "seconds": 0.0}
+
+
+@pytest.fixture()
+def fake_training(monkeypatch):
+    fake = _FakeTraining()
+    monkeypatch.setattr(det_run, "train_detector_weights", fake)
+    return fake
+
+
+def _workspace(backbone_factory, det_data, cache_dir, **kwargs) -> DenseWorkspace:
+    fields = dict(task="det", model=backbone_factory("mobilevit_xs"), model_name="mobilevit_xs", data=det_data,
+                  width="light", epochs=1, cache_dir=cache_dir)
+    fields.update(kwargs)
+    return DenseWorkspace(**fields)
+
+
+def test_trained_weights_are_cached_and_reloaded(backbone_factory, det_data, tmp_path, fake_training):
+    cache = tmp_path / "cache" / "detectors"
+    said: list[str] = []
+    ws = _workspace(backbone_factory, det_data, cache)
+    weights = trained_weights(ws, 0, said.append)
+    assert fake_training.calls == 1
+    key = "bbox_head.cls_convs.0.0.conv.weight"
+    assert (weights[key] == 0.5).all() and all(v.device.type == "cpu" for v in weights.values())
+    path = cache / f"det-mobilevit_xs-{ws.weights_key(0)}.pth"
+    assert sorted(p.name for p in cache.iterdir()) == [path.with_suffix(".json").name, path.name]  # no .tmp
+    assert json.loads(path.with_suffix(".json").read_text())["iters"] == 2
+    assert ws.training_info["images"] == 4
+    assert any("training the det detector" in s for s in said)
+    assert trained_weights(ws, 0, said.append) is weights  # kept in the workspace
+
+    again = _workspace(backbone_factory, det_data, cache)
+    said.clear()
+    loaded = trained_weights(again, 0, said.append)
+    assert fake_training.calls == 1  # from the cache file, not trained again
+    assert loaded.keys() == weights.keys() and all(torch.equal(loaded[k], weights[k]) for k in weights)
+    assert again.training_info == ws.training_info
+    assert said == [f"loading the trained det detector {path}"]
+
+
+def test_cache_without_its_json_still_loads(backbone_factory, det_data, tmp_path, fake_training):
+    ws = _workspace(backbone_factory, det_data, tmp_path)
+    trained_weights(ws, 0, lambda s: None)
+    path = tmp_path / f"det-mobilevit_xs-{ws.weights_key(0)}.pth"
+    path.with_suffix(".json").unlink()
+    again = _workspace(backbone_factory, det_data, tmp_path)
+    trained_weights(again, 0, lambda s: None)
+    assert fake_training.calls == 1 and again.training_info == {"cached": str(path)}
+
+
+def test_other_settings_train_again(backbone_factory, det_data, tmp_path, fake_training):
+    trained_weights(_workspace(backbone_factory, det_data, tmp_path), 0, lambda s: None)
+    trained_weights(_workspace(backbone_factory, det_data, tmp_path, epochs=2), 0, lambda s: None)
+    trained_weights(_workspace(backbone_factory, det_data, tmp_path), 1, lambda s: None)  # another seed
+    assert fake_training.calls == 3 and len(list(tmp_path.glob("*.pth"))) == 3
+
+
+def test_weights_key_depends_on_what_the_training_depends_on(backbone_factory, det_data, tmp_path):
+    base = _workspace(backbone_factory, det_data, tmp_path)
+    key = base.weights_key(0)
+    assert key == _workspace(backbone_factory, det_data, tmp_path / "elsewhere").weights_key(0)
+    assert len(key) == 12
+    others = [
+        base.weights_key(1),
+        dataclasses.replace(base, task="seg").weights_key(0),
+        dataclasses.replace(base, width="full").weights_key(0),
+        dataclasses.replace(base, epochs=3).weights_key(0),
+        dataclasses.replace(base, train_limit=2).weights_key(0),
+        dataclasses.replace(base, data=dataclasses.replace(det_data, input_size=96)).weights_key(0),
+        dataclasses.replace(base, model=backbone_factory("mobilevit_xs", seed=1)).weights_key(0),  # a checkpoint
+    ]
+    assert key not in others and len(set(others)) == len(others)
+
+
+def test_no_cache_dir_trains_without_writing(backbone_factory, det_data, tmp_path, fake_training, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    ws = _workspace(backbone_factory, det_data, None)
+    trained_weights(ws, 0, lambda s: None)
+    assert fake_training.calls == 1 and list(tmp_path.iterdir()) == []
+
+
+class _FailingSave:
+    """torch.save that writes part of the file, then fails (a full disk, an interrupt)."""
+
+    def __call__(self, obj, f, *args, **kwargs):
+        with open(f, "wb") as out:
+            out.write(b"partial")
+        raise OSError("No space left on device")
+
+
+def test_a_failed_save_leaves_no_cache_file(backbone_factory, det_data, tmp_path, fake_training, monkeypatch):
+    monkeypatch.setattr(det_run.torch, "save", _FailingSave())
+    ws = _workspace(backbone_factory, det_data, tmp_path)
+    with pytest.raises(OSError, match="No space left"):
+        trained_weights(ws, 0, lambda s: None)
+    assert not list(tmp_path.glob("*.pth")) and not list(tmp_path.glob("*.json"))  # never half a cache file
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "bug (minor): trained_weights() does not remove its mkstemp .tmp file when torch.save fails, so a "
+    "failed or interrupted save leaves a stray *.tmp file in the detector cache"))
+def test_a_failed_save_leaves_no_temporary_file(backbone_factory, det_data, tmp_path, fake_training, monkeypatch):
+    monkeypatch.setattr(det_run.torch, "save", _FailingSave())
+    with pytest.raises(OSError):
+        trained_weights(_workspace(backbone_factory, det_data, tmp_path), 0, lambda s: None)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_load_backbone_hybrid():
+    model = load_backbone("mobilevit_xs", 3, 320)
+    assert model.num_classes == 3 and model.vitbench_input_size == (320, 320) and not model.training
+
+
+def test_load_backbone_plain_vit_is_built_for_the_input_size():
+    model = load_backbone("deit_tiny_patch16_224", 5, 96)
+    assert tuple(model.patch_embed.img_size) == (96, 96) and model.patch_embed.grid_size == (6, 6)
+    assert model.num_classes == 5 and model.vitbench_input_size == (96, 96)
+
+
+def test_load_backbone_unknown_name():
+    with pytest.raises(UnknownNameError, match="unknown model 'mobilevit_xss'.*mobilevit_xs"):
+        load_backbone("mobilevit_xss", 3, 320)
+
+
+def test_run_dense_spec_records(backbone_factory, det_data, tmp_path):
+    """baseline, tome and ltm (fine-tuned) specs through run_dense_spec with the real (1-epoch) training."""
+    plan = build_plan(task="det", model="mobilevit_xs", methods=["tome", "ltm"], data=str(det_data.root),
+                      overrides={"tome": {"r": 2}, "ltm": {"ratio": 0.5, "stats_images": 4, "ib_weight": 0.0}},
+                      metrics=("accuracy", "gmacs", "params", "throughput", "latency", "memory"), batch_size=2,
+                      device="cpu", seed=0, train_limit=4)
+    ws = _workspace(backbone_factory, det_data, tmp_path / "cache", work_dir=tmp_path / "work", gmacs_images=2,
+                    throughput_repeats=1, latency_repeats=1, verbose_training=False)
+    said: list[str] = []
+    base, tome, ltm = (run_dense_spec(spec, ws, None, said.append) for spec in plan)
+    assert any("training the det detector" in s for s in said)
+    for record in (base, tome, ltm):
+        assert record["detector"] == "SSDLite (SSDNeck + depthwise SSDHead), light heads, 64x64"
+        assert record["detector_training"]["epochs"] == 1 and record["detector_training"]["images"] == 4
+        assert all(0.0 <= record[k] <= 1.0 for k in ("box_map", "box_ap50", "box_ap75"))
+        assert "mask_map" not in record and record["num_images"] == 4
+        assert record["gmacs_images"] == 2 and record["gmacs_input"] == "64x64"
+        assert 0 < record["backbone_gmacs"] < record["gmacs"]
+        assert 0 < record["backbone_params_m"] < record["params_m"]
+        assert record["throughput_img_s"] > 0 and record["latency_ms"] > 0 and "peak_mem_mb" in record
+    assert tome["gmacs"] < base["gmacs"] and ltm["gmacs"] < base["gmacs"]
+    assert tome["params_m"] == base["params_m"] < ltm["params_m"]  # LTM's own parameters
+    assert "trained" not in base and "trained" not in tome
+    assert ltm["trained"] == "fine-tuned" and ltm["train_stages"][0]["images"] == 4
+    assert list((tmp_path / "cache").glob("det-mobilevit_xs-*.pth"))
