@@ -14,8 +14,15 @@ from typing import Optional
 
 from vitbench.errors import VitbenchError
 from vitbench.plan import (
-    DATA_METRICS, DEFAULT_DENSE_MODEL, DEFAULT_MODEL, DEFAULT_MODEL_TRAIN_LIMIT, DENSE_TASKS, METRICS,
-    build_plan, parse_list, parse_param_overrides,
+    DATA_METRICS,
+    DEFAULT_DENSE_MODEL,
+    DEFAULT_MODEL,
+    DEFAULT_MODEL_TRAIN_LIMIT,
+    DENSE_TASKS,
+    METRICS,
+    build_plan,
+    parse_list,
+    parse_param_overrides,
 )
 from vitbench.plugins import get_host
 
@@ -155,7 +162,12 @@ def run_dense(args: argparse.Namespace) -> int:
     from vitbench.results import ResultStore
     from vitbench.tasks.cls.default_model import cache_dir
     from vitbench.tasks.det.data import SHAPES, resolve_det_data
-    from vitbench.tasks.det.run import DEFAULT_EPOCHS, DenseWorkspace, load_backbone
+    from vitbench.tasks.det.run import (
+        DEFAULT_EPOCHS,
+        DenseWorkspace,
+        check_model_name,
+        load_backbone,
+    )
 
     model_name = args.model or DEFAULT_DENSE_MODEL
     metrics = parse_list("metric", args.metrics, DENSE_METRICS) if args.metrics is not None else DENSE_METRICS
@@ -173,6 +185,7 @@ def run_dense(args: argparse.Namespace) -> int:
                       checkpoint=args.checkpoint, pretrained=args.pretrained,
                       train_backbone=args.train_backbone, train_limit=args.train_limit)
     say = _Progress()
+    check_model_name(model_name)  # before the data: the default set takes seconds to generate
     data = resolve_det_data(args.data)
     say.note(f"data {data.name}: {data.num_classes} classes ({', '.join(data.classes[:8])}"
              f"{', ...' if data.num_classes > 8 else ''}); loading backbone {model_name}")

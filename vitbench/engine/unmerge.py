@@ -2,7 +2,10 @@
 
 Dense tasks need an ``H x W`` feature map. With source tracing on, every current token knows
 which original tokens it covers; each original position takes the value of the token that
-covers it now, and a pruned position takes its last value before it was pruned.
+covers it now, and a pruned position takes its last value before it was pruned. With soft
+merges (LTM's convex combinations, where every token holds a little of every position) a
+position takes the token holding the largest share of it; with hard merges (ToMe) exactly one
+token covers each position, so the two rules agree.
 """
 from __future__ import annotations
 
@@ -18,10 +21,9 @@ def unmerge(x: torch.Tensor, state: TokenState) -> torch.Tensor:
     if state.source is None or state.fill is None:
         raise ValueError("unmerge needs source tracing: call vitbench.engine.enable_source_tracing(model) "
                          "before the forward")
-    covers = (state.source > 0).to(x.dtype)
-    values = torch.einsum("btp,btc->bpc", covers, x)
-    covered = covers.sum(dim=1)[..., None] > 0
-    return torch.where(covered, values, state.fill)
+    share, token = state.source.max(dim=1)  # [B, N0]: the token holding most of each position
+    values = x.gather(1, token[..., None].expand(-1, -1, x.shape[-1]))
+    return torch.where(share[..., None] > 0, values, state.fill)
 
 
 def enable_source_tracing(model: nn.Module) -> nn.Module:

@@ -124,9 +124,6 @@ def test_a_failed_save_leaves_no_cache_file(backbone_factory, det_data, tmp_path
     assert not list(tmp_path.glob("*.pth")) and not list(tmp_path.glob("*.json"))  # never half a cache file
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "bug (minor): trained_weights() does not remove its mkstemp .tmp file when torch.save fails, so a "
-    "failed or interrupted save leaves a stray *.tmp file in the detector cache"))
 def test_a_failed_save_leaves_no_temporary_file(backbone_factory, det_data, tmp_path, fake_training, monkeypatch):
     monkeypatch.setattr(det_run.torch, "save", _FailingSave())
     with pytest.raises(OSError):

@@ -154,10 +154,6 @@ def test_finetune_trains_only_the_method(backbone_factory, det_data, method, par
     assert not detector.training
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason=(
-    "bug: FeatureMaps runs model.forward_features, so reduction_context(model).inputs stays the last "
-    "statistics batch (4 images) while training batches hold 2: ib_bound_loss multiplies [2, K] by "
-    "[4, K] ('mat1 and mat2 shapes cannot be multiplied')"))
 def test_finetune_ltm_with_the_ib_loss(backbone_factory, det_data):
     params = {"ratio": 0.5, "epochs": 1, "batch_size": 2, "stats_images": 4}
     detector, reduced = _reduced_detector(backbone_factory, "ltm", params)

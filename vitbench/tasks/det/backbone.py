@@ -136,6 +136,9 @@ class FeatureMaps(nn.Module):
         """Keep the timm weights (mmengine's ``init_weights`` would reset a timm ViT)."""
 
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        context = reduction_context(self.model)
+        if context is not None:  # what the model's forward pre-hook does; forward_features skips it
+            context.inputs = images  # (the IB terms of LTM/DCS read the current input images)
         if self.pyramid is not None:
             return self.pyramid(self._vit_map(images))
         self._maps.clear()

@@ -126,8 +126,8 @@ def build_detector(task: str, backbone: nn.Module, num_classes: int, *, width: s
                    mean: Sequence[float] = MEAN, std: Sequence[float] = STD) -> nn.Module:
     """The ``task``'s mmdet detector on the (reduced) timm model ``backbone``."""
     from mmdet.registry import MODELS as MMDET_MODELS
-    from mmengine.config import ConfigDict
     from mmdet.utils import register_all_modules
+    from mmengine.config import ConfigDict
 
     from vitbench.mm.compat import ssd_head_predict_fix
 

@@ -71,6 +71,7 @@ class DenseWorkspace:
         import timm
 
         fields = {"task": self.task, "model": self.model_name, "data": self.data.name, "width": self.width,
+                  "classes": list(self.data.classes),
                   "epochs": self.epochs, "limit": self.train_limit, "batch": TRAIN_BATCH, "seed": seed,
                   "input": self.data.input_size, "timm": timm.__version__, "mmdet": mmdet.__version__,
                   "backbone": _state_digest(self.model)}
@@ -108,8 +109,12 @@ def trained_weights(ws: DenseWorkspace, seed: int, progress: Progress) -> dict[s
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
         os.close(fd)
-        torch.save(ws._weights, tmp)
-        os.replace(tmp, path)
+        try:
+            torch.save(ws._weights, tmp)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
         path.with_suffix(".json").write_text(json.dumps(info, indent=1))
     progress(f"detector trained in {info['seconds']:.0f} s ({info['iters']} iterations)")
     return ws._weights
@@ -126,7 +131,10 @@ def train_detector_weights(ws: DenseWorkspace, detector: nn.Module, seed: int) -
 def load_detector_weights(detector: nn.Module, weights: dict[str, torch.Tensor]) -> None:
     """Load the trained detector into one built around a reduced backbone: every detector
     weight must load; only the method's own parameters (``.reducer.``) may be missing."""
-    result = detector.load_state_dict(weights, strict=False)
+    try:
+        result = detector.load_state_dict(weights, strict=False)
+    except RuntimeError as exc:  # shapes differ: other classes, widths or backbone
+        raise VitbenchError(f"the trained detector's weights do not fit this detector: {exc}") from exc
     missing = [k for k in result.missing_keys if ".reducer." not in k]
     if missing or result.unexpected_keys:
         raise VitbenchError(f"the trained detector does not fit the reduced one: missing {missing[:5]}, "
@@ -212,6 +220,16 @@ def _detector_name(ws: DenseWorkspace) -> str:
     return f"{head}, {ws.width} heads, {ws.data.input_size}x{ws.data.input_size}"
 
 
+def check_model_name(name: str) -> None:
+    """A clear error for a name timm does not know (with the closest names)."""
+    import timm
+
+    from vitbench.tasks.cls.models import _unknown_model
+
+    if not timm.is_model(name):
+        raise _unknown_model(name)
+
+
 def load_backbone(name: str, num_classes: int, input_size: int, *, pretrained: bool = False,
                   checkpoint: Optional[str] = None) -> nn.Module:
     """The timm backbone of a dense task: ``name`` at ``input_size`` (plain ViTs are built for
@@ -221,11 +239,10 @@ def load_backbone(name: str, num_classes: int, input_size: int, *, pretrained: b
     """
     import timm
 
-    from vitbench.tasks.cls.models import _unknown_model, load_checkpoint
+    from vitbench.tasks.cls.models import load_checkpoint
     from vitbench.tasks.det.backbone import is_plain_vit
 
-    if not timm.is_model(name):
-        raise _unknown_model(name)
+    check_model_name(name)
     kwargs: dict[str, Any] = {}
     if name.startswith(("vit_", "deit")):
         kwargs["img_size"] = input_size

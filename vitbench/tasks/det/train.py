@@ -159,7 +159,7 @@ class DetMethodTrainer(BaseModel):
         self.steps += 1
         for callback in self.stage.after_step:
             callback(self.backbone)
-        self.last = {k: float(v) for k, v in log_vars.items()}
+        self.last = {k: float(v.detach()) if isinstance(v, torch.Tensor) else float(v) for k, v in log_vars.items()}
         return log_vars
 
 
@@ -192,7 +192,12 @@ def finetune_method(detector: nn.Module, backbone: nn.Module, data: DetData, *, 
     from mmengine.runner import Runner
 
     from vitbench.mm.runner import release, runner_kwargs, work_dir_or_temp
-    from vitbench.train.finetune import StageHook, _check_stage, _optim_wrapper, trainable_parameters
+    from vitbench.train.finetune import (
+        StageHook,
+        _check_stage,
+        _optim_wrapper,
+        trainable_parameters,
+    )
 
     ctx = reduction_context(backbone)
     if ctx is None or ctx.reduction is None:
