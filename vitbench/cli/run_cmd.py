@@ -190,7 +190,7 @@ def run_dense(args: argparse.Namespace) -> int:
     say.note(f"data {data.name}: {data.num_classes} classes ({', '.join(data.classes[:8])}"
              f"{', ...' if data.num_classes > 8 else ''}); loading backbone {model_name}")
     model = load_backbone(model_name, data.num_classes, data.input_size, pretrained=args.pretrained,
-                          checkpoint=args.checkpoint)
+                          checkpoint=args.checkpoint, seed=args.seed)
     get_host().family_of(model)
     _check_methods_apply(plan, model)
     out = Path(args.out or Path("runs") / f"{args.task}-{model_name}")

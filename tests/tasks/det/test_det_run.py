@@ -172,3 +172,13 @@ def test_run_dense_spec_records(backbone_factory, det_data, tmp_path):
     assert "trained" not in base and "trained" not in tome
     assert ltm["trained"] == "fine-tuned" and ltm["train_stages"][0]["images"] == 4
     assert list((tmp_path / "cache").glob("det-mobilevit_xs-*.pth"))
+
+
+def test_load_backbone_random_init_is_seeded():
+    from vitbench.tasks.det.run import load_backbone
+
+    a, b = (load_backbone("mobilevit_xs", 3, 64, seed=0) for _ in range(2))
+    c = load_backbone("mobilevit_xs", 3, 64, seed=1)
+    assert all(torch.equal(a.state_dict()[k], b.state_dict()[k]) for k in a.state_dict())
+    assert any(not torch.equal(a.state_dict()[k], c.state_dict()[k]) for k in a.state_dict()
+               if a.state_dict()[k].is_floating_point())

@@ -231,11 +231,12 @@ def check_model_name(name: str) -> None:
 
 
 def load_backbone(name: str, num_classes: int, input_size: int, *, pretrained: bool = False,
-                  checkpoint: Optional[str] = None) -> nn.Module:
+                  checkpoint: Optional[str] = None, seed: int = 0) -> nn.Module:
     """The timm backbone of a dense task: ``name`` at ``input_size`` (plain ViTs are built for
     it; hybrids take any size), weights from ``--pretrained``/``--checkpoint`` (an ImageNet
     classifier's state dict), and a classifier head resized to the data's classes -- unused by
     the detector, but what methods with class statistics (LTM, DCS's IB bound) count classes by.
+    Random weights are drawn from ``seed``.
     """
     import timm
 
@@ -246,12 +247,16 @@ def load_backbone(name: str, num_classes: int, input_size: int, *, pretrained: b
     kwargs: dict[str, Any] = {}
     if name.startswith(("vit_", "deit")):
         kwargs["img_size"] = input_size
-    model = timm.create_model(name, pretrained=pretrained, **kwargs)
+    with torch.random.fork_rng():  # a seeded random init: the same command trains the same detector
+        torch.manual_seed(seed)
+        model = timm.create_model(name, pretrained=pretrained, **kwargs)
     if checkpoint is not None:
         load_checkpoint(model, checkpoint, name=name)
     if is_plain_vit(model) and tuple(model.patch_embed.img_size) != (input_size, input_size):
         raise VitbenchError(f"{name} is built for {tuple(model.patch_embed.img_size)} images; the dense tasks "
                             f"need {input_size}x{input_size}")
-    model.reset_classifier(num_classes)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model.reset_classifier(num_classes)
     model.vitbench_input_size = (input_size, input_size)  # what family adapters size token grids by
     return model.eval()
