@@ -79,7 +79,7 @@ def test_unknown_model_suggests_names(tmp_path, capsys):
 def test_backbone_outside_the_vit_family_is_unsupported(tmp_path, capsys):
     assert main(["run", "--methods", "tome", "--model", "test_resnet", "--metrics", "gmacs",
                  "--out", str(tmp_path)]) == 2
-    assert "no model-family adapter recognises ResNet; supported families: vit" in capsys.readouterr().err
+    assert "no model-family adapter recognises ResNet; supported families: efficientvit, mobilevit, vit" in capsys.readouterr().err
 
 
 def test_unreadable_checkpoint(tmp_path, capsys):

@@ -128,6 +128,7 @@ def build_detector(task: str, backbone: nn.Module, num_classes: int, *, width: s
     from mmdet.registry import MODELS as MMDET_MODELS
     from mmdet.utils import register_all_modules
     from mmengine.config import ConfigDict
+    from mmengine.registry import DefaultScope
 
     from vitbench.mm.compat import ssd_head_predict_fix
 
@@ -141,7 +142,10 @@ def build_detector(task: str, backbone: nn.Module, num_classes: int, *, width: s
     # mmdet reads its train/test settings as attributes: they must be ConfigDicts
     cfg = ConfigDict(cfg)
     cfg["backbone"] = {"type": "vitbench.FeatureMaps", "model": backbone, "strides": STRIDES[task]}
-    detector = MMDET_MODELS.build(cfg)
+    # mmdet builds its inner parts (assigners, IoU calculators) by unscoped names, resolved in the
+    # *current* default scope, which an earlier cls runner may have left at mmpretrain
+    with DefaultScope.overwrite_default_scope("mmdet"):
+        detector = MMDET_MODELS.build(cfg)
     if detector.backbone.model is not backbone:
         raise RuntimeError("the detector config copied the backbone instead of wrapping it")
     # init_cfg (neck and heads) is applied by Runner.train(); FeatureMaps keeps the timm weights
