@@ -150,6 +150,8 @@ def _detector_lines(rows: list[Mapping[str, Any]]) -> list[str]:
                    f"({train.get('iters', '?')} iterations on {train.get('images', '?')} images, batch "
                    f"{train.get('batch_size', '?')}, AdamW lr {train.get('lr', '?')}, "
                    f"{float(train.get('seconds', 0)):.0f} s); every method is applied to its backbone.")
+    notes = _distinct((r.get("detector_training") or {}).get("provenance") for r in rows)
+    out += [f"Note on the trained detector: {n}." for n in notes]
     return [" ".join(out), ""]
 
 
