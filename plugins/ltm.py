@@ -177,12 +177,15 @@ from torch import nn
 
 from vitbench.catalog import MethodSpec, ModelInfo, Reduction, TrainStage
 from vitbench.engine import AttnInfo, ReducingBlock, TokenState, reduction_context
-from vitbench.engine.families.mobilevit import sequence_grids as mobilevit_sequence_grids
+from vitbench.engine.families.mobilevit import (
+    sequence_grids as mobilevit_sequence_grids,
+)
 from vitbench.engine.grid_merge import record_grid_merge
 from vitbench.engine.masks import straight_through_mask
 from vitbench.errors import ParamError, UnsupportedError
 from vitbench.hookspecs import hookimpl
 from vitbench.measure.ib import (
+    block_output,
     ib_terms,
     input_vectors,
     soft_assign,
@@ -499,15 +502,9 @@ def _image_features(tokens: torch.Tensor, prefix: int, size: torch.Tensor | None
 def final_features(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
     """``[B, C]``: the size-weighted mean of the last reducing block's patch tokens, per image
     (:func:`vitbench.measure.ib.final_features`, extended to hybrids)."""
-    captured: dict[str, torch.Tensor] = {}
-    handle = _reducing_blocks(model)[-1].register_forward_hook(
-        lambda mod, args, out: captured.__setitem__("tokens", out))
-    try:
-        model(images)
-    finally:
-        handle.remove()
+    tokens = block_output(model, _reducing_blocks(model)[-1], images)
     ctx = reduction_context(model)
-    return _image_features(captured["tokens"], ctx.prefix, ctx.state.size, images.shape[0])
+    return _image_features(tokens, ctx.prefix, ctx.state.size, images.shape[0])
 
 
 def _bind(model: nn.Module) -> FirstMerge:

@@ -136,16 +136,21 @@ def final_features(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
     if not hasattr(model, "blocks"):  # conv hybrids (MobileViT, EfficientViT): the final map's mean
         fmap = model.forward_features(images)
         return fmap.mean(dim=(-2, -1)) if fmap.dim() == 4 else fmap.mean(dim=1)
+    tokens = block_output(model, model.blocks[-1], images)
+    ctx = reduction_context(model)
+    size = ctx.state.size if ctx is not None and ctx.state is not None else None
+    return token_features(tokens, int(getattr(model, "num_prefix_tokens", 1)), size)
+
+
+def block_output(model: nn.Module, block: nn.Module, images: torch.Tensor) -> torch.Tensor:
+    """What ``block`` (a module of ``model``) outputs during ``model(images)``."""
     captured: dict[str, torch.Tensor] = {}
-    handle = model.blocks[-1].register_forward_hook(
-        lambda mod, args, out: captured.__setitem__("tokens", out))
+    handle = block.register_forward_hook(lambda mod, args, out: captured.__setitem__("out", out))
     try:
         model(images)
     finally:
         handle.remove()
-    ctx = reduction_context(model)
-    size = ctx.state.size if ctx is not None and ctx.state is not None else None
-    return token_features(captured["tokens"], int(getattr(model, "num_prefix_tokens", 1)), size)
+    return captured["out"]
 
 
 def measure_ib(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
