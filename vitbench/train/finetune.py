@@ -23,6 +23,7 @@ parameters; noted in the README).
 from __future__ import annotations
 
 import contextlib
+import io
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -41,7 +42,8 @@ from vitbench.catalog import TrainStage
 from vitbench.engine.block import ReductionContext, reduction_context
 from vitbench.errors import ParamError, VitbenchError
 
-__all__ = ["FinetuneResult", "MethodTrainer", "StageHook", "finetune", "trainable_parameters"]
+__all__ = ["FinetuneResult", "MethodTrainer", "StageHook", "finetune", "step_wrapper", "train_stage",
+           "trainable_parameters"]
 
 OPTIMIZERS = ("SGD", "AdamW", "Adam")
 SCHEDULES = ("cosine", "constant")
@@ -122,6 +124,41 @@ def is_arch_step(step: int, fraction: float) -> bool:
     return math.floor((step + 1) * fraction + 1e-9) > math.floor(step * fraction + 1e-9)
 
 
+def step_wrapper(optim_wrapper: OptimWrapper, stage: TrainStage, step: int) -> OptimWrapper:
+    """The optimiser wrapper step ``step`` updates: with an arch/weights split
+    (:func:`_optim_wrapper`), ``arch`` on the arch steps and ``weights`` on the others."""
+    if not isinstance(optim_wrapper, OptimWrapperDict):
+        return optim_wrapper
+    key = "arch" if is_arch_step(step, stage.arch_fraction) else "weights"
+    return optim_wrapper[key] if key in optim_wrapper.keys() else next(iter(optim_wrapper.values()))
+
+
+def train_stage(trainer: BaseModel, stage: TrainStage, params: dict[str, nn.Parameter],
+                train_dataloader: dict[str, Any], hooks: list[Any], *, work_dir: Path, seed: int,
+                device: torch.device, default_scope: str = "mmpretrain") -> tuple[int, int]:
+    """One ``Runner.train()`` of ``stage`` on ``trainer`` (the stage's optimiser(s) over
+    ``params``, its cosine or constant schedule, ``hooks``); returns (iterations, images)."""
+    from mmengine.runner import Runner
+
+    from vitbench.mm.runner import release, runner_kwargs
+
+    schedulers = None if stage.schedule == "constant" else [{
+        "type": "CosineAnnealingLR", "by_epoch": True, "T_max": stage.epochs,
+        "convert_to_iter_based": True, "eta_min_ratio": 0.01}]
+    runner = Runner(**runner_kwargs(
+        work_dir=work_dir, seed=seed, default_scope=default_scope, model=trainer,
+        train_dataloader=train_dataloader,
+        train_cfg={"by_epoch": True, "max_epochs": stage.epochs, "val_interval": stage.epochs + 1},
+        optim_wrapper=_optim_wrapper(stage, params), param_scheduler=schedulers, custom_hooks=hooks))
+    try:
+        runner.model.to(device)
+        with contextlib.redirect_stdout(io.StringIO()):  # pycocotools' chatter (det/seg data sets)
+            runner.train()
+        return runner.iter, len(runner.train_dataloader.dataset)
+    finally:
+        release(runner)
+
+
 class MethodTrainer(BaseModel):
     """The model the Runner trains: normalisation, the reduced timm model, CE + method loss."""
 
@@ -166,11 +203,7 @@ class MethodTrainer(BaseModel):
         data = self.data_preprocessor(data, True)
         inputs = data["inputs"]
         labels = torch.cat([s.gt_label for s in data["data_samples"]]).to(inputs.device)
-        wrapper: OptimWrapper = optim_wrapper
-        if isinstance(optim_wrapper, OptimWrapperDict):
-            arch = is_arch_step(self.steps, self.stage.arch_fraction)
-            key = "arch" if arch else "weights"
-            wrapper = optim_wrapper[key] if key in optim_wrapper.keys() else next(iter(optim_wrapper.values()))
+        wrapper = step_wrapper(optim_wrapper, self.stage, self.steps)
         with wrapper.optim_context(self):
             losses = self.losses(inputs, labels)
         optim_wrapper.zero_grad()  # the other optimiser's parameters must not accumulate grads
@@ -227,9 +260,7 @@ def finetune(model: nn.Module, data: Any, *, train_backbone: bool = False, limit
     the first ``limit`` images when given. Returns what was done; ``model`` is left in eval
     mode with ``requires_grad`` as it was.
     """
-    from mmengine.runner import Runner
-
-    from vitbench.mm.runner import release, runner_kwargs, work_dir_or_temp
+    from vitbench.mm.runner import work_dir_or_temp
     from vitbench.tasks.cls.batches import cls_batches, data_preprocessor, loader_cfg
 
     ctx = reduction_context(model)
@@ -269,28 +300,13 @@ def finetune(model: nn.Module, data: Any, *, train_backbone: bool = False, limit
                 result.stages.append({"name": stage.name, "epochs": 0, "iters": 0,
                                       "seconds": round(time.perf_counter() - stage_start, 2)})
                 continue
-            schedulers = [] if stage.schedule == "constant" else [{
-                "type": "CosineAnnealingLR", "by_epoch": True, "T_max": stage.epochs,
-                "convert_to_iter_based": True, "eta_min_ratio": 0.01}]
             with work_dir_or_temp(work_dir) as wd:
-                runner = Runner(**runner_kwargs(
-                    work_dir=wd / stage.name, seed=seed, model=trainer,
-                    train_dataloader=loader_cfg(dataset, stage.batch_size, True),
-                    train_cfg={"by_epoch": True, "max_epochs": stage.epochs,
-                               "val_interval": stage.epochs + 1},
-                    optim_wrapper=_optim_wrapper(stage, params),
-                    param_scheduler=schedulers or None,
-                    custom_hooks=[StageHook(stage, model, batches),
-                                  {"type": "vitbench.ProgressHook", "verbose": verbose,
-                                   "interval": 50, "prefix": f"vitbench: {ctx.method} {stage.name}: "}],
-                ))
-                try:
-                    runner.model.to(target)
-                    runner.train()
-                    n_images = len(runner.train_dataloader.dataset)
-                    iters = runner.iter
-                finally:
-                    release(runner)
+                iters, n_images = train_stage(
+                    trainer, stage, params, loader_cfg(dataset, stage.batch_size, True),
+                    [StageHook(stage, model, batches),
+                     {"type": "vitbench.ProgressHook", "verbose": verbose, "interval": 50,
+                      "prefix": f"vitbench: {ctx.method} {stage.name}: "}],
+                    work_dir=wd / stage.name, seed=seed, device=target)
             result.train_images = max(result.train_images, n_images)
             result.stages.append({"name": stage.name, "epochs": stage.epochs, "iters": iters,
                                   "images": n_images, **{f"last_{k}": v for k, v in trainer.last.items()},

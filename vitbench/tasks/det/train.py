@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 import torch
 from mmengine.model import BaseModel
-from mmengine.optim import OptimWrapper, OptimWrapperDict
+from mmengine.optim import OptimWrapper
 from torch import nn
 
 from vitbench.engine.block import reduction_context
@@ -133,15 +133,12 @@ class DetMethodTrainer(BaseModel):
         return self.detector(inputs, data_samples, mode=mode)
 
     def train_step(self, data: Any, optim_wrapper: OptimWrapper) -> dict[str, torch.Tensor]:
-        from vitbench.train.finetune import is_arch_step
+        from vitbench.train.finetune import step_wrapper
 
         data = self.data_preprocessor(data, True)
         inputs, samples = data["inputs"], data["data_samples"]
         labels = dominant_labels(samples, inputs.device)
-        wrapper: OptimWrapper = optim_wrapper
-        if isinstance(optim_wrapper, OptimWrapperDict):
-            key = "arch" if is_arch_step(self.steps, self.stage.arch_fraction) else "weights"
-            wrapper = optim_wrapper[key] if key in optim_wrapper.keys() else next(iter(optim_wrapper.values()))
+        wrapper = step_wrapper(optim_wrapper, self.stage, self.steps)
         ctx = reduction_context(self.backbone)
         ctx.labels = labels
         try:
@@ -189,13 +186,11 @@ def finetune_method(detector: nn.Module, backbone: nn.Module, data: DetData, *, 
     Trained: the method's parameters (``train_backbone``: every detector weight). Returns what
     was done, as :func:`vitbench.train.finetune.finetune` does for cls.
     """
-    from mmengine.runner import Runner
-
-    from vitbench.mm.runner import release, runner_kwargs, work_dir_or_temp
+    from vitbench.mm.runner import work_dir_or_temp
     from vitbench.train.finetune import (
         StageHook,
         _check_stage,
-        _optim_wrapper,
+        train_stage,
         trainable_parameters,
     )
 
@@ -232,25 +227,12 @@ def finetune_method(detector: nn.Module, backbone: nn.Module, data: DetData, *, 
                 stages_done.append({"name": stage.name, "epochs": 0, "iters": 0})
                 continue
             trainer = DetMethodTrainer(detector, backbone, stage).to(target)
+            loader = _loader(data.dataset_cfg("train", masks=masks, limit=limit), max(2, min(stage.batch_size, 8)), True)
             with work_dir_or_temp(work_dir) as wd:
-                runner = Runner(**runner_kwargs(
-                    work_dir=wd / stage.name, seed=seed, default_scope="mmdet", model=trainer,
-                    train_dataloader=_loader(data.dataset_cfg("train", masks=masks, limit=limit),
-                                             max(2, min(stage.batch_size, 8)), True),
-                    train_cfg={"by_epoch": True, "max_epochs": stage.epochs, "val_interval": stage.epochs + 1},
-                    optim_wrapper=_optim_wrapper(stage, params),
-                    param_scheduler=None if stage.schedule == "constant" else [{
-                        "type": "CosineAnnealingLR", "by_epoch": True, "T_max": stage.epochs,
-                        "convert_to_iter_based": True, "eta_min_ratio": 0.01}],
-                    custom_hooks=[hook, _progress_hook(f"vitbench: {ctx.method} {stage.name}: ", verbose)],
-                ))
-                try:
-                    runner.model.to(target)
-                    with quiet_stdout():
-                        runner.train()
-                    iters, images = runner.iter, len(runner.train_dataloader.dataset)
-                finally:
-                    release(runner)
+                iters, images = train_stage(
+                    trainer, stage, params, loader,
+                    [hook, _progress_hook(f"vitbench: {ctx.method} {stage.name}: ", verbose)],
+                    work_dir=wd / stage.name, seed=seed, device=target, default_scope="mmdet")
             stages_done.append({"name": stage.name, "epochs": stage.epochs, "iters": iters, "images": images,
                                 **{f"last_{k}": v for k, v in trainer.last.items()},
                                 "seconds": round(time.perf_counter() - stage_start, 2)})
