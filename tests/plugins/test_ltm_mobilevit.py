@@ -8,6 +8,7 @@ import copy
 import timm
 import torch
 import torch.nn.functional as F
+from mobilevit_support import block_output_shapes
 from vitbench_plugins.ltm import FirstMerge, ReMerge
 
 import vitbench
@@ -28,16 +29,8 @@ def _reducers(model):
 
 
 def _maps(model, x):
-    maps = []
-    hooks = [b.register_forward_hook(lambda m, a, out: maps.append(tuple(out.shape[2:])))
-             for b in mobilevit.mobilevit_blocks(model)]
-    try:
-        with torch.inference_mode():
-            logits = model(x)
-    finally:
-        for h in hooks:
-            h.remove()
-    return logits, maps
+    logits, shapes = block_output_shapes(model, x)
+    return logits, [shape[2:] for shape in shapes]
 
 
 def test_ratio_07_at_256_gives_smaller_maps_after_every_mobilevit_block():

@@ -7,6 +7,7 @@ import copy
 import pytest
 import timm
 import torch
+from mobilevit_support import block_output_shapes
 
 import vitbench
 from vitbench.catalog import Reduction
@@ -29,16 +30,7 @@ def xs():
 
 
 def _block_outputs(model, x):
-    shapes = []
-    hooks = [b.register_forward_hook(lambda m, a, out: shapes.append(tuple(out.shape)))
-             for b in mobilevit.mobilevit_blocks(model)]
-    try:
-        with torch.inference_mode():
-            logits = model(x)
-    finally:
-        for h in hooks:
-            h.remove()
-    return logits, shapes
+    return block_output_shapes(model, x)
 
 
 def test_describe_mobilevit_xs(xs):
