@@ -1,6 +1,6 @@
 """Package discovery only; all metadata is in pyproject.toml.
 
-``plugins/`` is installed as the package ``vitbench_plugins`` (architecture.md, "Top level").
+``plugins/`` is installed as the package ``vitbench_plugins`` (docs/architecture.md, "Top level").
 """
 from setuptools import find_packages, setup
 

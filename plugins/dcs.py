@@ -1,5 +1,5 @@
 """DCS: differentiable channel selection, searched then retrained with the IB bound
-(methods.md §7; the IB bound of §6). No public implementation exists: this is the reference,
+(docs/methods.md §7; the IB bound of §6). No public implementation exists: this is the reference,
 so every choice the paper leaves open is stated here.
 
 DCS changes channels, not tokens: its token step returns ``x`` unchanged, and it acts through
@@ -20,7 +20,7 @@ The mask modules live in :mod:`vitbench.engine.channel_select` and know nothing 
 family. Everything family-specific here is finding each block's MLP (``ReducingBlock.block.mlp``)
 and the last block (``model.blocks[-1]``, for the IB features).
 
-**Hybrid backbones** (issue 4; methods.md §7 "on EfficientViT: Q/K of each LiteMLA branch, and
+**Hybrid backbones** (issue 4; docs/methods.md §7 "on EfficientViT: Q/K of each LiteMLA branch, and
 the concatenated branch outputs feeding the projection"; the paper's DCS-MobileViT-S and
 DCS-EfficientViT-B1):
 
@@ -57,7 +57,7 @@ Training is declared as two :class:`~vitbench.catalog.TrainStage` objects, never
    output is scattered back to (the other channels add zero). GMACs fall accordingly.
 2. ``retrain`` (``retrain_epochs``): the architecture is fixed (there is no ``alpha`` any more;
    ``trainable=("qk_mask",)``). Loss ``CE + eta * IB_bound`` once ``t_warm`` retraining epochs
-   are done (methods.md §6, Theorem 3.1), on the final block's output reduced to the mean of
+   are done (docs/methods.md §6, Theorem 3.1), on the final block's output reduced to the mean of
    its patch tokens (:func:`vitbench.measure.ib.token_features`) -- the very features whose IB
    loss and bound vitbench reports, so the retraining lowers the reported quantity. (The
    pre-logits would serve as well; for a cls-token ViT they are one token, the patch mean
@@ -152,7 +152,7 @@ from vitbench.measure.ib import (
 ARCHS = ("both", "qk", "out")
 QK_MASKS = ("shared", "separate")
 OPTIMIZERS = ("SGD", "AdamW", "Adam")
-#: share of the search's batches that update ``alpha`` (methods.md §7: 70% weights, 30% alpha)
+#: share of the search's batches that update ``alpha`` (docs/methods.md §7: 70% weights, 30% alpha)
 ARCH_FRACTION = 0.3
 #: where the retraining's forward leaves the final block's tokens for the IB bound
 _TOKENS_KEY = "dcs_final_tokens"
@@ -160,7 +160,7 @@ _TOKENS_KEY = "dcs_final_tokens"
 
 @dataclass(frozen=True)
 class DCSParams:
-    """DCS options (methods.md §7); see the module docstring for the defaults' reasons."""
+    """DCS options (docs/methods.md §7); see the module docstring for the defaults' reasons."""
 
     arch: str = "both"
     qk_mask: str = "shared"
@@ -200,7 +200,7 @@ class DCSParams:
 
 
 class IBStatistics(nn.Module):
-    """What the retraining's IB bound needs from the previous epoch (methods.md §6), as buffers.
+    """What the retraining's IB bound needs from the previous epoch (docs/methods.md §6), as buffers.
 
     ``feature_centroids [K, C]`` and ``input_centroids [K, D]`` (class centroids of the final
     features and of the inputs), ``log_q [K, K]`` (``log Q(a|y)``), ``epochs_done`` (finished
@@ -378,7 +378,7 @@ class DCSReducer(nn.Module):
 
 
 class DCSLiteMLAReducer(nn.Module):
-    """One EfficientViT LiteMLA's DCS channel selection (methods.md §7 on EfficientViT: "Q/K of
+    """One EfficientViT LiteMLA's DCS channel selection (docs/methods.md §7 on EfficientViT: "Q/K of
     each LiteMLA branch, and the concatenated branch outputs feeding the projection").
 
     The hooks are those of :mod:`vitbench.engine.families.efficientvit`:
@@ -563,7 +563,7 @@ def ib_after(model: nn.Module) -> None:
 
 def ib_loss(eta: float, t_warm: int) -> Callable[[nn.Module, torch.Tensor, torch.Tensor], Optional[torch.Tensor]]:
     """``extra_loss`` of the retraining: ``eta * IB bound`` of the final patch-token mean
-    (methods.md §6) once ``t_warm`` retraining epochs are done."""
+    (docs/methods.md §6) once ``t_warm`` retraining epochs are done."""
     def extra_loss(model: nn.Module, logits: torch.Tensor, labels: torch.Tensor) -> Optional[torch.Tensor]:
         ib = _ib_statistics(model)
         ctx = reduction_context(model)

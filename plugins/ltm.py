@@ -1,11 +1,11 @@
-"""LTM / IBTM: learnable token merging guided by the information bottleneck (methods.md §5, §6).
+"""LTM / IBTM: learnable token merging guided by the information bottleneck (docs/methods.md §5, §6).
 
 IBTM (Information-Bottleneck Token Merging) and LTM (Learnable Token Merging) are the same
 method; it is registered as ``ltm`` with the alias ``ibtm``. No public implementation exists
 (the authors' repository holds only an IB training harness), so this module is the reference;
-every choice the papers and methods.md leave open is listed here.
+every choice the papers and docs/methods.md leave open is listed here.
 
-What it does (methods.md §5)
+What it does (docs/methods.md §5)
 ----------------------------
 - **Shapes.** Block 1 (index 0) merges the ``N_p`` patch tokens once into
   ``P = ceil(ratio * N_p)`` tokens; every later block re-merges its ``P`` tokens into ``P``
@@ -16,7 +16,7 @@ What it does (methods.md §5)
   the attention residual and before the MLP (§0). P and its spatial grid ``(H', W')`` come
   from :data:`MERGE_GRIDS`, a replaceable per-family function ``(info, ratio) -> (P, (H', W'))``;
   the plain-ViT rule (:func:`vit_merge_grid`) is a ``ceil(sqrt(P))`` square grid.
-- **Conv hybrids** (MobileViT, methods.md §5 "Conv hybrids"; the family's ``ModelInfo.blocks``):
+- **Conv hybrids** (MobileViT, docs/methods.md §5 "Conv hybrids"; the family's ``ModelInfo.blocks``):
   everything above holds per token sequence (one per MobileViT block; the token state restarts
   at its first block): the first block of each sequence merges the ``H x W`` tokens it sees
   into ``P = H'W'``, ``H' = ceil(H sqrt(ratio))``, ``W'`` likewise (:func:`conv_merge_grid`),
@@ -52,7 +52,7 @@ What it does (methods.md §5)
   ``G~ = I - 2 eta sum_a X~ (S_a / gamma^2) (gamma C_a - zeta)^T psi_a`` with ``Z`` the patch
   tokens entering the merge, ``X~ = MLP_l(Z) [P, C]``, ``C_a [P, C]`` the class-a centroid of
   ``X~``, ``S_a = exp(-dist(X~, C_a))``, ``gamma = sum_a S_a``, ``zeta = sum_a S_a C_a``, and
-  ``dist`` the *mean* squared distance (squared Frobenius norm / (P*C); methods.md's
+  ``dist`` the *mean* squared distance (squared Frobenius norm / (P*C); docs/methods.md's
   documented deviation from the raw squared norm, so that the softmax does not saturate). Then
   ``G_l = column-softmax(s_l * G~)`` over the entries the binary Gumbel mask ``M_l`` keeps,
   and ``x_merged = G_l^T Z``. ``G~ [p, q] = delta_pq - 2 eta X~_p . V_q`` (rows: inputs,
@@ -127,7 +127,7 @@ Labels and the statistics
 Sizes and sources
 -----------------
 A soft merge must say how many patches a merged token stands for. We keep the meaning of
-``size`` (methods.md §0, ToMe): each input token hands out its size to the merged tokens in
+``size`` (docs/methods.md §0, ToMe): each input token hands out its size to the merged tokens in
 proportion to its row of ``G`` (``share = G / row-sum(G)``), so
 ``size_q = sum_i share_iq size_i``, the sizes of the patch tokens keep summing to ``N_p``, and a
 hard ToMe-like merge gives ToMe's sizes. (The literal "column weights times the input sizes",
@@ -150,7 +150,7 @@ reported metric are the same quantity), with the feature centroids, input centro
 ``extra_loss`` through ``ctx.extras["ltm_features"]``, written by a forward hook on the last
 block (the reducer runs before the last MLP, so it cannot see the block output); the hook is
 registered by the ``before`` callback and removed by the ``after`` callback.
-``ib_weight = 1`` (default): methods.md gives no weight for LTM's fine-tuning, so the bound
+``ib_weight = 1`` (default): docs/methods.md gives no weight for LTM's fine-tuning, so the bound
 enters with unit weight, on the scale of the CE (the DCS paper's ``eta = 50`` belongs to its
 own retraining phase); 0 trains with CE only. The train-from-scratch setup (everything trains, merging after ``t_warm`` epochs) is not
 provided here; ``--train-backbone`` gives the joint fine-tuning.
@@ -269,7 +269,7 @@ def vit_merge_grid(info: ModelInfo, ratio: float) -> tuple[int, tuple[int, int]]
 
 
 def conv_merge_grid(info: ModelInfo, ratio: float) -> tuple[int, tuple[int, int]]:
-    """Conv hybrids keep a grid (methods.md §5): ``H' = ceil(H sqrt(ratio))``, ``W'`` likewise,
+    """Conv hybrids keep a grid (docs/methods.md §5): ``H' = ceil(H sqrt(ratio))``, ``W'`` likewise,
     ``P = H'W'``; ``info`` describes one token sequence (its ``grid`` is the one it sees)."""
     root = math.sqrt(ratio)
     h, w = (max(1, math.ceil(n * root - 1e-9)) for n in info.grid)  # 1e-9: float noise at ratio 1
@@ -348,7 +348,7 @@ class FirstMerge(nn.Module):
         super().__init__()
         self.num_patches, self.p, self.tau = grid[0] * grid[1], p, tau
         #: conv hybrids: the merge is declared as a grid merge to ``cells`` (the adapter folds
-        #: the tokens to that grid and merges its fusion shortcut alike, methods.md §5)
+        #: the tokens to that grid and merges its fusion shortcut alike, docs/methods.md §5)
         self.records_grid_merge = fold_grid
         self.cells = tuple(cells)
         self.logits = nn.Parameter(pooling_logits(grid, cells, p, _OUTSIDE_LOGIT * tau))
@@ -656,7 +656,7 @@ def prepare_load(model: nn.Module, state_dict: dict) -> None:
 
 
 def _hybrid_reducers(params: LTMParams, info: ModelInfo, grid_fn: GridFn, shared: _Shared) -> list[nn.Module]:
-    """Conv hybrids (methods.md §5): per token sequence, its first block merges the ``H x W``
+    """Conv hybrids (docs/methods.md §5): per token sequence, its first block merges the ``H x W``
     tokens it sees to ``P = H'W'`` (:class:`FirstMerge`, logits sized for that sequence), its
     later blocks re-merge ``P -> P`` (:class:`ReMerge`, the block's own width), and every merge
     is declared a grid merge to ``(H', W')`` so that the adapter folds to that grid and merges

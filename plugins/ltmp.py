@@ -1,9 +1,9 @@
 """LTMP: learned thresholds for token merging and pruning (Bonnaerens & Dambre, 2023;
-methods.md §2).
+docs/methods.md §2).
 
 Every reducing block owns two scalar thresholds, ``theta_m`` (merging, init 0.9) and
 ``theta_p`` (pruning, init 0.0), the only parameters that train. After the attention residual
-(methods.md §0) a block
+(docs/methods.md §0) a block
 
 1. **merges**: the current tokens after the prefix are split alternately into sets A and B (as
    ToMe, §1); every A token finds its most similar B token (cosine similarity of the
@@ -28,7 +28,7 @@ Inference (``eval()``): tokens are removed for real. Counts differ per image, so
 padded to its largest count: padded tokens have size 0 and key bias ``-inf`` (and value 0), so
 every image gives the same output as when it runs alone.
 
-Choices the paper and methods.md leave open (this module is the reference):
+Choices the paper and docs/methods.md leave open (this module is the reference):
 
 - **A/B split**: tokens keep their original order (never reordered as ToMe does), and the
   split alternates over the *current* tokens: the ``j``-th surviving patch token is in A when
@@ -240,7 +240,7 @@ def _compact(x: torch.Tensor, state: TokenState, keep: torch.Tensor, pruned: tor
 
 
 class LTMPReducer(nn.Module):
-    """One block's learned merge and prune thresholds (methods.md §2)."""
+    """One block's learned merge and prune thresholds (docs/methods.md §2)."""
 
     needs = frozenset({"keys", "attn"})
 
@@ -309,7 +309,7 @@ class LTMPReducer(nn.Module):
 
 def flops_ratio(kept: Sequence[Union[torch.Tensor, float, None]], num_tokens: int,
                 dim: int) -> Union[torch.Tensor, float]:
-    """LTMP's FLOPs ratio (the paper's FLOPs loss; methods.md §2): the mean over blocks of
+    """LTMP's FLOPs ratio (the paper's FLOPs loss; docs/methods.md §2): the mean over blocks of
     ``[2*m_prev*n*C^2 + (m_prev*n)^2*C + 4*m*n*C^2] / (6*n*C^2 + n^2*C)``.
 
     ``kept[i]`` is the kept fraction ``m`` after block ``i`` (a tensor per image or a number;
@@ -351,7 +351,7 @@ def flops_penalty_of(params: LTMPParams, info: ModelInfo) -> Callable[..., Optio
 
 
 def clamp_thresholds(model: nn.Module) -> None:
-    """``after_step``: clamp every LTMP threshold of ``model`` to ``[0, 1]`` (methods.md §2)."""
+    """``after_step``: clamp every LTMP threshold of ``model`` to ``[0, 1]`` (docs/methods.md §2)."""
     with torch.no_grad():
         for module in model.modules():
             if isinstance(module, LTMPReducer):

@@ -1,4 +1,4 @@
-"""PPT: adaptive token pruning and pooling (Wu et al., 2023; methods.md §3).
+"""PPT: adaptive token pruning and pooling (Wu et al., 2023; docs/methods.md §3).
 
 Training-free. In the listed blocks only, per image: significance scores ``s`` of the patch
 tokens (any registered scorer, normalised to sum 1). If ``var(s)`` (unbiased) is below

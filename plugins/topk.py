@@ -1,4 +1,4 @@
-"""Top-k token pruning by a significance scorer (EViT without/with fusion; methods.md §4).
+"""Top-k token pruning by a significance scorer (EViT without/with fusion; docs/methods.md §4).
 
 At each listed block, keep the ``ceil(keep * (N - prefix))`` patch tokens with the highest
 scores (prefix tokens always kept, original order kept). With ``fuse=True`` (EViT), the dropped

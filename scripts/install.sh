@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs vitbench and its whole stack into the active Python (a venv when one is active).
 # Idempotent: each step checks first, and a stamp skips everything when nothing changed.
-# Order and pins follow ../shared/spec/environment.md; the pins live in constraints.txt.
+# The pins live in constraints.txt (the install order below matters: see the comments).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python}

@@ -11,7 +11,7 @@ from PIL import Image
 
 @pytest.fixture(scope="session")
 def deit_small():
-    """DeiT-S with random weights: the oracles of methods.md count tokens, not accuracy."""
+    """DeiT-S with random weights: the oracles of docs/methods.md count tokens, not accuracy."""
     import timm
 
     torch.manual_seed(0)

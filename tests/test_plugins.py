@@ -1,4 +1,4 @@
-"""The plugin host: entry-point discovery, catalogs, failures and the env lists (architecture.md).
+"""The plugin host: entry-point discovery, catalogs, failures and the env lists (docs/architecture.md).
 
 Discovery is real: each test writes fake installed distributions (a ``NAME-0.1.dist-info`` with
 ``METADATA`` and ``entry_points.txt`` beside the plugin modules) into ``tmp_path`` and puts it on

@@ -1,4 +1,4 @@
-"""What plugins register: methods, scorers and model families (architecture.md, "Plugins").
+"""What plugins register: methods, scorers and model families (docs/architecture.md, "Plugins").
 
 These are plain frozen dataclasses. The plugin host (:mod:`vitbench.plugins`) keeps one
 catalog of each and records which plugin registered what.
@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 @dataclass(frozen=True)
 class BlockInfo:
-    """One attention block of a backbone whose blocks differ (conv hybrids, architecture.md
+    """One attention block of a backbone whose blocks differ (conv hybrids, docs/architecture.md
     "Engine"): its width, heads, the token grid it sees, and which token sequence it belongs to
     (MobileViT: one sequence per MobileViT block; the state restarts at each ``first`` block)."""
 
@@ -64,7 +64,7 @@ StatsCallback = Callable[["nn.Module", Callable[[], Any]], None]
 @dataclass(frozen=True)
 class TrainStage:
     """One stage of the fine-tuning loop (:mod:`vitbench.train`): a learnable method declares
-    its stages; methods never write their own loop (architecture.md, "Plugins").
+    its stages; methods never write their own loop (docs/architecture.md, "Plugins").
 
     Trained: the parameters of the method's modules (its ``nn.Module`` reducers) whose names
     contain one of ``trainable`` (``None``: all of them); with ``--train-backbone`` the
@@ -107,7 +107,7 @@ class Reduction:
 
     A reducer is a callable ``reducer(x, state, info) -> x`` with an attribute ``needs``
     (a subset of ``{"keys", "cls_attn", "attn", "values"}``) saying what the attention of its
-    block must hand over (methods.md §0). Blocks whose reducer is ``None`` only apply
+    block must hand over (docs/methods.md §0). Blocks whose reducer is ``None`` only apply
     proportional attention (when ``prop_attn``) and keep the fused kernel.
     """
 
@@ -143,7 +143,7 @@ class MethodSpec:
 
 @dataclass(frozen=True)
 class ScorerSpec:
-    """A token significance scorer (methods.md §4).
+    """A token significance scorer (docs/methods.md §4).
 
     ``score(info, prefix) -> [B, N - prefix]`` normalised to sum 1 per image; ``needs`` says
     what the block's attention must hand over for it.

@@ -1,4 +1,4 @@
-"""What every record says about where it ran (benchmarking.md, "Reproducibility")."""
+"""What every record says about where it ran (docs/measuring.md, "Reproducibility")."""
 from __future__ import annotations
 
 import platform

@@ -1,5 +1,5 @@
 """Executes a run plan: each spec reduces a fresh copy of the model, measures it, and appends
-one record to the store as it ends (architecture.md, layers 5-7).
+one record to the store as it ends (docs/architecture.md, layers 5-7).
 
 A run that fails is recorded as ``error`` with its message and the other runs go on; records
 are appended whole, so an interrupted plan never leaves a half-written result, and
@@ -67,7 +67,7 @@ def seed_everything(seed: int) -> None:
 
 
 def attention_kernel(model: nn.Module) -> str:
-    """Which attention kernel each block ran (benchmarking.md: baseline and method must match)."""
+    """Which attention kernel each block ran (docs/measuring.md: baseline and method must match)."""
     if not hasattr(model, "blocks"):  # hybrids: conv stages around their attention blocks
         from vitbench.engine.block import ReducingBlock
 
@@ -97,7 +97,7 @@ def _eval_batches(ws: Workspace, model: nn.Module, device: str, limit: Optional[
 
 def _gmacs_images(spec: RunSpec, ws: Workspace) -> torch.Tensor:
     """The images GMACs are counted on: the first evaluation images when there is data (input-
-    dependent methods are averaged over real images, benchmarking.md), else seeded noise."""
+    dependent methods are averaged over real images, docs/measuring.md), else seeded noise."""
     if ws.data is not None:
         from vitbench.tasks.cls.batches import first_images
 
@@ -178,7 +178,7 @@ def _measure(spec: RunSpec, ws: Workspace, model: nn.Module, baseline: Optional[
 
 
 def _relative(spec: RunSpec, out: dict[str, Any], baseline: Optional[dict]) -> dict[str, Any]:
-    """Speed-up and efficiency against the plan's baseline (benchmarking.md)."""
+    """Speed-up and efficiency against the plan's baseline (docs/measuring.md)."""
     if spec.method == BASELINE:
         if out.get("throughput_img_s"):
             out.update(speedup=1.0, efficiency=1.0 if out.get("gmacs") else None)

@@ -1,4 +1,4 @@
-"""The pluggy hook specifications of vitbench (architecture.md, "Plugins").
+"""The pluggy hook specifications of vitbench (docs/architecture.md, "Plugins").
 
 Every hook takes keyword arguments only. The ``register_*`` hooks follow the register-callback
 pattern: the host passes a ``register`` function and the plugin calls it once per thing it
@@ -22,7 +22,7 @@ def vitbench_register_methods(register: Callable[..., None]) -> None:
 
 @hookspec
 def vitbench_register_scorers(register: Callable[..., None]) -> None:
-    """Register token significance scorers: ``register(ScorerSpec(...))`` (methods.md §4)."""
+    """Register token significance scorers: ``register(ScorerSpec(...))`` (docs/methods.md §4)."""
 
 
 @hookspec

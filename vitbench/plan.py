@@ -1,5 +1,5 @@
 """The run plan: models x methods x params x task as frozen, hashable run specs
-(architecture.md, layer 2). A spec's hash keys the result store, so runs resume.
+(docs/architecture.md, layer 2). A spec's hash keys the result store, so runs resume.
 """
 from __future__ import annotations
 

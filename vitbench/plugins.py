@@ -1,5 +1,5 @@
 """The plugin host: discovers plugins through the ``vitbench`` entry-point group and holds
-the catalogs of methods, scorers and model families (architecture.md, "Plugins").
+the catalogs of methods, scorers and model families (docs/architecture.md, "Plugins").
 
 Built-in plugins are ordinary entry points of the ``vitbench`` distribution; nothing here
 imports one by name. Loading is safe: a plugin that fails to import or to register is recorded

@@ -1,4 +1,4 @@
-"""Source tracking and unmerge (methods.md §0): the full token grid comes back."""
+"""Source tracking and unmerge (docs/methods.md §0): the full token grid comes back."""
 from __future__ import annotations
 
 import torch

@@ -15,7 +15,7 @@ def test_speedup_is_method_over_baseline() -> None:
 
 
 def test_efficiency_of_tome_on_deit_s_example() -> None:
-    # benchmarking.md: 1.69x at 4.599 -> 2.706 GMACs is 0.99
+    # docs/measuring.md: 1.69x at 4.599 -> 2.706 GMACs is 0.99
     assert efficiency(1.69, 4.599, 2.706) == pytest.approx(1.69 * 2.706 / 4.599, rel=1e-15)
     assert efficiency(1.69, 4.599, 2.706) == pytest.approx(0.994377038, abs=1e-9)
 

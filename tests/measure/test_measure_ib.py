@@ -1,4 +1,4 @@
-"""IB loss and bound (methods.md §6) against a brute-force computation, and Theorem 3.1."""
+"""IB loss and bound (docs/methods.md §6) against a brute-force computation, and Theorem 3.1."""
 from __future__ import annotations
 
 import math
@@ -12,7 +12,7 @@ from vitbench.measure.ib import (
 
 
 def _brute(tau_f, tau_x, labels, k):
-    """Plain Python loops over the definitions of methods.md §6."""
+    """Plain Python loops over the definitions of docs/methods.md §6."""
     n, ka, kb = len(labels), len(tau_f[0]), len(tau_x[0])
     p_ab = [[sum(tau_f[i][a] * tau_x[i][b] for i in range(n)) / n for b in range(kb)] for a in range(ka)]
     p_ay = [[sum(tau_f[i][a] * (labels[i] == y) for i in range(n)) / n for y in range(k)] for a in range(ka)]

@@ -1,4 +1,4 @@
-"""DCS (methods.md §7): channel masks, search, shrink, checkpoint loading, retraining with the IB
+"""DCS (docs/methods.md §7): channel masks, search, shrink, checkpoint loading, retraining with the IB
 bound (§6). Training mechanics run as small hand-written loops on random data."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """GMACs of the reduced DeiT-S against the values the official implementations count on the
-same timm (methods.md §1 and §3): ToMe r=13 4.599 -> 2.706, PPT 4.599 -> 2.942."""
+same timm (docs/methods.md §1 and §3): ToMe r=13 4.599 -> 2.706, PPT 4.599 -> 2.942."""
 from __future__ import annotations
 
 import copy

@@ -1,4 +1,4 @@
-"""LTM / IBTM (methods.md §5, §6): shapes, the pooling initialisation, the IB step, the
+"""LTM / IBTM (docs/methods.md §5, §6): shapes, the pooling initialisation, the IB step, the
 statistics of Algorithm 1, training mechanics and checkpoints."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""LTM on MobileViT (methods.md §5, "Conv hybrids"): per-sequence H'xW' grids that compound
+"""LTM on MobileViT (docs/methods.md §5, "Conv hybrids"): per-sequence H'xW' grids that compound
 through the smaller maps, the fusion shortcut merged with the same G, the untrained identity at
 ratio 1, and the statistics / training / checkpoint machinery with per-block widths."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""LTMP (methods.md §2): learned merge/prune thresholds, masked in training, removed at inference."""
+"""LTMP (docs/methods.md §2): learned merge/prune thresholds, masked in training, removed at inference."""
 from __future__ import annotations
 
 import copy

@@ -1,4 +1,4 @@
-"""PPT (methods.md §3) and the methods ``entropy``/``average`` built on it."""
+"""PPT (docs/methods.md §3) and the methods ``entropy``/``average`` built on it."""
 from __future__ import annotations
 
 import copy

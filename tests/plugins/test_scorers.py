@@ -1,4 +1,4 @@
-"""Token scorers (methods.md §4) against a direct computation from the attention matrix."""
+"""Token scorers (docs/methods.md §4) against a direct computation from the attention matrix."""
 from __future__ import annotations
 
 import torch

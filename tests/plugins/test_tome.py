@@ -1,4 +1,4 @@
-"""ToMe (methods.md §1): token-count oracles, equality with the unpatched model at r=0,
+"""ToMe (docs/methods.md §1): token-count oracles, equality with the unpatched model at r=0,
 equality with an independent unfused reference, schedules, and bad parameters."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Top-k pruning and EViT's fused token (methods.md §4)."""
+"""Top-k pruning and EViT's fused token (docs/methods.md §4)."""
 from __future__ import annotations
 
 import math

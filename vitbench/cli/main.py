@@ -1,4 +1,4 @@
-"""``vitbench``: the command line (architecture.md, layer 1). One module per command group."""
+"""``vitbench``: the command line (docs/architecture.md, layer 1). One module per command group."""
 from __future__ import annotations
 
 import argparse

@@ -1,6 +1,6 @@
 """Fashion-MNIST from the Debian package ``dataset-fashion-mnist``: reader and mm data set.
 
-The embedded default (architecture.md, "Embedded defaults") trains and evaluates on real data
+The embedded default (docs/architecture.md, "Embedded defaults") trains and evaluates on real data
 without any download, so the data come from an OS package that puts the four IDX ``.gz`` files
 in ``/usr/share/datasets/fashion-mnist/``. ``VITBENCH_FASHION_MNIST_DIR`` points elsewhere
 (e.g. a copy on a machine without the package). Missing files raise a :class:`DataError` that

@@ -1,7 +1,7 @@
 """The embedded default data set of ``det`` and ``seg``: COCO-format shapes, generated from a seed.
 
-No package ships COCO images and nothing may be downloaded (environment.md), yet ``vitbench run
---task det`` / ``--task seg`` must run end to end on a CPU (architecture.md, "Embedded defaults").
+No package ships COCO images and nothing may be downloaded at run time, yet ``vitbench run
+--task det`` / ``--task seg`` must run end to end on a CPU (docs/architecture.md, "Embedded defaults").
 So vitbench draws its own small COCO: circles, squares and triangles with boxes and instance
 masks on textured backgrounds, in ``train2017``/``val2017`` splits with the usual
 ``annotations/instances_{train,val}2017.json``. The same loaders, metrics and ``--data`` check

@@ -1,4 +1,4 @@
-"""The engine: (timm model, method, params) -> reduced model (architecture.md, layer 4)."""
+"""The engine: (timm model, method, params) -> reduced model (docs/architecture.md, layer 4)."""
 from vitbench.engine.apply import apply
 from vitbench.engine.attention import AttnInfo
 from vitbench.engine.block import ReducingBlock, reduction_context

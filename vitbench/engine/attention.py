@@ -2,7 +2,7 @@
 
 Re-implements ``timm.layers.Attention.forward`` on the module's own submodules (``qkv``,
 ``q_norm``/``k_norm``, ``norm``, ``gate``, ``proj``), adding what the reducing block needs
-(methods.md §0): the ``log(size)`` key bias of proportional attention, passed to SDPA as a float
+(docs/methods.md §0): the ``log(size)`` key bias of proportional attention, passed to SDPA as a float
 ``attn_mask`` so the fused kernel is kept, and — only when a block's reducer asks — the
 head-averaged keys, the values, the cls row of the attention probabilities, or the full matrix.
 Only a block that needs the full matrix (``"attn"``) gives up the fused kernel.
@@ -43,7 +43,7 @@ def attention_forward(attn: nn.Module, x: torch.Tensor, bias: Optional[torch.Ten
     """Run timm ``Attention`` module ``attn`` on ``x [B, N, C]`` with key bias ``bias [B,1,1,N]``.
 
     ``qk_hook(q, k, x) -> (q, k)`` changes the per-head queries and keys ``[B, h, N, d]`` after
-    qk-norm (DCS's channel masks, methods.md §7).
+    qk-norm (DCS's channel masks, docs/methods.md §7).
     """
     b, n, _ = x.shape
     gate = attn.gate(x).sigmoid() if getattr(attn, "gate", None) is not None else None

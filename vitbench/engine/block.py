@@ -1,4 +1,4 @@
-"""The one generic reducing block that serves every token method (methods.md §0).
+"""The one generic reducing block that serves every token method (docs/methods.md §0).
 
 ``x = x + ls1(attn(norm1(x)))  ->  reduce(x)  ->  x = x + ls2(mlp(norm2(x)))``
 
@@ -49,7 +49,7 @@ class ReducingBlock(nn.Module):
     """A timm ViT block with a reduction step between attention and MLP.
 
     Besides the token step ``reducer(x, state, info)``, a reducer may define two channel hooks
-    (DCS, methods.md §7): ``qk(q, k, x) -> (q, k)``, applied to the per-head queries and keys
+    (DCS, docs/methods.md §7): ``qk(q, k, x) -> (q, k)``, applied to the per-head queries and keys
     ``[B, h, N, d]`` after qk-norm (``x`` the normed block input), and
     ``mlp_forward(mlp, x) -> y``, run instead of ``mlp(x)`` on the normed tokens.
 

@@ -1,4 +1,4 @@
-"""Channel selection by straight-through Gumbel-sigmoid masks (DCS, methods.md §7).
+"""Channel selection by straight-through Gumbel-sigmoid masks (DCS, docs/methods.md §7).
 
 Family-independent building blocks of the DCS plugin (``plugins/dcs.py``): they see tensors, an
 MLP module or a 1x1-conv projection, never a model family. The MobileViT blocks (timm ViT
@@ -50,7 +50,7 @@ def _keep_all_linear(in_features: int, out_features: int) -> nn.Linear:
 
 
 class QKChannelMask(nn.Module):
-    """Input-dependent query/key channel mask (DCS, methods.md §7, "Q/K channels").
+    """Input-dependent query/key channel mask (DCS, docs/methods.md §7, "Q/K channels").
 
     ``theta = Linear(x)`` maps the block's normed input ``x [B, N, in_features]`` to one logit
     per query/key channel (``num_heads * head_dim``), reshaped per head to ``[B, h, N, d]``; the
@@ -93,7 +93,7 @@ class QKChannelMask(nn.Module):
 
 
 class ChannelGate(nn.Module):
-    """Architecture logits ``alpha [C]`` of the attention-output/MLP channels (methods.md §7).
+    """Architecture logits ``alpha [C]`` of the attention-output/MLP channels (docs/methods.md §7).
 
     ``g = sigmoid((alpha + g1 - g2) / tau)``, hard with a straight-through gradient like
     :func:`straight_through_mask` (Gumbel noise in training only). ``alpha`` starts at

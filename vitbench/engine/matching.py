@@ -1,4 +1,4 @@
-"""Bipartite soft matching (ToMe, methods.md §1) and the merge it defines.
+"""Bipartite soft matching (ToMe, docs/methods.md §1) and the merge it defines.
 
 Tokens after the ``prefix`` protected ones are split alternately by their absolute position:
 set A = even positions, set B = odd positions. Every A token picks its most similar B token
@@ -44,7 +44,7 @@ class Matching:
 
 
 def max_merge(num_tokens: int, prefix: int) -> int:
-    """The most tokens one matching can remove: ``(N - prefix) // 2`` (methods.md §1)."""
+    """The most tokens one matching can remove: ``(N - prefix) // 2`` (docs/methods.md §1)."""
     return max(num_tokens - prefix, 0) // 2
 
 

@@ -1,4 +1,4 @@
-"""The per-forward token state that travels through the blocks (methods.md §0).
+"""The per-forward token state that travels through the blocks (docs/methods.md §0).
 
 One small object, created fresh by the first block of every forward:
 
@@ -28,7 +28,7 @@ from vitbench.engine.matching import Matching
 
 @dataclass
 class TokenState:
-    """Token bookkeeping of one forward pass (methods.md §0)."""
+    """Token bookkeeping of one forward pass (docs/methods.md §0)."""
 
     prefix: int
     size: Optional[torch.Tensor] = None

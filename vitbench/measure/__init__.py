@@ -1,6 +1,6 @@
 """Measurement layer: GMACs, parameters, throughput, latency, peak memory, speed-up/efficiency.
 
-One function per metric, independent of tasks, each measuring the way benchmarking.md says
+One function per metric, independent of tasks, each measuring the way docs/measuring.md says
 (see the docstring of each module for the method and the reasons behind it).
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Shared plumbing of the measurement functions: input checks, eval mode, devices, inputs.
 
-Every measurement in benchmarking.md runs the model in ``eval()`` under ``inference_mode()``
+Every measurement in docs/measuring.md runs the model in ``eval()`` under ``inference_mode()``
 on an input already on the device; these helpers do that one way for all of them, and turn
 bad arguments into :class:`~vitbench.errors.ParamError` messages that name the bad value.
 """
@@ -46,12 +46,12 @@ def check_input_size(input_size: object) -> tuple[int, int, int]:
 
 
 def check_model(model: object) -> nn.Module:
-    """Refuse anything but an uncompiled ``nn.Module`` (benchmarking.md: never under torch.compile)."""
+    """Refuse anything but an uncompiled ``nn.Module`` (docs/measuring.md: never under torch.compile)."""
     if not isinstance(model, nn.Module):
         raise ParamError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if getattr(model, "_orig_mod", None) is not None:
         raise ParamError(
-            "model is wrapped by torch.compile; benchmarking.md measures the eager model: "
+            "model is wrapped by torch.compile; docs/measuring.md measures the eager model: "
             "pass model._orig_mod"
         )
     return model
@@ -88,7 +88,7 @@ def model_device_dtype(model: nn.Module) -> tuple[torch.device | None, torch.dty
 def check_model_on(model: nn.Module, device: torch.device) -> None:
     """Raise if the model's parameters live elsewhere than ``device``.
 
-    benchmarking.md times only the forward with everything already on the device, so the
+    docs/measuring.md times only the forward with everything already on the device, so the
     measurement functions never move a model (that would also be a surprising side effect).
     """
     where, _ = model_device_dtype(model)

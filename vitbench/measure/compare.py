@@ -1,7 +1,7 @@
-"""Speed-up and efficiency of a method against its baseline (benchmarking.md, "Throughput").
+"""Speed-up and efficiency of a method against its baseline (docs/measuring.md, "Throughput").
 
 Both are plain ratios, kept here so every report computes them the same way. The inputs must
-come from the same process configuration and session (benchmarking.md); these functions cannot
+come from the same process configuration and session (docs/measuring.md); these functions cannot
 check that, the caller must.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ def efficiency(speedup: float, baseline_gmacs: float, method_gmacs: float) -> fl
 
     1.0 means every saved MAC turned into time; below 1.0 the method's overhead (or a lost
     fused kernel) eats part of the saving; above 1.0 it saves more time than MACs (e.g. memory
-    traffic). benchmarking.md: official ToMe on DeiT-S r=13 reaches 0.99 on our CPU
+    traffic). docs/measuring.md: official ToMe on DeiT-S r=13 reaches 0.99 on our CPU
     (1.69x at 4.599 -> 2.706 GMACs).
     """
     s = check_positive_finite("speedup", speedup)

@@ -1,4 +1,4 @@
-"""GMACs of one forward pass, counted on the real forward at batch 1 (benchmarking.md, "GMACs").
+"""GMACs of one forward pass, counted on the real forward at batch 1 (docs/measuring.md, "GMACs").
 
 Why this way:
 
@@ -45,7 +45,7 @@ class GmacsResult:
     """GMACs per image of one forward: mean and sample standard deviation over ``n`` images.
 
     ``std`` is 0.0 for a fixed-cost model (and for ``n == 1``); input-dependent methods vary
-    per image, and benchmarking.md asks for that spread to be reported.
+    per image, and docs/measuring.md asks for that spread to be reported.
     """
 
     mean: float
@@ -155,7 +155,7 @@ def count_gmacs(model: nn.Module, images: torch.Tensor) -> GmacsResult:
     """Count the GMACs of ``model`` on each of ``images`` (``[n, C, H, W]``), one at a time.
 
     Each image runs at batch 1 through the real forward in ``eval()`` and
-    ``torch.inference_mode()`` (benchmarking.md); every module's training flag is restored
+    ``torch.inference_mode()`` (docs/measuring.md); every module's training flag is restored
     afterwards. Images are moved to the model's device and floating-point dtype. Count the
     eager model: a ``torch.compile`` wrapper is refused.
     """
@@ -190,7 +190,7 @@ def count_gmacs_at(
     """:func:`count_gmacs` on ``n`` seeded standard-normal images of ``input_size`` (C, H, W).
 
     Enough for a fixed-cost model; an input-dependent method should be counted on real
-    evaluation images instead (benchmarking.md: default 100).
+    evaluation images instead (docs/measuring.md: default 100).
     """
     size = check_input_size(input_size)
     check_int("n", n, 1)

@@ -1,4 +1,4 @@
-"""The information-bottleneck loss and its variational bound (methods.md §6; IBTM/LTM papers,
+"""The information-bottleneck loss and its variational bound (docs/methods.md §6; IBTM/LTM papers,
 Section 3 and Theorem 3.1; DCS paper, the IB loss of its retraining phase).
 
 Everything is written on soft cluster assignments so it is differentiable (LTM and DCS train
@@ -52,7 +52,7 @@ class IBTerms:
 
 def input_vectors(images: torch.Tensor, max_side: int = INPUT_SIDE) -> torch.Tensor:
     """``images [B, C, H, W]`` -> ``[B, D]``: area-downsampled to at most ``max_side`` per side,
-    flattened and L2-normalised (methods.md §6)."""
+    flattened and L2-normalised (docs/methods.md §6)."""
     if images.dim() != 4:
         raise ValueError(f"images must be [B, C, H, W], got shape {tuple(images.shape)}")
     h, w = images.shape[-2:]
@@ -157,7 +157,7 @@ def measure_ib(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Ten
                num_classes: int, device: str = "cpu",
                features: Callable[[nn.Module, torch.Tensor], torch.Tensor] = final_features) -> IBTerms:
     """IB loss and bound of ``model`` over ``batches`` of ``(normalised images, labels)``
-    (benchmarking.md: on the evaluation split, final block). Centroids and ``Q(a|y)`` come from
+    (docs/measuring.md: on the evaluation split, final block). Centroids and ``Q(a|y)`` come from
     the same samples."""
     feats, inputs, labels = [], [], []
     model.eval()

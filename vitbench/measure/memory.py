@@ -1,4 +1,4 @@
-"""Peak memory of one forward pass, in MB (2**20 bytes) (benchmarking.md, "Peak memory").
+"""Peak memory of one forward pass, in MB (2**20 bytes) (docs/measuring.md, "Peak memory").
 
 - CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``, as the spec says.
   This is the peak of everything the caching allocator holds for tensors during the forward,

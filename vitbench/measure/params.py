@@ -1,4 +1,4 @@
-"""Parameter count in millions (the ``Params`` column of the report, benchmarking.md).
+"""Parameter count in millions (the ``Params`` column of the report, docs/measuring.md).
 
 All parameters count, trainable or frozen: a frozen backbone still has to be stored and run.
 Buffers (e.g. running statistics) are not parameters and are not counted. A parameter shared

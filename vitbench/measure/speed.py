@@ -1,6 +1,6 @@
 """Throughput (img/s at a batch size) and latency (ms at batch 1) of the model forward.
 
-How (benchmarking.md, "Throughput and latency"): only the forward is timed, in ``eval()`` and
+How (docs/measuring.md, "Throughput and latency"): only the forward is timed, in ``eval()`` and
 ``torch.inference_mode()``, on a seeded input made on the device before the clock starts;
 warm-up iterations run first and are discarded; the device is synchronised before each clock
 read (``time.perf_counter``), so an asynchronous GPU forward is timed to its end. Each repeat

@@ -1,7 +1,7 @@
 """vitbench's mmengine registries: child registries with scope ``vitbench``.
 
 pluggy owns vitbench's plugins and catalogs; these registries only let the OpenMMLab runners
-build vitbench's few mm components (architecture.md, "plugin vs mm registries"). Config
+build vitbench's few mm components (docs/architecture.md, "plugin vs mm registries"). Config
 dicts name them with the scope prefix, e.g. ``dict(type="vitbench.TimmLogits", ...)``, and the
 runners run under ``default_scope="mmpretrain"`` (cls) or ``"mmdet"`` (det/seg).
 

@@ -2,7 +2,7 @@
 
 Every report answers the questions users keep asking (per batch or per image? why no
 speed-up? how were input-dependent FLOPs counted?) before the numbers, so the methodology
-paragraph is part of the report, not of the docs (benchmarking.md, "Report shape").
+paragraph is part of the report, not of the docs (docs/measuring.md, "Report shape").
 """
 from __future__ import annotations
 
@@ -134,7 +134,7 @@ def _escape_cell(s: Any) -> str:
 
 
 def _detector_lines(rows: list[Mapping[str, Any]]) -> list[str]:
-    """det/seg: which detector, how its baseline was trained, what GMACs cover (benchmarking.md:
+    """det/seg: which detector, how its baseline was trained, what GMACs cover (docs/measuring.md:
     GMACs of the detector at its input size, backbone and full detector both stated)."""
     detectors = _distinct(r.get("detector") for r in rows)
     if not detectors:

@@ -1,6 +1,6 @@
 """Accuracy vs GMACs and accuracy vs throughput, one row of two panels per (task, model).
 
-Fewer GMACs do not always mean more images per second (benchmarking.md), so the two panels
+Fewer GMACs do not always mean more images per second (docs/measuring.md), so the two panels
 sit side by side: a method that moves left on the first but not right on the second saves
 MACs the hardware does not turn into time. Uses matplotlib's object API with the Agg canvas,
 never pyplot, so no display and no global backend switch.

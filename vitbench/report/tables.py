@@ -2,7 +2,7 @@
 
 Cells are formatted strings (the table is for reading, the store keeps the numbers) and "n/a"
 wherever a metric does not apply to the row or was not measured. Columns follow the report
-shape of benchmarking.md; detection/segmentation put box (and mask) mAP where top-1 goes.
+shape of docs/measuring.md; detection/segmentation put box (and mask) mAP where top-1 goes.
 """
 from __future__ import annotations
 
@@ -169,7 +169,7 @@ def comparison_table(records: Iterable[Record], task: str, model: str) -> pd.Dat
         ratio = b_gmacs / gm if gm and b_gmacs else None  # baseline GMACs / method GMACs
         cut = (1 - gm / b_gmacs) * 100 if gm is not None and b_gmacs else None
         row["GMACs ↓ (%)"] = _fmt(cut, ".1f")
-        if not is_cls:  # the detector's GMACs above; the backbone's alone here (benchmarking.md)
+        if not is_cls:  # the detector's GMACs above; the backbone's alone here (docs/measuring.md)
             bb = metric(rec, "backbone_gmacs")
             row["Backbone GMACs"] = _spread(bb, metric(rec, "backbone_gmacs_std"), gmacs_spec(bb))
 

@@ -1,4 +1,4 @@
-"""The conformance check every method plugin should pass (architecture.md, method contract).
+"""The conformance check every method plugin should pass (docs/architecture.md, method contract).
 
 It checks what the suite relies on: parameters have defaults and reject unknown keys; the
 reduced model keeps the output shape; tokens never grow from block to block and end fewer

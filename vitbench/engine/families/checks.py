@@ -1,4 +1,4 @@
-"""What every family adapter's ``patch`` checks first (architecture.md, "Engine")."""
+"""What every family adapter's ``patch`` checks first (docs/architecture.md, "Engine")."""
 from __future__ import annotations
 
 from typing import Callable

@@ -5,8 +5,8 @@ Dense Prediction", ICCV 2023, Section 3.1) replaces softmax attention by *lightw
 multi-scale linear attention* (timm ``LiteMLA``) on BCHW feature maps: a 1x1 ``qkv`` conv, one
 extra branch per aggregation scale (a 5x5 depthwise plus a grouped 1x1 conv on the same q/k/v),
 per head and branch a ReLU-kernel linear attention, the branch outputs concatenated and a 1x1
-``proj``. There is no token sequence, so token methods (methods.md §0) do not apply; channel
-selection does (DCS, methods.md §7: "on EfficientViT: Q/K of each LiteMLA branch, and the
+``proj``. There is no token sequence, so token methods (docs/methods.md §0) do not apply; channel
+selection does (DCS, docs/methods.md §7: "on EfficientViT: Q/K of each LiteMLA branch, and the
 concatenated branch outputs feeding the projection"; the DCS paper's DCS-EfficientViT-B1).
 
 ``describe`` gives one :class:`~vitbench.catalog.BlockInfo` per LiteMLA in forward order

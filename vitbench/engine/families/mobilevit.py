@@ -1,4 +1,4 @@
-"""The MobileViT family adapter (timm ``ByobNet`` ``mobilevit_xxs/xs/s``; architecture.md "Engine").
+"""The MobileViT family adapter (timm ``ByobNet`` ``mobilevit_xxs/xs/s``; docs/architecture.md "Engine").
 
 A MobileViT block unfolds its map ``[B, C, H, W]`` into ``B*4`` token sequences ``[B*4, N, C]``
 (patch area 4: one sequence per pixel offset of the 2x2 patches, ``N = n_h n_w`` in raster
@@ -7,16 +7,16 @@ and fuses the result with the block's input (``conv_fusion(cat(shortcut, x))``).
 
 ``patch`` wraps every ViT Block in a :class:`~vitbench.engine.block.ReducingBlock` (one shared
 context; the token state restarts at the first Block of each MobileViT block, so every token
-method acts per sequence, methods.md §0) and replaces each MobileViT block's forward by
+method acts per sequence, docs/methods.md §0) and replaces each MobileViT block's forward by
 :class:`MobileVitForward`, which after the transformer and ``norm``:
 
 1. the method declared a grid merge (:mod:`vitbench.engine.grid_merge`, LTM on conv hybrids,
-   methods.md §5 "Conv hybrids"): folds the ``P = H'W'`` tokens to the reduced ``2H' x 2W'``
+   docs/methods.md §5 "Conv hybrids"): folds the ``P = H'W'`` tokens to the reduced ``2H' x 2W'``
    map and merges the fusion shortcut with the same matrices ("merge both with the same G"), so
    the block returns a smaller map and the following conv stages run on it. When the declared
    grid is the block's own ``n_h x n_w`` the map keeps its size (timm's fold);
 2. the token count is unchanged: folds exactly as timm does;
-3. otherwise (ToMe, pruning): unmerges to the full ``N`` with source tracing (methods.md §0,
+3. otherwise (ToMe, pruning): unmerges to the full ``N`` with source tracing (docs/methods.md §0,
    "Unmerge"; enabled by ``patch`` whenever a reducer may reduce tokens) and folds.
 
 Since an LTM-reduced block hands a smaller map to the next one, the token grid a MobileViT

@@ -2,7 +2,7 @@
 
 ``describe`` reads what methods size themselves by; ``patch`` wraps every block in a
 :class:`~vitbench.engine.block.ReducingBlock` (all blocks, so proportional attention reaches the
-blocks after a reduction) and makes average pooling size-weighted (methods.md §0, "Pooling").
+blocks after a reduction) and makes average pooling size-weighted (docs/methods.md §0, "Pooling").
 """
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ class _RememberInputs:
 
 
 class _SizeWeightedPool:
-    """``VisionTransformer.pool`` with averages weighted by token size (methods.md §0)."""
+    """``VisionTransformer.pool`` with averages weighted by token size (docs/methods.md §0)."""
 
     def __init__(self, model: nn.Module, context: ReductionContext) -> None:
         self._pool = type(model).pool.__get__(model)

@@ -1,7 +1,7 @@
 """The embedded default model: a small ViT trained once on Fashion-MNIST, then cached.
 
 ``vitbench run --task cls`` without ``--model`` must work on a CPU laptop with no download
-(architecture.md, "Embedded defaults"). So vitbench trains its own model the first time it is
+(docs/architecture.md, "Embedded defaults"). So vitbench trains its own model the first time it is
 needed -- through the mmengine ``Runner``, like every task -- and keeps the weights under
 ``~/.cache/vitbench`` (``$VITBENCH_CACHE`` overrides). The architecture is a plain timm
 ``VisionTransformer`` with 12 blocks, so the methods' default layer choices (e.g. blocks

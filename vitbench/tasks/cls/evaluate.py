@@ -1,7 +1,7 @@
 """Top-1/top-5 of a (reduced) timm model, measured by the mmengine Runner's test loop.
 
 The model is wrapped by :func:`vitbench.mm.classifier.build_classifier` (its own head, its own
-normalisation) and scored by mmpretrain's ``Accuracy`` (benchmarking.md, "Accuracy").
+normalisation) and scored by mmpretrain's ``Accuracy`` (docs/measuring.md, "Accuracy").
 """
 from __future__ import annotations
 

@@ -1,16 +1,16 @@
 """The backbone wrapper of the ``det``/``seg`` detectors: multi-scale maps from a (reduced) timm
-model (architecture.md, "Tasks"; issue 4).
+model (docs/architecture.md, "Tasks"; issue 4).
 
 - **Hybrids** (MobileViT, EfficientViT, any timm model with ``feature_info``): the maps come
   from the model's own stages. The wrapper runs ``model.forward_features`` -- the very forward
   a method patched, so every reducer and its hooks run as in classification -- and takes the
   output of the last module at each requested stride from forward hooks. A method that shrinks
-  the maps (LTM merging to an ``H' x W'`` grid, methods.md §5) gives smaller maps; the detector's
+  the maps (LTM merging to an ``H' x W'`` grid, docs/methods.md §5) gives smaller maps; the detector's
   anchors and FPN levels sit at fixed strides, so such a map is resized (bilinear) back to its
   nominal ``ceil(size / stride)`` -- a choice, documented in the README: the backbone's MACs are
   saved, the detector head keeps its geometry.
 - **Plain ViT/DeiT**: one stride-16 token map. A reduced model's tokens are first put back on
-  the full grid by :func:`vitbench.engine.unmerge.unmerge` (methods.md §0, "Unmerge"; source
+  the full grid by :func:`vitbench.engine.unmerge.unmerge` (docs/methods.md §0, "Unmerge"; source
   tracing is switched on here), then a *simple feature pyramid* (Li et al., ViTDet, ECCV 2022,
   §3) makes the other strides: transposed convolutions up (stride 8, 4), max-pool down (32).
 

@@ -1,5 +1,5 @@
 """Box (and mask) mAP of a detector, measured by the mmengine Runner's test loop with mmdet's
-``CocoMetric`` (benchmarking.md, "Accuracy": mAP from mmdet's CocoMetric; issue 4).
+``CocoMetric`` (docs/measuring.md, "Accuracy": mAP from mmdet's CocoMetric; issue 4).
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """One ``det``/``seg`` run spec: reduce the backbone, put it in the trained detector, fine-tune a
-learnable method on the detection loss, measure (issue 4; benchmarking.md).
+learnable method on the detection loss, measure (issue 4; docs/measuring.md).
 
 The protocol mirrors ``cls``: the *baseline detector* is trained once (:func:`trained_weights`,
 cached on disk) and every method is applied to its backbone -- training-free methods are

@@ -10,7 +10,7 @@
   ``train_backbone``; arch/weight alternation; the stage's callbacks. What a method that needs
   image labels (LTM's IB step, DCS's IB bound) gets as the label of a detection image: the
   class of its largest object (a documented choice: the IB terms are defined for image
-  classes, methods.md §6, and the largest object is what the image is "of").
+  classes, docs/methods.md §6, and the largest object is what the image is "of").
 """
 from __future__ import annotations
 
