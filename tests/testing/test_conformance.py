@@ -11,7 +11,11 @@ from vitbench.catalog import MethodSpec, Reduction
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
 from vitbench.plugins import PluginHost
-from vitbench.testing import check_method
+import vitbench
+from vitbench.engine import reduction_context
+from vitbench.testing import (
+    PREFIX_MODELS, check_method, check_prefix_tokens, tiny_deit_distilled, tiny_vit, tiny_vit_registers,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -34,6 +38,37 @@ def _one_thread():
 def test_every_builtin_conforms(vitbench_check_method, method, params, counts) -> None:
     report = vitbench_check_method(method, params)
     assert (report.method, report.token_counts, report.output_shape) == (method, counts, (2, 10))
+
+
+@pytest.mark.parametrize("method, reduces, counts", [
+    ("ltm", True, [46] * 12),  # untrained: average pooling to ceil(0.7 * 64) tokens after block 0
+    ("ltmp", False, [65] * 12),  # untrained thresholds (0.9, 0.0) remove nothing on random weights
+    ("dcs", False, [65] * 12),  # channels, not tokens
+])
+def test_the_learnable_builtins_conform_untrained(vitbench_check_method, method, reduces, counts) -> None:
+    report = vitbench_check_method(method, reduces_tokens=reduces)
+    assert (report.token_counts, report.output_shape) == (counts, (2, 10))
+
+
+@pytest.mark.parametrize("factory", [tiny_vit, tiny_deit_distilled, tiny_vit_registers])
+def test_ltmp_keeps_the_prefix_first_when_it_merges_and_pads(factory) -> None:
+    """Thresholds that merge and prune a different number of tokens per image: the padded
+    inference layout still starts with the prefix tokens, in order, untouched."""
+    model = vitbench.apply(factory(), "ltmp")
+    with torch.no_grad():
+        for block in model.blocks:
+            block.reducer.theta_m.fill_(0.6)
+            block.reducer.theta_p.fill_(0.012)
+    x = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        check_prefix_tokens(model, x)
+    counts = reduction_context(model).state.private["ltmp_counts"]
+    assert counts[11].max() < 30 and len(set(counts[0].tolist())) > 1  # it did reduce, per image
+
+
+def test_check_prefix_tokens_refuses_an_unreduced_model() -> None:
+    with pytest.raises(AssertionError, match="the model is not reduced"):
+        check_prefix_tokens(tiny_vit(), torch.randn(1, 3, 32, 32))
 
 
 def test_the_tiny_vit_fixture_is_deterministic(vitbench_tiny_vit) -> None:
@@ -73,16 +108,82 @@ def _halve(x: torch.Tensor) -> torch.Tensor:
     return x[:, : 1 + (x.shape[1] - 1) // 2]
 
 
+def _patch_noise(x: torch.Tensor) -> torch.Tensor:
+    """Noise on the patch tokens only (noise on the class token would also break the prefix rule)."""
+    noise = torch.randn_like(x)
+    noise[:, 0] = 0
+    return noise
+
+
+def _with_state(step, needs=frozenset()):  # type: ignore[no-untyped-def]
+    def reducer(x, state, info):  # type: ignore[no-untyped-def]
+        return step(x, state)
+    reducer.needs = needs
+    return reducer
+
+
+def _swap(x: torch.Tensor, i: int, j: int) -> torch.Tensor:
+    order = list(range(x.shape[1]))
+    order[i], order[j] = j, i
+    return x[:, order]
+
+
+def _swap_first_prefix_pair(x: torch.Tensor, state) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    """cls <-> dist on the distilled model; harmless with one prefix token."""
+    return _halve(_swap(x, 0, 1) if state.prefix >= 2 else x)
+
+
+def _swap_registers(x: torch.Tensor, state) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    return _halve(_swap(x, 1, 2) if state.prefix >= 3 else x)
+
+
+class _SwappingModule(torch.nn.Module):
+    """A learnable-style reducer (an nn.Module, traced by a forward hook) that swaps cls and dist."""
+
+    needs: frozenset = frozenset()
+
+    def forward(self, x: torch.Tensor, state, info) -> torch.Tensor:  # type: ignore[no-untyped-def]
+        return _swap_first_prefix_pair(x, state)
+
+
+def _keep_index(x: torch.Tensor, state, head: list[int]) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    """``state.keep`` with the given head instead of the prefix, then half the patches."""
+    p = state.prefix
+    patches = torch.arange(p, p + (x.shape[1] - p) // 2)
+    return state.keep(x, torch.cat([torch.tensor(head), patches]).expand(x.shape[0], -1))
+
+
 BROKEN = {  # name: (params, reducer at block 3, the reason check_method must give)
     "grows": (NoParams, _reducer(lambda x: torch.cat([x, x[:, -1:]], dim=1)), r"grows: tokens grew: \[65, 65, 65, 66,"),
     "drops-images": (NoParams, _reducer(lambda x: _halve(x)[:1]), r"drops-images: output shape \(1, 10\) != \(2, 10\)"),
-    "noisy": (NoParams, _reducer(lambda x: _halve(x) + torch.randn_like(_halve(x))), "noisy: two eval forwards on CPU differ"),
+    "noisy": (NoParams, _reducer(lambda x: _halve(x) + _patch_noise(_halve(x))), "noisy: two eval forwards on CPU differ"),
     "no-op": (NoParams, _reducer(lambda x: x), r"no-op: tokens did not shrink \(65 -> \[65, 65,"),
     "greedy": (NoParams, _reducer(_halve, frozenset({"keys", "queries"})),
                r"greedy: block 3 asks for \['queries'\]; available: \['attn', 'cls_attn', 'keys', 'values'\]"),
     "required": (RequiredParams, _reducer(_halve), r"required: the default parameters are not valid: .*amount"),
     "bad-default": (BadDefaultParams, _reducer(_halve),
                     r"bad-default: the default parameters are not valid: bad-default\.amount=-1 is out of range"),
+    # the prefix rule (docs/token-state.md): traced through the reducer on 1, 2 and 3 prefix tokens
+    "drops-cls": (NoParams, _reducer(lambda x: x[:, 1: 1 + (x.shape[1] - 1) // 2]),
+                  r"drops-cls: block 3 drops or reorders the prefix tokens \(image 0: cls dropped or changed\); "
+                  r"the 1 prefix token\(s\) \['cls'\] must stay first, in order, unchanged"),
+    "prefix-last": (NoParams, _reducer(lambda x: torch.cat([_halve(x)[:, 1:], x[:, :1]], dim=1)),
+                    r"prefix-last: block 3 .* \(image 0: cls moved to position 32\)"),
+    "merges-cls": (NoParams, _reducer(lambda x: torch.cat([(x[:, :1] + x[:, 1:2]) / 2, _halve(x)[:, 2:]], dim=1)),
+                   r"merges-cls: block 3 .* \(image 0: cls dropped or changed\)"),
+    "swaps-cls-dist": (NoParams, _with_state(_swap_first_prefix_pair),
+                       r"swaps-cls-dist: block 3 drops or reorders the prefix tokens \(image 0: cls moved to "
+                       r"position 1, dist moved to position 0\); the 2 prefix token\(s\) \['cls', 'dist'\]"),
+    "module-swaps": (NoParams, _SwappingModule(),
+                     r"module-swaps: block 3 drops or reorders the prefix tokens \(image 0: cls moved to "
+                     r"position 1, dist moved to position 0\)"),
+    "swaps-registers": (NoParams, _with_state(_swap_registers),
+                        r"swaps-registers: block 3 .* \(image 0: reg0 moved to position 2, reg1 moved to "
+                        r"position 1\); the 3 prefix token\(s\) \['cls', 'reg0', 'reg1'\]"),
+    "keep-drops-cls": (NoParams, _with_state(lambda x, s: _keep_index(x, s, list(range(1, s.prefix + 1)))),
+                       r"keep-drops-cls: TokenState.keep: the index drops prefix token\(s\) \[0\] for image 0"),
+    "keep-swaps": (NoParams, _with_state(lambda x, s: _keep_index(x, s, list(range(s.prefix))[::-1])),
+                   r"keep-swaps: TokenState.keep: the index reorders the prefix tokens \(its row starts \[1, 0\]\)"),
 }
 
 
@@ -120,3 +221,15 @@ def test_a_method_that_keeps_tokens_passes_when_it_says_so(broken_host: PluginHo
 
 def test_the_builtins_still_conform_beside_broken_plugins(broken_host: PluginHost) -> None:
     assert check_method("tome", {"r": 8}).token_counts[-1] == 2
+
+
+def test_the_prefix_models_have_the_prefix_tokens_they_claim() -> None:
+    distilled, registers = tiny_deit_distilled(), tiny_vit_registers()
+    assert distilled.num_prefix_tokens == 2 and distilled.dist_token is not None
+    assert registers.num_prefix_tokens == 3 and registers.num_reg_tokens == 2
+    assert PREFIX_MODELS == (tiny_deit_distilled, tiny_vit_registers)
+
+
+def test_a_prefix_swap_only_seen_with_several_prefix_tokens_needs_the_prefix_models(broken_host: PluginHost) -> None:
+    """With one prefix token the cls<->dist swap is a plain halving: the main model alone passes."""
+    assert check_method("swaps-cls-dist", prefix_models=()).token_counts[3] == 33

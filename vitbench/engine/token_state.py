@@ -13,7 +13,9 @@ One small object, created fresh by the first block of every forward:
 - ``private``: method-private state (LTM's previous mask, LTMP's keep mask).
 
 Every reduction goes through :meth:`TokenState.merge` or :meth:`TokenState.keep`, which change
-``x``, ``size``, ``source`` and ``fill`` together so they can never disagree.
+``x``, ``size``, ``source`` and ``fill`` together so they can never disagree. Both enforce the
+prefix rule (docs/token-state.md): the ``prefix`` tokens stay first, in their order, untouched;
+an index or matching that would drop, reorder or merge one raises :class:`PrefixTokenError`.
 """
 from __future__ import annotations
 
@@ -24,6 +26,12 @@ from typing import Any, Optional
 import torch
 
 from vitbench.engine.matching import Matching
+from vitbench.errors import VitbenchError
+
+
+class PrefixTokenError(VitbenchError, ValueError):
+    """A reduction that would drop, reorder or merge a prefix token (class, distillation,
+    register): a bug in the method that asked for it (docs/token-state.md, "Prefix tokens")."""
 
 
 @dataclass
@@ -74,7 +82,17 @@ class TokenState:
 
     # -- reductions ----------------------------------------------------------------------
     def merge(self, x: torch.Tensor, m: Matching) -> torch.Tensor:
-        """Size-weighted merge of ``x`` by matching ``m`` (ToMe's weighted average, §1)."""
+        """Size-weighted merge of ``x`` by matching ``m`` (ToMe's weighted average, docs/methods.md §1).
+
+        ``m`` must protect at least the state's prefix tokens (``m.prefix >= prefix``): a
+        matching made with a smaller prefix could merge the class token into a patch.
+        """
+        protected = getattr(m, "prefix", self.prefix)
+        if protected < self.prefix:
+            raise PrefixTokenError(
+                f"TokenState.merge: the matching protects only the first {protected} token(s) but "
+                f"the model has {self.prefix} prefix token(s) (class/distillation/register), which "
+                f"must never be merged; build it with bipartite_soft_matching(metric, r, state.prefix)")
         size = self.sizes(x)
         merged = m.merge(torch.cat([x * size, size], dim=-1), mode="sum")
         x_new, size_new = merged[..., :-1], merged[..., -1:]
@@ -86,9 +104,15 @@ class TokenState:
     def keep(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         """Keep the tokens at ``index [B, N']`` (in that order); the others are pruned.
 
+        Every row of ``index`` must start with the prefix tokens ``0 .. prefix-1`` in order
+        (docs/token-state.md); the patches after them may come in any order (PPT keeps them
+        sorted by score). Anything else raises :class:`PrefixTokenError` naming the bad rows.
+        The check is one comparison and one ``.all()`` (a single host sync), nothing per token.
+
         With source tracing, the pruned tokens' current values go to ``fill`` for every patch
         they cover, so unmerge can restore a pruned patch's last value (§0, "Unmerge").
         """
+        _check_prefix_first(index, self.prefix)
         if self.source is not None and self.fill is not None:
             dropped = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
             dropped.scatter_(1, index, False)
@@ -103,7 +127,10 @@ class TokenState:
 
     def append(self, x: torch.Tensor, token: torch.Tensor, size: torch.Tensor,
                source: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Append one token ``[B, 1, C]`` standing for ``size [B, 1, 1]`` patches (EViT's fusion)."""
+        """Append one token ``[B, 1, C]`` standing for ``size [B, 1, 1]`` patches (EViT's fusion).
+
+        The token goes last, so the prefix tokens stay first (nothing to check).
+        """
         self.size = torch.cat([self.sizes(x), size], dim=1)
         if self.source is not None:
             if source is None:
@@ -127,6 +154,30 @@ class TokenState:
         self.size = pick(first.size, second.size)
         self.source = pick(first.source, second.source)
         self.fill = pick(first.fill, second.fill)
+
+
+def _check_prefix_first(index: torch.Tensor, prefix: int) -> None:
+    """Raise :class:`PrefixTokenError` unless every row of ``index [B, N']`` starts ``0 .. prefix-1``."""
+    if prefix == 0:
+        return
+    if index.dim() != 2 or index.shape[1] < prefix:
+        raise PrefixTokenError(
+            f"TokenState.keep: index of shape {tuple(index.shape)} cannot hold the {prefix} prefix "
+            f"token(s); it must be [B, N'] with N' >= {prefix}, each row starting "
+            f"{list(range(prefix))} (class/distillation/register tokens are never pruned)")
+    expected = torch.arange(prefix, device=index.device)
+    head = index[:, :prefix]
+    if bool((head == expected).all()):
+        return
+    bad = int((head != expected).any(dim=1).nonzero()[0, 0])
+    row = index[bad].tolist()
+    missing = [j for j in range(prefix) if j not in row]
+    what = (f"drops prefix token(s) {missing}" if missing
+            else f"reorders the prefix tokens (its row starts {row[:prefix]})")
+    raise PrefixTokenError(
+        f"TokenState.keep: the index {what} for image {bad}; every row must start with the "
+        f"{prefix} prefix token(s) {expected.tolist()} in that order (class/distillation/register "
+        f"tokens are never pruned or moved), then the kept patches")
 
 
 def _gather(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,10 @@ A plugin package tests itself with::
 or through the pytest fixtures ``vitbench_tiny_vit`` and ``vitbench_check_method`` that this
 package's pytest plugin (loaded automatically once vitbench is installed) provides.
 """
-from vitbench.testing.conformance import ConformanceReport, check_method, tiny_vit
+from vitbench.testing.conformance import (
+    PREFIX_MODELS, ConformanceReport, check_method, check_prefix_tokens, tiny_deit_distilled, tiny_vit,
+    tiny_vit_registers,
+)
 
-__all__ = ["ConformanceReport", "check_method", "tiny_vit"]
+__all__ = ["PREFIX_MODELS", "ConformanceReport", "check_method", "check_prefix_tokens", "tiny_deit_distilled",
+           "tiny_vit", "tiny_vit_registers"]

@@ -2,12 +2,16 @@
 
 It checks what the suite relies on: parameters have defaults and reject unknown keys; the
 reduced model keeps the output shape; tokens never grow from block to block and end fewer
-than they started (for a token method); the forward is deterministic on CPU in eval mode; and
-the reducers only ask the attention for what it can hand over.
+than they started (for a token method); the forward is deterministic on CPU in eval mode; the
+reducers only ask the attention for what it can hand over; and the prefix tokens (class,
+distillation, register) leave every reduction step first, in their order and unchanged
+(docs/token-state.md, "Prefix tokens"), on the model under test and on tiny models with
+several prefix tokens (a distilled DeiT: cls + dist; a ViT with two registers).
 """
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -16,6 +20,8 @@ from torch import nn
 
 from vitbench.engine import apply, reduction_context
 from vitbench.engine.attention import NEEDS
+from vitbench.engine.block import ReducingBlock
+from vitbench.engine.token_state import PrefixTokenError
 from vitbench.errors import ParamError
 from vitbench.params import make_params
 from vitbench.plugins import get_host
@@ -35,6 +41,26 @@ def tiny_vit(seed: int = 0, **overrides: Any) -> nn.Module:
     return VisionTransformer(**kwargs).eval()
 
 
+def tiny_deit_distilled(seed: int = 0, **overrides: Any) -> nn.Module:
+    """:func:`tiny_vit` as a distilled DeiT: two prefix tokens, class then distillation."""
+    from timm.models.deit import VisionTransformerDistilled
+
+    kwargs: dict[str, Any] = dict(img_size=32, patch_size=4, in_chans=3, num_classes=10,
+                                  embed_dim=48, depth=12, num_heads=3, mlp_ratio=2.0)
+    kwargs.update(overrides)
+    torch.manual_seed(seed)
+    return VisionTransformerDistilled(**kwargs).eval()
+
+
+def tiny_vit_registers(seed: int = 0, **overrides: Any) -> nn.Module:
+    """:func:`tiny_vit` with two register tokens: three prefix tokens, class then registers."""
+    return tiny_vit(seed, **{"reg_tokens": 2, **overrides})
+
+
+#: the models :func:`check_method` also traces the prefix tokens through (several prefix tokens)
+PREFIX_MODELS: tuple[Callable[[], nn.Module], ...] = (tiny_deit_distilled, tiny_vit_registers)
+
+
 @dataclass
 class ConformanceReport:
     """What the check saw: tokens after each block, and the output shape."""
@@ -46,8 +72,13 @@ class ConformanceReport:
 
 def check_method(name: str, params: Optional[dict[str, Any]] = None,
                  model_factory: Callable[[], nn.Module] = tiny_vit,
-                 reduces_tokens: bool = True) -> ConformanceReport:
-    """Assert that method ``name`` conforms; raise ``AssertionError`` saying what does not."""
+                 reduces_tokens: bool = True,
+                 prefix_models: Sequence[Callable[[], nn.Module]] = PREFIX_MODELS) -> ConformanceReport:
+    """Assert that method ``name`` conforms; raise ``AssertionError`` saying what does not.
+
+    ``prefix_models``: further models on which the prefix rule alone is checked (skipped when
+    the method does not support their family); the default has two and three prefix tokens.
+    """
     spec = get_host().method(name)
     params = dict(params or {})
     try:
@@ -72,7 +103,9 @@ def check_method(name: str, params: Optional[dict[str, Any]] = None,
         extra = set(getattr(block, "needs", ())) - NEEDS
         assert not extra, f"{name}: block {block.index} asks for {sorted(extra)}; available: {sorted(NEEDS)}"
     with torch.inference_mode():
-        first, second = reduced(x), reduced(x)
+        first = check_prefix_tokens(reduced, x, name)
+    with torch.inference_mode():
+        second = _forward(name, reduced, x)
     assert first.shape == expected.shape, f"{name}: output shape {tuple(first.shape)} != {tuple(expected.shape)}"
     assert torch.equal(first, second), f"{name}: two eval forwards on CPU differ"
     counts = list(context.token_counts)
@@ -80,7 +113,124 @@ def check_method(name: str, params: Optional[dict[str, Any]] = None,
     assert all(b <= a for a, b in zip([n0] + counts, counts)), f"{name}: tokens grew: {counts}"
     if reduces_tokens:
         assert counts[-1] < n0, f"{name}: tokens did not shrink ({n0} -> {counts})"
+    for factory in prefix_models:
+        _check_prefix_rule(name, params, factory, spec.families)
     return ConformanceReport(spec.name, counts, tuple(first.shape))
+
+
+def _forward(name: str, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``model(x)``, a prefix violation caught by :meth:`TokenState.keep`/``merge`` turned into
+    the check's ``AssertionError``."""
+    try:
+        return model(x)
+    except PrefixTokenError as exc:
+        raise AssertionError(f"{name}: {exc}") from exc
+
+
+def _check_prefix_rule(name: str, params: dict[str, Any], factory: Callable[[], nn.Module],
+                       families: Sequence[str]) -> None:
+    """Trace the prefix tokens of ``factory()`` through every reduction step of ``name``."""
+    base = factory()
+    if get_host().family_of(base).name not in families:
+        return
+    x = torch.randn(2, *_input_size(base), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        check_prefix_tokens(apply(base, name, **params), x, name)
+
+
+def check_prefix_tokens(model: nn.Module, x: torch.Tensor, name: Optional[str] = None) -> torch.Tensor:
+    """``model(x)`` for a reduced ``model``, asserting that every reducer leaves the prefix tokens
+    (class, distillation, register) first, in order and unchanged (docs/token-state.md).
+
+    :func:`check_method` runs it on freshly applied models; call it yourself on a model whose
+    method only reduces once trained (e.g. LTMP with trained thresholds). Raises
+    ``AssertionError`` naming the block and what happened to which prefix token.
+    """
+    context = reduction_context(model)
+    assert context is not None, "check_prefix_tokens: the model is not reduced (apply a method first)"
+    name = name or context.method
+    with _PrefixTrace(name, model, _prefix_names(model)):
+        return _forward(name, model, x)
+
+
+def _prefix_names(model: nn.Module) -> list[str]:
+    """What the prefix tokens of a timm ViT are, in their order: ``cls``, ``dist``, ``reg0``..."""
+    names = ["cls"] if getattr(model, "cls_token", None) is not None else []
+    if getattr(model, "dist_token", None) is not None:
+        names.append("dist")
+    names += [f"reg{i}" for i in range(getattr(model, "num_reg_tokens", 0) or 0)]
+    n = getattr(model, "num_prefix_tokens", 0) or 0
+    return names if len(names) == n else [f"prefix{i}" for i in range(n)]
+
+
+class _PrefixTrace:
+    """While active, every reducer of ``model`` is checked as it runs: the first ``prefix``
+    tokens of its output must be the first ``prefix`` tokens of its input, in order, unchanged
+    (identified by value: a reducer never recomputes a prefix token, it only moves tokens)."""
+
+    def __init__(self, method: str, model: nn.Module, names: list[str]) -> None:
+        self.method, self.names = method, names
+        self.blocks = [m for m in model.modules() if isinstance(m, ReducingBlock) and m.reducer is not None]
+        self._undo: list[Callable[[], None]] = []
+
+    def __enter__(self) -> "_PrefixTrace":
+        for block in self.blocks:
+            reducer = block.reducer
+            if isinstance(reducer, nn.Module):
+                hook = reducer.register_forward_hook(
+                    lambda mod, args, out, b=block: self.check(b.index, args[0], args[1].prefix, out))
+                self._undo.append(hook.remove)
+            else:
+                block.reducer = _Traced(reducer, self, block.index)
+                self._undo.append(lambda b=block, r=reducer: setattr(b, "reducer", r))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for undo in reversed(self._undo):
+            undo()
+        self._undo = []
+
+    def check(self, block: int, x_in: torch.Tensor, prefix: int, x_out: torch.Tensor) -> None:
+        if prefix == 0 or x_out.dim() != 3 or x_out.shape[::2] != x_in.shape[::2]:
+            return  # no prefix; or images/channels changed, which the shape check reports
+        p_out = min(prefix, x_out.shape[1])
+        same = torch.isclose(x_out[:, :p_out, None], x_in[:, None, :prefix], rtol=1e-5, atol=1e-6).all(-1)
+        if p_out == prefix and bool(same.diagonal(dim1=1, dim2=2).all()):
+            return
+        raise AssertionError(f"{self.method}: block {block} drops or reorders the prefix tokens "
+                             f"({self._describe(x_in, x_out, prefix)}); the {prefix} prefix token(s) "
+                             f"{self.names} must stay first, in order, unchanged (docs/token-state.md)")
+
+    def _describe(self, x_in: torch.Tensor, x_out: torch.Tensor, prefix: int) -> str:
+        """What happened to each prefix token in the first image where the rule breaks."""
+        found = torch.isclose(x_out[:, :, None], x_in[:, None, :prefix], rtol=1e-5, atol=1e-6).all(-1)
+        for b in range(x_in.shape[0]):
+            details = []
+            for j, token in enumerate(self.names[:prefix]):
+                where = found[b, :, j].nonzero().flatten().tolist()
+                if not where:
+                    details.append(f"{token} dropped or changed")
+                elif j not in where:
+                    details.append(f"{token} moved to position {where[0]}")
+            if details:
+                return f"image {b}: " + ", ".join(details)
+        return "the output has fewer tokens than the prefix"
+
+
+class _Traced:
+    """A plain-callable reducer with :class:`_PrefixTrace`'s check around its token step;
+    its other attributes (``needs``, ``qk``, ``mlp_forward``) are the reducer's own."""
+
+    def __init__(self, reducer: Callable[..., torch.Tensor], trace: _PrefixTrace, block: int) -> None:
+        self._reducer, self._trace, self._block = reducer, trace, block
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._reducer, name)
+
+    def __call__(self, x: torch.Tensor, state: Any, info: Any) -> torch.Tensor:
+        out = self._reducer(x, state, info)
+        self._trace.check(self._block, x, state.prefix, out)
+        return out
 
 
 def _input_size(model: nn.Module) -> tuple[int, int, int]:
