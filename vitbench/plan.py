@@ -45,6 +45,8 @@ class RunSpec:
     pretrained: bool = False
     train_backbone: bool = False  # fine-tune the backbone too (the train-from-scratch setup)
     train_limit: Optional[int] = None  # fine-tune on the first N training images
+    #: det/seg: what trains beside the method (vitbench.tasks.det.protocol: all | heads | method)
+    dense_finetune: Optional[str] = None
 
     @property
     def params(self) -> dict[str, Any]:
@@ -66,6 +68,11 @@ class RunSpec:
         spec = get_host().method(self.method)
         defaults = params_dict(make_params(self.method, spec.params, {}))
         changed = {k: v for k, v in self.params.items() if defaults.get(k) != v}
+        if self.dense_finetune is not None:
+            from vitbench.tasks.det.protocol import DEFAULT_PROTOCOL
+
+            if self.dense_finetune != DEFAULT_PROTOCOL:  # the row says what differs from the default
+                return f"{self.method} ({', '.join([*self._shown(changed), f'fine-tuned: {self.dense_finetune}'])})"
         if self.train_backbone:
             return f"{self.method} ({', '.join([*self._shown(changed), 'backbone trained'])})"
         if not changed:
@@ -77,7 +84,7 @@ class RunSpec:
         return [f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in changed.items()]
 
 
-_LATER_FIELDS = ("train_backbone", "train_limit")
+_LATER_FIELDS = ("train_backbone", "train_limit", "dense_finetune")
 
 
 def parse_param_overrides(items: Iterable[str]) -> dict[str, dict[str, str]]:
@@ -106,7 +113,7 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
                overrides: Mapping[str, Mapping[str, Any]], metrics: Iterable[str],
                batch_size: int, device: str, seed: int, checkpoint: Optional[str] = None,
                pretrained: bool = False, train_backbone: bool = False,
-               train_limit: Optional[int] = None) -> list[RunSpec]:
+               train_limit: Optional[int] = None, dense_finetune: Optional[str] = None) -> list[RunSpec]:
     """The baseline, then one spec per method, parameters validated (no model is built here)."""
     if task not in TASKS:
         raise choices_error("task", task, TASKS)
@@ -130,8 +137,47 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
     for name in dict.fromkeys(names):
         spec = host.method(name)
         values = make_params(name, spec.params, canonical_overrides.get(name, {}))
-        training = ({"train_backbone": train_backbone, "train_limit": train_limit}
-                    if spec.needs_training else {})
+        training = ({"train_backbone": train_backbone, "train_limit": train_limit,
+                     "dense_finetune": dense_finetune} if spec.needs_training else {})
         plan.append(RunSpec(method=name, params_json=json.dumps(params_dict(values), sort_keys=True),
                             **common, **training))
     return plan
+
+
+def parse_seeds(text: str) -> tuple[int, ...]:
+    """``"0,1,2"`` -> ``(0, 1, 2)``: the ``--seeds`` list (see :func:`check_seeds`)."""
+    seeds = []
+    for item in (item.strip() for item in str(text).split(",")):
+        if not item:
+            continue
+        try:
+            seeds.append(int(item))
+        except ValueError:
+            raise ParamError(f"--seeds item {item!r} is not an integer; give comma-separated "
+                             f"integers >= 0, e.g. 0,1,2") from None
+    return check_seeds(seeds)
+
+
+def check_seeds(seeds: Iterable[int]) -> tuple[int, ...]:
+    """The seeds as a tuple, refusing an empty list, a negative seed or a repeated one."""
+    seeds = tuple(seeds)
+    if not seeds:
+        raise ParamError("--seeds is empty; give comma-separated integers >= 0, e.g. 0,1,2")
+    for seed in seeds:
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ParamError(f"seed {seed!r} is out of range; seeds are integers >= 0")
+        if seeds.count(seed) > 1:
+            raise ParamError(f"--seeds names seed {seed} twice ({','.join(map(str, seeds))}); "
+                             f"each seed runs once")
+    return seeds
+
+
+def build_seeded_plan(*, seeds: Iterable[int], **kwargs: Any) -> list[RunSpec]:
+    """:func:`build_plan` once per seed (``--seeds 0,1,2``), seed after seed, each seed's baseline
+    first: every method run is paired with the baseline of its own seed for speed-up and
+    efficiency. The seed is part of a spec's id, so each seed's run is stored, resumed and
+    retried on its own; reports aggregate the runs that differ only by seed (mean ± std,
+    docs/measuring.md). ``kwargs`` are :func:`build_plan`'s, without ``seed``."""
+    if "seed" in kwargs:
+        raise TypeError("build_seeded_plan takes seeds=, not seed=")
+    return [spec for seed in check_seeds(seeds) for spec in build_plan(seed=seed, **kwargs)]

@@ -1,7 +1,7 @@
 """``vitbench run``: plan, execute, store and report (the one command that does the main job).
 
 ``vitbench run --task cls --methods M1,M2 [--model NAME] [--data PATH|fashion-mnist]
-[--param METHOD.KEY=VALUE ...] [--metrics ...] [--batch-size B] [--device cpu|cuda] [--seed S]
+[--param METHOD.KEY=VALUE ...] [--metrics ...] [--batch-size B] [--device cpu|cuda] [--seed S | --seeds S1,S2,...]
 [--out DIR] [--resume]``. The baseline always runs too. Bad input exits 2 before anything runs.
 """
 from __future__ import annotations
@@ -14,15 +14,18 @@ from typing import Optional
 
 from vitbench.errors import VitbenchError
 from vitbench.plan import (
+    BASELINE,
     DATA_METRICS,
     DEFAULT_DENSE_MODEL,
     DEFAULT_MODEL,
     DEFAULT_MODEL_TRAIN_LIMIT,
     DENSE_TASKS,
     METRICS,
-    build_plan,
+    build_seeded_plan,
+    check_seeds,
     parse_list,
     parse_param_overrides,
+    parse_seeds,
 )
 from vitbench.plugins import get_host
 
@@ -40,13 +43,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help=f"comma-separated subset of {','.join(METRICS)} (default: all; accuracy needs data)")
     p.add_argument("--batch-size", type=int, default=32, help="throughput batch size (default 32)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None, help="the one seed of every run (default 0)")
+    p.add_argument("--seeds", default=None, metavar="S1,S2,...",
+                   help="run every spec (the baseline too) once per seed, e.g. 0,1,2; the report shows "
+                        "mean ± std over the seeds (instead of --seed)")
     p.add_argument("--out", default=None, help="result directory (default: runs/<task>-<model>)")
     p.add_argument("--resume", action="store_true", help="skip finished runs of the store, retry failed ones")
     p.add_argument("--pretrained", action="store_true", help="load timm's pretrained weights (needs the hub)")
     p.add_argument("--checkpoint", default=None, help="local weights file (.pth/.safetensors state dict)")
     p.add_argument("--num-classes", type=int, default=None,
-                   help="resize the classifier head (with a matching --checkpoint)")
+                   help="re-head the model for the data's N classes: the head of a --checkpoint with N "
+                        "classes, else a new head fitted once on the data's train/ split (linear probe)")
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N images")
     p.add_argument("--train-backbone", action="store_true",
                    help="learnable methods: train the backbone too (default: only the method's parameters)")
@@ -56,6 +63,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--detector-epochs", type=int, default=None,
                    help="det/seg: epochs of the baseline detector's default training (trained once, cached; "
                         "default: det 8, seg 4)")
+    p.add_argument("--dense-finetune", default=None, metavar="all|heads|method",
+                   help="det/seg: what fine-tunes beside a learnable method: all (default; the whole "
+                        "detector, as the papers), heads (neck and heads; backbone frozen) or method "
+                        "(the method's parameters only)")
     p.add_argument("--detector-width", default=None, choices=("full", "light"),
                    help="det/seg: the detector's neck/head widths (default: light on the embedded data, "
                         "full with --data)")
@@ -78,12 +89,26 @@ def _metrics(args: argparse.Namespace, model: str) -> tuple[str, ...]:
     return METRICS
 
 
+def _seeds(args: argparse.Namespace) -> tuple[int, ...]:
+    """``--seeds 0,1,2`` or ``--seed S`` (default 0) as the plan's seeds; both at once is an error."""
+    if args.seeds is not None and args.seed is not None:
+        raise VitbenchError(f"--seed {args.seed} and --seeds {args.seeds} were both given; use --seed S "
+                            f"for one seed or --seeds S1,S2,... for several")
+    if args.seeds is not None:
+        return parse_seeds(args.seeds)
+    return check_seeds([0 if args.seed is None else args.seed])
+
+
 def _check_methods_apply(plan: list, model) -> None:  # type: ignore[no-untyped-def]
     """Apply every method to a copy of the model now, so unsupported pairs and out-of-range
     parameters (e.g. a block index the model lacks) fail before anything runs."""
     from vitbench.engine import apply
 
-    for spec in plan[1:]:
+    checked: set[tuple[str, str]] = set()
+    for spec in plan:
+        if spec.method == BASELINE or (spec.method, spec.params_json) in checked:
+            continue  # the baseline, or the same method checked for an earlier seed
+        checked.add((spec.method, spec.params_json))
         apply(copy.deepcopy(model), spec.method, **spec.params)
 
 
@@ -95,6 +120,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.task in DENSE_TASKS:
         return run_dense(args)
+    if args.dense_finetune is not None:
+        raise VitbenchError(f"--dense-finetune applies to the dense tasks ({', '.join(DENSE_TASKS)}); "
+                            f"--task is {args.task!r}")
     model_name = args.model or DEFAULT_MODEL
     metrics = _metrics(args, model_name)
     data: Optional[str] = args.data
@@ -112,11 +140,11 @@ def run(args: argparse.Namespace) -> int:
             raise VitbenchError(f"{', '.join(learnable)} must be fine-tuned: pass --data PATH (an "
                                 f"ImageNet-style folder with a train/ split)")
         data = "fashion-mnist"
-    plan = build_plan(task=args.task, model=model_name, methods=methods, data=data,
-                      overrides=parse_param_overrides(args.param), metrics=metrics,
-                      batch_size=args.batch_size, device=args.device, seed=args.seed,
-                      checkpoint=args.checkpoint, pretrained=args.pretrained,
-                      train_backbone=args.train_backbone, train_limit=train_limit)
+    plan = build_seeded_plan(task=args.task, model=model_name, methods=methods, data=data,
+                             overrides=parse_param_overrides(args.param), metrics=metrics,
+                             batch_size=args.batch_size, device=args.device, seeds=_seeds(args),
+                             checkpoint=args.checkpoint, pretrained=args.pretrained,
+                             train_backbone=args.train_backbone, train_limit=train_limit)
     if args.device == "cuda":
         import torch
 
@@ -137,12 +165,18 @@ def run(args: argparse.Namespace) -> int:
     if any(m in metrics for m in DATA_METRICS) or learnable:
         from vitbench.tasks.cls.data import resolve_cls_data
 
-        cls_data = resolve_cls_data(data, model)
+        cls_data = resolve_cls_data(data, model)  # a head of another class count is refused here
     out = Path(args.out or Path("runs") / f"{args.task}-{model_name}")
     out.mkdir(parents=True, exist_ok=True)
+    head = None
+    if cls_data is not None and getattr(model, "vitbench_new_head", False):
+        from vitbench.tasks.cls.head import fitted_head  # --num-classes N: a new head, fitted once
+
+        head = fitted_head(model, cls_data, out / "checkpoints", model_name=model_name, limit=train_limit,
+                           device=args.device, progress=say.note).record()
     store = ResultStore(out)
     ws = Workspace(model=model, input_size=input_size_of(model), data=cls_data, work_dir=out / "work",
-                   eval_limit=args.limit, checkpoint_dir=out / "checkpoints", resume=args.resume)
+                   eval_limit=args.limit, checkpoint_dir=out / "checkpoints", resume=args.resume, head=head)
     env = environment(args.device)
     records = execute_plan(plan, ws, store, resume=args.resume, env=env, progress=say.step)
     md, png = write_report(store.records(), out / "report.md", command=env["command"])
@@ -174,23 +208,24 @@ def run_dense(args: argparse.Namespace) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if not methods:
         raise VitbenchError("--methods is empty; see `vitbench list methods`")
+    protocol = _dense_protocol(args)
     epochs = DEFAULT_EPOCHS[args.task] if args.detector_epochs is None else args.detector_epochs
     if epochs < 1:
         raise VitbenchError(f"--detector-epochs {epochs} is out of range; it must be >= 1")
     if args.limit is not None and args.limit < 1:
         raise VitbenchError(f"--limit {args.limit} is out of range; it must be >= 1")
-    plan = build_plan(task=args.task, model=model_name, methods=methods, data=args.data or SHAPES,
-                      overrides=parse_param_overrides(args.param), metrics=metrics,
-                      batch_size=args.batch_size, device=args.device, seed=args.seed,
-                      checkpoint=args.checkpoint, pretrained=args.pretrained,
-                      train_backbone=args.train_backbone, train_limit=args.train_limit)
+    plan = build_seeded_plan(task=args.task, model=model_name, methods=methods, data=args.data or SHAPES,
+                             overrides=parse_param_overrides(args.param), metrics=metrics,
+                             batch_size=args.batch_size, device=args.device, seeds=_seeds(args),
+                             checkpoint=args.checkpoint, pretrained=args.pretrained,
+                             train_limit=args.train_limit, dense_finetune=protocol)
     say = _Progress()
     check_model_name(model_name)  # before the data: the default set takes seconds to generate
     data = resolve_det_data(args.data)
     say.note(f"data {data.name}: {data.num_classes} classes ({', '.join(data.classes[:8])}"
              f"{', ...' if data.num_classes > 8 else ''}); loading backbone {model_name}")
     model = load_backbone(model_name, data.num_classes, data.input_size, pretrained=args.pretrained,
-                          checkpoint=args.checkpoint, seed=args.seed)
+                          checkpoint=args.checkpoint, seed=plan[0].seed)
     get_host().family_of(model)
     _check_methods_apply(plan, model)
     out = Path(args.out or Path("runs") / f"{args.task}-{model_name}")
@@ -205,6 +240,19 @@ def run_dense(args: argparse.Namespace) -> int:
     md, png = write_report(store.records(), out / "report.md", command=env["command"])
     _print_summary(records, md, png)
     return 0 if all(r["status"] in ("ok", "skipped") for r in records) else 1
+
+
+def _dense_protocol(args: argparse.Namespace) -> str:
+    """``--dense-finetune`` checked (``--train-backbone`` on det/seg is ``all``)."""
+    from vitbench.tasks.det.protocol import DEFAULT_PROTOCOL, check_protocol
+
+    protocol = check_protocol(args.dense_finetune) if args.dense_finetune is not None else None
+    if args.train_backbone:
+        if protocol not in (None, "all"):
+            raise VitbenchError(f"--train-backbone trains every detector weight (--dense-finetune all); "
+                                f"it contradicts --dense-finetune {protocol}")
+        protocol = "all"
+    return protocol or DEFAULT_PROTOCOL
 
 
 class _Progress:

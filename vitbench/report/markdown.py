@@ -10,8 +10,9 @@ import shlex
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from vitbench.report.doubts import row_doubts, timing_notes
 from vitbench.report.tables import (
-    comparison_table, group_records, groups, metric, ok_rows, pick_baseline, row_labels,
+    comparison_table, group_records, groups, metric, ok_rows, row_labels,
 )
 from vitbench.results.store import latest_records
 
@@ -44,6 +45,16 @@ METHODOLOGY = (
 )
 
 
+SEEDS_NOTE = (
+    "Seeds: a row holds the runs that differ only by their seed (column Seeds, n runs). Accuracy, "
+    "mAP and IB cells are the mean ± sample standard deviation over those seeds, and their deltas "
+    "are against the baseline's mean; GMACs and parameters are means; throughput, latency, "
+    "speed-up and efficiency are the median over seeds of the per-seed values, speed-up and "
+    "efficiency each taken against the baseline of the same seed. The per-seed values are in "
+    "runs.jsonl."
+)
+
+
 def _training_line(rec: Mapping[str, Any]) -> str:
     """``1 epoch(s) on 10000 training images, 95 s, 12,345 trainable parameters (backbone frozen)``."""
     if rec.get("trained") == "checkpoint":
@@ -54,8 +65,11 @@ def _training_line(rec: Mapping[str, Any]) -> str:
                 f"({float(rec.get('train_s') or 0):.0f} s)")
     parts = [f"{s.get('name')}: {s.get('epochs')} epoch(s), {s.get('iters')} iterations" for s in stages]
     frozen = "backbone trained" if "backbone trained" in str(rec.get("label")) else "backbone frozen"
+    if rec.get("dense_finetune"):  # det/seg: the dense fine-tuning protocol says what trained
+        frozen = _dense_protocol(rec["dense_finetune"])
+    per_seed = f" per seed (time: mean over {rec['n_seeds']} seeds)" if int(rec.get("n_seeds") or 1) > 1 else ""
     return (f"{'; '.join(parts)} on {rec.get('train_images')} training images in "
-            f"{float(rec.get('train_s') or 0):.0f} s, {int(rec.get('trainable_params') or 0):,} "
+            f"{float(rec.get('train_s') or 0):.0f} s{per_seed}, {int(rec.get('trainable_params') or 0):,} "
             f"trainable parameters ({frozen})")
 
 
@@ -116,7 +130,7 @@ def _chance_warnings(records: list[Mapping[str, Any]]) -> list[str]:
     """A baseline near chance accuracy usually means a wrong data layout, not a bad model."""
     out = []
     for task, model in groups(records):
-        base = pick_baseline(group_records(records, task, model))
+        _, base = ok_rows(records, task, model)
         top1, n = metric(base, "top1_pct"), metric(base, "num_classes")
         if top1 is None or not n or n <= 0:
             continue
@@ -131,6 +145,17 @@ def _chance_warnings(records: list[Mapping[str, Any]]) -> list[str]:
 
 def _escape_cell(s: Any) -> str:
     return str(s).replace("|", "\\|")
+
+
+def _head_lines(rows: list[Mapping[str, Any]]) -> list[str]:
+    """cls with ``--num-classes``: the classifier head every row shares was fitted by vitbench."""
+    head = next((r.get("head") for r in rows if r.get("head")), None)
+    if not head:
+        return []
+    return [f"Classifier head: a new {head.get('num_classes')}-way head, fitted once by a "
+            f"{head.get('method', 'linear probe')} on {head.get('train_images')} training images of "
+            f"{head.get('data')} (train top-1 {float(head.get('train_top1_pct') or 0):.2f} %); the baseline "
+            f"and every method start from it (saved as {head.get('checkpoint_path')}).", ""]
 
 
 def _detector_lines(rows: list[Mapping[str, Any]]) -> list[str]:
@@ -150,9 +175,20 @@ def _detector_lines(rows: list[Mapping[str, Any]]) -> list[str]:
                    f"({train.get('iters', '?')} iterations on {train.get('images', '?')} images, batch "
                    f"{train.get('batch_size', '?')}, AdamW lr {train.get('lr', '?')}, "
                    f"{float(train.get('seconds', 0)):.0f} s); every method is applied to its backbone.")
+    protocols = _distinct(_dense_protocol(r.get("dense_finetune")) for r in rows if r.get("trained"))
+    if protocols:
+        out.append(f"Learnable methods are fine-tuned on the detection loss inside it, dense fine-tuning "
+                   f"protocol {_joined(protocols)}.")
     notes = _distinct((r.get("detector_training") or {}).get("provenance") for r in rows)
     out += [f"Note on the trained detector: {n}." for n in notes]
     return [" ".join(out), ""]
+
+
+def _dense_protocol(settings: Any) -> str:
+    """det/seg: the recorded dense fine-tuning protocol in words."""
+    from vitbench.tasks.det.protocol import describe
+
+    return describe(settings)
 
 
 def _group_section(records: list[Mapping[str, Any]], task: str, model: str) -> list[str]:
@@ -167,6 +203,10 @@ def _group_section(records: list[Mapping[str, Any]], task: str, model: str) -> l
         lines += [df.to_markdown(index=False, disable_numparse=True, colalign=align), ""]
         if base is None:
             lines += ["No successful baseline in this group: deltas and speed-ups are n/a.", ""]
+        lines += timing_notes(row_labels(rows), [row_doubts(r, base) for r in rows])
+        if any(int(r.get("n_seeds") or 1) > 1 for r in rows):
+            lines += [SEEDS_NOTE, ""]
+        lines += _head_lines(rows)
         lines += _detector_lines(rows)
         kernels = [(lab, r.get("attention_kernel")) for lab, r in zip(row_labels(rows), rows)]
         known = [(lab, k) for lab, k in kernels if k]
@@ -185,7 +225,9 @@ def _group_section(records: list[Mapping[str, Any]], task: str, model: str) -> l
         bad = [r for r in recs if r.get("status") == status]
         if bad:
             lines += [f"{title}:", ""]
+            several = len({r.get("seed") for r in recs}) > 1
             for lab, r in zip(row_labels(bad), bad):
+                lab = f"{lab} [seed={r.get('seed')}]" if several and "[seed=" not in lab else lab
                 lines.append(f"- {lab}: {_one_line(r.get('error') or default)}")
             lines.append("")
     return lines

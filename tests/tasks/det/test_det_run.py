@@ -171,6 +171,7 @@ def test_run_dense_spec_records(backbone_factory, det_data, tmp_path):
     assert tome["params_m"] == base["params_m"] < ltm["params_m"]  # LTM's own parameters
     assert "trained" not in base and "trained" not in tome
     assert ltm["trained"] == "fine-tuned" and ltm["train_stages"][0]["images"] == 4
+    assert ltm["dense_finetune"]["protocol"] == "all"  # the default: the whole detector fine-tunes
     assert list((tmp_path / "cache").glob("det-mobilevit_xs-*.pth"))
 
 

@@ -3,7 +3,9 @@ learnable method on the detection loss, measure (issue 4; docs/measuring.md).
 
 The protocol mirrors ``cls``: the *baseline detector* is trained once (:func:`trained_weights`,
 cached on disk) and every method is applied to its backbone -- training-free methods are
-evaluated as they are, learnable ones fine-tune their own parameters first. Measured per run:
+evaluated as they are, learnable ones are fine-tuned first on the detection loss with the
+detector weights of the dense fine-tuning protocol (:mod:`vitbench.tasks.det.protocol`; by
+default the whole detector, as the papers do). Measured per run:
 box (and mask) mAP/AP50/AP75 with CocoMetric; GMACs of the whole detector and of the backbone
 alone at the detector's input size, on the first validation images; parameters; throughput,
 latency and peak memory of the detector's tensor forward (backbone, neck and heads; without
@@ -163,6 +165,7 @@ def run_dense_spec(spec: Any, ws: DenseWorkspace, baseline: Optional[dict], prog
     """Everything one det/seg spec measures (raises on failure; the executor records it)."""
     from vitbench.plan import BASELINE
     from vitbench.tasks.det.evaluate import evaluate_detector, first_val_images
+    from vitbench.tasks.det.protocol import DEFAULT_PROTOCOL, dense_finetune_for
     from vitbench.tasks.det.train import finetune_method
 
     weights = trained_weights(ws, spec.seed, progress)
@@ -176,7 +179,8 @@ def run_dense_spec(spec: Any, ws: DenseWorkspace, baseline: Optional[dict], prog
     load_detector_weights(detector, weights)
     ctx = reduction_context(backbone)
     if ctx is not None and ctx.reduction is not None and ctx.reduction.train:
-        out.update(finetune_method(detector, backbone, ws.data, masks=ws.masks, train_backbone=spec.train_backbone,
+        settings = dense_finetune_for(ws.task, spec.dense_finetune or DEFAULT_PROTOCOL)
+        out.update(finetune_method(detector, backbone, ws.data, masks=ws.masks, settings=settings,
                                    limit=spec.train_limit, device=spec.device, seed=spec.seed,
                                    verbose=ws.verbose_training, progress=progress,
                                    work_dir=ws.work_dir / spec.spec_id / "train" if ws.work_dir else None))
@@ -203,12 +207,11 @@ def run_dense_spec(spec: Any, ws: DenseWorkspace, baseline: Optional[dict], prog
         progress(f"timing throughput (batch {spec.batch_size})")
         tp = measure.measure_throughput(forward, spec.batch_size, ws.input_size, device=spec.device,
                                         repeats=ws.throughput_repeats)
-        out.update(throughput_img_s=tp.median_img_s, throughput_spread_img_s=tp.spread_img_s,
-                   throughput_repeats=tp.repeats)
+        out.update(tp.fields())  # median, spread and the load/cores/threads it ran under
     if "latency" in spec.metrics:
         progress("timing latency (batch 1)")
         lat = measure.measure_latency(forward, ws.input_size, device=spec.device, repeats=ws.latency_repeats)
-        out.update(latency_ms=lat.median_ms, latency_spread_ms=lat.spread_ms)
+        out.update(lat.fields())
     if "memory" in spec.metrics:
         progress("measuring peak memory")
         out["peak_mem_mb"] = measure.measure_peak_memory(forward, spec.batch_size, ws.input_size, device=spec.device)

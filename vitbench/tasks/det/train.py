@@ -6,8 +6,9 @@
   (task, model, data, schedule) and caches the weights.
 - :func:`finetune_method`: a learnable method's stages (:class:`~vitbench.catalog.TrainStage`)
   on the detection loss instead of cross-entropy. The same rules as the cls loop
-  (:mod:`vitbench.train.finetune`): only the method's parameters train unless
-  ``train_backbone``; arch/weight alternation; the stage's callbacks. What a method that needs
+  (:mod:`vitbench.train.finetune`) -- arch/weight alternation, the stage's callbacks -- with
+  the detector weights the dense fine-tuning protocol names (:mod:`vitbench.tasks.det.protocol`:
+  ``all``, ``heads`` or ``method``) training beside the method's parameters. What a method that needs
   image labels (LTM's IB step, DCS's IB bound) gets as the label of a detection image: the
   class of its largest object (a documented choice: the IB terms are defined for image
   classes, docs/methods.md §6, and the largest object is what the image is "of").
@@ -29,6 +30,7 @@ from torch import nn
 from vitbench.engine.block import reduction_context
 from vitbench.errors import VitbenchError
 from vitbench.tasks.det.data import DetData
+from vitbench.tasks.det.protocol import DenseFinetune, detector_parameters, stage_for
 
 __all__ = ["DetMethodTrainer", "dominant_labels", "finetune_method", "train_detector"]
 
@@ -75,6 +77,7 @@ def train_detector(detector: nn.Module, data: DetData, *, masks: bool, epochs: i
     from mmengine.runner import Runner
 
     from vitbench.mm.runner import release, runner_kwargs, work_dir_or_temp
+    from vitbench.train.finetune import FiniteLossHook
 
     if epochs < 1 or batch_size < 2:
         raise VitbenchError(f"detector training needs epochs >= 1 and batch size >= 2 (BatchNorm in the "
@@ -89,7 +92,8 @@ def train_detector(detector: nn.Module, data: DetData, *, masks: bool, epochs: i
                            "clip_grad": {"max_norm": 10.0}},
             param_scheduler=[{"type": "CosineAnnealingLR", "by_epoch": True, "T_max": epochs,
                               "convert_to_iter_based": True, "eta_min_ratio": 0.01}],
-            custom_hooks=[_progress_hook("vitbench: detector training: ", verbose)],
+            custom_hooks=[_progress_hook("vitbench: detector training: ", verbose),
+                          FiniteLossHook("detector training", "default training")],
         ))
         try:
             runner.model.to(torch.device(device))
@@ -133,7 +137,8 @@ class DetMethodTrainer(BaseModel):
         return self.detector(inputs, data_samples, mode=mode)
 
     def train_step(self, data: Any, optim_wrapper: OptimWrapper) -> dict[str, torch.Tensor]:
-        from vitbench.train.finetune import step_wrapper
+        from vitbench.guards import check_losses
+        from vitbench.train.finetune import guarded_update, step_wrapper, trainer_position
 
         data = self.data_preprocessor(data, True)
         inputs, samples = data["inputs"], data["data_samples"]
@@ -151,8 +156,10 @@ class DetMethodTrainer(BaseModel):
             loss = loss + extra
             log_vars["extra"] = extra.detach()
         log_vars["loss"] = loss.detach()
+        who, where = ctx.method, trainer_position(self, self.stage)
+        check_losses(log_vars, who, where)  # each detection loss term, and the method's extra
         optim_wrapper.zero_grad()
-        wrapper.update_params(loss)
+        guarded_update(wrapper, loss, self.detector, who, where)
         self.steps += 1
         for callback in self.stage.after_step:
             callback(self.backbone)
@@ -178,13 +185,15 @@ def _image_batches(detector: nn.Module, data: DetData, masks: bool, limit: Optio
 
 
 def finetune_method(detector: nn.Module, backbone: nn.Module, data: DetData, *, masks: bool,
-                    train_backbone: bool = False, limit: Optional[int] = None, device: str = "cpu",
+                    settings: Optional[DenseFinetune] = None, limit: Optional[int] = None, device: str = "cpu",
                     seed: int = 0, work_dir: str | Path | None = None, verbose: bool = False,
                     progress: Optional[Callable[[str], None]] = None) -> dict[str, Any]:
     """Run the training stages of the method ``backbone`` was reduced with, inside ``detector``.
 
-    Trained: the method's parameters (``train_backbone``: every detector weight). Returns what
-    was done, as :func:`vitbench.train.finetune.finetune` does for cls.
+    Trained: the method's parameters plus the detector weights of the dense fine-tuning
+    protocol ``settings`` (:mod:`vitbench.tasks.det.protocol`; ``None``: ``method``, the
+    method's parameters alone -- the CLI's default is ``all``). Returns what was done, as
+    :func:`vitbench.train.finetune.finetune` does for cls, plus ``dense_finetune``.
     """
     from vitbench.mm.runner import work_dir_or_temp
     from vitbench.train.finetune import (
@@ -203,13 +212,15 @@ def finetune_method(detector: nn.Module, backbone: nn.Module, data: DetData, *, 
     stages_done: list[dict[str, Any]] = []
     start = time.perf_counter()
     trainable = 0
+    settings = settings or DenseFinetune("method")
+    stages = list(ctx.reduction.train)
+    last = max((i for i, s in enumerate(stages) if s.epochs > 0), default=-1)
     try:
-        for stage in ctx.reduction.train:
+        for i, stage in enumerate(stages):
             _check_stage(ctx.method, stage)
-            params = trainable_parameters(backbone, stage, train_backbone)
-            if train_backbone:
-                params.update({f"detector.{n}": p for n, p in detector.named_parameters()
-                               if not n.startswith("backbone.model.")})
+            stage = stage_for(stage, settings, last=i == last)
+            params = trainable_parameters(backbone, stage, False)
+            params.update(detector_parameters(detector, settings.protocol))
             if not params:
                 raise VitbenchError(f"{ctx.method}: training stage {stage.name!r} has no trainable parameters")
             chosen = {id(p) for p in params.values()}
@@ -218,7 +229,8 @@ def finetune_method(detector: nn.Module, backbone: nn.Module, data: DetData, *, 
             trainable = max(trainable, sum(p.numel() for p in params.values()))
             if progress:
                 progress(f"fine-tuning stage {stage.name!r} on the detection loss: {stage.epochs} epoch(s), "
-                         f"{sum(p.numel() for p in params.values()):,} trainable parameters")
+                         f"{sum(p.numel() for p in params.values()):,} trainable parameters "
+                         f"(dense fine-tuning protocol {settings.protocol!r})")
             hook = StageHook(stage, backbone, batches)
             stage_start = time.perf_counter()
             if stage.epochs == 0:
@@ -242,5 +254,5 @@ def finetune_method(detector: nn.Module, backbone: nn.Module, data: DetData, *, 
         ctx.labels = None
     detector.eval()
     return {"trained": "fine-tuned", "train_s": round(time.perf_counter() - start, 2),
-            "trainable_params": trainable, "train_stages": stages_done,
+            "trainable_params": trainable, "train_stages": stages_done, "dense_finetune": settings.record(),
             "train_images": max((s.get("images", 0) for s in stages_done), default=0)}

@@ -1,0 +1,136 @@
+"""The dense fine-tuning protocol: what trains while a learnable method is fine-tuned inside a
+trained detector (issue 9, item 3).
+
+A reducing backbone changes the maps the detector's neck and heads see (LTM on MobileViT
+merges each sequence's tokens to a smaller grid, docs/methods.md §5: the later conv stages run
+on smaller maps). The papers therefore fine-tune the *whole detector* with the reducing
+backbone (IBTM/LTM and DCS on MobileViT/EfficientViT detectors, as their classifiers are
+fine-tuned end to end), not the method's parameters alone. The protocols:
+
+- ``all`` (the default, the papers' setup): the method's parameters and every detector weight
+  -- backbone, neck, heads -- train jointly; BatchNorm statistics are *updated*, as in the
+  baseline detector's default training (every layer is being trained, so its statistics
+  follow the new maps).
+- ``heads``: the method's parameters, the neck and the heads (and the backbone wrapper's own
+  layers: a plain ViT's simple pyramid); the timm backbone's weights *and* BatchNorm
+  statistics stay bitwise equal to the baseline's (frozen: the backbone is shared with the
+  baseline row), the neck's and heads' statistics are updated.
+- ``method``: only the method's parameters; every detector weight and every BatchNorm
+  statistic stays frozen (the classification protocol; what vitbench did before issue 9).
+
+When detector weights train (``all``, ``heads``), the method's *last* training stage runs for
+at least :data:`DENSE_EPOCHS` epochs (the detector needs more than one epoch to follow a
+changed backbone), and detector weights get their own learning rate :data:`DETECTOR_LR`
+(AdamW-style steps of the method's optimiser; the method's parameters keep the method's own
+learning rate -- LTM's mask logits move at 0.3, which would wreck a convolution). Earlier
+stages (DCS's search) train the same parameter set at their own epochs. Both numbers were
+chosen from measurements on the embedded shapes set (README, "Detection and instance
+segmentation").
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional
+
+from vitbench.errors import choices_error
+
+if TYPE_CHECKING:  # the report reads this module's words without importing torch
+    from torch import nn
+
+__all__ = ["DEFAULT_PROTOCOL", "DENSE_EPOCHS", "DETECTOR_LR", "PROTOCOLS", "DenseFinetune",
+           "check_protocol", "dense_finetune_for", "detector_parameters"]
+
+#: what trains besides the method: everything, neck + heads, nothing
+PROTOCOLS = ("all", "heads", "method")
+DEFAULT_PROTOCOL = "all"
+#: epochs of the method's last stage when detector weights train (at least; ``METHOD.epochs``
+#: above it wins)
+DENSE_EPOCHS = {"det": 3, "seg": 2}
+#: the detector weights' learning rate during the dense fine-tuning (cosine to 1%, as the
+#: method's schedule): a quarter of the default training's 2e-3
+DETECTOR_LR = 5e-4
+#: the name prefix of detector weights in the optimiser's parameter dict (its lr group key)
+DETECTOR_PREFIX = "detector."
+#: BatchNorm statistics per protocol (see the module docstring)
+BN_STATS = {"all": "updated", "heads": "frozen in the backbone, updated in the neck and heads",
+            "method": "frozen"}
+
+
+def check_protocol(name: str) -> str:
+    """``name`` when it is a protocol, else a clear error listing the valid ones."""
+    if name not in PROTOCOLS:
+        raise choices_error("dense fine-tuning protocol", name, PROTOCOLS)
+    return name
+
+
+@dataclass(frozen=True)
+class DenseFinetune:
+    """One run's dense fine-tuning settings (recorded as ``dense_finetune`` in its record)."""
+
+    protocol: str = DEFAULT_PROTOCOL
+    epochs: int = 0  # minimum epochs of the method's last stage (0: the method's own)
+    detector_lr: float = DETECTOR_LR
+
+    def __post_init__(self) -> None:
+        check_protocol(self.protocol)
+
+    @property
+    def trains_detector(self) -> bool:
+        return self.protocol != "method"
+
+    def record(self) -> dict[str, Any]:
+        """What the run record keeps (and the report states)."""
+        out: dict[str, Any] = {"protocol": self.protocol, "bn_stats": BN_STATS[self.protocol]}
+        if self.trains_detector:
+            out.update(min_epochs=self.epochs, detector_lr=self.detector_lr)
+        return out
+
+
+def dense_finetune_for(task: str, protocol: str) -> DenseFinetune:
+    """The default settings of ``protocol`` on ``task`` (``det`` or ``seg``)."""
+    check_protocol(protocol)
+    if protocol == "method":
+        return DenseFinetune("method", epochs=0)
+    return DenseFinetune(protocol, epochs=DENSE_EPOCHS[task], detector_lr=DETECTOR_LR)
+
+
+def detector_parameters(detector: "nn.Module", protocol: str) -> dict[str, "nn.Parameter"]:
+    """The detector weights ``protocol`` trains besides the method's own parameters, keyed
+    ``detector.<name>`` (never a method parameter: those are the stage's to choose)."""
+    check_protocol(protocol)
+    out: dict[str, "nn.Parameter"] = {}
+    if protocol == "method":
+        return out
+    for name, p in detector.named_parameters():
+        if ".reducer." in f".{name}":
+            continue
+        if protocol == "heads" and name.startswith("backbone.model."):
+            continue
+        out[f"{DETECTOR_PREFIX}{name}"] = p
+    return out
+
+
+def stage_for(stage: Any, settings: DenseFinetune, last: bool) -> Any:
+    """``stage`` as the dense fine-tuning runs it: detector weights at their own learning rate
+    (first lr group), and the last stage for at least ``settings.epochs`` epochs."""
+    if not settings.trains_detector:
+        return stage
+    epochs = max(stage.epochs, settings.epochs) if last and stage.epochs > 0 else stage.epochs
+    return dataclasses.replace(stage, epochs=epochs,
+                               lr_groups=((DETECTOR_PREFIX, settings.detector_lr), *stage.lr_groups))
+
+
+def describe(settings: Optional[dict[str, Any]]) -> str:
+    """The report's words for a recorded ``dense_finetune``."""
+    if not settings:
+        return "method parameters only (detector frozen)"
+    protocol = settings.get("protocol")
+    what = {"all": "method parameters + every detector weight (backbone, neck, heads)",
+            "heads": "method parameters + neck and heads (backbone frozen)",
+            "method": "method parameters only (detector frozen)"}.get(str(protocol), str(protocol))
+    out = f"`{protocol}`: {what}; BatchNorm statistics {settings.get('bn_stats', 'n/a')}"
+    if protocol != "method" and settings.get("detector_lr") is not None:
+        out += (f"; detector weights at lr {settings['detector_lr']:g}, the method's last stage "
+                f"at least {settings.get('min_epochs')} epoch(s)")
+    return out
