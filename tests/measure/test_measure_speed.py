@@ -113,3 +113,41 @@ def test_model_on_another_device_is_refused() -> None:
 def test_cuda_without_cuda_is_a_clear_error() -> None:
     with pytest.raises(VitbenchError, match="CUDA is not available"):
         measure_latency(Probe(), input_size=(1, 2, 2), device="cuda")
+
+
+def test_timings_record_load_before_and_after_cores_and_threads(monkeypatch) -> None:
+    import os
+
+    import vitbench.measure.speed as speed
+
+    loads = iter([(3.0, 1.0, 1.0), (5.0, 2.0, 1.0), (0.2, 0.1, 0.1), (0.3, 0.1, 0.1)])
+    monkeypatch.setattr(os, "getloadavg", lambda: next(loads))
+    monkeypatch.setattr(speed, "usable_cores", lambda: 2)
+    probe = Probe()
+    busy = measure_throughput(probe, batch_size=2, input_size=(1, 2, 2), warmup=0, repeats=3)
+    assert (busy.load_before, busy.load_after, busy.cores) == (3.0, 5.0, 2)
+    assert busy.threads == torch.get_num_threads()
+    fields = busy.fields()
+    assert fields["throughput_img_s"] == busy.median_img_s
+    assert (fields["throughput_load_before"], fields["throughput_load_after"]) == (3.0, 5.0)
+    assert (fields["throughput_cores"], fields["throughput_threads"]) == (2, torch.get_num_threads())
+    assert fields["throughput_spread_ratio"] == busy.spread_img_s / busy.median_img_s
+    assert fields["throughput_flagged"] is True
+    assert "load average 3.00/5.00 before/after above 2 cores + 0.5" in fields["throughput_flag_reason"]
+
+    idle = measure_latency(probe, input_size=(1, 2, 2), warmup=0, repeats=3).fields()
+    assert (idle["latency_load_before"], idle["latency_load_after"]) == (0.2, 0.3)
+    assert "load" not in (idle["latency_flag_reason"] or "")  # the spread alone may still flag it
+    assert idle["latency_flagged"] is (idle["latency_flag_reason"] is not None)
+
+
+def test_no_load_average_is_recorded_as_unknown(monkeypatch) -> None:
+    import os
+
+    def unavailable():
+        raise OSError("no /proc/loadavg")
+
+    monkeypatch.setattr(os, "getloadavg", unavailable)
+    result = measure_latency(Probe(), input_size=(1, 2, 2), warmup=0, repeats=2)
+    assert (result.load_before, result.load_after) == (None, None)
+    assert "load" not in (result.doubt or "")

@@ -126,13 +126,16 @@ def test_method_labels(make_record):
     ppt = make_record("a", "ppt", {"r": 0.5, "adaptive": True, "blocks": [3, 6]})
     assert method_label(ppt) == "ppt (r=0.5, adaptive=true, blocks=3,6)"
     assert method_label(make_record("a", "baseline")) == "baseline"
-    # the same method and params with several seeds: rows stay distinguishable
+    # the same method and params on another data set (a store holding both): rows stay apart
     recs = [make_record("b", "baseline"), make_record("t0", "tome", {"r": 4}),
             make_record("t1", "tome", {"r": 4})]
-    recs[2]["seed"] = 1
+    recs[2]["seed"], recs[2]["data"] = 1, "other-folder"
     assert list(comparison_table(recs, *CLS)["Method"]) == [
         "baseline", "tome (r=4) [seed=0]", "tome (r=4) [seed=1]",
     ]
+    # differing only by seed: one row (tests/report/test_report_seeds.py)
+    recs[2]["data"] = recs[1]["data"]
+    assert list(comparison_table(recs, *CLS)["Method"]) == ["baseline", "tome (r=4)"]
 
 
 def test_gmacs_keep_three_significant_figures_on_small_models():

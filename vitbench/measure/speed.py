@@ -17,13 +17,26 @@ Choices, and why:
   cheap and cuDNN/allocator warm-up matters more, the default is ``max(10, ceil(repeats/4))``.
 - The model is not moved: it must already be on ``device`` (a clear error says so otherwise).
 - Inputs use the model's floating-point dtype, so a half-precision model is timed in half.
-- Threads are whatever ``torch.get_num_threads()`` says; the caller records it.
+- Threads are whatever ``torch.get_num_threads()`` says; the result records it, with the
+  usable CPU cores and the 1-minute load average (``os.getloadavg()``) read just before the
+  first warm-up forward and just after the last timed one.
+
+When a timing is not to be trusted (docs/measuring.md, "Honest timings"): its interquartile
+spread exceeds :data:`SPREAD_LIMIT` of its median, or the machine's 1-minute load average
+before or after exceeded the usable cores plus :data:`LOAD_MARGIN` (more runnable threads
+than cores: the forward shared the CPU with other work). The load average is system-wide
+(in a container, usually the host's), so our own threads count in it; ``cores + margin``
+rather than ``threads + margin`` is the limit because a forward on fewer threads than cores
+is not slowed by other work on the idle cores. :func:`timing_doubt` says why in words; the
+report marks such a cell and quotes the reason under its table.
 """
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -41,28 +54,136 @@ from vitbench.measure._common import (
     synchronize,
 )
 
-__all__ = ["LatencyResult", "ThroughputResult", "default_warmup", "measure_latency", "measure_throughput"]
+__all__ = [
+    "LOAD_MARGIN", "SPREAD_LIMIT", "LatencyResult", "MachineLoad", "ThroughputResult", "default_warmup",
+    "machine_load", "measure_latency", "measure_throughput", "timing_doubt",
+]
+
+#: a timing whose interquartile spread over repeats exceeds this fraction of its median is
+#: marked in reports (docs/measuring.md, "Honest timings")
+SPREAD_LIMIT = 0.10
+#: a timing taken while the 1-minute load average exceeded the usable cores plus this margin
+#: (before or after) is marked in reports: other work held the CPU
+LOAD_MARGIN = 0.5
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
 
 
 @dataclass(frozen=True)
-class ThroughputResult:
-    """Images per second of the forward at ``batch_size``: median and IQR over ``repeats``."""
+class MachineLoad:
+    """The 1-minute load average (None where the OS has none), usable cores and torch threads."""
+
+    load_1min: Optional[float]
+    cores: int
+    threads: int
+
+
+def machine_load() -> MachineLoad:
+    """Read the load average, cores and torch threads now."""
+    try:
+        load: Optional[float] = float(os.getloadavg()[0])
+    except (AttributeError, OSError):  # Windows; an unreadable /proc/loadavg
+        load = None
+    return MachineLoad(load, usable_cores(), torch.get_num_threads())
+
+
+def timing_doubt(median: Optional[float], spread: Optional[float], load_before: Optional[float],
+                 load_after: Optional[float], cores: Optional[int]) -> Optional[str]:
+    """Why a timing is not to be trusted, in words, or None when it is (see the module
+    docstring: spread above :data:`SPREAD_LIMIT` of the median, or load above cores +
+    :data:`LOAD_MARGIN`). Missing facts (an old record) are not held against the timing."""
+    reasons = []
+    if median and spread is not None and spread / median > SPREAD_LIMIT:
+        reasons.append(f"spread {100 * spread / median:.1f} % of the median "
+                       f"(limit {100 * SPREAD_LIMIT:.0f} %)")
+    loads = [x for x in (load_before, load_after) if x is not None]
+    if cores and loads and max(loads) > cores + LOAD_MARGIN:
+        shown = "/".join("n/a" if x is None else f"{x:.2f}" for x in (load_before, load_after))
+        reasons.append(f"load average {shown} before/after above {cores} cores + {LOAD_MARGIN:g}")
+    return "; ".join(reasons) or None
+
+
+class _TimingFacts:
+    """What a timing ran under (``load_before``, ``load_after``, ``cores``, ``threads`` fields of
+    the result), kept in the record: the raw facts behind a report's mark."""
+
+    load_before: Optional[float]
+    load_after: Optional[float]
+    cores: int
+    threads: int
+
+    def _median_spread(self) -> tuple[float, float]:
+        raise NotImplementedError
+
+    @property
+    def doubt(self) -> Optional[str]:
+        """Why this timing is not to be trusted (:func:`timing_doubt`), or None."""
+        return timing_doubt(*self._median_spread(), self.load_before, self.load_after, self.cores)
+
+    def record_fields(self, prefix: str) -> dict[str, Any]:
+        median, spread = self._median_spread()
+        doubt = self.doubt
+        return {
+            f"{prefix}_load_before": self.load_before, f"{prefix}_load_after": self.load_after,
+            f"{prefix}_cores": self.cores, f"{prefix}_threads": self.threads,
+            f"{prefix}_spread_ratio": spread / median if median else None,
+            f"{prefix}_flagged": doubt is not None, f"{prefix}_flag_reason": doubt,
+        }
+
+
+@dataclass(frozen=True)
+class ThroughputResult(_TimingFacts):
+    """Images per second of the forward at ``batch_size``: median and IQR over ``repeats``,
+    and the machine's load before/after, cores and threads."""
 
     median_img_s: float
     spread_img_s: float
     batch_size: int
     repeats: int
     warmup: int
+    load_before: Optional[float] = None
+    load_after: Optional[float] = None
+    cores: int = 0
+    threads: int = 0
+
+    def _median_spread(self) -> tuple[float, float]:
+        return self.median_img_s, self.spread_img_s
+
+    def fields(self) -> dict[str, Any]:
+        """The record fields (``throughput_*``): median, spread, repeats and the raw facts."""
+        return {"throughput_img_s": self.median_img_s, "throughput_spread_img_s": self.spread_img_s,
+                "throughput_repeats": self.repeats,
+                **self.record_fields("throughput")}
 
 
 @dataclass(frozen=True)
-class LatencyResult:
-    """Milliseconds per forward at batch 1: median and IQR over ``repeats``."""
+class LatencyResult(_TimingFacts):
+    """Milliseconds per forward at batch 1: median and IQR over ``repeats``, and the machine's
+    load before/after, cores and threads."""
 
     median_ms: float
     spread_ms: float
     repeats: int
     warmup: int
+    load_before: Optional[float] = None
+    load_after: Optional[float] = None
+    cores: int = 0
+    threads: int = 0
+
+    def _median_spread(self) -> tuple[float, float]:
+        return self.median_ms, self.spread_ms
+
+    def fields(self) -> dict[str, Any]:
+        """The record fields (``latency_*``): median, spread, repeats and the raw facts."""
+        return {"latency_ms": self.median_ms, "latency_spread_ms": self.spread_ms,
+                "latency_repeats": self.repeats,
+                **self.record_fields("latency")}
 
 
 def default_warmup(repeats: int, device: str | torch.device = "cpu") -> int:
@@ -74,8 +195,9 @@ def default_warmup(repeats: int, device: str | torch.device = "cpu") -> int:
 def _time_forwards(
     model: nn.Module, batch_size: int, input_size: tuple[int, int, int], device: str | torch.device,
     warmup: int | None, repeats: int,
-) -> tuple[list[float], int]:
-    """Seconds of each of ``repeats`` timed forwards (after warm-up), and the warm-up used."""
+) -> tuple[list[float], int, MachineLoad, MachineLoad]:
+    """Seconds of each of ``repeats`` timed forwards (after warm-up), the warm-up used, and the
+    machine's load just before the warm-up and just after the last repeat."""
     check_model(model)
     check_int("batch_size", batch_size, 1)
     size = check_input_size(input_size)
@@ -87,6 +209,7 @@ def _time_forwards(
     x = random_images(batch_size, size, dtype=dtype, device=dev)
 
     seconds: list[float] = []
+    before = machine_load()
     with eval_mode(model), torch.inference_mode():
         for _ in range(warmup):
             model(x)
@@ -96,7 +219,12 @@ def _time_forwards(
             model(x)
             synchronize(dev)
             seconds.append(time.perf_counter() - start)
-    return seconds, warmup
+    return seconds, warmup, before, machine_load()
+
+
+def _facts(before: MachineLoad, after: MachineLoad) -> dict[str, Any]:
+    return {"load_before": before.load_1min, "load_after": after.load_1min, "cores": before.cores,
+            "threads": before.threads}
 
 
 def measure_throughput(
@@ -108,10 +236,11 @@ def measure_throughput(
     ``warmup=None`` uses :func:`default_warmup`. Raises ParamError for ``batch_size < 1``,
     ``repeats < 1``, ``warmup < 0``, a bad ``input_size``, or a model on another device.
     """
-    seconds, used_warmup = _time_forwards(model, batch_size, input_size, device, warmup, repeats)
+    seconds, used_warmup, before, after = _time_forwards(model, batch_size, input_size, device, warmup, repeats)
     img_s = [batch_size / max(s, 1e-12) for s in seconds]  # guard a 0.0 clock delta
     median, spread = median_and_iqr(img_s)
-    return ThroughputResult(median, spread, batch_size, repeats, used_warmup)
+    return ThroughputResult(median_img_s=median, spread_img_s=spread, batch_size=batch_size,
+                            repeats=repeats, warmup=used_warmup, **_facts(before, after))
 
 
 def measure_latency(
@@ -119,6 +248,7 @@ def measure_latency(
     device: str | torch.device = "cpu", warmup: int | None = None, repeats: int = 10,
 ) -> LatencyResult:
     """Forward latency at batch 1 in milliseconds (median and IQR over repeats)."""
-    seconds, used_warmup = _time_forwards(model, 1, input_size, device, warmup, repeats)
+    seconds, used_warmup, before, after = _time_forwards(model, 1, input_size, device, warmup, repeats)
     median, spread = median_and_iqr([s * 1e3 for s in seconds])
-    return LatencyResult(median, spread, repeats, used_warmup)
+    return LatencyResult(median_ms=median, spread_ms=spread, repeats=repeats, warmup=used_warmup,
+                         **_facts(before, after))

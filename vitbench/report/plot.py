@@ -37,7 +37,8 @@ def _panel(ax: Axes, rows: list[Mapping[str, Any]], labels: list[str], base: Any
             continue
         is_base = rec is base
         ax.errorbar(
-            x, y, xerr=metric(rec, xerr_key) or None, fmt="*" if is_base else "o",
+            x, y, xerr=metric(rec, xerr_key) or None, yerr=metric(rec, f"{y_key}_seed_std") or None,
+            fmt="*" if is_base else "o",
             markersize=12 if is_base else 7, capsize=3,
             color="black" if is_base else f"C{i % 10}",  # a row has one colour in both panels
         )
@@ -53,7 +54,8 @@ def plot_accuracy_vs_gmacs(
     records: Iterable[Mapping[str, Any]], path_png: str | os.PathLike[str]
 ) -> Path:
     """Write the PNG to ``path_png`` (atomically) and return its path. Detection and
-    segmentation plot box mAP; the baseline is the black star."""
+    segmentation plot box mAP; the baseline is the black star. Runs over several seeds are one
+    point at their means, with the seeds' standard deviation as the vertical error bar."""
     records = list(records)
     pairs = groups(records) or [("cls", "(no runs)")]
     fig = Figure(figsize=(12, 4.5 * len(pairs)), layout="constrained")

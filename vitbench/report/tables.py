@@ -3,6 +3,9 @@
 Cells are formatted strings (the table is for reading, the store keeps the numbers) and "n/a"
 wherever a metric does not apply to the row or was not measured. Columns follow the report
 shape of docs/measuring.md; detection/segmentation put box (and mask) mAP where top-1 goes.
+Runs that differ only by seed are one row (:mod:`vitbench.report.seeds`: accuracy as mean ±
+std with a Seeds column saying n); a timing not to be trusted, and a speed-up or efficiency
+derived from one, is marked ``†`` (:mod:`vitbench.report.doubts`).
 """
 from __future__ import annotations
 
@@ -12,6 +15,8 @@ from typing import Any
 
 import pandas as pd
 
+from vitbench.report.doubts import MARK, row_doubts
+from vitbench.report.seeds import aggregate_over_seeds
 from vitbench.results.store import latest_records
 
 __all__ = [
@@ -47,6 +52,11 @@ def _spread(v: float | None, sd: float | None, spec: str) -> str:
     if sd is not None and sd > 0:
         return f"{_fmt(v, spec)} ± {_fmt(sd, spec)}"
     return _fmt(v, spec)
+
+
+def _marked(cell: str, doubts: list[str]) -> str:
+    """``cell`` with the doubt mark when there are doubts and a number to mark."""
+    return f"{cell} {MARK}" if doubts and cell != NA else cell
 
 
 def gmacs_spec(v: float | None) -> str:
@@ -107,8 +117,10 @@ def pick_baseline(rows: Iterable[Record]) -> Record | None:
 
 
 def ok_rows(records: Iterable[Record], task: str, model: str) -> tuple[list[Record], Record | None]:
-    """The successful runs of ``(task, model)``, reference baseline first, and that baseline."""
-    ok = [r for r in group_records(records, task, model) if r.get("status") == "ok"]
+    """The successful runs of ``(task, model)``, one row per spec across seeds
+    (:func:`~vitbench.report.seeds.aggregate_over_seeds`), the reference baseline first, and
+    that baseline."""
+    ok = aggregate_over_seeds(r for r in group_records(records, task, model) if r.get("status") == "ok")
     base = pick_baseline(ok)
     if base is not None:
         ok = [base] + [r for r in ok if r is not base]
@@ -144,11 +156,16 @@ def comparison_table(records: Iterable[Record], task: str, model: str) -> pd.Dat
     tp_col = f"Throughput (img/s, bs={next(iter(batches))})" if one_bs else "Throughput (img/s)"
 
     b_gmacs, b_tp = metric(base, "gmacs"), metric(base, "throughput_img_s")
+    several_seeds = any(int(r.get("n_seeds") or 1) > 1 for r in rows)
     table: list[dict[str, str]] = []
     for rec, label in zip(rows, row_labels(rows)):
+        doubts = row_doubts(rec, base)
         row = {"Method": label, "Params": _fmt(metric(rec, "params_m"), ".2f", "M")}
+        if several_seeds:
+            seeds = rec.get("seeds") or [rec.get("seed")]
+            row["Seeds"] = f"{','.join(map(str, seeds))} (n={len(seeds)})"
         if has_top5:
-            row["Top-5 (%)"] = _fmt(metric(rec, "top5_pct"), ".2f")
+            row["Top-5 (%)"] = _spread(metric(rec, "top5_pct"), metric(rec, "top5_pct_seed_std"), ".2f")
         acc_cols = (
             [("Top-1 (%)", "ΔTop-1 (pp)", "top1_pct", ".2f")]
             if is_cls
@@ -158,10 +175,10 @@ def comparison_table(records: Iterable[Record], task: str, model: str) -> pd.Dat
         if not is_cls:  # COCO's AP at IoU 0.50 and 0.75 (issue 4: box and mask AP, AP50, AP75)
             for col, key in [("Box AP50", "box_ap50"), ("Box AP75", "box_ap75")] + (
                     [("Mask AP50", "mask_ap50"), ("Mask AP75", "mask_ap75")] if has_mask else []):
-                row[col] = _fmt(metric(rec, key), ".3f")
+                row[col] = _spread(metric(rec, key), metric(rec, f"{key}_seed_std"), ".3f")
         for col, dcol, key, spec in acc_cols:
-            v, b = metric(rec, key), metric(base, key)
-            row[col] = _fmt(v, spec)
+            v, b = metric(rec, key), metric(base, key)  # means over seeds; the delta of the means
+            row[col] = _spread(v, metric(rec, f"{key}_seed_std"), spec)
             row[dcol] = _fmt(v - b, "+" + spec) if v is not None and b is not None else NA
 
         gm = metric(rec, "gmacs")
@@ -178,23 +195,23 @@ def comparison_table(records: Iterable[Record], task: str, model: str) -> pd.Dat
         bs = metric(rec, "batch_size")
         if not one_bs and tp is not None and bs is not None:
             cell += f" (bs={int(bs)})"
-        row[tp_col] = cell
+        row[tp_col] = _marked(cell, doubts.throughput)
 
         speedup = metric(rec, "speedup")
         if speedup is None and tp is not None and b_tp:
             speedup = tp / b_tp
-        row["Speed-up (×)"] = _fmt(speedup, ".2f")
+        row["Speed-up (×)"] = _marked(_fmt(speedup, ".2f"), doubts.derived)
         eff = metric(rec, "efficiency")
         if eff is None and speedup is not None and ratio:
             eff = speedup / ratio
-        row["Efficiency"] = _fmt(eff, ".2f")
+        row["Efficiency"] = _marked(_fmt(eff, ".2f"), doubts.derived)
 
-        row["Latency bs=1 (ms)"] = _fmt(metric(rec, "latency_ms"), ".2f")
-        row["IB loss"] = _fmt(metric(rec, "ib_loss"), ".4f")
-        row["IB bound"] = _fmt(metric(rec, "ib_bound"), ".4f")
+        row["Latency bs=1 (ms)"] = _marked(_fmt(metric(rec, "latency_ms"), ".2f"), doubts.latency)
+        row["IB loss"] = _spread(metric(rec, "ib_loss"), metric(rec, "ib_loss_seed_std"), ".4f")
+        row["IB bound"] = _spread(metric(rec, "ib_bound"), metric(rec, "ib_bound_seed_std"), ".4f")
         table.append(row)
 
-    columns = ["Method", "Params"]
+    columns = ["Method"] + (["Seeds"] if several_seeds else []) + ["Params"]
     if is_cls:
         columns += ["Top-1 (%)"] + (["Top-5 (%)"] if has_top5 else []) + ["ΔTop-1 (pp)"]
     else:

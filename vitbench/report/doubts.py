@@ -1,0 +1,110 @@
+"""Timings not to be trusted, marked with :data:`MARK` in the table and explained under it
+(docs/measuring.md, "Honest timings").
+
+A throughput or latency is doubted when the record says so (``<timing>_flagged`` and
+``<timing>_flag_reason``, written by :mod:`vitbench.measure.speed` with the load average
+before/after, cores and threads), or, for a record written before those fields existed, when its
+spread exceeds :data:`~vitbench.measure.speed.SPREAD_LIMIT` of its median. A speed-up or
+efficiency is doubted when it was derived from a doubted throughput: the row's own, or that of
+the baseline of the same seed. With several seeds a row is marked when any seed's timing is,
+and the note says which seed.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from vitbench.measure.speed import timing_doubt
+
+__all__ = ["MARK", "RowDoubts", "row_doubts", "timing_notes"]
+
+#: appended to a doubted cell
+MARK = "†"
+Record = Mapping[str, Any]
+_TIMINGS = {"throughput": ("throughput_img_s", "throughput_spread_img_s"),
+            "latency": ("latency_ms", "latency_spread_ms")}
+
+
+@dataclass
+class RowDoubts:
+    """Why a row's cells are marked: one line per doubted (seed, timing)."""
+
+    throughput: list[str] = field(default_factory=list)
+    latency: list[str] = field(default_factory=list)
+    derived: list[str] = field(default_factory=list)  # speed-up / efficiency
+
+    def __bool__(self) -> bool:
+        return bool(self.throughput or self.latency or self.derived)
+
+
+def _fmt_load(v: Any) -> str:
+    return f"{v:.2f}" if isinstance(v, (int, float)) and not isinstance(v, bool) else "n/a"
+
+
+def timing_reason(rec: Record, timing: str) -> str | None:
+    """Why ``rec``'s ``timing`` ("throughput" or "latency") is doubted, with the facts it ran
+    under (load before/after, cores, threads), or None when it is not."""
+    median_key, spread_key = _TIMINGS[timing]
+    if rec.get(median_key) is None:
+        return None
+    if f"{timing}_flagged" in rec:  # the measurement judged it with the load it saw
+        reason = rec.get(f"{timing}_flag_reason") if rec.get(f"{timing}_flagged") else None
+    else:  # an older record: its spread is all there is to judge
+        reason = timing_doubt(rec.get(median_key), rec.get(spread_key), None, None, None)
+    if not reason:
+        return None
+    facts = []
+    if f"{timing}_load_before" in rec or f"{timing}_load_after" in rec:
+        facts.append(f"1-min load average {_fmt_load(rec.get(f'{timing}_load_before'))} before, "
+                     f"{_fmt_load(rec.get(f'{timing}_load_after'))} after")
+    if rec.get(f"{timing}_cores"):
+        facts.append(f"{rec[f'{timing}_cores']} cores")
+    if rec.get(f"{timing}_threads"):
+        facts.append(f"{rec[f'{timing}_threads']} threads")
+    return reason + (f" ({', '.join(facts)})" if facts else "")
+
+
+def _per_seed(row: Record) -> Sequence[Record]:
+    return row.get("per_seed") or [row]
+
+
+def row_doubts(row: Record, base: Record | None) -> RowDoubts:
+    """The doubts of an (aggregated, :mod:`vitbench.report.seeds`) row; ``base`` is the table's
+    baseline row, whose per-seed throughputs the row's speed-ups were derived from."""
+    several = len(_per_seed(row)) > 1
+    doubts = RowDoubts()
+    base_by_seed = {r.get("seed"): r for r in _per_seed(base)} if base is not None else {}
+    for rec in _per_seed(row):
+        prefix = f"seed {rec.get('seed')}: " if several else ""
+        for timing in _TIMINGS:
+            reason = timing_reason(rec, timing)
+            if reason:
+                getattr(doubts, timing).append(prefix + reason)
+        if row is base or rec.get("throughput_img_s") is None:
+            continue  # the baseline's speed-up is 1 by definition; no throughput, no speed-up
+        if timing_reason(rec, "throughput"):
+            doubts.derived.append(prefix + "from this row's marked throughput")
+        b = base_by_seed.get(rec.get("seed"))
+        if b is not None and timing_reason(b, "throughput"):
+            doubts.derived.append(prefix + "from the baseline's marked throughput")
+    return doubts
+
+
+def timing_notes(labels: Sequence[str], doubts: Sequence[RowDoubts]) -> list[str]:
+    """Markdown lines under a table saying, per marked row, which timing and why (empty when
+    nothing is marked)."""
+    from vitbench.measure.speed import LOAD_MARGIN, SPREAD_LIMIT
+
+    items = []
+    for label, d in zip(labels, doubts):
+        items += [f"- {label}, throughput: {why}" for why in d.throughput]
+        items += [f"- {label}, latency: {why}" for why in d.latency]
+        items += [f"- {label}, speed-up and efficiency: derived {why}" for why in d.derived]
+    if not items:
+        return []
+    head = (f"{MARK} Timing not to be trusted: its spread over repeats exceeded "
+            f"{100 * SPREAD_LIMIT:.0f} % of its median, or the 1-minute load average before or after "
+            f"exceeded the usable cores + {LOAD_MARGIN:g} (other work shared the CPU). Speed-up and "
+            f"efficiency derived from such a throughput are marked too.")
+    return [head, ""] + items + [""]

@@ -1,0 +1,113 @@
+"""One report row per spec across seeds: runs that differ only by their seed (``--seeds 0,1,2``)
+are aggregated into one row (docs/measuring.md, "Seeds and spread").
+
+What each metric becomes, and why:
+
+- Accuracy and mAP (top-1/top-5, box/mask mAP, AP50/AP75) and the IB metrics: the mean over
+  seeds and the sample standard deviation (n - 1 in the denominator), stored as
+  ``<key>_seed_std``; the seed-to-seed spread is what a reader needs to judge a 0.3 pp delta.
+- GMACs and parameters: the mean (they vary with a seed only through what fine-tuning learnt);
+  GMACs' own ± (the spread over evaluation images of input-dependent methods) is pooled,
+  the root mean square of the per-seed spreads.
+- Throughput and latency: the median over seeds of the per-seed medians (each a median over
+  repeats), and likewise their spreads; a median, as a timing's summary is, so one disturbed
+  seed does not move the row.
+- Speed-up and efficiency: computed per seed against the baseline of the *same* seed (the
+  executor records them so; older records are paired here), then the median over seeds.
+
+Each aggregated row keeps the first record's descriptive fields (label, params, kernel,
+training stages), ``seeds`` (the seeds it holds, in store order) and ``n_seeds``; the per-seed
+records are kept under ``per_seed`` for the timing marks (:mod:`vitbench.report.doubts`).
+"""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+__all__ = ["MEAN_STD_KEYS", "aggregate_over_seeds", "pair_with_baselines", "seed_key"]
+
+Record = Mapping[str, Any]
+
+#: shown as mean ± sample std over seeds
+MEAN_STD_KEYS = ("top1_pct", "top5_pct", "box_map", "mask_map", "box_ap50", "box_ap75", "mask_ap50",
+                 "mask_ap75", "ib_loss", "ib_bound")
+#: shown as the mean over seeds
+_MEAN_KEYS = ("gmacs", "backbone_gmacs", "params_m", "backbone_params_m", "peak_mem_mb", "train_s")
+#: per-input spreads pooled as the root mean square over seeds
+_POOLED_KEYS = ("gmacs_std", "backbone_gmacs_std")
+#: shown as the median over seeds of the per-seed values
+_MEDIAN_KEYS = ("throughput_img_s", "throughput_spread_img_s", "latency_ms", "latency_spread_ms",
+                "speedup", "efficiency")
+
+
+def _num(rec: Record, key: str) -> float | None:
+    v = rec.get(key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+def seed_key(rec: Record) -> tuple[Any, ...]:
+    """What a run is apart from its seed: method, label (parameters and training setup shown),
+    parameters, data and batch size. Records with equal keys are one row."""
+    params = json.dumps(rec.get("params") or {}, sort_keys=True, default=str)
+    return (rec.get("method"), rec.get("label"), params, rec.get("data"), rec.get("batch_size"))
+
+
+def pair_with_baselines(rows: list[Record]) -> list[dict[str, Any]]:
+    """Copies of ``rows`` where a method record without ``speedup``/``efficiency`` gets them from
+    the baseline record of its own seed (records written by the executor have them already)."""
+    base_by_seed: dict[Any, Record] = {}
+    for r in rows:
+        if r.get("method") == "baseline":
+            base_by_seed.setdefault(r.get("seed"), r)
+    out = []
+    for r in rows:
+        r = dict(r)
+        base = base_by_seed.get(r.get("seed"))
+        tp, b_tp = _num(r, "throughput_img_s"), _num(base or {}, "throughput_img_s")
+        if _num(r, "speedup") is None and tp is not None and b_tp:
+            r["speedup"] = tp / b_tp
+        gm, b_gm = _num(r, "gmacs"), _num(base or {}, "gmacs")
+        if _num(r, "efficiency") is None and _num(r, "speedup") is not None and gm and b_gm:
+            r["efficiency"] = r["speedup"] / (b_gm / gm)
+        out.append(r)
+    return out
+
+
+def aggregate_over_seeds(rows: Iterable[Record]) -> list[dict[str, Any]]:
+    """One row per :func:`seed_key`, in the order each key first appears (see the module
+    docstring for what each metric becomes). A key with one record keeps its values as they
+    are (no ``_seed_std``)."""
+    paired = pair_with_baselines(list(rows))
+    by_key: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in paired:
+        by_key.setdefault(seed_key(r), []).append(r)
+    return [_aggregate(recs) for recs in by_key.values()]
+
+
+def _aggregate(recs: list[dict[str, Any]]) -> dict[str, Any]:
+    row = dict(recs[0])
+    row["seeds"] = [r.get("seed") for r in recs]
+    row["n_seeds"] = len(recs)
+    row["per_seed"] = recs
+    if len(recs) == 1:
+        return row
+    for key in MEAN_STD_KEYS + _MEAN_KEYS + _POOLED_KEYS + _MEDIAN_KEYS:
+        values = [v for r in recs if (v := _num(r, key)) is not None]
+        if not values:
+            row.pop(key, None)
+            continue
+        if key in _MEDIAN_KEYS:
+            row[key] = statistics.median(values)
+        elif key in _POOLED_KEYS:
+            row[key] = math.sqrt(sum(v * v for v in values) / len(values))
+        else:
+            row[key] = statistics.fmean(values)
+        if key in MEAN_STD_KEYS:
+            row[f"{key}_seed_std"] = statistics.stdev(values) if len(values) > 1 else None
+            row[f"{key}_n"] = len(values)
+    return row
