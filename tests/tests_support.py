@@ -34,21 +34,27 @@ class GateParams:
     epochs: int = 1
     arch_fraction: float = 0.0
     two_stages: bool = False
+    nan_extra_at: int = 0  # the step (from 1) whose extra loss is NaN (0: never)
+    nan_buffer: bool = False  # epoch_end writes NaN into a buffer (non-finite weights after training)
 
 
 def _build(params: GateParams, info) -> Reduction:
     gates = [Gate(info.embed_dim) if i == 0 else None for i in range(info.depth)]
 
+    steps = [0]
+
     def extra(model, logits, labels):
         reduction_context(model).extras["seen"] = labels.numel()
-        return 0.01 * (gates[0].scale - 1).pow(2).sum()
+        steps[0] += 1
+        nan = float("nan") if steps[0] == params.nan_extra_at else 0.0
+        return 0.01 * (gates[0].scale - 1).pow(2).sum() + nan
 
     def before(model, batches):
         n = sum(len(y) for _, y in batches())
         CALLS.append(("before", n, model.training))
 
     def epoch_end(model, epoch, batches):
-        gates[0].epochs_seen += 1
+        gates[0].epochs_seen += float("nan") if params.nan_buffer else 1
         CALLS.append(("epoch_end", epoch))
 
     stage = TrainStage(name="search", epochs=params.epochs, lr=0.05, optimizer="SGD", batch_size=32,

@@ -39,6 +39,14 @@ class PluginError(VitbenchError):
     """A plugin that failed to load, or two plugins that register the same name."""
 
 
+class NonFiniteError(VitbenchError):
+    """A loss, gradient, model output or metric that became NaN or infinite.
+
+    Raised instead of letting a diverged fine-tuning or a broken forward turn into a 0.00 %
+    row: the run is recorded as ``error`` with this message (what became non-finite, where).
+    """
+
+
 def choices_error(kind: str, value: object, valid: Iterable[str]) -> UnknownNameError:
     """Return an :class:`UnknownNameError` for ``value`` that lists the valid ``kind`` names."""
     names = sorted(set(valid))

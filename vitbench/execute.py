@@ -46,6 +46,8 @@ class Workspace:
     checkpoint_dir: Optional[Path] = None
     resume: bool = False
     verbose_training: bool = False
+    #: how a new classifier head was fitted (``--num-classes``; :mod:`vitbench.tasks.cls.head`)
+    head: Optional[dict] = None
 
 
 def input_size_of(model: nn.Module) -> tuple[int, int, int]:
@@ -158,12 +160,11 @@ def _measure(spec: RunSpec, ws: Workspace, model: nn.Module, baseline: Optional[
         progress(f"timing throughput (batch {spec.batch_size})")
         tp = measure.measure_throughput(model, spec.batch_size, ws.input_size, device=device,
                                         repeats=ws.throughput_repeats)
-        out.update(throughput_img_s=tp.median_img_s, throughput_spread_img_s=tp.spread_img_s,
-                   throughput_repeats=tp.repeats)
+        out.update(tp.fields())  # median, spread and the load/cores/threads it ran under
     if "latency" in spec.metrics:
         progress("timing latency (batch 1)")
         lat = measure.measure_latency(model, ws.input_size, device=device, repeats=ws.latency_repeats)
-        out.update(latency_ms=lat.median_ms, latency_spread_ms=lat.spread_ms)
+        out.update(lat.fields())
     if "ib" in spec.metrics and ws.data is not None:
         progress("measuring IB loss and bound")
         from vitbench.measure.ib import measure_ib
@@ -205,6 +206,8 @@ def run_spec(spec: RunSpec, ws: Any, baseline: Optional[dict], env: dict[str, An
 
             record.update(_relative(spec, run_dense_spec(spec, ws, baseline, progress), baseline))
         else:
+            if ws.head is not None:
+                record["head"] = ws.head
             model = copy.deepcopy(ws.model)
             if spec.method != BASELINE:
                 progress("applying the method")
@@ -225,11 +228,18 @@ def run_spec(spec: RunSpec, ws: Any, baseline: Optional[dict], env: dict[str, An
 
 def execute_plan(plan: list[RunSpec], ws: Workspace, store: ResultStore, *, resume: bool,
                  env: dict[str, Any], progress: Callable[[int, int, str, str], None]) -> list[dict]:
-    """Run every spec of ``plan`` in order, appending each record to ``store`` as it ends."""
+    """Run every spec of ``plan`` in order, appending each record to ``store`` as it ends.
+
+    Speed-up and efficiency pair each method run with the baseline of the same seed (a plan
+    with ``--seeds`` holds one baseline per seed); on ``--resume`` a finished baseline of the
+    store serves its seed."""
     host = get_host()
     latest = store.latest() if resume else {}
     finished = store.finished_ids() if resume else set()
-    baseline = latest.get(plan[0].spec_id) if plan and plan[0].method == BASELINE else None
+    baselines: dict[int, dict] = {}  # seed -> that seed's successful baseline record
+    for spec in plan:
+        if spec.method == BASELINE and spec.spec_id in finished and latest[spec.spec_id]["status"] == "ok":
+            baselines[spec.seed] = latest[spec.spec_id]
     records = []
     for i, spec in enumerate(plan, start=1):
         if spec.spec_id in finished:
@@ -237,11 +247,12 @@ def execute_plan(plan: list[RunSpec], ws: Workspace, store: ResultStore, *, resu
             records.append(latest[spec.spec_id])
             continue
         host.run_started(spec)
-        record = run_spec(spec, ws, baseline, env, lambda what: progress(i, len(plan), spec.label, what))
+        record = run_spec(spec, ws, baselines.get(spec.seed), env,
+                          lambda what: progress(i, len(plan), spec.label, what))
         store.append(record)
         host.run_finished(spec, record)
         if spec.method == BASELINE and record["status"] == "ok":
-            baseline = record
+            baselines[spec.seed] = record
         outcome = "done" if record["status"] == "ok" else f"FAILED: {record['error']}"
         progress(i, len(plan), spec.label, f"{outcome} ({record['wall_s']:.1f} s)")
         records.append(record)

@@ -20,15 +20,17 @@ def _folder(root, classes=("cat", "dog"), per_class=3):
 
 
 def test_accuracy_on_an_imagenet_style_folder(tmp_path):
-    data = _folder(tmp_path / "data")
+    """test_vit's 1000-way head on a 2-class folder: --num-classes 2 fits a new head first."""
+    data = _split_folder(_folder(tmp_path / "data"), "train", per_class=2, seed=1)
     out = tmp_path / "out"
     rc = main(["run", "--methods", "tome", "--param", "tome.r=8", "--model", "test_vit", "--data", str(data),
-               "--metrics", "accuracy,gmacs", "--out", str(out)])
+               "--num-classes", "2", "--metrics", "accuracy,gmacs", "--out", str(out)])
     assert rc == 0
     records = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
     assert [r["num_images"] for r in records] == [6, 6]
     assert all(0.0 <= r["top1_pct"] <= 100.0 for r in records)
     assert records[0]["data"] == str(data)
+    assert all(r["head"]["num_classes"] == 2 and r["head"]["train_images"] == 4 for r in records)
 
 
 @pytest.mark.slow

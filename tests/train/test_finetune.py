@@ -9,7 +9,7 @@ from torch import nn
 
 import vitbench
 from vitbench.engine import reduction_context
-from vitbench.errors import CheckpointError
+from vitbench.errors import CheckpointError, NonFiniteError
 from vitbench.testing import tiny_vit
 
 from tests_support import CALLS  # noqa: E402 - tests/tests_support.py: the learnable test method
@@ -94,3 +94,45 @@ def test_checkpoint_round_trip_and_corrupt_file(gate_method, fmnist, tmp_path):
     with pytest.raises(CheckpointError, match="does not fit"):
         save_trained(model, path)
         load_trained(vitbench.apply(_model(), "tome"), path)
+
+
+def test_a_non_finite_loss_stops_training_naming_the_term_and_where(gate_method, fmnist):
+    model = vitbench.apply(_model(), gate_method, nan_extra_at=2)
+    with pytest.raises(NonFiniteError) as err:
+        finetune(model, fmnist, limit=96)  # 3 steps of 32: the second one's extra loss is NaN
+    assert str(err.value) == ("test-gate: the loss became non-finite (extra = nan) "
+                              "in stage 'search', epoch 1, iteration 2")
+    assert CALLS == [("before", 96, False), ("step",)]  # stopped there: no more steps, no callbacks
+    assert all(p.requires_grad for p in model.parameters())  # restored even so
+
+
+def test_a_non_finite_gradient_stops_training_before_the_update(gate_method, fmnist):
+    model = vitbench.apply(_model(), gate_method)
+    gate = model.blocks[0].reducer
+    gate.scale.register_hook(lambda grad: torch.full_like(grad, float("inf")))
+    with pytest.raises(NonFiniteError, match=r"^test-gate: the gradient of blocks\.0\.reducer\.scale became "
+                                             r"non-finite \(48 of 48 values\) in stage 'search', "
+                                             r"epoch 1, iteration 1$"):
+        finetune(model, fmnist, limit=32)
+    assert torch.equal(gate.scale, torch.ones_like(gate.scale))  # the step never ran
+
+
+def test_non_finite_weights_after_training_are_an_error(gate_method, fmnist):
+    model = vitbench.apply(_model(), gate_method, nan_buffer=True)  # epoch_end writes a NaN buffer
+    with pytest.raises(NonFiniteError, match=r"^test-gate: the fine-tuned weights hold non-finite values "
+                                             r"\(blocks\.0\.reducer\.epochs_seen: 1 of 1\) after stage 'search'$"):
+        finetune(model, fmnist, limit=32)
+
+
+def test_the_detector_training_hook_names_the_loss_term():
+    from types import SimpleNamespace
+
+    from vitbench.train.finetune import FiniteLossHook
+
+    hook = FiniteLossHook("detector training", "default training")
+    runner = SimpleNamespace(epoch=1)
+    hook.after_train_iter(runner, 3, outputs={"loss": torch.tensor(1.0), "loss_cls": torch.tensor(0.5)})
+    with pytest.raises(NonFiniteError, match=r"^detector training: the loss became non-finite \(loss_cls = inf\) "
+                                             r"in stage 'default training', epoch 2, iteration 4$"):
+        hook.after_train_iter(runner, 3, outputs={"loss": torch.tensor(float("inf")),
+                                                  "loss_cls": torch.tensor(float("inf")), "acc": 0.5})

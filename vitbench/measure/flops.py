@@ -28,6 +28,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from vitbench.errors import ParamError
+from vitbench.guards import check_finite, check_metrics
 from vitbench.measure._common import (
     check_input_size,
     check_int,
@@ -157,7 +158,9 @@ def count_gmacs(model: nn.Module, images: torch.Tensor) -> GmacsResult:
     Each image runs at batch 1 through the real forward in ``eval()`` and
     ``torch.inference_mode()`` (docs/measuring.md); every module's training flag is restored
     afterwards. Images are moved to the model's device and floating-point dtype. Count the
-    eager model: a ``torch.compile`` wrapper is refused.
+    eager model: a ``torch.compile`` wrapper is refused. A forward whose output holds NaN/inf
+    raises :class:`~vitbench.errors.NonFiniteError`: the count of a broken forward (whose
+    input-dependent decisions were taken on NaNs) is not a measurement.
     """
     check_model(model)
     if not isinstance(images, torch.Tensor):
@@ -175,12 +178,14 @@ def count_gmacs(model: nn.Module, images: torch.Tensor) -> GmacsResult:
         for i in range(images.shape[0]):
             counter = FlopCounterMode(display=False, custom_mapping=mapping)
             with counter:
-                model(images[i : i + 1])
+                out = model(images[i : i + 1])
+            check_finite(out, "GMACs: the counted forward's outputs", f"on image {i + 1} of {images.shape[0]}")
             per_image.append(counter.get_total_flops() / 2 / 1e9)
 
     n = len(per_image)
     mean = float(statistics.mean(per_image))
     std = float(statistics.stdev(per_image)) if n > 1 else 0.0
+    check_metrics({"gmacs": mean, "gmacs_std": std}, "GMACs")  # a plugin's op formula may return NaN
     return GmacsResult(mean=mean, std=std, n=n)
 
 

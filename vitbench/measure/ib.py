@@ -29,6 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vitbench.guards import check_finite, check_metrics
+
 __all__ = [
     "IBTerms", "class_centroids", "ib_terms", "input_vectors", "log_q_given_y",
     "measure_ib", "soft_assign", "token_features", "final_features",
@@ -158,13 +160,15 @@ def measure_ib(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Ten
                features: Callable[[nn.Module, torch.Tensor], torch.Tensor] = final_features) -> IBTerms:
     """IB loss and bound of ``model`` over ``batches`` of ``(normalised images, labels)``
     (docs/measuring.md: on the evaluation split, final block). Centroids and ``Q(a|y)`` come from
-    the same samples."""
+    the same samples. Non-finite features (naming the batch) or results raise
+    :class:`~vitbench.errors.NonFiniteError` instead of a NaN in the report."""
     feats, inputs, labels = [], [], []
     model.eval()
     with torch.inference_mode():
-        for images, y in batches:
+        for k, (images, y) in enumerate(batches, start=1):
             images = images.to(device)
             feats.append(features(model, images).float().cpu())
+            check_finite(feats[-1], "IB metrics: the final features", f"in batch {k}")
             inputs.append(input_vectors(images).cpu())
             labels.append(y.cpu())
     if not feats:
@@ -172,4 +176,7 @@ def measure_ib(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Ten
     f, x, y = torch.cat(feats), torch.cat(inputs), torch.cat(labels)
     tau_f = soft_assign(f, class_centroids(f, y, num_classes))
     tau_x = soft_assign(x, class_centroids(x, y, num_classes))
-    return ib_terms(tau_f, tau_x, y, num_classes)
+    terms = ib_terms(tau_f, tau_x, y, num_classes)
+    check_metrics({"IB loss": terms.loss, "IB bound": terms.bound, "input constant": terms.input_constant},
+                  "IB metrics")
+    return terms

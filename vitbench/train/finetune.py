@@ -12,6 +12,10 @@ Each :class:`~vitbench.catalog.TrainStage` a method declares is one ``Runner.tra
   (a share ``arch_fraction`` of the steps) and the others, each with its own optimiser (DCS);
   then the ``after_step`` callbacks;
 - **the schedule**: mmengine's ``CosineAnnealingLR`` per iteration (or constant);
+- **guards**: every step checks its loss terms and gradients (:func:`guarded_update`), and the
+  finished model its weights, so a diverging run stops at once with a
+  :class:`~vitbench.errors.NonFiniteError` naming the method, stage, epoch, iteration and the
+  term or parameter (issue 9: a NaN fine-tuning once became a silent 0.00 % row);
 - **callbacks** (:class:`StageHook`): ``before`` once, ``epoch_end`` after every epoch and
   ``after`` when the stage ends, each given ``batches()``, an iterator over the training data
   (normalised images, labels) run in eval mode without gradients.
@@ -26,7 +30,7 @@ import contextlib
 import io
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -41,9 +45,10 @@ from torch import nn
 from vitbench.catalog import TrainStage
 from vitbench.engine.block import ReductionContext, reduction_context
 from vitbench.errors import ParamError, VitbenchError
+from vitbench.guards import check_finite, check_gradients, check_losses, train_position
 
-__all__ = ["FinetuneResult", "MethodTrainer", "StageHook", "finetune", "step_wrapper", "train_stage",
-           "trainable_parameters"]
+__all__ = ["FiniteLossHook", "FinetuneResult", "MethodTrainer", "PositionHook", "StageHook", "finetune", "guarded_update",
+           "step_wrapper", "train_stage", "trainable_parameters"]
 
 OPTIMIZERS = ("SGD", "AdamW", "Adam")
 SCHEDULES = ("cosine", "constant")
@@ -133,6 +138,55 @@ def step_wrapper(optim_wrapper: OptimWrapper, stage: TrainStage, step: int) -> O
     return optim_wrapper[key] if key in optim_wrapper.keys() else next(iter(optim_wrapper.values()))
 
 
+def guarded_update(wrapper: OptimWrapper, loss: torch.Tensor, model: nn.Module, who: str, where: str) -> None:
+    """``wrapper.update_params(loss)`` with a gradient check between backward and step: a
+    non-finite gradient raises (naming the parameter) before it reaches the weights."""
+    wrapper.backward(wrapper.scale_loss(loss))
+    updated = {id(p) for group in wrapper.optimizer.param_groups for p in group["params"]}
+    check_gradients(((n, p) for n, p in model.named_parameters() if id(p) in updated), who, where)
+    if wrapper.should_update():
+        wrapper.step()
+        wrapper.zero_grad()
+
+
+class FiniteLossHook(Hook):
+    """A runner hook that stops a plain mmengine training (the baseline detector's default
+    training, whose ``train_step`` is mmengine's) at the first iteration whose loss terms are
+    non-finite. It sees the losses after that step's update, so it costs nothing per step but
+    the one check; vitbench's own trainers check before the update
+    (:func:`~vitbench.guards.check_losses`)."""
+
+    priority = "VERY_HIGH"
+
+    def __init__(self, who: str, stage: str) -> None:
+        self.who, self.stage = who, stage
+
+    def after_train_iter(self, runner: Any, batch_idx: int, data_batch: Any = None,
+                         outputs: Optional[Mapping[str, Any]] = None) -> None:
+        if outputs:
+            check_losses({k: v for k, v in outputs.items() if isinstance(v, (torch.Tensor, float, int))},
+                         self.who, train_position(self.stage, runner.epoch + 1, batch_idx + 1))
+
+
+class PositionHook(Hook):
+    """Tells the trainer the epoch and the iteration within it (both from 1) before each step,
+    so a guard's error says where training diverged, as mmengine's log would."""
+
+    priority = "VERY_HIGH"
+
+    def __init__(self, trainer: BaseModel) -> None:
+        self.trainer = trainer
+
+    def before_train_iter(self, runner: Any, batch_idx: int, data_batch: Any = None) -> None:
+        self.trainer.position = (runner.epoch + 1, batch_idx + 1)
+
+
+def trainer_position(trainer: Any, stage: TrainStage) -> str:
+    """Where ``trainer`` is: ``in stage 'finetune', epoch 1, iteration 37``."""
+    epoch, iteration = getattr(trainer, "position", None) or (None, trainer.steps + 1)
+    return train_position(stage.name, epoch, iteration)
+
+
 def train_stage(trainer: BaseModel, stage: TrainStage, params: dict[str, nn.Parameter],
                 train_dataloader: dict[str, Any], hooks: list[Any], *, work_dir: Path, seed: int,
                 device: torch.device, default_scope: str = "mmpretrain") -> tuple[int, int]:
@@ -149,7 +203,8 @@ def train_stage(trainer: BaseModel, stage: TrainStage, params: dict[str, nn.Para
         work_dir=work_dir, seed=seed, default_scope=default_scope, model=trainer,
         train_dataloader=train_dataloader,
         train_cfg={"by_epoch": True, "max_epochs": stage.epochs, "val_interval": stage.epochs + 1},
-        optim_wrapper=_optim_wrapper(stage, params), param_scheduler=schedulers, custom_hooks=hooks))
+        optim_wrapper=_optim_wrapper(stage, params), param_scheduler=schedulers,
+        custom_hooks=[*hooks, PositionHook(trainer)]))
     try:
         runner.model.to(device)
         with contextlib.redirect_stdout(io.StringIO()):  # pycocotools' chatter (det/seg data sets)
@@ -167,6 +222,7 @@ class MethodTrainer(BaseModel):
         self.model = model
         self.stage = stage
         self.steps = 0
+        self.position: Optional[tuple[int, int]] = None  # (epoch, iteration), set by PositionHook
         self.last: dict[str, float] = {}
 
     def init_weights(self) -> None:
@@ -206,8 +262,10 @@ class MethodTrainer(BaseModel):
         wrapper = step_wrapper(optim_wrapper, self.stage, self.steps)
         with wrapper.optim_context(self):
             losses = self.losses(inputs, labels)
+        who, where = self.context.method, trainer_position(self, self.stage)
+        check_losses(losses, who, where)
         optim_wrapper.zero_grad()  # the other optimiser's parameters must not accumulate grads
-        wrapper.update_params(losses["loss"])
+        guarded_update(wrapper, losses["loss"], self.model, who, where)
         self.steps += 1
         for callback in self.stage.after_step:
             callback(self.model)
@@ -315,6 +373,8 @@ def finetune(model: nn.Module, data: Any, *, train_backbone: bool = False, limit
                 last = ", ".join(f"{k} {v:.4f}" for k, v in trainer.last.items())
                 progress(f"stage {stage.name!r} done: {iters} iterations on {n_images} images "
                          f"in {time.perf_counter() - stage_start:.0f} s ({last})")
+        check_finite(model.state_dict(), f"{ctx.method}: the fine-tuned weights",
+                     f"after stage {stages[-1].name!r}")
     finally:
         for name, p in model.named_parameters():
             p.requires_grad_(saved_grad.get(name, False))

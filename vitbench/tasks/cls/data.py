@@ -122,10 +122,12 @@ def _folder(path: str, model: nn.Module) -> ClsData:
         label_map, classes = imagenet
     else:
         label_map, classes = {c: i for i, c in enumerate(split.classes)}, split.classes
-        if n_out is not None and len(classes) > n_out:
+        if n_out is not None and len(classes) != n_out:  # labels 0..K-1 would mean other classes
             raise DataError(f"data folder {split.split_dir} has {len(classes)} classes but the model "
-                            f"predicts {n_out}; pass --num-classes {len(classes)} with a matching "
-                            "checkpoint, or a folder with the model's classes")
+                            f"predicts {n_out}: its head would be scored against other labels; pass "
+                            f"--num-classes {len(classes)} (fits a new {len(classes)}-way head on the "
+                            f"train/ split, backbone frozen) or a --checkpoint whose head has "
+                            f"{len(classes)} classes")
     dataset = {"type": "vitbench.ClsImageFolder", "data_root": str(split.root), "split": "val",
                "label_map": label_map, "classes": classes,
                "pipeline": eval_pipeline(input_size=cfg.input_size, crop_pct=cfg.crop_pct,

@@ -2,6 +2,11 @@
 
 The model is wrapped by :func:`vitbench.mm.classifier.build_classifier` (its own head, its own
 normalisation) and scored by mmpretrain's ``Accuracy`` (docs/measuring.md, "Accuracy").
+
+Two guards keep a broken setup from reading as a bad method (issue 9): every batch's logits
+must be finite (a NaN logit is scored as a wrong answer, and a diverged model would show a
+0.00 % row), and the model must predict exactly the data's classes (a 1000-way head scored
+against a 10-class folder's labels 0-9 also gives 0.00 %).
 """
 from __future__ import annotations
 
@@ -11,7 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitbench.errors import ParamError
+from vitbench.errors import DataError, ParamError
+from vitbench.guards import check_finite
 from vitbench.tasks.cls.data import ClsData, resolve_cls_data
 from vitbench.tasks.cls.models import input_config
 
@@ -25,6 +31,28 @@ def _positive(name: str, value: Any, *, allow_none: bool = False) -> None:
         raise ParamError(f"{name} must be a positive integer, got {value!r}")
 
 
+class _FiniteLogits:
+    """A forward hook on the evaluated model: each batch's logits must be finite."""
+
+    def __init__(self) -> None:
+        self.batch = 0
+
+    def __call__(self, module: nn.Module, args: Any, output: Any) -> None:
+        self.batch += 1
+        check_finite(output, "evaluation: the logits", f"in batch {self.batch}")
+
+
+def check_class_count(model: nn.Module, data: ClsData) -> None:
+    """The model's head must score ``data``'s label space (its ``classes``; ImageNet synset
+    folders map into the 1000 ImageNet classes), else every prediction is scored against
+    labels that mean something else."""
+    n_out = getattr(model, "num_classes", None)
+    if isinstance(n_out, int) and n_out > 0 and n_out != len(data.classes):
+        raise DataError(f"the model predicts {n_out} classes but the data {data.name} has {len(data.classes)}; "
+                        f"pass --num-classes {len(data.classes)} (fits a new head) or a --checkpoint whose "
+                        f"head has {len(data.classes)} classes")
+
+
 def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, device: str = "cpu",
                  limit: int | None = None, work_dir: str | Path | None = None,
                  seed: int = 0) -> dict[str, Any]:
@@ -34,7 +62,9 @@ def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, devi
     top-5 is then 100% by definition), ``num_images`` (evaluated) and ``num_classes`` (of the
     data set). ``limit`` evaluates only the first N images. The model is moved to ``device``
     and left in eval mode there. ``work_dir`` receives the runner's log (a temporary folder,
-    removed afterwards, when ``None``); no checkpoint is written.
+    removed afterwards, when ``None``); no checkpoint is written. Non-finite logits raise
+    :class:`~vitbench.errors.NonFiniteError` (naming the batch), a head that does not match the
+    data's classes :class:`~vitbench.errors.DataError`.
     """
     from mmengine.runner import Runner
 
@@ -50,6 +80,7 @@ def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, devi
     if target.type == "cuda" and not torch.cuda.is_available():
         raise ParamError(f"device {device!r} asked for but CUDA is not available; use --device cpu")
 
+    check_class_count(model, data)
     cfg = input_config(model)
     classifier = build_classifier(model, mean=cfg.mean, std=cfg.std,
                                   to_rgb=data.bgr and cfg.in_chans == 3)
@@ -64,11 +95,13 @@ def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, devi
             test_evaluator={"type": "mmpretrain.Accuracy", "topk": topk},
             test_cfg={"type": "TestLoop"},
         ))
+        guard = model.register_forward_hook(_FiniteLogits())
         try:
             runner.model.to(target)  # the Runner puts the model on its own choice (cuda if any)
             metrics = runner.test()
             num_images = len(runner.test_dataloader.dataset)
         finally:
+            guard.remove()
             release(runner)
     return {
         "top1_pct": float(metrics["accuracy/top1"]),

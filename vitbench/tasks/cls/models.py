@@ -154,10 +154,27 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_checkpoint(model: nn.Module, path: str | Path, *, name: str = "model") -> None:
-    """Load ``path`` into ``model`` strictly; a key or shape mismatch is a :class:`CheckpointError`."""
+def classifier_keys(model: nn.Module) -> set[str]:
+    """The state-dict keys of the classifier layer(s) timm's ``get_classifier()`` names."""
+    get = getattr(model, "get_classifier", None)
+    head = get() if callable(get) else None
+    layers = head if isinstance(head, (tuple, list)) else [head]
+    ids = {id(layer) for layer in layers if isinstance(layer, nn.Module)}
+    return {f"{name}.{key}" for name, module in model.named_modules() if id(module) in ids
+            for key in module.state_dict()}
+
+
+def load_checkpoint(model: nn.Module, path: str | Path, *, name: str = "model", except_head: bool = False) -> None:
+    """Load ``path`` into ``model`` strictly; a key or shape mismatch is a :class:`CheckpointError`.
+
+    ``except_head``: the classifier's entries (:func:`classifier_keys`) are neither loaded nor
+    required (a backbone checkpoint under a new head)."""
     state = read_state_dict(path)
     own = model.state_dict()
+    if except_head:
+        skip = classifier_keys(model)
+        state = {k: v for k, v in state.items() if k not in skip}
+        own = {k: v for k, v in own.items() if k not in skip}
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
     shapes = [k for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
@@ -173,7 +190,13 @@ def load_checkpoint(model: nn.Module, path: str | Path, *, name: str = "model") 
         hint = (f"; pass num_classes={state[head].shape[0]} (--num-classes)" if head else
                 "; is it a checkpoint of this architecture?")
         raise CheckpointError(f"checkpoint {path} does not fit {name}: {'; '.join(bits)}{hint}")
-    model.load_state_dict(state, strict=True)
+    model.load_state_dict(state, strict=not except_head)
+
+
+def _checkpoint_head_fits(model: nn.Module, path: str | Path) -> bool:
+    """Whether the checkpoint's classifier entries have the shapes of ``model``'s."""
+    state, own = read_state_dict(path), model.state_dict()
+    return all(k in state and tuple(state[k].shape) == tuple(own[k].shape) for k in classifier_keys(model))
 
 
 def load_model(name: str, *, pretrained: bool = False, checkpoint: str | Path | None = None,
@@ -184,7 +207,10 @@ def load_model(name: str, *, pretrained: bool = False, checkpoint: str | Path | 
     embedded default (trained once and cached; ``pretrained`` is then implied).
     ``pretrained=True`` downloads timm's weights from the hub (fails offline: use
     ``checkpoint``). ``checkpoint`` is a local ``.pth`` read with ``weights_only=True``
-    (see :func:`read_state_dict`). ``num_classes`` resizes the classifier head.
+    (see :func:`read_state_dict`). ``num_classes`` resizes the classifier head; the head is then
+    new (random) unless the checkpoint holds one of that size (a checkpoint with another head
+    still gives its backbone), and the model is marked ``vitbench_new_head = True``: its head
+    must be fitted before it means anything (:mod:`vitbench.tasks.cls.head`).
     """
     if num_classes is not None and (not isinstance(num_classes, int) or num_classes < 1):
         raise ParamError(f"num_classes must be a positive integer, got {num_classes!r}")
@@ -206,8 +232,14 @@ def load_model(name: str, *, pretrained: bool = False, checkpoint: str | Path | 
             raise CheckpointError(f"cannot get timm's pretrained weights for {name!r} "
                                   f"({_first_line(exc)}); offline, pass a local checkpoint "
                                   "(--checkpoint PATH) instead of --pretrained") from exc
+    new_head = num_classes is not None and name != DEFAULT_MODEL_NAME and not (
+        pretrained and num_classes == (getattr(model, "pretrained_cfg", None) or {}).get("num_classes"))
     if checkpoint is not None:
-        load_checkpoint(model, checkpoint, name=name)
+        keep_head = not new_head or _checkpoint_head_fits(model, checkpoint)
+        load_checkpoint(model, checkpoint, name=name, except_head=not keep_head)
+        new_head = not keep_head
+    if new_head:
+        model.vitbench_new_head = True
     return model.eval()
 
 

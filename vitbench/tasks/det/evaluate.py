@@ -1,5 +1,9 @@
 """Box (and mask) mAP of a detector, measured by the mmengine Runner's test loop with mmdet's
 ``CocoMetric`` (docs/measuring.md, "Accuracy": mAP from mmdet's CocoMetric; issue 4).
+
+Guarded (issue 9): NaN features drop every box at NMS's score threshold and read as an mAP
+near 0 with no sign of why, so the outputs of the backbone, neck and heads and the final
+predictions must be finite in every batch, and so must the metrics.
 """
 from __future__ import annotations
 
@@ -7,8 +11,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
+from mmengine.hooks import Hook
 from torch import nn
 
+from vitbench.guards import check_finite, check_metrics
 from vitbench.tasks.det.data import DetData
 from vitbench.tasks.det.train import _loader, quiet_stdout
 
@@ -17,19 +23,61 @@ _KEYS = {"box_map": "coco/bbox_mAP", "box_ap50": "coco/bbox_mAP_50", "box_ap75":
          "mask_map": "coco/segm_mAP", "mask_ap50": "coco/segm_mAP_50", "mask_ap75": "coco/segm_mAP_75"}
 
 
+#: the detector parts whose outputs are checked (those present; mmdet calls them as modules)
+_CHECKED = ("backbone", "neck", "bbox_head", "rpn_head", "roi_head.bbox_head", "roi_head.mask_head")
+
+
+class _FiniteOutputs:
+    """Forward hooks on the detector's parts and a test-loop check of its predictions."""
+
+    def __init__(self, detector: nn.Module) -> None:
+        self.batch = 1
+        self.handles = [module.register_forward_hook(self._hook(name))
+                        for name, module in detector.named_modules() if name in _CHECKED]
+
+    def _hook(self, name: str) -> Any:
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            check_finite(output, f"mAP evaluation: the outputs of the detector's {name}", f"in batch {self.batch}")
+        return hook
+
+    def after_test_iter(self, outputs: Any) -> None:
+        check_finite([getattr(o, "pred_instances", None) for o in outputs],
+                     "mAP evaluation: the predicted boxes/scores", f"in batch {self.batch}")
+        self.batch += 1
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+class _PredictionsHook(Hook):
+    priority = "VERY_HIGH"
+
+    def __init__(self, guard: _FiniteOutputs) -> None:
+        self.guard = guard
+
+    def after_test_iter(self, runner: Any, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
+        self.guard.after_test_iter(outputs or [])
+
+
 def evaluate_detector(detector: nn.Module, data: DetData, *, masks: bool, batch_size: int = 8,
                       limit: Optional[int] = None, device: str = "cpu", seed: int = 0,
                       work_dir: str | Path | None = None) -> dict[str, Any]:
-    """COCO mAP, AP50 and AP75 of boxes (and masks) on the validation split, plus ``num_images``."""
+    """COCO mAP, AP50 and AP75 of boxes (and masks) on the validation split, plus ``num_images``.
+
+    Non-finite outputs (naming the part and the batch) or metrics raise
+    :class:`~vitbench.errors.NonFiniteError`."""
     from mmengine.runner import Runner
 
     from vitbench.mm.runner import release, runner_kwargs, work_dir_or_temp
 
+    guard = _FiniteOutputs(detector)
     with work_dir_or_temp(work_dir) as wd:
         runner = Runner(**runner_kwargs(
             work_dir=wd, seed=seed, default_scope="mmdet", model=detector,
             test_dataloader=_loader(data.dataset_cfg("val", masks=masks, limit=limit), batch_size, False),
             test_evaluator=data.metric_cfg(masks=masks), test_cfg={"type": "TestLoop"},
+            custom_hooks=[_PredictionsHook(guard)],
         ))
         try:
             runner.model.to(torch.device(device))
@@ -37,8 +85,10 @@ def evaluate_detector(detector: nn.Module, data: DetData, *, masks: bool, batch_
                 metrics = runner.test()
             num_images = len(runner.test_dataloader.dataset)
         finally:
+            guard.remove()
             release(runner)
     out: dict[str, Any] = {key: float(metrics[src]) for key, src in _KEYS.items() if src in metrics}
+    check_metrics(out, "mAP evaluation")
     out.update(num_images=int(num_images), num_classes=data.num_classes)
     return out
 
