@@ -125,8 +125,10 @@ from torch import nn
 from vitbench.catalog import MethodSpec, ModelInfo, Reduction, TrainStage
 from vitbench.engine.attention import AttnInfo
 from vitbench.engine.block import reduction_context
+from vitbench.engine.channel_budget import ComputeBudget, enforce_budget
 from vitbench.engine.channel_select import (
     ChannelGate,
+    conv_output_channels,
     QKChannelMask,
     check_mlp,
     check_pointwise_proj,
@@ -137,7 +139,7 @@ from vitbench.engine.channel_select import (
     sparse_mlp,
 )
 from vitbench.engine.token_state import TokenState
-from vitbench.errors import ParamError
+from vitbench.errors import ParamError, UnsupportedError
 from vitbench.hookspecs import hookimpl
 from vitbench.measure.ib import (
     class_centroids,
@@ -162,11 +164,12 @@ _TOKENS_KEY = "dcs_final_tokens"
 class DCSParams:
     """DCS options (docs/methods.md §7); see the module docstring for the defaults' reasons."""
 
-    arch: str = "both"
+    arch: str = "out"
     qk_mask: str = "shared"
     tau0: float = 4.5
     tau_decay: float = 0.95
-    lam: float = 0.1
+    budget: float = 0.9
+    lam: float = 1.0
     search_epochs: int = 1
     retrain_epochs: int = 1
     t_warm: int = 0
@@ -184,6 +187,13 @@ class DCSParams:
         for name in ("tau0", "lr", "arch_lr"):
             if not getattr(self, name) > 0:
                 raise ParamError(f"dcs.{name}={getattr(self, name)} is out of range; it must be > 0")
+        if not 0 < self.budget <= 1:
+            raise ParamError(f"dcs.budget={self.budget} is out of range; it must be in (0, 1] (the "
+                             f"fraction of the baseline's GMACs to keep)")
+        if self.arch == "qk" and self.budget < 1:
+            raise ParamError(f"dcs.budget={self.budget} cannot be met with dcs.arch='qk': it drops no "
+                             f"channel (its Q/K mask Linears only add MACs); use arch=both|out for a "
+                             f"budget, or budget=1 for the qk ablation (no budget enforced)")
         if not 0 < self.tau_decay <= 1:
             raise ParamError(f"dcs.tau_decay={self.tau_decay} is out of range; it must be in (0, 1]")
         for name in ("lam", "eta"):
@@ -314,18 +324,24 @@ class DCSReducer(nn.Module):
     the block's channel hooks. Submodules: ``qk_mask`` (``arch`` both|qk), ``mlp_gate`` (``arch``
     both|out, until the shrink), ``ib`` (the last block only, when the retraining uses the IB
     bound); buffers ``tau`` and, after the shrink, ``kept``.
+
+    Its part of the compute budget (:mod:`vitbench.engine.channel_budget`): the MLP's ``fc1`` and
+    ``fc2`` (``2 * N * H`` MACs per kept channel, ``N`` tokens per image, ``H`` hidden width)
+    and the Q/K mask Linear(s) (``N * C * C`` each); the rest of the block is counted as fixed.
     """
 
     needs: frozenset[str] = frozenset()
 
     def __init__(self, dim: int, num_heads: int, arch: str, separate: bool, tau0: float) -> None:
         super().__init__()
+        self.channels = dim
         self.register_buffer("tau", torch.tensor(float(tau0)))
         self.register_buffer("kept", None)
         self.qk_mask = QKChannelMask(dim, num_heads, dim // num_heads, separate) if arch != "out" else None
         self.mlp_gate = ChannelGate(dim) if arch != "qk" else None
         self.ib: Optional[IBStatistics] = None
-        self._mlp_macs: Optional[tuple[int, int]] = None  # (tokens, hidden) of the last forward
+        self._last_shape: Optional[tuple[int, int]] = None  # (tokens in the batch, hidden) of the last forward
+        self.cost_shape: Optional[tuple[int, int]] = None  # the same per image, fixed by the budget's count
 
     def forward(self, x: torch.Tensor, state: TokenState, info: AttnInfo) -> torch.Tensor:
         return x
@@ -338,23 +354,67 @@ class DCSReducer(nn.Module):
 
     def mlp_forward(self, mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """The block's MLP on the normed tokens: gated in the search, sparse after the shrink."""
+        tokens = x.numel() // x.shape[-1]
         if self.kept is not None:
+            self._last_shape = (tokens, mlp.fc1.out_features)
             return sparse_mlp(mlp, x, self.kept)
         if self.mlp_gate is None:
+            self._last_shape = (tokens, 0)
             return mlp(x)
         check_mlp(mlp)  # fail in the first forward, not after a whole search epoch
-        self._mlp_macs = (x.numel() // (x.shape[0] * x.shape[-1]), mlp.fc1.out_features)
+        self._last_shape = (tokens, mlp.fc1.out_features)
         return gated_mlp(mlp, x, self.mlp_gate(self.tau))
 
-    def expected_macs(self) -> Optional[tuple[torch.Tensor, int]]:
-        """``(expected, full)`` MACs per image of this block's MLP in the last forward:
-        ``N * 2 * H * sum_i sigmoid(alpha_i / tau)`` (differentiable in ``alpha``) and the
-        same with every channel kept. ``None`` without a gate or before a forward."""
-        if self.mlp_gate is None or self._mlp_macs is None:
-            return None
-        tokens, hidden = self._mlp_macs
-        per_channel = tokens * 2 * hidden
-        return per_channel * self.mlp_gate.expected_kept(self.tau).sum(), per_channel * self.alpha_count
+    # -- the compute budget (vitbench.engine.channel_budget) --------------------------------
+
+    def snapshot_shape(self) -> None:
+        """Fix the last forward's shapes (a batch-1 count) as the ones the costs are for."""
+        if self._last_shape is None:
+            raise RuntimeError("dcs: no forward has run through this block's MLP yet")
+        self.cost_shape = self._last_shape
+
+    def hard_decision(self) -> Optional[torch.Tensor]:
+        """The search's keep/drop decision ``alpha > 0`` as 0/1 ``[C]`` (``None`` without a gate)."""
+        return None if self.mlp_gate is None else (self.mlp_gate.alpha.detach() > 0).float()
+
+    def decision(self) -> Optional[torch.Tensor]:
+        """:meth:`hard_decision` with the straight-through gradient of ``sigmoid(alpha / tau)``."""
+        return None if self.mlp_gate is None else self.mlp_gate.decision(self.tau)
+
+    def alpha_values(self) -> torch.Tensor:
+        return self.mlp_gate.alpha.detach()
+
+    def budget_units(self) -> list[tuple[float, torch.Tensor]]:
+        """What the budget drops when the search kept too much: single channels, lowest
+        ``alpha`` first."""
+        return [(float(a), torch.tensor([c])) for c, a in enumerate(self.mlp_gate.alpha.detach().tolist())]
+
+    def _mask_macs(self, tokens: int) -> int:
+        if self.qk_mask is None:
+            return 0
+        return tokens * sum(m.in_features * m.out_features for m in self.qk_mask.modules() if isinstance(m, nn.Linear))
+
+    def block_macs(self, keep: Optional[torch.Tensor]) -> torch.Tensor | float:
+        """MACs per image of the MLP (gated or shrunk; ``fc1`` reads and ``fc2`` writes each kept
+        channel: ``2 * N * H`` per channel) and of the Q/K mask Linears (``N * C * C`` each), at
+        the decision ``keep [C]`` or (``None``) as the block is now. With ``arch=qk`` the MLP is
+        not the method's and is left to the counted fixed part."""
+        if self.cost_shape is None:
+            raise RuntimeError("dcs: the compute budget has not been measured (ComputeBudget.measure)")
+        tokens, hidden = self.cost_shape
+        mask = self._mask_macs(tokens)
+        if keep is not None:
+            return 2 * tokens * hidden * keep.sum() + mask
+        if self.kept is not None:
+            return float(2 * tokens * hidden * self.kept.numel() + mask)
+        if self.mlp_gate is not None:
+            return float(2 * tokens * hidden * self.channels + mask)
+        return float(mask)
+
+    def baseline_macs(self) -> float:
+        """The unpatched block's part that :meth:`block_macs` models: the whole MLP (if gated)."""
+        tokens, hidden = self.cost_shape or (0, 0)
+        return float(2 * tokens * hidden * self.channels) if self.mlp_gate is not None or self.kept is not None else 0.0
 
     @property
     def alpha_count(self) -> int:
@@ -370,7 +430,6 @@ class DCSReducer(nn.Module):
         shrink_mlp(mlp, index)
         self.kept = index.to(device=self.tau.device, dtype=torch.long)
         self.mlp_gate = None
-        self._mlp_macs = None
 
     def shrink_block(self, block: nn.Module, index: Optional[torch.Tensor] = None) -> None:
         """:meth:`shrink` on the MLP of ``block`` (the timm ``Block`` a ReducingBlock wraps)."""
@@ -406,14 +465,21 @@ class DCSLiteMLAReducer(nn.Module):
                  tau0: float) -> None:
         super().__init__()
         self.head_dim = head_dim
+        self.in_channels = in_channels
+        self.num_heads = num_heads  # every head of every branch (H')
+        self.total_channels = num_heads * head_dim
         self.register_buffer("tau", torch.tensor(float(tau0)))
         self.register_buffer("kept", None)
         self.register_buffer("heads_used", None, persistent=False)  # derived from ``kept``
         self.register_buffer("kept_positions", None, persistent=False)
+        self.register_buffer("pairs_used", None, persistent=False)
+        self.register_buffer("head_positions", None, persistent=False)
+        self.pair_macs_per_position: Optional[int] = None  # set by the first forward (observe)
         self.qk_mask = QKChannelMask(in_channels, num_heads, head_dim, separate) if arch != "out" else None
         self.out_gate = ChannelGate(num_heads * head_dim) if arch != "qk" else None
         self.ib: Optional[IBStatistics] = None
-        self._proj_macs: Optional[int] = None  # MACs per input channel of proj in the last forward
+        self._last_shape: Optional[tuple[int, int]] = None  # (HW, proj's C_out) of the last forward
+        self.cost_shape: Optional[tuple[int, int]] = None  # fixed by the budget's batch-1 count
 
     def qk(self, q: torch.Tensor, k: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Mask the kernel features ``[B, H', HW, d]`` of the computed heads (identity without
@@ -425,48 +491,152 @@ class DCSLiteMLAReducer(nn.Module):
     def proj_forward(self, proj: nn.Module, out: torch.Tensor) -> torch.Tensor:
         """``proj`` on the concatenated branch outputs ``[B, H'*d, H, W]``: gated in the search,
         reading only the kept channels after the shrink."""
+        self._last_shape = (out.shape[-2] * out.shape[-1], proj.conv.out_channels)
         if self.kept is not None:
             return proj(out.index_select(1, self.kept_positions))
         if self.out_gate is None:
             return proj(out)
         check_pointwise_proj(proj)  # fail in the first forward, not after a whole search epoch
-        self._proj_macs = out.shape[-2] * out.shape[-1] * proj.conv.out_channels
         return proj(out * self.out_gate(self.tau).to(out.dtype)[:, None, None])
 
-    def expected_macs(self) -> Optional[tuple[torch.Tensor, int]]:
-        """``(expected, full)`` MACs per image of ``proj`` in the last forward: ``HW * C_out *
-        sum_i sigmoid(alpha_i / tau)`` (differentiable in ``alpha``) and the same with every
-        channel kept. ``None`` without a gate or before a forward."""
-        if self.out_gate is None or self._proj_macs is None:
-            return None
-        return self._proj_macs * self.out_gate.expected_kept(self.tau).sum(), self._proj_macs * self.alpha_count
+    # -- the compute budget (vitbench.engine.channel_budget) --------------------------------
+
+    def snapshot_shape(self) -> None:
+        """Fix the last forward's shapes (a batch-1 count) as the ones the costs are for."""
+        if self._last_shape is None:
+            raise RuntimeError("dcs: no forward has run through this LiteMLA yet")
+        self.cost_shape = self._last_shape
+
+    def hard_decision(self) -> Optional[torch.Tensor]:
+        """The search's keep/drop decision ``alpha > 0`` as 0/1 ``[H'*d]`` (``None`` without a gate)."""
+        return None if self.out_gate is None else (self.out_gate.alpha.detach() > 0).float()
+
+    def decision(self) -> Optional[torch.Tensor]:
+        """:meth:`hard_decision` with the straight-through gradient of ``sigmoid(alpha / tau)``."""
+        return None if self.out_gate is None else self.out_gate.decision(self.tau)
+
+    def alpha_values(self) -> torch.Tensor:
+        return self.out_gate.alpha.detach()
+
+    def observe(self, mla: nn.Module, x: torch.Tensor) -> None:
+        """Every forward: on the first (the module still whole), check that the ``qkv`` and
+        aggregation convolutions can drop a head pair and record what a pair costs per
+        position (:meth:`_pair_macs`)."""
+        if self.pair_macs_per_position is not None or self.out_gate is None:
+            return
+        from timm.models.efficientvit_mit import LiteMLA
+
+        qkv, d = mla.qkv, self.head_dim
+        plain = (type(mla) is LiteMLA and type(qkv.conv) is nn.Conv2d and qkv.conv.groups == 1
+                 and isinstance(qkv.norm, nn.Identity) and isinstance(qkv.act, nn.Identity)
+                 and all(isinstance(op, nn.Sequential) and len(op) == 2
+                         and all(type(c) is nn.Conv2d for c in op) for op in mla.aggreg))
+        if not plain:
+            raise UnsupportedError("DCS on EfficientViT needs timm's LiteMLA with a plain 1x1 qkv conv "
+                                   "(no norm/activation) and (depthwise, grouped 1x1) aggregation convs; "
+                                   "use arch=qk (Q/K channel masks only) for this model")
+        per_pair = qkv.conv.in_channels * 3 * d
+        for dw, pw in mla.aggreg:
+            per_pair += 3 * d * (dw.kernel_size[0] * dw.kernel_size[1] + pw.in_channels // pw.groups)
+        self.pair_macs_per_position = per_pair
+
+    def _head_macs(self, hw: int) -> int:
+        """MACs per image of one computed head: its linear attention ``k^T [v 1]`` and ``q (k^T
+        [v 1])`` (``2 * HW * d * (d + 1)``) and its rows of the Q/K mask Linear(s) (``HW * C * d``
+        each)."""
+        d = self.head_dim
+        mask = 0 if self.qk_mask is None else hw * self.in_channels * d * (2 if self.qk_mask.separate else 1)
+        return 2 * hw * d * (d + 1) + mask
+
+    def _pair_macs(self, hw: int) -> int:
+        """MACs per image of one head pair's q/k/v: ``3d`` rows of the 1x1 ``qkv`` conv and the
+        same channels of each aggregation (depthwise ``k x k``, then grouped 1x1 over ``d``)."""
+        if self.pair_macs_per_position is None:
+            raise RuntimeError("dcs: no forward has run through this LiteMLA yet")
+        return hw * self.pair_macs_per_position
+
+    def block_macs(self, keep: Optional[torch.Tensor]) -> torch.Tensor | float:
+        """MACs per image of what DCS changes in this LiteMLA, at the decision ``keep [H'*d]`` or
+        (``None``) as the block is now: ``proj`` (``HW * C_out`` per kept input channel), the
+        attention of every head with a kept output channel and its Q/K mask rows
+        (:meth:`_head_macs`), and the q/k/v convolutions of every head pair with a kept head
+        (:meth:`_pair_macs`). With ``arch=qk`` only the mask is the method's (every head runs,
+        proj is whole). Only the ``proj`` term carries the straight-through gradient; heads and
+        pairs are counted hard."""
+        if self.cost_shape is None:
+            raise RuntimeError("dcs: the compute budget has not been measured (ComputeBudget.measure)")
+        hw, c_out = self.cost_shape
+        if keep is not None:
+            used = keep.detach().view(-1, self.head_dim).sum(1) > 0
+            half = self.num_heads // 2
+            heads, pairs = int(used.sum()), int((used[:half] | used[half:]).sum())
+            return hw * c_out * keep.sum() + heads * self._head_macs(hw) + pairs * self._pair_macs(hw)
+        if self.kept is not None:
+            return float(hw * c_out * self.kept.numel() + self.heads_used.numel() * self._head_macs(hw)
+                         + self.pairs_used.numel() * self._pair_macs(hw))
+        if self.out_gate is not None:
+            return float(hw * c_out * self.total_channels + self.num_heads * self._head_macs(hw)
+                         + self.num_heads // 2 * self._pair_macs(hw))
+        return float(self.num_heads * (self._head_macs(hw) - 2 * hw * self.head_dim * (self.head_dim + 1)))
+
+    def baseline_macs(self) -> float:
+        """The unpatched LiteMLA's part that :meth:`block_macs` models (if gated): ``proj``,
+        every head's attention, every pair's q/k/v convolutions."""
+        if self.cost_shape is None or (self.out_gate is None and self.kept is None):
+            return 0.0
+        hw, c_out = self.cost_shape
+        d = self.head_dim
+        return float(hw * c_out * self.total_channels + self.num_heads * 2 * hw * d * (d + 1)
+                     + self.num_heads // 2 * self._pair_macs(hw))
+
+    def budget_units(self) -> list[tuple[float, torch.Tensor]]:
+        """What the budget drops when the search kept too much: whole head pairs (the ``2d``
+        output channels of a 1x1-branch head and of the 5x5-branch head computed from its q/k/v;
+        dropping both frees the pair's ``qkv`` and aggregation rows too, 2.5x what its ``proj``
+        columns alone save), least important first by the mean ``alpha`` of their channels."""
+        d, half = self.head_dim, self.num_heads // 2
+        alpha = self.out_gate.alpha.detach().view(self.num_heads, d)
+        units = []
+        for t in range(half):
+            channels = torch.cat([torch.arange(t * d, (t + 1) * d), torch.arange((t + half) * d, (t + half + 1) * d)])
+            units.append((float(torch.cat([alpha[t], alpha[t + half]]).mean()), channels))
+        return units
 
     @property
     def alpha_count(self) -> int:
         return 0 if self.out_gate is None else self.out_gate.alpha.numel()
 
-    def shrink(self, proj: nn.Module, index: Optional[torch.Tensor] = None) -> None:
+    def shrink(self, mla: nn.Module, index: Optional[torch.Tensor] = None) -> None:
         """Fix the architecture: keep the output channels ``index`` (default ``alpha > 0``),
-        shrink ``proj`` and the Q/K mask to them (class docstring) and drop the gate. Does
-        nothing without a gate (``arch=qk``)."""
+        shrink ``proj``, the q/k/v convolutions and the Q/K mask to them (class docstring) and
+        drop the gate. Does nothing without a gate (``arch=qk``)."""
         if self.out_gate is None:
             return
         if index is None:
             index = self.out_gate.kept_index()
         index = index.to(device=self.tau.device, dtype=torch.long)
-        shrink_proj_input(proj, index)
-        heads = torch.unique(index // self.head_dim)  # sorted
+        d, half = self.head_dim, self.num_heads // 2
+        shrink_proj_input(mla.proj, index)
+        heads = torch.unique(index // d)  # sorted
+        pairs = torch.unique(heads % half)
+        rows = (pairs[:, None] * 3 * d + torch.arange(3 * d, device=pairs.device)).flatten()
+        mla.qkv.conv = conv_output_channels(mla.qkv.conv, rows)
+        for op in mla.aggreg:  # their inputs become the kept qkv rows, in order
+            op[0] = conv_output_channels(op[0], rows)
+            op[1] = conv_output_channels(op[1], rows)
         if self.qk_mask is not None:
             shrink_qk_mask(self.qk_mask, heads)
+        computed = torch.cat([pairs, pairs + half])  # heads the shrunk convs compute, in order
         self.kept = index
         self.heads_used = heads
-        self.kept_positions = torch.searchsorted(heads, index // self.head_dim) * self.head_dim + index % self.head_dim
+        self.pairs_used = pairs
+        self.head_positions = torch.searchsorted(computed, heads)
+        self.kept_positions = torch.searchsorted(heads, index // d) * d + index % d
         self.out_gate = None
-        self._proj_macs = None
 
     def shrink_block(self, block: nn.Module, index: Optional[torch.Tensor] = None) -> None:
-        """:meth:`shrink` on the ``proj`` of ``block`` (the LiteMLA a ReducingLiteMLA wraps)."""
-        self.shrink(block.proj, index)
+        """:meth:`shrink` on ``block`` (the LiteMLA a ReducingLiteMLA wraps)."""
+        self.shrink(block, index)
 
 
 # -- finding the method's modules in a patched model --------------------------------------------
@@ -501,23 +671,64 @@ def decay_tau(tau_decay: float) -> Callable[[nn.Module, int, Callable[[], Any]],
     return callback
 
 
-def search_loss(lam: float) -> Callable[[nn.Module, torch.Tensor, torch.Tensor], Optional[torch.Tensor]]:
-    """``extra_loss`` of the search: ``lam * log(expected MLP MACs / full MLP MACs)``."""
+def _measured(model: nn.Module, budget: float, image: Optional[torch.Tensor] = None) -> ComputeBudget:
+    """The model's :class:`~vitbench.engine.channel_budget.ComputeBudget`, counted once (on
+    ``image``, else on the last forward's first input) and kept on the first reducer."""
+    reducers = dcs_reducers(model)
+    cost = getattr(reducers[0], "compute_budget", None)
+    if cost is None:
+        if image is None:
+            ctx = reduction_context(model)
+            image = None if ctx is None else ctx.inputs
+        if image is None:
+            raise RuntimeError("dcs: the compute budget is counted on a training image; run the search "
+                               "stage's `before` callback or a forward first")
+        cost = ComputeBudget.measure(model, image[:1].detach(), reducers, budget)
+        reducers[0].compute_budget = cost
+    return cost
+
+
+def measure_budget(budget: float) -> Callable[[nn.Module, Callable[[], Any]], None]:
+    """``before`` callback of the search: count the model once at batch 1 on the first training
+    image and build the cost model (:func:`_measured`); a budget the model cannot reach fails
+    here, before any training."""
+    def callback(model: nn.Module, batches: Callable[[], Any]) -> None:
+        images, _ = next(iter(batches()))
+        _measured(model, budget, images[:1])
+    return callback
+
+
+def search_loss(budget: float, lam: float) -> Callable[[nn.Module, torch.Tensor, torch.Tensor], Optional[torch.Tensor]]:
+    """``extra_loss`` of the search: ``lam * max(0, log(cost / (budget * baseline)))``.
+
+    ``cost`` is the counted-GMACs model of the whole network (:mod:`vitbench.engine.channel_budget`)
+    at the hard decision ``alpha > 0`` -- the architecture the shrink would keep now, Q/K mask
+    Linears included -- with the straight-through gradient of ``sigmoid(alpha / tau)``. Zero
+    once the decision fits the budget, so the cross-entropy alone ranks the channels there."""
     def extra_loss(model: nn.Module, logits: torch.Tensor, labels: torch.Tensor) -> Optional[torch.Tensor]:
-        costs = [c for c in (r.expected_macs() for r in dcs_reducers(model)) if c is not None]
-        if not costs or lam == 0:
+        if lam == 0:
             return None
-        expected = torch.stack([c[0] for c in costs]).sum()
-        full = float(sum(c[1] for c in costs))
-        return lam * torch.log(expected / full)
+        reducers = dcs_reducers(model)
+        cost = _measured(model, budget)
+        macs = cost.macs(reducers, [r.decision() for r in reducers])
+        return lam * torch.clamp(torch.log(macs / cost.target), min=0.0)
     return extra_loss
 
 
-def shrink_searched(model: nn.Module) -> None:
-    """``after`` callback of the search: shrink every gated MLP (or LiteMLA projection) to its
-    channels with ``alpha > 0``."""
-    for _, block, reducer in _blocks(model):
-        reducer.shrink_block(block.block)
+def shrink_to_budget(budget: float) -> Callable[[nn.Module], None]:
+    """``after`` callback of the search: the hard decision ``alpha > 0``, made to fit the budget
+    by dropping the lowest-``alpha`` kept channels (:func:`~vitbench.engine.channel_budget.
+    enforce_budget`, logged), then every gated MLP (or LiteMLA projection) shrinks to it."""
+    def callback(model: nn.Module) -> None:
+        blocks = list(_blocks(model))
+        if all(r.hard_decision() is None for _, _, r in blocks):
+            return
+        result = enforce_budget(_measured(model, budget), [r for _, _, r in blocks])
+        for (_, block, reducer), keep in zip(blocks, result.keep):
+            if keep is not None:
+                reducer.shrink_block(block.block, keep.nonzero().flatten())
+        blocks[0][2].budget_result = result
+    return callback
 
 
 # -- retraining with the IB bound ---------------------------------------------------------------
@@ -641,9 +852,10 @@ def build(params: DCSParams, info: ModelInfo) -> Reduction:
         arch_keys=("alpha",) if gated else (),
         arch_fraction=ARCH_FRACTION if gated else 0.0,
         batch_size=params.batch_size,
-        extra_loss=search_loss(params.lam) if gated else None,
+        extra_loss=search_loss(params.budget, params.lam) if gated else None,
+        before=(measure_budget(params.budget),) if gated else (),
         epoch_end=(decay_tau(params.tau_decay),),
-        after=(shrink_searched,),
+        after=(shrink_to_budget(params.budget),),
     )]
     if params.retrain_epochs > 0 and params.arch != "out":  # arch=out: nothing to retrain
         stages.append(TrainStage(

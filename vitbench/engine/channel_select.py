@@ -10,7 +10,8 @@ MLP module or a 1x1-conv projection, never a model family. The MobileViT blocks 
 - :class:`QKChannelMask`: the input-dependent query/key channel mask ``theta = Linear(x)``
   (one Linear shared by Q and K, or two with ``separate=True``).
 - :class:`ChannelGate`: per-channel architecture logits ``alpha`` of the attention-output/MLP
-  channels, with the expected kept fraction ``sigmoid(alpha / tau)`` for the FLOPs cost.
+  channels, with the hard keep/drop decision ``alpha > 0`` (straight-through to
+  ``sigmoid(alpha / tau)``) that the search's compute cost counts.
 - :func:`gated_mlp`, :func:`shrink_mlp`, :func:`sparse_mlp`: the MLP under a channel gate, the
   physical shrink of ``fc1``/``fc2`` to the kept channels, and the shrunk MLP's forward that
   scatters its ``C~`` outputs back into the ``C`` channels of the residual stream.
@@ -18,6 +19,8 @@ MLP module or a 1x1-conv projection, never a model family. The MobileViT blocks 
   module whose ``conv`` is a 1x1 convolution (EfficientViT's ``LiteMLA.proj``) shrunk to read
   only the kept input channels (DCS on the concatenated branch outputs feeding it).
 - :func:`shrink_qk_mask`: a Q/K channel mask reduced to the heads still computed.
+- :func:`conv_output_channels`: a convolution (plain, grouped or depthwise) reduced to some of
+  its output channels (whole groups), so the channels nothing reads are no longer computed.
 """
 from __future__ import annotations
 
@@ -28,7 +31,8 @@ from vitbench.engine.masks import gumbel_difference, straight_through_mask
 from vitbench.errors import UnsupportedError
 
 __all__ = [
-    "KEEP_LOGIT", "ChannelGate", "PointwiseConv", "QKChannelMask", "check_mlp",
+    "KEEP_LOGIT", "ChannelGate", "NoChannels", "PointwiseConv", "QKChannelMask", "check_mlp",
+    "conv_output_channels",
     "check_pointwise_proj", "gated_mlp", "gumbel_difference", "shrink_mlp", "shrink_proj_input",
     "shrink_qk_mask", "sparse_mlp", "straight_through_mask",
 ]
@@ -110,9 +114,16 @@ class ChannelGate(nn.Module):
         return straight_through_mask(self.alpha, tau, self.training)
 
     def expected_kept(self, tau: torch.Tensor | float) -> torch.Tensor:
-        """``sigmoid(alpha / tau) [C]``: each channel's probability of being kept (noise-free),
-        differentiable in ``alpha`` -- what the search's FLOPs cost is the expectation over."""
+        """``sigmoid(alpha / tau) [C]``: each channel's noise-free probability of being kept, the
+        soft relaxation of the keep/drop decision."""
         return torch.sigmoid(self.alpha / tau)
+
+    def decision(self, tau: torch.Tensor | float) -> torch.Tensor:
+        """The keep/drop decision the shrink will take, ``alpha > 0`` as exact 0/1 ``[C]``, with
+        the gradient of :meth:`expected_kept` (straight-through, no noise): what the search's
+        compute cost counts (docs/methods.md §7), so the cost the loss sees is the cost of the
+        architecture the shrink keeps, and its gradient still reaches every ``alpha``."""
+        return straight_through_mask(self.alpha, tau, False)
 
     def kept_index(self) -> torch.Tensor:
         """The channels kept after the search, ``alpha > 0``, as sorted indices ``[C~]``."""
@@ -231,3 +242,47 @@ def shrink_proj_input(proj: nn.Module, index: torch.Tensor) -> None:
     if conv.bias is not None:
         new.bias = nn.Parameter(conv.bias.detach().clone(), requires_grad=conv.bias.requires_grad)
     proj.conv = new
+
+
+class NoChannels(nn.Module):
+    """What a convolution becomes when none of its output channels is kept: ``[B, 0, H', W']``
+    at the size the convolution would give (``stride``), no parameters, no MACs."""
+
+    def __init__(self, stride: int = 1) -> None:
+        super().__init__()
+        self.stride = stride
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, _, h, w = x.shape
+        return x.new_zeros(b, 0, -(-h // self.stride), -(-w // self.stride))
+
+
+def conv_output_channels(conv: nn.Conv2d, rows: torch.Tensor) -> nn.Module:
+    """A copy of ``conv`` computing only its output channels ``rows [R]`` (sorted; whole groups
+    when ``conv`` is grouped), frozen exactly when ``conv`` was; :class:`NoChannels` for none.
+
+    A plain conv keeps its inputs and loses weight rows; a grouped conv (depthwise included)
+    keeps the groups of ``rows`` and reads only their input channels, which must be the first
+    ``len(rows) * in_per_group`` channels of its new input in the same order (the caller
+    slices the producer of those inputs alike)."""
+    rows = rows.to(device=conv.weight.device, dtype=torch.long)
+    if rows.numel() == 0:
+        return NoChannels(int(conv.stride[0]))
+    out_per_group = conv.out_channels // conv.groups
+    groups = 1
+    in_channels = conv.in_channels
+    if conv.groups > 1:
+        group_ids = torch.unique(rows // out_per_group)
+        expected = (group_ids[:, None] * out_per_group + torch.arange(out_per_group, device=rows.device)).flatten()
+        if not torch.equal(expected, rows):
+            raise ValueError(f"conv_output_channels: the rows of a grouped conv must be whole groups of "
+                             f"{out_per_group}; got {rows.tolist()}")
+        groups = int(group_ids.numel())
+        in_channels = groups * (conv.in_channels // conv.groups)
+    new = nn.Conv2d(in_channels, int(rows.numel()), conv.kernel_size, stride=conv.stride, padding=conv.padding,
+                    dilation=conv.dilation, groups=groups, bias=conv.bias is not None,
+                    padding_mode=conv.padding_mode, device="meta")
+    new.weight = nn.Parameter(conv.weight[rows].detach().clone(), requires_grad=conv.weight.requires_grad)
+    if conv.bias is not None:
+        new.bias = nn.Parameter(conv.bias[rows].detach().clone(), requires_grad=conv.bias.requires_grad)
+    return new

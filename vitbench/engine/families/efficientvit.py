@@ -44,6 +44,12 @@ channels through these hooks (each optional; a reducer with neither ``qk`` nor
   receives only them, and ``proj_forward`` receives only their output channels, in order.
 - ``proj_forward(proj, out) -> y``: run instead of ``proj(out)``; ``out [B, H'*d, H, W]`` the
   concatenated branch/head outputs (channel ``t*d + j`` is value channel ``j`` of head ``t``).
+- ``head_positions``: an attribute, ``None`` or a ``LongTensor``, for a reducer that has shrunk
+  the ``qkv`` and aggregation convolutions to some heads (DCS drops the q/k/v of a head of the
+  1x1 branch together with the 5x5-branch head computed from them): the heads ``heads_used``
+  are then selected at these positions among the heads still computed.
+- ``observe(mla, x)``: called first in every forward with the LiteMLA and its input map (a
+  reducer's look at the module it changes: DCS records the shapes its cost model needs).
 
 With ``None`` as reducer the wrapper calls the LiteMLA's own forward (bit-identical to the
 unpatched model); with a reducer it re-runs timm's ``LiteMLA.forward`` op for op on the
@@ -173,11 +179,18 @@ def lite_mla_forward(mla: nn.Module, x: torch.Tensor, reducer: Any) -> torch.Ten
     docstring): ``qk`` after the ReLU kernel, ``heads_used`` before the attention, and
     ``proj_forward`` instead of ``proj``."""
     b, _, h, w = x.shape
+    observe = getattr(reducer, "observe", None)
+    if observe is not None:
+        observe(mla, x)
     qkv = mla.qkv(x)
     multi_scale_qkv = torch.cat([qkv] + [op(qkv) for op in mla.aggreg], dim=1)
-    multi_scale_qkv = multi_scale_qkv.reshape(b, -1, 3 * mla.dim, h * w).transpose(-1, -2)
+    heads_computed = multi_scale_qkv.shape[1] // (3 * mla.dim)  # not -1: DCS may leave none
+    multi_scale_qkv = multi_scale_qkv.reshape(b, heads_computed, 3 * mla.dim, h * w).transpose(-1, -2)
     q, k, v = multi_scale_qkv.chunk(3, dim=-1)
     heads = getattr(reducer, "heads_used", None)
+    positions = getattr(reducer, "head_positions", None)
+    if positions is not None:  # qkv/aggreg compute only some heads: select among those
+        heads = positions
     if heads is not None:
         q, k, v = q.index_select(1, heads), k.index_select(1, heads), v.index_select(1, heads)
     q = mla.kernel_func(q)
