@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from vitbench.report import plot_accuracy_vs_gmacs, render_markdown, write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -112,6 +114,23 @@ def test_write_report_replaces_an_old_report(records, tmp_path):
     out.write_text("old")
     write_report(records[:2], out)
     assert out.read_text(encoding="utf-8").startswith("# vitbench report")
+
+
+def test_a_failed_render_leaves_the_old_report_and_plot_whole(records, tmp_path, monkeypatch):
+    import vitbench.report as report
+
+    out = tmp_path / "r.md"
+    write_report(records, out)
+    old_md, old_png = out.read_bytes(), out.with_suffix(".png").read_bytes()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("render failed")
+
+    monkeypatch.setattr(report, "render_markdown", broken)
+    with pytest.raises(RuntimeError, match="render failed"):
+        write_report(records[:2], out)
+    assert out.read_bytes() == old_md and out.with_suffix(".png").read_bytes() == old_png
+    assert sorted(os.listdir(tmp_path)) == ["r.md", "r.png"]  # no temp file left
 
 
 def test_fine_tuned_rows_say_how_they_were_trained(make_record):

@@ -18,12 +18,14 @@ __all__ = ["comparison_table", "plot_accuracy_vs_gmacs", "render_markdown", "wri
 def write_report(records: Iterable[Mapping[str, Any]], out_md_path: str | os.PathLike[str], *,
                  command: str | None = None, title: str | None = None) -> tuple[Path, Path]:
     """Write the markdown report and its plot beside it (same stem, ``.png``); each file is
-    written whole or not at all. Returns ``(md_path, png_path)``."""
+    written whole or not at all (a temp file, then a rename), and the markdown is rendered
+    before either is written, so a record the report cannot render leaves both old files as
+    they were. Returns ``(md_path, png_path)``."""
     records = list(records)
     md_path = Path(out_md_path)
     png_path = md_path.with_suffix(".png")
-    plot_accuracy_vs_gmacs(records, png_path)
     link = urllib.parse.quote(png_path.name)
     text = render_markdown(records, title=title, command=command, plot_path=link)
+    plot_accuracy_vs_gmacs(records, png_path)
     atomic_write_bytes(md_path, text.encode("utf-8"))
     return md_path, png_path
