@@ -97,6 +97,19 @@ def _eval_batches(ws: Workspace, model: nn.Module, device: str, limit: Optional[
                        device=device, batch_size=ws.eval_batch_size)
 
 
+def _ib_batches(ws: Workspace, model: nn.Module, device: str):  # type: ignore[no-untyped-def]
+    """Evaluation batches for the IB metric with labels 0..K-1 over the data's K classes: ImageNet
+    synset folders carry labels in the 1000-class space, and the IB clusters are the classes
+    present (docs/methods.md §6), not 1000 mostly empty ones."""
+    used = sorted(set((ws.data.dataset.get("label_map") or {}).values()))
+    batches = _eval_batches(ws, model, device)()
+    if not used or used == list(range(ws.data.num_classes)):
+        return batches
+    index = torch.full((max(used) + 1,), -1, dtype=torch.long)
+    index[used] = torch.arange(len(used))
+    return ((images, index[labels.cpu()].to(labels.device)) for images, labels in batches)
+
+
 def _gmacs_images(spec: RunSpec, ws: Workspace) -> torch.Tensor:
     """The images GMACs are counted on: the first evaluation images when there is data (input-
     dependent methods are averaged over real images, docs/measuring.md), else seeded noise."""
@@ -169,7 +182,7 @@ def _measure(spec: RunSpec, ws: Workspace, model: nn.Module, baseline: Optional[
         progress("measuring IB loss and bound")
         from vitbench.measure.ib import measure_ib
 
-        ib = measure_ib(model, _eval_batches(ws, model, device)(), ws.data.num_classes, device=device)
+        ib = measure_ib(model, _ib_batches(ws, model, device), ws.data.num_classes, device=device)
         out.update(ib_loss=float(ib.loss), ib_bound=float(ib.bound),
                    ib_input_constant=float(ib.input_constant))
     if "memory" in spec.metrics:

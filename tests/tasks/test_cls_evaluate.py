@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from vitbench.data.fashion_mnist import DEFAULT_DIR
-from vitbench.errors import DataError, ParamError
+from vitbench.errors import DataError, NonFiniteError, ParamError
 from vitbench.tasks.cls.evaluate import evaluate_cls, resolve_cls_data
 from vitbench.tasks.cls.models import input_config
 
@@ -124,3 +124,25 @@ def test_fashion_mnist_resized_for_rgb_models(make_model) -> None:
     data = resolve_cls_data("fashion-mnist", model)
     item = data.build(limit=1)[0]
     assert tuple(item["inputs"].shape) == (3, 48, 48)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("-inf")])
+def test_non_finite_logits_are_an_error_not_a_zero_row(model, image_folder: Path, bad) -> None:
+    """A NaN logit scores as a wrong answer and -inf survives softmax: both must stop the evaluation."""
+    data = resolve_cls_data(str(image_folder), model)
+    with torch.no_grad():
+        model.head.bias[2] = bad  # one class's logit, every image
+    with pytest.raises(NonFiniteError, match=r"^evaluation: the logits hold non-finite values \(4 of 24\) in batch 1$"):
+        evaluate_cls(model, data, batch_size=4, limit=8)
+    assert not model._forward_hooks  # the guard is removed again
+
+
+def test_fewer_classes_than_model_outputs_are_refused_too(make_model, image_folder: Path) -> None:
+    """A 10-way head scored against a 6-class folder's labels 0-5 would be meaningless."""
+    with pytest.raises(DataError, match=r"has 6 classes but the model predicts 10: .*pass --num-classes 6 "
+                                        r"\(fits a new 6-way head on the train/ split, backbone frozen\) or a "
+                                        r"--checkpoint whose head has 6 classes"):
+        resolve_cls_data(str(image_folder), make_model(num_classes=10))
+    data = resolve_cls_data(str(image_folder), make_model(num_classes=6))
+    with pytest.raises(DataError, match="the model predicts 10 classes but the data .* has 6; pass --num-classes 6"):
+        evaluate_cls(make_model(num_classes=10), data)

@@ -104,3 +104,19 @@ def test_input_config(make_model) -> None:
     cfg = input_config(deit)
     assert cfg.input_size == (224, 224) and cfg.crop_pct == deit.pretrained_cfg["crop_pct"] == 0.9 and cfg.interpolation == "bicubic"
     assert cfg.mean == pytest.approx((0.485, 0.456, 0.406))
+
+
+def test_a_new_head_is_marked_for_fitting(tmp_path: Path) -> None:
+    """--num-classes gives a new (random) head unless the checkpoint holds one of that size; a
+    checkpoint with another head still gives its backbone."""
+    assert not hasattr(load_model("test_vit"), "vitbench_new_head")
+    assert load_model("test_vit", num_classes=3).vitbench_new_head is True
+    three = load_model("test_vit", num_classes=3)
+    same = load_model("test_vit", num_classes=3, checkpoint=_save(tmp_path, three.state_dict(), "three.pth"))
+    assert not hasattr(same, "vitbench_new_head") and torch.equal(same.head.weight, three.head.weight)
+    wide = load_model("test_vit")  # a 1000-way checkpoint under a 3-way head: its backbone only
+    rehead = load_model("test_vit", num_classes=3, checkpoint=_save(tmp_path, wide.state_dict(), "wide.pth"))
+    assert rehead.vitbench_new_head is True and rehead.head.weight.shape == (3, wide.head.in_features)
+    assert torch.equal(rehead.blocks[0].attn.qkv.weight, wide.blocks[0].attn.qkv.weight)
+    with pytest.raises(CheckpointError, match="pass num_classes=3"):  # no --num-classes: strict as before
+        load_model("test_vit", checkpoint=tmp_path / "three.pth")
