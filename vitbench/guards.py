@@ -60,8 +60,9 @@ def check_losses(losses: Mapping[str, torch.Tensor | float], who: str, where: st
 def check_gradients(named_params: Iterable[tuple[str, nn.Parameter]], who: str, where: str) -> None:
     """Raise when a gradient holds NaN/inf, naming the first such parameter (and how many are).
 
-    One ``torch._foreach_norm`` over every gradient: a norm is finite exactly when all of its
-    entries are.
+    One ``torch._foreach_norm`` over every gradient (a finite norm means finite entries); only
+    a gradient whose norm is not finite is inspected entry by entry, since the squares of
+    finite entries above ~1e19 overflow float32.
     """
     pairs = [(n, p.grad) for n, p in named_params if p.grad is not None]
     if not pairs:
@@ -69,7 +70,11 @@ def check_gradients(named_params: Iterable[tuple[str, nn.Parameter]], who: str, 
     norms = torch._foreach_norm([g for _, g in pairs])
     if bool(torch.isfinite(torch.stack([n.float() for n in norms])).all()):
         return
-    bad = [name for (name, _), norm in zip(pairs, norms) if not bool(torch.isfinite(norm))]
+    # an infinite norm may only be an overflow of the squares (entries above ~1e19): look closer
+    bad = [name for (name, g), norm in zip(pairs, norms)
+           if not bool(torch.isfinite(norm)) and not bool(torch.isfinite(g).all())]
+    if not bad:
+        return
     more = f" and {len(bad) - 1} other parameter(s)" if len(bad) > 1 else ""
     grad = dict(pairs)[bad[0]]
     raise NonFiniteError(f"{who}: the gradient of {bad[0]}{more} became non-finite "
