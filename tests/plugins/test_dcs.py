@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 
 import pytest
 import torch
@@ -707,3 +708,101 @@ def test_mobilevit_shrink_prepare_load_and_ib_bound(one_thread):
     fresh.load_state_dict(state, strict=True)
     with torch.inference_mode():
         assert torch.equal(fresh(x), model(x))
+
+
+# -- the compute budget (issue 9): a cost that is the counted GMACs, a shrink that meets it -------
+
+def _family(name: str, **params):  # type: ignore[no-untyped-def]
+    """(base, patched model, image size) of a tiny model of each family DCS supports."""
+    if name == "vit":
+        base = tiny_vit(depth=DEPTH)
+        return base, vitbench.apply(copy.deepcopy(base), "dcs", **params), 32
+    import timm
+
+    torch.manual_seed(0)
+    base = timm.create_model(name, pretrained=False, num_classes=10).eval()
+    return base, vitbench.apply(copy.deepcopy(base), "dcs", **params), EV_SIZE
+
+
+def _dcs_reducers(model):  # type: ignore[no-untyped-def]
+    from vitbench_plugins.dcs import dcs_reducers
+
+    return dcs_reducers(model)
+
+
+def _before(model, x) -> None:  # type: ignore[no-untyped-def]
+    """The search's ``before`` callbacks on a one-batch data set (the budget's count)."""
+    for callback in _stage(model, "search").before:
+        callback(model, lambda: iter([(x, torch.zeros(len(x), dtype=torch.long))]))
+
+
+@pytest.mark.parametrize("family, params", [
+    ("vit", {"arch": "out"}), ("vit", {"arch": "both", "qk_mask": "separate", "budget": 0.95}),
+    ("efficientvit_b1", {"arch": "both", "budget": 0.95}), ("efficientvit_b1", {}), ("mobilevit_xs", {}),
+])
+def test_the_cost_model_is_the_counted_gmacs(one_thread, family, params):
+    """Before the search (Q/K mask Linears included), at the baseline and after the shrink, the
+    cost model's MACs equal what vitbench.measure.count_gmacs counts on the model."""
+    base, model, size = _family(family, **params)
+    x = torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(3))
+    _before(model, x)
+    reducers = _dcs_reducers(model)
+    cost = reducers[0].compute_budget
+    assert cost.baseline / 1e9 == pytest.approx(count_gmacs(base, x).mean, rel=1e-6)
+    assert cost.current(reducers) / 1e9 == pytest.approx(count_gmacs(model, x).mean, rel=1e-6)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # a searched decision: about a third of the channels dropped
+        for r in reducers:
+            alpha = r.mlp_gate.alpha if hasattr(r, "mlp_gate") else r.out_gate.alpha
+            alpha.copy_(torch.randn(alpha.shape, generator=g) + 0.5)
+    _stage(model, "search").after[0](model)
+    assert all(r.kept is not None for r in reducers)
+    assert cost.current(reducers) / 1e9 == pytest.approx(count_gmacs(model, x).mean, rel=1e-6)
+
+
+@pytest.mark.parametrize("family", ["vit", "efficientvit_b1", "mobilevit_xs"])
+def test_the_default_shrink_meets_the_budget_on_every_family(one_thread, family, caplog):
+    """With the defaults (arch=out, budget=0.9) and a search that dropped nothing, the shrink
+    still lands at or under 90% of the baseline's counted GMACs, and says so in the log."""
+    base, model, size = _family(family)
+    x = torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(3))
+    _before(model, x)
+    with caplog.at_level("WARNING", logger="vitbench.dcs"):
+        _stage(model, "search").after[0](model)
+    assert count_gmacs(model, x).mean <= 0.9 * count_gmacs(base, x).mean
+    assert re.search(r"dcs: the search kept .* \(1\.000 of the baseline's .*\), over budget=0\.9; "
+                     r"dropped \d+ more kept channels", caplog.text)
+    result = _dcs_reducers(model)[0].budget_result
+    assert result.extra_dropped > 0 and result.final_macs <= 0.9 * result.searched_macs
+
+
+def test_a_search_within_budget_keeps_its_own_decision():
+    base, model = _apply(arch="out", budget=0.9)
+    x = _images(1)
+    _before(model, x)
+    with torch.no_grad():
+        for reducer in _reducers(model):
+            reducer.mlp_gate.alpha[:20] = -1.0  # 20 of 48 channels: 40% of every MLP
+    kept = [(r.mlp_gate.alpha > 0).nonzero().flatten() for r in _reducers(model)]
+    _stage(model, "search").after[0](model)
+    assert all(torch.equal(r.kept, k) for r, k in zip(_reducers(model), kept))
+    assert _reducers(model)[0].budget_result.extra_dropped == 0
+    assert count_gmacs(model, x).mean <= 0.9 * count_gmacs(base, x).mean
+
+
+def test_a_budget_the_model_cannot_reach_is_refused_before_training():
+    _, model = _apply(arch="both", budget=0.5)
+    with pytest.raises(ParamError, match=r"dcs.budget=0.5 cannot be met on this model: dropping every "
+                                         r"channel dcs may drop still leaves 0\.\d+ of the baseline's "
+                                         r".* GMACs; valid: 0\.\d+ <= budget <= 1"):
+        _before(model, _images(1))
+
+
+def test_defaults_are_a_budget_on_the_mlp_channels():
+    """arch=out (the Q/K mask Linears cost N*C^2 per block and save nothing in a dense forward),
+    budget=0.9: one search stage, which measures the budget before and enforces it after."""
+    params = make_params("dcs", get_host().method("dcs").params, {})
+    assert (params.arch, params.budget) == ("out", 0.9)
+    _, model = _apply(arch=params.arch, budget=params.budget)
+    (search,) = reduction_context(model).reduction.train
+    assert search.name == "search" and len(search.before) == 1 and len(search.after) == 1
