@@ -239,3 +239,14 @@ def test_bad_count_gmacs_at_arguments(tiny_vit: nn.Module, kwargs: dict[str, obj
 def test_compiled_model_is_refused(tiny_vit: nn.Module) -> None:
     with pytest.raises(ParamError, match=r"torch\.compile"):
         count_gmacs_at(torch.compile(tiny_vit), TINY)
+
+
+def test_a_non_finite_forward_is_not_counted(tiny_vit: nn.Module) -> None:
+    """The count of a forward that produced NaN (input-dependent methods decide on NaNs) is an error."""
+    from vitbench.errors import NonFiniteError
+
+    images = torch.randn(3, 3, 32, 32)
+    images[1, 0, 0, 0] = float("nan")  # the second image only
+    with pytest.raises(NonFiniteError, match=r"^GMACs: the counted forward's outputs hold non-finite values "
+                                             r"\(10 of 10\) on image 2 of 3$"):
+        count_gmacs(tiny_vit, images)

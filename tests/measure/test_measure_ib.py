@@ -115,3 +115,17 @@ def test_final_features_of_a_conv_hybrid_is_the_final_map_mean():
     reduced.load_state_dict(plain.state_dict())
     with torch.no_grad():
         assert torch.allclose(final_features(reduced, images), expected, atol=1e-6)
+
+
+def test_non_finite_features_are_an_error_naming_the_batch() -> None:
+    from vitbench.errors import NonFiniteError
+
+    def features(model, images):
+        return images.flatten(1)[:, :8]
+
+    batches = [(torch.rand(4, 3, 8, 8), torch.tensor([0, 1, 0, 1])) for _ in range(2)]
+    assert torch.isfinite(measure_ib(torch.nn.Identity(), batches, 2, features=features).loss)
+    batches[1][0][2, 0, 0, 0] = float("nan")
+    with pytest.raises(NonFiniteError, match=r"^IB metrics: the final features hold non-finite values \(1 of 32\) "
+                                             r"in batch 2$"):
+        measure_ib(torch.nn.Identity(), batches, 2, features=features)
