@@ -33,28 +33,43 @@ DCS-EfficientViT-B1):
   ReLU-kernel features ``phi(Q)``, ``phi(K)`` -- after the kernel, so the linear attention's
   similarity and its normaliser both lose the masked channels, as ``(Q*M)(K*M)^T`` does in §7;
   the architecture gate ``alpha`` sits on the concatenated branch outputs before ``proj``
-  (EfficientViT's attention-output channels; its MLPs are MBConvs, not gated). The search cost
-  is the expected MACs of ``proj`` (``HW * C_out`` per kept channel). The shrink slices
-  ``proj.conv``'s input channels, skips the heads that lost every output channel (their q, k,
-  v, attention and Q/K logits), and keeps the ``qkv``/aggregation convolutions whole (see
-  :class:`DCSLiteMLAReducer` for why).
+  (EfficientViT's attention-output channels; its MLPs are MBConvs, not gated). The shrink slices
+  ``proj.conv``'s input channels, skips the heads that lost every output channel (their
+  attention and Q/K logits), and drops the q/k/v rows of the ``qkv`` and aggregation
+  convolutions of every *head pair* none of whose heads is kept -- head ``t`` of the 1x1 branch
+  and head ``h + t`` of the 5x5 branch are both computed from the same ``3d`` qkv rows, so only
+  together do they free them (see :class:`DCSLiteMLAReducer`). Without that, DCS could not
+  reach a 10% saving on EfficientViT-B1: ``proj`` is 8.7% of its MACs, the ``qkv`` conv 13%.
 - The IB bound of the retraining reads the last stage's output map, spatially averaged
   (:func:`feature_module`): a hybrid has no final token sequence.
 
 Training is declared as two :class:`~vitbench.catalog.TrainStage` objects, never looped here:
 
 1. ``search`` (``search_epochs``): alternate the weights (70% of the batches) and ``alpha``
-   (30%, ``arch_keys=("alpha",)``, learning rate ``arch_lr``). Loss ``CE + lam * log(cost)``
-   with ``cost`` the expected MACs of the MLPs under ``g``: per block ``N * 2 * H *
-   sum_i sigmoid(alpha_i / tau)`` (``fc1`` reads and ``fc2`` writes the kept channels; ``N`` and
-   the hidden width ``H`` as the last forward saw them). It is divided by the cost of the full
-   MLPs, which only shifts the term by a constant: it reads as the log of the expected kept
-   fraction, 0 for the full model. ``tau`` starts at ``tau0`` and is multiplied by
-   ``tau_decay`` after every search epoch (``epoch_end``). When the stage ends (``after``) the
-   MLPs are shrunk to the channels with ``alpha > 0`` (``g = 1`` without noise, the
-   deterministic choice): ``fc1`` and ``fc2`` become smaller ``nn.Linear`` modules under the
+   (30%, ``arch_keys=("alpha",)``, learning rate ``arch_lr``). Loss ``CE + lam * max(0,
+   log(cost / (budget * baseline)))``: the user states a **compute budget**, the fraction of
+   the baseline's GMACs to keep, and ``cost`` is a model of the *counted* GMACs of the whole
+   network (:mod:`vitbench.engine.channel_budget`): everything DCS does not change (patch
+   embedding, qkv, attention, proj, convolutions, head) is counted once with
+   :func:`vitbench.measure.count_gmacs` at batch 1 on the first training image (the search's
+   ``before``), and each block adds what DCS changes -- the gated MLP (``2 * N * H`` MACs per
+   kept channel: ``fc1`` reads and ``fc2`` writes it), the Q/K mask Linears (``N * C * C``
+   each; they cost and save nothing, see below), on EfficientViT ``proj``, the heads and head
+   pairs still computed. ``cost`` is taken at the **hard decision** ``alpha > 0`` -- the
+   architecture the shrink would keep now -- with the straight-through gradient of
+   ``sigmoid(alpha / tau)`` (:meth:`~vitbench.engine.channel_select.ChannelGate.decision`), so
+   the loss sees the GMACs the report will show, and the penalty is zero once they fit.
+   ``tau`` starts at ``tau0`` and is multiplied by ``tau_decay`` after every search epoch
+   (``epoch_end``). When the stage ends (``after``) the decision is **made to fit the budget**
+   (:func:`~vitbench.engine.channel_budget.enforce_budget`): if the search kept more, the kept
+   channels with the lowest ``alpha`` (on EfficientViT: the head pairs with the lowest mean
+   ``alpha``) are dropped until the counted cost fits, and a warning on the ``vitbench.dcs``
+   logger says how many; so "DCS keeps at most ``budget`` of the GMACs" holds by construction.
+   Then the MLPs are shrunk: ``fc1`` and ``fc2`` become smaller ``nn.Linear`` modules under the
    same names, ``alpha`` is removed, and a buffer ``kept`` holds the channel indices the MLP
-   output is scattered back to (the other channels add zero). GMACs fall accordingly.
+   output is scattered back to (the other channels add zero). A budget the model cannot reach
+   even with every gated channel dropped is refused before training, naming the lowest
+   reachable fraction.
 2. ``retrain`` (``retrain_epochs``): the architecture is fixed (there is no ``alpha`` any more;
    ``trainable=("qk_mask",)``). Loss ``CE + eta * IB_bound`` once ``t_warm`` retraining epochs
    are done (docs/methods.md §6, Theorem 3.1), on the final block's output reduced to the mean of
@@ -90,23 +105,36 @@ Choices the paper leaves open:
 - **Temperature**: the hard mask does not depend on ``tau`` (``theta + noise > 0``); ``tau``
   scales the straight-through gradient and the cost's ``sigmoid(alpha/tau)``. The Q/K masks
   keep Gumbel noise in retraining, at the temperature the search ended with (no decay there).
-- **Q/K masks cost FLOPs**: the mask is computed densely (one ``C x C`` Linear per token and
-  block, two with ``separate``) and the masked channels are still multiplied, so ``arch=qk``
-  *adds* about ``N*C^2`` MACs per block; only the MLP shrink saves. The paper reports the
-  FLOPs of the searched architecture; vitbench counts what runs.
-- **lam** = 0.1 (the paper gives no value): removing 10% of the MLP MACs is worth ~0.01 nats
-  of cross-entropy. Measured on the default model (one search epoch over 9.6k Fashion-MNIST
-  images, frozen backbone, constant learning rates, top-1 on 2,000 test images): lam=0.1 keeps
-  72% of the MLP channels at 81.7% top-1 (unpatched: 82.2%); lam=1 kept 10%, emptying the last
-  eight MLPs. No FLOPs target: since ``d log(cost) = d cost / cost`` the pressure grows as the
-  cost falls, so a long search needs a smaller lam (or fewer epochs).
+- **Default ``arch=out``** (the paper's DCS-Arch2 ablation), because **the Q/K masks cost
+  MACs and save none**: the mask is computed densely (one ``C x C`` Linear per token and
+  block, two with ``separate``; on EfficientViT ``HW * C * 2C`` per LiteMLA) and a masked
+  channel is still multiplied in the dense ``QK^T`` (the mask differs per token, so no channel
+  can be sliced away). On the default ViT the mask Linears add 9.9% to the model's GMACs (the
+  "+9.5%" DCS showed with the former ``lam=0.1``), on EfficientViT-B1 8.7% (as much as
+  ``proj``). The
+  paper reports the FLOPs of the searched architecture; vitbench counts what runs, and the
+  budget counts the masks too: with ``arch=both`` the search must drop that many more MLP
+  channels (the default ViT at ``budget=0.9``: half of them instead of a quarter),
+  which costs more accuracy than input-dependent Q/K masks win back in a short fine-tuning.
+  ``arch=both`` (the paper's full DCS) and ``arch=qk`` stay selectable; ``arch=qk`` drops
+  nothing, so it needs ``budget=1`` and then enforces nothing (it always adds MACs).
+- **budget** = 0.9 (the paper states FLOPs, not a budget): a saving of at least 10% on every
+  family by construction, and reachable on every family -- the lowest fraction DCS can reach
+  (every gated channel dropped) is 0.60 on the default ViT (its MLPs are 40% of the MACs),
+  0.74 on EfficientViT-B1 at 224 px (proj, heads and head pairs) and 0.85 on MobileViT-XS at
+  256 px (MLPs 15%; its convolutions dominate), so 0.85 would be refused there. On
+  MobileViT-XS 0.9 means dropping about two thirds of the MLP channels.
+- **lam** = 1.0: the penalty's weight, now only how hard the search pushes while it is over
+  budget (the shrink enforces the budget anyway); the penalty is ``log(cost / target)``, so
+  its gradient is relative (``d cost / cost``) and does not depend on the model's size.
 - **eta** = 1.0 (the paper: 50, from epoch 90 of a 300-epoch training from scratch, where the
   bound regularises a network that has long fitted the data); in vitbench's short fine-tuning
   of a trained model a weight of 50 would swamp the cross-entropy. ``t_warm`` = 0: the bound is
   on from the first retraining epoch (``t_warm >= retrain_epochs`` switches it off).
 - **Learning rates** for short CPU runs: ``lr`` = 1e-3 (AdamW) for ``theta``; ``arch_lr`` =
-  0.1 for ``alpha``, so that in one search epoch of ~150 batches (~45 architecture steps) a
-  channel the cost pushes steadily can cross from 2 to below 0. Lower it for long searches.
+  0.1 for ``alpha``, so that in one search epoch of ~150 batches (~45 architecture steps; with
+  ``arch=out`` every step is one) a channel the cost pushes steadily can cross from 2 to below
+  0. Lower it for long searches.
 - **Statistics memory**: the statistics pass keeps the features of the training set (``n x C``
   floats) for ``Q(a|y)``; the input centroids are summed on the fly and computed once.
 - **Supported MLPs**: timm ``Mlp`` with Linear ``fc1``/``fc2``; any other MLP raises
