@@ -34,19 +34,30 @@ What it does (docs/methods.md §5)
   ``G1 = column-softmax((M1 + g) / tau)`` over the ``N_p`` inputs (each merged token is a convex
   combination of patches), ``M1 [N_p, P]`` learnable, ``g`` Gumbel noise drawn per image and
   entry in training only (inference: ``column-softmax(M1 / tau)``, deterministic).
-- **Initialisation = average pooling.** Merged token ``p`` is cell ``cells[p]`` of an
-  ``H' x W'`` grid laid over the ``H x W`` patch grid with the windows of
-  ``torch.nn.functional.adaptive_avg_pool2d`` (rows ``floor(i*H/H') .. ceil((i+1)*H/H')``,
-  columns likewise; windows may overlap). ``M1`` is 0 inside the window and
-  ``-12 * tau`` outside, so ``M1 / tau`` is 0 / -12 for any ``tau``. "Equals average pooling"
-  therefore means: every merged token is the plain mean of its window, up to a leak of
-  ``e^-12`` (6e-6) of weight per outside patch (about 1e-4 of the total for 64 patches); the
-  outside logits stay finite so that training can move weight out of the window (a prior,
-  not a constraint). When ``H'W' > P`` (the square grid rarely has exactly P cells: 45 tokens
-  on a 7x7 grid) the ``P`` cells are spread evenly in raster order,
-  ``cells = floor(linspace(0, H'W'-1, P) + 0.5)``, so the merged tokens span the whole image;
-  a patch covered only by a skipped cell gets no weight at initialisation ("as far as that is
-  possible"). ``ratio = 1`` gives the identity.
+- **Initialisation** (``init``). ``M1`` is 0 for the patches a merged token starts from and
+  ``-12 * tau`` elsewhere, so ``M1 / tau`` is 0 / -12 for any ``tau``: each merged token starts
+  as the plain mean of its patches, up to a leak of ``e^-12`` (6e-6) of weight per other patch;
+  the other logits stay finite so that training can move weight (a prior, not a constraint).
+  Which patches:
+
+  - ``runs`` (the plain-ViT default, :func:`run_logits`): the least pooling that reaches ``P``
+    tokens. A boustrophedon path through the patch grid (consecutive patches are neighbours)
+    is cut into ``P`` contiguous runs of ``floor(N_p/P)`` or ``ceil(N_p/P)`` patches, the longer
+    runs spread evenly; at ratio 0.7 on 8x8 patches, 19 pairs of neighbours and 26 single
+    patches. Every patch belongs to exactly one merged token.
+  - ``grid`` (the conv hybrids' only choice, whose merge must fold to an ``H' x W'`` map;
+    selectable on ViT): average pooling to the ``ceil(sqrt(P))`` grid. Merged token ``p`` is
+    cell ``cells[p]`` of an ``H' x W'`` grid laid over the patch grid with the windows of
+    ``torch.nn.functional.adaptive_avg_pool2d`` (rows ``floor(i*H/H') .. ceil((i+1)*H/H')``,
+    columns likewise; windows may overlap); when ``H'W' > P`` the ``P`` cells are spread evenly
+    in raster order, ``cells = floor(linspace(0, H'W'-1, P) + 0.5)``.
+
+  Why ``runs`` on ViT (a deviation from docs/methods.md §5's "average pooling to a
+  ``ceil(sqrt(P))`` grid", measured on the default model, top-1 on 2000 test images, baseline
+  81.3 %): 8 -> 7 pooling windows are 2 patches wide, so the grid init blurs *every* token over
+  four patches and skips 4 of the 49 cells; the frozen backbone then reads 24.4 % untrained and
+  65-74 % after the default fine-tuning. The runs init leaves 26 of 45 tokens untouched: 72.5 %
+  untrained, 79-80 % fine-tuned. ``ratio = 1`` gives the identity with either init.
 - **Later blocks** (:class:`ReMerge`): one gradient step on the IB bound from "keep every
   token" (:func:`ib_mask_step`),
   ``G~ = I - 2 eta sum_a X~ (S_a / gamma^2) (gamma C_a - zeta)^T psi_a`` with ``Z`` the patch
@@ -77,11 +88,16 @@ What it does (docs/methods.md §5)
 
 Labels and the statistics
 -------------------------
-- ``psi_a = sum_b tau(X,b) log tau(X,b) - log Q(a|y)``. In training (module in training mode
-  and the loop's ``ctx.labels`` set) ``y`` is the true label; at inference (and in training
-  without labels) ``log Q(a|y)`` is replaced by its expectation under the class prior,
-  ``sum_y pi_y log Q(a|y)``: the label is unknown, and the expectation keeps the step
-  input-dependent (through ``tau``) and deterministic.
+- ``psi_a = sum_b tau(X,b) log tau(X,b) - log Q(a|y)``. At inference the label is unknown, so
+  ``log Q(a|y)`` is replaced by its expectation under the class prior,
+  ``sum_y pi_y log Q(a|y)`` (the step stays input-dependent through ``tau``, and
+  deterministic). **Training uses the same expectation by default** (``step_labels="prior"``):
+  with the true label (``step_labels="true"``, the papers' literal reading, selectable) the
+  merge of every later block is computed from the label, so the forward the loss trains sees
+  the answer while the evaluated one cannot. Measured on the default model (top-1 on 2000 test
+  images; baseline 81.3 %): the training CE fell to ~0.6 while test top-1 *dropped* with more
+  training, 74 % -> 49 % from one to two epochs; with ``"prior"`` training and evaluation run
+  the same forward and one epoch reaches 79-80 %.
 - **The input term cancels.** Since ``sum_a (S_a/gamma^2)(gamma C_a - zeta) = 0`` (with
   ``tau_a = S_a/gamma``: ``sum_a tau_a (C_a - zeta/gamma) = 0``), any part of ``psi_a`` that does
   not depend on ``a`` drops out of ``G~`` exactly; ``sum_b tau(X,b) log tau(X,b)`` is such a
@@ -136,6 +152,14 @@ sums to 1.) The same shares update ``source`` when tracing (``source_q = sum_i s
 source_i``: rows sum to the size, each original patch's column sums to 1); these soft sources
 are weights, so :func:`vitbench.engine.unmerge.unmerge` (which binarises coverage) does not
 apply to LTM. Proportional attention (``log size``) and size-weighted pooling use these sizes.
+
+The shares are bookkeeping and carry **no gradient** (``G`` is detached in them; the merged
+tokens ``G^T x`` keep theirs). ``d share / d G`` is ``1 / row-sum``, and a token that every
+merged token has learned to ignore has a row sum near 0: with the gradient flowing through the
+shares, single steps of the default fine-tuning gave the ``M_l`` logits gradients of 1e18-1e31,
+and one that overflowed to inf turned AdamW's moments and then the weights into NaN -- the
+divergence behind a 0.00 % LTM row (it depended on the machine through float rounding: one run
+on 2 threads failed at iteration 41, another did not). ToMe's sizes carry no gradient either.
 
 Training (the papers' fine-tuning setup, Table 1)
 -------------------------------------------------
@@ -208,6 +232,10 @@ __all__ = [
 ]
 
 OPTIMIZERS = ("SGD", "AdamW", "Adam")
+STEP_LABELS = ("prior", "true")
+#: the first merge's initialisation: ``runs`` (plain ViT default), ``grid`` (average pooling to
+#: the merge grid; conv hybrids, whose merge folds to that grid, support only this), ``auto``
+INITS = ("auto", "runs", "grid")
 FEATURES_KEY = "ltm_features"  # ctx.extras: the final block's features for the IB bound
 _OUTSIDE_LOGIT = -12.0  # M1 / tau outside the pooling window (e^-12: a 6e-6 leak per patch)
 _KEEP_LOGIT = 3.0  # initial M_l logits: keep (95% kept under training noise at tau = 1)
@@ -237,6 +265,8 @@ class LTMParams:
     mlp_ratio: float = 0.25
     stats_images: int = 2048
     trace_source: bool = False
+    step_labels: str = "prior"
+    init: str = "auto"
 
     def __post_init__(self) -> None:
         checks = [
@@ -253,6 +283,10 @@ class LTMParams:
         for name, ok, valid in checks:
             if not ok:
                 raise ParamError(f"ltm.{name}={getattr(self, name)!r} is out of range; it must be {valid}")
+        if self.init not in INITS:
+            raise ParamError(f"ltm.init={self.init!r} is not supported; valid: {', '.join(INITS)}")
+        if self.step_labels not in STEP_LABELS:
+            raise ParamError(f"ltm.step_labels={self.step_labels!r} is not supported; valid: {', '.join(STEP_LABELS)}")
         if self.optimizer not in OPTIMIZERS:
             raise ParamError(f"ltm.optimizer={self.optimizer!r} is not supported; valid: {', '.join(OPTIMIZERS)}")
 
@@ -308,13 +342,42 @@ def pooling_logits(grid: tuple[int, int], cells: tuple[int, int], p: int, outsid
     return torch.where(inside, torch.tensor(0.0), torch.tensor(outside))
 
 
+def snake_order(grid: tuple[int, int]) -> torch.Tensor:
+    """The raster indices of an ``H x W`` grid along a boustrophedon path (row 0 left to right,
+    row 1 right to left, ...): consecutive entries are always spatial neighbours."""
+    h, w = grid
+    rows = [torch.arange(r * w, (r + 1) * w) for r in range(h)]
+    return torch.cat([row if r % 2 == 0 else row.flip(0) for r, row in enumerate(rows)])
+
+
+def run_logits(grid: tuple[int, int], cells: tuple[int, int], p: int, outside: float) -> torch.Tensor:
+    """``M1 [H*W, p]`` for the least pooling that reaches ``p`` tokens: the path of
+    :func:`snake_order` is cut into ``p`` contiguous runs of ``floor(N/p)`` or ``ceil(N/p)``
+    patches (cut points ``floor(linspace(0, N, p + 1) + 0.5)``, so the longer runs are spread
+    evenly), merged token ``q`` averages run ``q`` (0 inside, ``outside`` elsewhere), and the
+    tokens are ordered by the first patch (raster order) of their run, so ``p = N`` is the
+    identity. ``cells`` is unused (the signature of :func:`pooling_logits`)."""
+    n = grid[0] * grid[1]
+    path = snake_order(grid)
+    cuts = torch.floor(torch.linspace(0, n, p + 1, dtype=torch.float64) + 0.5).long()
+    runs = sorted((path[cuts[q]:cuts[q + 1]] for q in range(p)), key=lambda run: int(run.min()))
+    logits = torch.full((n, p), float(outside))
+    for q, run in enumerate(runs):
+        logits[run, q] = 0.0
+    return logits
+
+
 # -- the merge -------------------------------------------------------------------------------
 def soft_merge(x: torch.Tensor, state: TokenState, g: torch.Tensor) -> torch.Tensor:
     """``x [B, prefix + N_in, C]`` -> ``[B, prefix + P, C]`` with ``G [B, N_in, P]``: merged
     token ``q`` is ``sum_i G_iq x_i``; sizes and sources follow the row shares (module doc)."""
     prefix = state.prefix
     merged = g.mT @ x[:, prefix:]  # [B or 1, P, N_in] @ [B, N_in, C]
-    share_t = (g / g.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(g.dtype).tiny)).mT
+    # bookkeeping without gradient: d(share)/dG ~ 1/row-sum, and a token every merged token has
+    # learned to ignore has a row sum near 0 (gradients of 1e30 and inf overflowed AdamW: the
+    # NaN divergence of issue 9); see "Sizes and sources" in the module doc
+    g_rows = g.detach()
+    share_t = (g_rows / g_rows.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(g.dtype).tiny)).mT
     size = state.sizes(x)
     state.size = torch.cat([size[:, :prefix], share_t @ size[:, prefix:]], dim=1)
     if state.source is not None:
@@ -332,6 +395,9 @@ class _Shared:
         self.ctx: Any = None
         self.recording: dict[nn.Module, torch.Tensor] | None = None
         self.hook: Any = None
+        #: the IB step of training uses the true label (``step_labels="true"``) or, as at
+        #: inference, its expectation under the class prior (``"prior"``, the default)
+        self.true_labels = False
 
 
 class FirstMerge(nn.Module):
@@ -344,14 +410,15 @@ class FirstMerge(nn.Module):
     needs: frozenset[str] = frozenset()
 
     def __init__(self, grid: tuple[int, int], cells: tuple[int, int], p: int, dim: int, tau: float,
-                 shared: _Shared, fold_grid: bool = False) -> None:
+                 shared: _Shared, fold_grid: bool = False, init: str = "grid") -> None:
         super().__init__()
         self.num_patches, self.p, self.tau = grid[0] * grid[1], p, tau
         #: conv hybrids: the merge is declared as a grid merge to ``cells`` (the adapter folds
         #: the tokens to that grid and merges its fusion shortcut alike, docs/methods.md §5)
         self.records_grid_merge = fold_grid
         self.cells = tuple(cells)
-        self.logits = nn.Parameter(pooling_logits(grid, cells, p, _OUTSIDE_LOGIT * tau))
+        start = run_logits if init == "runs" else pooling_logits
+        self.logits = nn.Parameter(start(grid, cells, p, _OUTSIDE_LOGIT * tau))
         self._shared = shared
         self.register_buffer("feature_centroids", torch.zeros(0, dim))
         self.register_buffer("feature_log_q", torch.zeros(0, 0))
@@ -423,7 +490,7 @@ class ReMerge(nn.Module):
         if self.log_q.shape[0] == 0:
             return None
         ctx = self._shared.ctx
-        labels = ctx.labels if self.training and ctx is not None else None
+        labels = ctx.labels if self.training and self._shared.true_labels and ctx is not None else None
         if labels is not None:
             return self.log_q[labels.long()]
         return (self.class_prior @ self.log_q)[None]
@@ -691,13 +758,18 @@ def build(params: LTMParams, info: ModelInfo) -> Reduction:
                                f"known: {', '.join(sorted(MERGE_GRIDS))}")
     if info.grid[0] * info.grid[1] != info.num_patches:
         raise UnsupportedError(f"ltm needs a patch grid: grid {info.grid} does not hold {info.num_patches} patches")
+    if info.blocks and params.init == "runs":
+        raise UnsupportedError(f"ltm.init='runs' does not apply to the {info.family!r} family: its merge "
+                               f"folds back to a grid; valid there: auto, grid")
     shared = _Shared()
+    shared.true_labels = params.step_labels == "true"
     if info.blocks:
         reducers = _hybrid_reducers(params, info, grid_fn, shared)
     else:
         p, cells = grid_fn(info, params.ratio)
         hidden = max(1, round(params.mlp_ratio * info.embed_dim))
-        reducers = [FirstMerge(info.grid, cells, p, info.embed_dim, params.tau, shared)]
+        init = "runs" if params.init == "auto" else params.init
+        reducers = [FirstMerge(info.grid, cells, p, info.embed_dim, params.tau, shared, init=init)]
         reducers += [ReMerge(p, info.embed_dim, hidden, params.eta, params.tau, shared) for _ in range(1, info.depth)]
     for module in reducers:  # start deterministic, like the (eval-mode) models vitbench reduces;
         module.eval()  # model.train() turns the Gumbel noise on
