@@ -28,12 +28,36 @@ Inference (``eval()``): tokens are removed for real. Counts differ per image, so
 padded to its largest count: padded tokens have size 0 and key bias ``-inf`` (and value 0), so
 every image gives the same output as when it runs alone.
 
+Token layout (``order``; docs/methods.md §2). The split into A and B alternates over the
+positions of the current tokens, so where a block puts the tokens it keeps decides which
+tokens the next block can pair:
+
+- ``"bipartite"`` (default): after every reducing block the tokens are laid out as ToMe's
+  merge leaves them -- the prefix, the unmerged tokens of set A, then the tokens of set B, each
+  group in its current order, pruned tokens left out -- even in a block that merges nothing.
+  This is what the official LTMP code does at inference, and published accuracies come from
+  it; with merging in every block, token counts differ from the original order's from block 1
+  on. Side by side with the official inference code on the same weights and thresholds, token
+  counts after every block are equal and logits agree to 2e-6 (fp32).
+- ``"original"``: the tokens that stay keep their original (spatial) order. Same rules, other
+  pairs from block 1 on. Sorted by position they are easier to read when visualising; dense
+  tasks do not need it, since :func:`vitbench.engine.unmerge` follows the traced sources in
+  either layout.
+
+Padding stays at the end in both layouts.
+
 Choices the paper and docs/methods.md leave open (this module is the reference):
 
-- **A/B split**: tokens keep their original order (never reordered as ToMe does), and the
-  split alternates over the *current* tokens: the ``j``-th surviving patch token is in A when
-  ``prefix + j`` is even (ToMe's split in block 0). In training ``j`` counts the unmasked tokens,
-  at inference the remaining ones, so the two modes match exactly the same tokens.
+- **A/B split**: the split alternates over the *current* tokens in their current layout: the
+  ``j``-th current patch token is in A when ``prefix + j`` is even (ToMe's split by position:
+  at inference the current tokens stand first, so this is the position's parity). In training
+  ``j`` counts the unmasked tokens, at inference the remaining ones.
+- **Layout in training**: tokens are masked, not removed, but they move as at inference: the
+  tokens a block keeps are laid out first in ``order``'s layout, the masked ones after them. So
+  both modes pair exactly the same tokens in every block, and a threshold learned in training
+  is compared with the same similarities and importances at inference. (The official training
+  code also lays tokens out as [A, B] but keeps the masked ones among them, so its next split
+  counts masked tokens and can pair other tokens than its inference does.)
 - **Hard mask**: computed as ``v > theta``, which is ``soft > 0.5`` without the rounding of the
   sigmoid near 0.5 (so training and inference agree bit for bit on which tokens go).
 - **Key mask in training**: ``log(mask + 1e-6)``, not ``log(mask)``: ``log(0)`` would make the
@@ -53,8 +77,8 @@ Choices the paper and docs/methods.md leave open (this module is the reference):
   penalty. Blocks without a reducer (``layers``) keep the previous ``m``.
 - **No prefix token** (``global_pool='avg'`` models without cls): the most important token is
   never pruned, so an image always keeps one token.
-- Source tracing (unmerge) is followed at inference; in training tokens never move and the
-  mask says what is gone.
+- Source tracing (unmerge) follows the tokens in both modes; in training the mask says what
+  is gone.
 - Known limitation: in training, size-weighted *average* pooling (``global_pool='avg'``) still
   counts masked tokens (the family's pool sees sizes, not the mask); ``'max'``/``'avgmax'``
   pooling at inference also sees padded tokens. Class-token models (DeiT/ViT) are unaffected.
@@ -79,13 +103,17 @@ _KEPT = "ltmp_kept"  # training: {block: [B] kept fraction after that block}
 _VALID = "ltmp_valid"  # inference: [B, N] bool, False on padding
 _COUNTS = "ltmp_counts"  # inference: {block: [B] tokens of each image after that block}
 _OPTIMIZERS = ("SGD", "AdamW", "Adam")
+#: Layouts of the tokens after a reducing block (module docstring, "Token layout").
+ORDERS = ("bipartite", "original")
 
 
 @dataclass(frozen=True)
 class LTMPParams:
     """``target``: FLOPs ratio to reach; ``tau``: masker temperature; ``lambda_flops``: weight of
     the FLOPs penalty; ``lr_merge``/``lr_prune``: learning rates of ``theta_m``/``theta_p``;
-    ``layers``: the blocks that reduce (``None``: all)."""
+    ``layers``: the blocks that reduce (``None``: all); ``order``: the token layout after a
+    reducing block (``"bipartite"``: prefix, set A, set B, as the official code;
+    ``"original"``: the original order)."""
 
     target: float = 0.75
     tau: float = 0.1
@@ -97,6 +125,7 @@ class LTMPParams:
     label_smoothing: float = 0.1
     batch_size: int = 64
     layers: Optional[tuple[int, ...]] = None
+    order: str = "bipartite"
 
     def __post_init__(self) -> None:
         if not 0.0 < self.target <= 1.0:
@@ -119,6 +148,8 @@ class LTMPParams:
             raise ParamError(f"ltmp.batch_size={self.batch_size} is out of range; it must be >= 1")
         if self.layers is not None and any(layer < 0 for layer in self.layers):
             raise ParamError(f"ltmp.layers={list(self.layers)}: block indices are >= 0")
+        if self.order not in ORDERS:
+            raise ParamError(f"ltmp.order={self.order!r}; valid orders: {', '.join(ORDERS)}")
 
 
 # -- masker and the two reductions ------------------------------------------------------------
@@ -132,12 +163,37 @@ def straight_through(value: torch.Tensor, theta: torch.Tensor, tau: float) -> to
     return straight_through_mask(value - theta, tau, noisy=False)
 
 
-def _front(flags: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Positions ``[B, K]`` of the flagged tokens first (original order), ``K`` the most flagged
-    in any image; and which of them are flagged."""
-    order = torch.argsort((~flags).to(torch.uint8), dim=1, stable=True)
+def _front(flags: torch.Tensor,
+           group: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions ``[B, K]`` of the flagged tokens first, ``K`` the most flagged in any image; and
+    which of them are flagged. Flagged tokens keep their order, grouped by ``group [B, N]``
+    (ascending) when given."""
+    key = (~flags).to(torch.long)
+    if group is not None:
+        key = torch.where(flags, group.to(torch.long), int(group.max()) + 1)
+    order = torch.argsort(key, dim=1, stable=True)
     order = order[:, : int(flags.sum(dim=1).max())]
     return order, flags.gather(1, order)
+
+
+def split_sets(current: torch.Tensor, prefix: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sets A and B ``[B, N]`` of the bipartite split: the current patch tokens, taken in order,
+    alternate; the ``j``-th is in A when ``prefix + j`` is even (ToMe's split by position once
+    the current tokens stand first; module docstring)."""
+    pos = torch.arange(current.shape[1], device=current.device)
+    patch = current & (pos >= prefix)
+    rank = patch.long().cumsum(dim=1) - 1
+    is_a = patch & ((rank + prefix) % 2 == 0)
+    return is_a, patch & ~is_a
+
+
+def bipartite_layout(current: torch.Tensor, prefix: int) -> torch.Tensor:
+    """Group ``[B, N]`` of each token in the official layout: 0 the prefix, 1 set A, 2 set B
+    (docs/methods.md §2). Sorting the tokens that stay by it (stably) gives ToMe's output order:
+    prefix, the unmerged A tokens, then the B tokens, each in their current order."""
+    is_a, _ = split_sets(current, prefix)
+    pos = torch.arange(current.shape[1], device=current.device)
+    return torch.where(pos < prefix, 0, torch.where(is_a, 1, 2)).expand_as(current)
 
 
 def best_partners(metric: torch.Tensor, current: torch.Tensor,
@@ -146,16 +202,12 @@ def best_partners(metric: torch.Tensor, current: torch.Tensor,
 
     Returns ``best [B, N]``, the cosine similarity of each A token to its most similar B token
     (``-inf`` for every other token), and ``dst [B, N]``, that partner's position (a token's own
-    position where it is not in A). The split alternates over the current patch tokens in
-    original order (module docstring).
+    position where it is not in A). The split is :func:`split_sets`.
     """
     b, n = current.shape
     with torch.no_grad():
         pos = torch.arange(n, device=current.device)
-        patch = current & (pos >= prefix)
-        rank = patch.long().cumsum(dim=1) - 1
-        is_a = patch & ((rank + prefix) % 2 == 0)
-        is_b = patch & ~is_a
+        is_a, is_b = split_sets(current, prefix)
         best = torch.full((b, n), float("-inf"), device=metric.device, dtype=metric.dtype)
         dst = pos.expand(b, n).clone()
         if not (bool(is_a.any()) and bool(is_b.any())):
@@ -218,9 +270,11 @@ def merge_into_partners(x: torch.Tensor, state: TokenState, weight: torch.Tensor
     return (x * size + added) / new_size.clamp_min(1e-12)
 
 
-def _compact(x: torch.Tensor, state: TokenState, keep: torch.Tensor, pruned: torch.Tensor) -> torch.Tensor:
-    """Remove the tokens not in ``keep [B, N]``; pad each image to the batch's largest count."""
-    order, valid = _front(keep)
+def _compact(x: torch.Tensor, state: TokenState, keep: torch.Tensor, pruned: torch.Tensor,
+             group: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Remove the tokens not in ``keep [B, N]``, laying out the rest grouped by ``group`` (see
+    :func:`_front`); pad each image to the batch's largest count."""
+    order, valid = _front(keep, group)
     if state.source is not None and state.fill is not None:
         covers = (state.source > 0).to(x.dtype) * pruned[..., None].to(x.dtype)
         values = torch.einsum("btp,btc->bpc", covers, x.detach())
@@ -244,10 +298,12 @@ class LTMPReducer(nn.Module):
 
     needs = frozenset({"keys", "attn"})
 
-    def __init__(self, index: int, tau: float, merge_init: float = 0.9, prune_init: float = 0.0) -> None:
+    def __init__(self, index: int, tau: float, merge_init: float = 0.9, prune_init: float = 0.0,
+                 order: str = "bipartite") -> None:
         super().__init__()
         self.index = index
         self.tau = tau
+        self.order = order
         self.theta_m = nn.Parameter(torch.tensor(float(merge_init)))
         self.theta_p = nn.Parameter(torch.tensor(float(prune_init)))
         # Inference until ``model.train()``: methods are applied to eval models, and a new
@@ -255,7 +311,7 @@ class LTMPReducer(nn.Module):
         self.train(False)
 
     def extra_repr(self) -> str:
-        return f"index={self.index}, tau={self.tau}"
+        return f"index={self.index}, tau={self.tau}, order={self.order}"
 
     def forward(self, x: torch.Tensor, state: TokenState, info: AttnInfo) -> torch.Tensor:
         if info.keys is None or info.attn is None:
@@ -280,6 +336,14 @@ class LTMPReducer(nn.Module):
         prune = straight_through(importance, self.theta_p, self.tau)
         prune = torch.where(_protected(alive, importance, state.prefix), torch.ones_like(prune), prune)
         mask = mask * (1.0 - merge) * prune
+        if self.order == "bipartite":
+            # the tokens stay, but in inference's layout: the ones left first, as
+            # [prefix, A, B], the masked ones after them (module docstring, "Token layout")
+            group = bipartite_layout(current, state.prefix)
+            left = mask.detach() > 0.5
+            perm = torch.argsort(torch.where(left, group, 3), dim=1, stable=True)
+            x = state.keep(x, perm)
+            mask = mask.gather(1, perm)
         state.private[_MASK] = mask
         state.private.setdefault(_KEPT, {})[self.index] = mask.mean(dim=1)
         state.key_bias = torch.log(mask + MASK_EPS)[:, None, None, :]
@@ -297,11 +361,13 @@ class LTMPReducer(nn.Module):
         alive = current & ~merged
         keep = alive & ((importance > self.theta_p) | _protected(alive, importance, state.prefix))
         state.private.setdefault(_COUNTS, {})[self.index] = keep.sum(dim=1)
-        if bool((keep == current).all()):
+        group = bipartite_layout(current, state.prefix) if self.order == "bipartite" else None
+        in_layout = group is None or bool((group.masked_fill(~current, 3).diff(dim=1) >= 0).all())
+        if bool((keep == current).all()) and in_layout:
             return x
         if bool(merged.any()):
             x = merge_into_partners(x, state, merged, dst)
-        return _compact(x, state, keep, alive & ~keep)
+        return _compact(x, state, keep, alive & ~keep, group)
 
 
 # -- training: FLOPs penalty and threshold clamp --------------------------------------------------
@@ -374,7 +440,8 @@ def build(params: LTMPParams, info: ModelInfo) -> Reduction:
         if not 0 <= layer < info.depth:
             raise ParamError(f"ltmp.layers contains {layer}; valid block indices for this model: "
                              f"0..{info.depth - 1}")
-    reducers = [LTMPReducer(i, params.tau) if i in layers else None for i in range(info.depth)]
+    reducers = [LTMPReducer(i, params.tau, order=params.order) if i in layers else None
+                for i in range(info.depth)]
     stage = TrainStage(
         name="thresholds",
         epochs=params.epochs,

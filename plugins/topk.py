@@ -5,6 +5,13 @@ scores (prefix tokens always kept, original order kept). With ``fuse=True`` (EVi
 tokens are fused into one extra token appended at the end: the score-weighted *sum* of the
 dropped tokens, with scores normalised over all patch tokens (EViT sums with the raw cls
 attention, which also sums to about one), standing for all the patches they stood for.
+
+Order of the kept tokens: EViT's code lays them out by score, highest first (``topk`` with
+``sorted=True``, then a gather); vitbench keeps their original order. Unlike PPT's pooling
+(docs/methods.md §3), nothing after a top-k step depends on token positions -- attention,
+LayerNorm and MLP act on tokens as a set, and the class-token readout and the size-weighted
+average pool do not see the order -- so both layouts give the same tokens, counts and logits
+(tested to 1e-5); the original order is kept as the one easier to read.
 """
 from __future__ import annotations
 
