@@ -125,3 +125,19 @@ def test_a_nan_at_each_measured_point_is_an_error_record_in_the_report(tmp_path,
         assert base["ib_loss"] is not None and base["ib_bound"] is not None
     report = (out / "report.md").read_text()
     assert f"Failed runs:\n\n- test-nan: {message}" in report
+
+
+@pytest.mark.slow
+def test_forced_divergence_on_the_embedded_default_is_an_error_record(tmp_path):
+    """The issue's "done when": --param ltm.lr=1e9 on the default gives an error record whose
+    message says the loss became non-finite, and exit status 1."""
+    out = tmp_path / "out"
+    rc = main(["run", "--methods", "ltm", "--param", "ltm.lr=1e9", "--param", "ltm.stats_images=128",
+               "--metrics", "accuracy", "--limit", "100", "--train-limit", "256", "--out", str(out)])
+    assert rc == 1
+    base, ltm = _records(out)
+    assert base["status"] == "ok" and base["top1_pct"] > 70.0
+    assert ltm["status"] == "error" and ltm["error"].startswith("ltm: the loss became non-finite (")
+    assert "in stage 'finetune', epoch 1, iteration " in ltm["error"]
+    assert not (out / "checkpoints" / f"{ltm['spec_id']}.pth").exists()
+    assert "the loss became non-finite" in (out / "report.md").read_text().split("Failed runs:")[1]
