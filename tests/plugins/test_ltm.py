@@ -235,8 +235,18 @@ def test_inference_is_deterministic_training_is_not_and_gmacs_fall():
     assert reduced < 0.9 * base
 
 
+def test_no_refresh_after_the_last_epoch_so_the_evaluated_model_is_the_trained_one():
+    model = _ltm(epochs=2)
+    before = {k: v.clone() for k, v in model.state_dict().items() if "centroids" in k or "log_q" in k}
+    data = _data(2, 20, seed=7)
+    _stage(model).epoch_end[0](model, 1, data)  # after the last of 2 epochs: nothing changes
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
+    _stage(model).epoch_end[0](model, 0, data)  # after the first: the refresh for epoch 2
+    assert not all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
+
+
 def test_statistics_pass_fills_the_buffers_as_a_direct_computation():
-    model = _ltm()  # first refresh done: the forward below uses non-trivial statistics
+    model = _ltm(epochs=2)  # first refresh done: the forward below uses non-trivial statistics
     first, *later = _reducers(model)
     data = _data(2, 20, seed=7)
     images = torch.cat([x for x, _ in data()])
