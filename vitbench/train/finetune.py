@@ -164,7 +164,8 @@ class FiniteLossHook(Hook):
     def after_train_iter(self, runner: Any, batch_idx: int, data_batch: Any = None,
                          outputs: Optional[Mapping[str, Any]] = None) -> None:
         if outputs:
-            check_losses({k: v for k, v in outputs.items() if isinstance(v, (torch.Tensor, float, int))},
+            check_losses({k: v for k, v in outputs.items()  # the loss terms, not logged extras (acc)
+                          if "loss" in k and isinstance(v, (torch.Tensor, float, int))},
                          self.who, train_position(self.stage, runner.epoch + 1, batch_idx + 1))
 
 

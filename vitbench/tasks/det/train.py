@@ -157,7 +157,8 @@ class DetMethodTrainer(BaseModel):
             log_vars["extra"] = extra.detach()
         log_vars["loss"] = loss.detach()
         who, where = ctx.method, trainer_position(self, self.stage)
-        check_losses(log_vars, who, where)  # each detection loss term, and the method's extra
+        # each detection loss term and the method's extra (not logged extras such as Mask R-CNN's acc)
+        check_losses({k: v for k, v in log_vars.items() if "loss" in k or k == "extra"}, who, where)
         optim_wrapper.zero_grad()
         guarded_update(wrapper, loss, self.detector, who, where)
         self.steps += 1
