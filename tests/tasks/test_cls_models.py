@@ -118,5 +118,6 @@ def test_a_new_head_is_marked_for_fitting(tmp_path: Path) -> None:
     rehead = load_model("test_vit", num_classes=3, checkpoint=_save(tmp_path, wide.state_dict(), "wide.pth"))
     assert rehead.vitbench_new_head is True and rehead.head.weight.shape == (3, wide.head.in_features)
     assert torch.equal(rehead.blocks[0].attn.qkv.weight, wide.blocks[0].attn.qkv.weight)
-    with pytest.raises(CheckpointError, match="pass num_classes=3"):  # no --num-classes: strict as before
-        load_model("test_vit", checkpoint=tmp_path / "three.pth")
+    own = load_model("test_vit", checkpoint=tmp_path / "three.pth")  # no --num-classes: the checkpoint's head
+    assert own.num_classes == 3 and not hasattr(own, "vitbench_new_head")
+    assert torch.equal(own.head.weight, three.head.weight)

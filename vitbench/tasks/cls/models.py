@@ -193,6 +193,19 @@ def load_checkpoint(model: nn.Module, path: str | Path, *, name: str = "model", 
     model.load_state_dict(state, strict=not except_head)
 
 
+def _checkpoint_classes(model: nn.Module, path: str | Path) -> int | None:
+    """The class count of the checkpoint's classifier when it differs from ``model``'s (same
+    feature width), else ``None``."""
+    state, own = read_state_dict(path), model.state_dict()
+    weights = [k for k in classifier_keys(model) if k.endswith("weight") and own[k].dim() == 2]
+    if not weights or not all(k in state and state[k].dim() == 2 and state[k].shape[1] == own[k].shape[1]
+                              for k in weights):
+        return None
+    counts = {int(state[k].shape[0]) for k in weights}
+    n = counts.pop() if len(counts) == 1 else None
+    return n if n is not None and n != int(own[weights[0]].shape[0]) else None
+
+
 def _checkpoint_head_fits(model: nn.Module, path: str | Path) -> bool:
     """Whether the checkpoint's classifier entries have the shapes of ``model``'s."""
     state, own = read_state_dict(path), model.state_dict()
@@ -207,7 +220,8 @@ def load_model(name: str, *, pretrained: bool = False, checkpoint: str | Path | 
     embedded default (trained once and cached; ``pretrained`` is then implied).
     ``pretrained=True`` downloads timm's weights from the hub (fails offline: use
     ``checkpoint``). ``checkpoint`` is a local ``.pth`` read with ``weights_only=True``
-    (see :func:`read_state_dict`). ``num_classes`` resizes the classifier head; the head is then
+    (see :func:`read_state_dict`); without ``num_classes`` the model takes the class count of
+    the checkpoint's head. ``num_classes`` resizes the classifier head; the head is then
     new (random) unless the checkpoint holds one of that size (a checkpoint with another head
     still gives its backbone), and the model is marked ``vitbench_new_head = True``: its head
     must be fitted before it means anything (:mod:`vitbench.tasks.cls.head`).
@@ -234,6 +248,10 @@ def load_model(name: str, *, pretrained: bool = False, checkpoint: str | Path | 
                                   "(--checkpoint PATH) instead of --pretrained") from exc
     new_head = num_classes is not None and name != DEFAULT_MODEL_NAME and not (
         pretrained and num_classes == (getattr(model, "pretrained_cfg", None) or {}).get("num_classes"))
+    if checkpoint is not None and num_classes is None and name != DEFAULT_MODEL_NAME:
+        classes = _checkpoint_classes(model, checkpoint)
+        if classes is not None:  # the checkpoint's own head (e.g. fine-tuned on 10 classes)
+            model.reset_classifier(classes)
     if checkpoint is not None:
         keep_head = not new_head or _checkpoint_head_fits(model, checkpoint)
         load_checkpoint(model, checkpoint, name=name, except_head=not keep_head)
