@@ -145,10 +145,14 @@ def test_finetune_trains_only_the_method(backbone_factory, det_data, method, par
     after = _state(detector)
     frozen = [k for k in before if ".reducer." not in k]
     assert any(k.endswith("running_mean") for k in frozen) and any(k.startswith("bbox_head.") for k in frozen)
-    changed = [k for k in frozen if not torch.equal(before[k], after[k])]
+    # DCS's shrink after its search drops channels of backbone layers (a smaller tensor, by design)
+    shrunk = [k for k in frozen if before[k].shape != after[k].shape]
+    assert all(k.startswith("backbone.model.") for k in shrunk)
+    changed = [k for k in frozen if k not in shrunk and not torch.equal(before[k], after[k])]
     assert changed == []  # backbone, neck and head weights and BatchNorm statistics: bitwise equal
-    method_params = [n for n, _ in detector.named_parameters() if ".reducer." in n]
-    assert any(not torch.equal(before[n], after[n]) for n in method_params)
+    method_params = [n for n, _ in detector.named_parameters() if ".reducer." in n and n in before]
+    # the method trained: its parameters moved, or (DCS, arch=out) its search decided a shrink
+    assert any(not torch.equal(before[n], after[n]) for n in method_params) or shrunk
     now = {n: p.requires_grad for n, p in detector.named_parameters()}
     assert now == {n: grads[n] for n in now}  # restored (DCS's shrink drops its searched gates)
     assert not detector.training
