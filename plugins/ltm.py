@@ -166,7 +166,7 @@ Training (the papers' fine-tuning setup, Table 1)
 -------------------------------------------------
 One :class:`~vitbench.catalog.TrainStage`: the backbone is frozen (the loop trains only the
 reducers' parameters): ``M1``, the ``M_l`` logits (``lr`` 0.3), ``s_l`` and the MLPs (``mlp_lr``
-0.3), with AdamW (no weight decay: decay would pull the mask logits towards "undecided"),
+= ``lr`` unless set), with AdamW (no weight decay: decay would pull the mask logits towards "undecided"),
 cosine schedule, two epochs (the statistics are refreshed between epochs, not after the last,
 so the evaluated model runs the statistics it was trained against), and the loss ``CE + ib_weight * IB bound``. The bound (Theorem 3.1, §6) is computed by
 :mod:`vitbench.measure.ib` on the final block's output features (size-weighted mean of its
@@ -195,7 +195,7 @@ import functools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -266,7 +266,7 @@ class LTMParams:
     #: the per-block MLPs and logit scales. Measured as above: 1e-3 65.4 %, 0.03 59.1 % (2 epochs),
     #: 0.3 75-79 %: a fast MLP learns early to keep the IB step from mixing tokens the frozen
     #: backbone cannot use (the statistics pass alone costs 72.5 -> 68.8 % untrained)
-    mlp_lr: float = 0.3
+    mlp_lr: Optional[float] = None  # None: the same as ``lr``
     optimizer: str = "AdamW"
     ib_weight: float = 1.0
     batch_size: int = 64
@@ -283,7 +283,7 @@ class LTMParams:
             ("tau", self.tau > 0.0, "> 0"),
             ("epochs", self.epochs >= 0, "an integer >= 0"),
             ("lr", self.lr > 0.0, "> 0"),
-            ("mlp_lr", self.mlp_lr > 0.0, "> 0"),
+            ("mlp_lr", self.mlp_lr is None or self.mlp_lr > 0.0, "> 0 (or None: the same as lr)"),
             ("ib_weight", self.ib_weight >= 0.0, ">= 0"),
             ("batch_size", self.batch_size >= 1, "an integer >= 1"),
             ("mlp_ratio", self.mlp_ratio > 0.0, "> 0"),
@@ -787,9 +787,10 @@ def build(params: LTMParams, info: ModelInfo) -> Reduction:
     for module in reducers:  # start deterministic, like the (eval-mode) models vitbench reduces;
         module.eval()  # model.train() turns the Gumbel noise on
     ib_loss = params.ib_weight > 0
+    mlp_lr = params.lr if params.mlp_lr is None else params.mlp_lr
     stage = TrainStage(
         name="finetune", epochs=params.epochs, optimizer=params.optimizer, lr=params.lr,
-        batch_size=params.batch_size, lr_groups=((".mlp.", params.mlp_lr), (".scale", params.mlp_lr)),
+        batch_size=params.batch_size, lr_groups=((".mlp.", mlp_lr), (".scale", mlp_lr)),
         extra_loss=functools.partial(ib_bound_loss, weight=params.ib_weight) if ib_loss else None,
         before=(functools.partial(_before, max_images=params.stats_images, ib_loss=ib_loss),),
         epoch_end=(functools.partial(_epoch_end, max_images=params.stats_images, epochs=params.epochs),),
