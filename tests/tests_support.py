@@ -79,3 +79,14 @@ def register_gate() -> str:
     get_host().add_plugin(_Plugin(), "test_gate")
     CALLS.clear()
     return "test-gate"
+
+
+def sharp_vit():
+    """tiny_vit with sharper attention (qkv x6), so importances differ enough to prune."""
+    from vitbench.testing import tiny_vit
+
+    model = tiny_vit()
+    with torch.no_grad():
+        for blk in model.blocks:
+            blk.attn.qkv.weight.mul_(6.0)
+    return model

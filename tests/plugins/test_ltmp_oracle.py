@@ -13,6 +13,7 @@ import vitbench
 from vitbench.engine import AttnInfo, TokenState, reduction_context
 from vitbench.errors import ParamError
 from vitbench.testing import tiny_vit
+from tests_support import sharp_vit as _sharp_vit  # tests/tests_support.py
 from vitbench_plugins.ltmp import LTMPReducer, kept_tokens
 
 
@@ -81,13 +82,6 @@ def reference_ltmp(model, images, theta_m, theta_p, order="bipartite"):
     return torch.stack(logits), counts
 
 
-def _sharp_vit():
-    """tiny_vit with sharper attention (qkv x6), so importances differ enough to prune."""
-    model = tiny_vit()
-    with torch.no_grad():
-        for blk in model.blocks:
-            blk.attn.qkv.weight.mul_(6.0)
-    return model
 
 
 def _ltmp(model, theta_m, theta_p, **params):

@@ -12,15 +12,10 @@ import vitbench
 import vitbench_plugins.topk as topk
 from vitbench.engine import enable_source_tracing, last_state, reduction_context
 from vitbench.testing import tiny_vit
+from tests_support import sharp_vit as _sharp_vit  # tests/tests_support.py
 from vitbench_plugins.ppt import top_tokens
 
 
-def _sharp_vit():
-    model = tiny_vit()
-    with torch.no_grad():
-        for blk in model.blocks:
-            blk.attn.qkv.weight.mul_(6.0)
-    return model
 
 
 @pytest.mark.parametrize("params", [dict(keep=0.7), dict(keep=0.5, fuse=True),

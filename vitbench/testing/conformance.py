@@ -27,6 +27,16 @@ from vitbench.params import make_params
 from vitbench.plugins import get_host
 
 
+#: the tiny models' timm kwargs (32x32 input, patch 4: 64 patches, 12 blocks of width 48)
+TINY_KWARGS: dict[str, Any] = dict(img_size=32, patch_size=4, in_chans=3, num_classes=10,
+                                   embed_dim=48, depth=12, num_heads=3, mlp_ratio=2.0)
+
+
+def _tiny(cls: type, seed: int, overrides: dict[str, Any]) -> nn.Module:
+    torch.manual_seed(seed)
+    return cls(**{**TINY_KWARGS, **overrides}).eval()
+
+
 def tiny_vit(seed: int = 0, **overrides: Any) -> nn.Module:
     """A tiny random timm ViT (32x32 input, patch 4: 64 patches + cls, 12 blocks) in eval mode.
 
@@ -34,22 +44,14 @@ def tiny_vit(seed: int = 0, **overrides: Any) -> nn.Module:
     """
     from timm.models.vision_transformer import VisionTransformer
 
-    kwargs: dict[str, Any] = dict(img_size=32, patch_size=4, in_chans=3, num_classes=10,
-                                  embed_dim=48, depth=12, num_heads=3, mlp_ratio=2.0)
-    kwargs.update(overrides)
-    torch.manual_seed(seed)
-    return VisionTransformer(**kwargs).eval()
+    return _tiny(VisionTransformer, seed, overrides)
 
 
 def tiny_deit_distilled(seed: int = 0, **overrides: Any) -> nn.Module:
     """:func:`tiny_vit` as a distilled DeiT: two prefix tokens, class then distillation."""
     from timm.models.deit import VisionTransformerDistilled
 
-    kwargs: dict[str, Any] = dict(img_size=32, patch_size=4, in_chans=3, num_classes=10,
-                                  embed_dim=48, depth=12, num_heads=3, mlp_ratio=2.0)
-    kwargs.update(overrides)
-    torch.manual_seed(seed)
-    return VisionTransformerDistilled(**kwargs).eval()
+    return _tiny(VisionTransformerDistilled, seed, overrides)
 
 
 def tiny_vit_registers(seed: int = 0, **overrides: Any) -> nn.Module:
