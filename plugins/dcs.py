@@ -150,7 +150,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from vitbench.catalog import MethodSpec, ModelInfo, Reduction, TrainStage
+from vitbench.catalog import BudgetKnob, MethodSpec, ModelInfo, Reduction, TrainStage
 from vitbench.engine.attention import AttnInfo
 from vitbench.engine.block import reduction_context
 from vitbench.engine.channel_budget import ComputeBudget, enforce_budget
@@ -909,6 +909,8 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
         build=build,
         families=("vit", "efficientvit", "mobilevit"),
         needs_training=True,
+        # the fraction of the baseline's GMACs to keep (enforced when the search ends): set to F
+        budget=BudgetKnob("budget", larger_means="more", mode="fraction"),
         description="DCS: differentiable Q/K and MLP (EfficientViT: attention-output) channel "
                     "selection, searched then retrained with the IB bound (learnable)",
     ))

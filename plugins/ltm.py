@@ -809,6 +809,8 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
         families=("vit", "mobilevit"),
         aliases=("ibtm",),
         needs_training=True,
+        # P = ceil(ratio * N_p) tokens: the count is fixed by ratio, so it is searched before training
+        budget=dict(param="ratio", larger_means="more", low=0.001, high=1.0),
         description="LTM/IBTM: learnable token merging by one IB-bound gradient step per block "
                     "(P = ceil(ratio * N_p) tokens after block 1; fine-tuned masks)",
     ))

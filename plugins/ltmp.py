@@ -92,7 +92,7 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 from torch import nn
 
-from vitbench.catalog import MethodSpec, ModelInfo, Reduction, TrainStage
+from vitbench.catalog import BudgetKnob, MethodSpec, ModelInfo, Reduction, TrainStage
 from vitbench.engine import AttnInfo, TokenState, reduction_context
 from vitbench.engine.masks import straight_through_mask
 from vitbench.errors import ParamError
@@ -470,6 +470,8 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
         families=("vit",),
         needs_training=True,
         needs_attention_probs=True,
+        # the FLOPs ratio its penalty trains towards: set to F, the count checked after training
+        budget=BudgetKnob("target", larger_means="more", mode="fraction"),
         description="LTMP: learned per-block thresholds for token merging and pruning "
                     "(trains only the thresholds)",
     ))

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vitbench.catalog import MethodSpec, ModelInfo, Reduction
+from vitbench.catalog import BudgetKnob, MethodSpec, ModelInfo, Reduction, patch_count
 from vitbench.engine import AttnInfo, TokenState, bipartite_soft_matching, max_merge
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
@@ -169,5 +169,7 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
             build=build,
             families=("vit",),
             needs_attention_probs=True,
+            # r tokens pooled or pruned at each listed block: more r, fewer GMACs
+            budget=BudgetKnob("r", larger_means="less", low=0, high=patch_count, integer=True),
             description=f"PPT: adaptive pruning or pooling per image, with {what} (training-free)",
         ))

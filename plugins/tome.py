@@ -20,7 +20,7 @@ from typing import Union
 
 import torch
 
-from vitbench.catalog import MethodSpec, ModelInfo, Reduction
+from vitbench.catalog import BudgetKnob, MethodSpec, ModelInfo, Reduction, patch_count
 from vitbench.engine import AttnInfo, TokenState, bipartite_soft_matching, max_merge
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
@@ -86,5 +86,7 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
         params=ToMeParams,
         build=build,
         families=("vit", "mobilevit"),
+        # r tokens merged per block: more r, fewer GMACs; a per-block list lands between integers
+        budget=BudgetKnob("r", larger_means="less", low=0, high=patch_count, integer=True, per_block=True),
         description="ToMe: bipartite soft matching, r tokens merged per block (training-free)",
     ))

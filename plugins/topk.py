@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vitbench.catalog import MethodSpec, ModelInfo, Reduction
+from vitbench.catalog import BudgetKnob, MethodSpec, ModelInfo, Reduction
 from vitbench.engine import AttnInfo, TokenState
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
@@ -89,5 +89,7 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
         build=build,
         families=("vit",),
         needs_attention_probs=True,
+        # the fraction of patch tokens kept at each listed block: more keep, more GMACs
+        budget=BudgetKnob("keep", larger_means="more", low=0.001, high=1.0),
         description="top-k pruning by a scorer at listed blocks; fuse=True adds EViT's fused token",
     ))

@@ -5,8 +5,9 @@ catalog of each and records which plugin registered what.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -54,6 +55,11 @@ class ModelInfo:
     @property
     def num_tokens(self) -> int:
         return self.num_prefix_tokens + self.num_patches
+
+    @property
+    def max_patches(self) -> int:
+        """The most patch tokens any attention block sees (hybrids: over all their sequences)."""
+        return max([self.num_patches, *(blk.num_patches for blk in self.blocks)])
 
 
 #: ``callback(model, batches)``: ``batches()`` iterates the training data once as
@@ -122,6 +128,63 @@ class Reduction:
     prepare_load: Optional[Callable[["nn.Module", dict], None]] = None
 
 
+#: how a budget knob is set for ``--match-gmacs F`` (:class:`BudgetKnob`)
+KNOB_MODES = ("search", "fraction")
+#: what a larger knob value does to the compute (:class:`BudgetKnob`)
+KNOB_DIRECTIONS = ("more", "less")
+
+
+@dataclass(frozen=True)
+class BudgetKnob:
+    """The one parameter that sets a method's compute, so that ``--match-gmacs F`` and
+    ``vitbench sweep`` can put every method at the same GMACs (docs/architecture.md, "Plugin API").
+
+    - ``param``: the parameter's name in the method's parameter dataclass (ToMe: ``"r"``).
+    - ``larger_means``: ``"less"`` when a larger value gives fewer GMACs (ToMe's ``r``, tokens
+      removed), ``"more"`` when it gives more (top-k's ``keep``, a fraction kept).
+    - ``mode``: ``"search"``: the GMACs count is a monotone function of the knob that does not
+      depend on training (a training-free method, or LTM whose token count is fixed by its
+      ratio), so vitbench bisects the knob on the real count (``low``..``high``) until it lands
+      within the tolerance. ``"fraction"``: the knob *is* the fraction of the baseline's GMACs to
+      keep (DCS's ``budget``, LTMP's FLOPs ``target``); vitbench sets it to ``F`` and checks the
+      count after fine-tuning.
+    - ``low``/``high``: the search range, inclusive (numbers, or ``f(ModelInfo) -> number`` when
+      the range depends on the model, e.g. ToMe's ``r`` up to the patch count).
+    - ``integer``: the knob takes integers (bisection over integers).
+    - ``per_block``: an integer knob that also takes a list with one value per block (ToMe's
+      ``r``): when no single integer lands within the tolerance, the search gives the last
+      ``k`` blocks ``v + 1`` and the others ``v``, which lands between ``v`` and ``v + 1``.
+    """
+
+    param: str
+    larger_means: str
+    mode: str = "search"
+    low: Union[float, Callable[[ModelInfo], float]] = 0.0
+    high: Union[float, Callable[[ModelInfo], float]] = 1.0
+    integer: bool = False
+    per_block: bool = False
+
+    def __post_init__(self) -> None:
+        if self.larger_means not in KNOB_DIRECTIONS:
+            raise ValueError(f"BudgetKnob.larger_means={self.larger_means!r}; valid: {', '.join(KNOB_DIRECTIONS)}")
+        if self.mode not in KNOB_MODES:
+            raise ValueError(f"BudgetKnob.mode={self.mode!r}; valid: {', '.join(KNOB_MODES)}")
+        if self.per_block and not self.integer:
+            raise ValueError("BudgetKnob.per_block needs integer=True (one integer per block)")
+
+    def bounds(self, info: ModelInfo) -> tuple[float, float]:
+        """The search range ``(low, high)`` on the model ``info`` describes."""
+        low = self.low(info) if callable(self.low) else self.low
+        high = self.high(info) if callable(self.high) else self.high
+        return low, high
+
+
+def patch_count(info: ModelInfo) -> int:
+    """``high`` of a knob that counts tokens removed per block (ToMe's and PPT's ``r``): beyond
+    half the patches a block cannot merge more, so the most patches any block sees is enough."""
+    return info.max_patches
+
+
 @dataclass(frozen=True)
 class MethodSpec:
     """A reduction method as a plugin registers it.
@@ -129,6 +192,7 @@ class MethodSpec:
     ``build(params, info)`` turns validated parameters and the model description into a
     :class:`Reduction`. ``params`` is a dataclass type whose fields all have defaults and whose
     ``__post_init__`` raises :class:`vitbench.errors.ParamError` on out-of-range values.
+    ``budget`` names the parameter that sets its compute (:class:`BudgetKnob`).
     """
 
     name: str
@@ -139,6 +203,17 @@ class MethodSpec:
     needs_training: bool = False
     needs_attention_probs: bool = False
     description: str = ""
+    #: the parameter that sets the method's compute (``--match-gmacs``, ``vitbench sweep``): a
+    #: :class:`BudgetKnob`, or its keyword arguments as a dict; ``None``: the method is reported
+    #: as "not matchable" at a matched budget
+    budget: Optional[BudgetKnob] = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.budget, Mapping):  # BudgetKnob's keyword arguments
+            object.__setattr__(self, "budget", BudgetKnob(**self.budget))
+        elif self.budget is not None and not isinstance(self.budget, BudgetKnob):
+            raise TypeError(f"MethodSpec.budget of {self.name!r} takes a BudgetKnob (or its keyword "
+                            f"arguments as a dict), got {type(self.budget).__name__}")
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,11 @@ class UnsupportedError(VitbenchError):
     """A method that does not support the given backbone family."""
 
 
+class BudgetError(VitbenchError):
+    """A compute budget a method cannot be matched to: it declares no budget knob ("not
+    matchable"), or no knob setting lands within the tolerance of the budget."""
+
+
 class DataError(VitbenchError):
     """A missing or malformed data folder."""
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -21,6 +21,7 @@ from torch import nn
 
 from vitbench import measure
 from vitbench.engine import apply, reduction_context
+from vitbench.calibrate import Calibration, GmacsCounter, calibrate, not_matchable, off_pct
 from vitbench.errors import VitbenchError
 from vitbench.plan import BASELINE, DENSE_TASKS, RunSpec
 from vitbench.plugins import get_host
@@ -48,6 +49,8 @@ class Workspace:
     verbose_training: bool = False
     #: how a new classifier head was fitted (``--num-classes``; :mod:`vitbench.tasks.cls.head`)
     head: Optional[dict] = None
+    #: matched compute: one cached GMACs counter per seed (:func:`match_compute`)
+    counters: dict = field(default_factory=dict)
 
 
 def input_size_of(model: nn.Module) -> tuple[int, int, int]:
@@ -121,6 +124,57 @@ def _gmacs_images(spec: RunSpec, ws: Workspace) -> torch.Tensor:
             return images
     gen = torch.Generator().manual_seed(spec.seed)
     return torch.randn(ws.gmacs_images, *ws.input_size, generator=gen)
+
+
+def _cls_counter(spec: RunSpec, ws: Workspace) -> GmacsCounter:
+    """Counts a reduced copy of the workspace's model on the images the report counts it on."""
+    images = _gmacs_images(spec, ws)
+
+    def count(method: Optional[str], params: dict[str, Any]) -> float:
+        model = copy.deepcopy(ws.model)
+        if method is not None:
+            model = apply(model, method, **params)
+        return measure.count_gmacs(model.eval(), images).mean
+
+    return GmacsCounter(count)
+
+
+def match_compute(spec: RunSpec, ws: Any, progress: Progress) -> Calibration:
+    """Choose ``spec``'s budget knob so that its GMACs land at ``spec.match_gmacs`` x the
+    baseline's, counted as the report counts them (det/seg: the backbone's GMACs, the part the
+    methods reduce). Raises :class:`~vitbench.errors.BudgetError` when it cannot."""
+    method = get_host().method(spec.method)
+    knob = method.budget
+    if knob is None:  # before counting anything: a det/seg counter trains the detector first
+        raise not_matchable(spec.method)
+    counters = ws.counters
+    if spec.seed not in counters:
+        if spec.task in DENSE_TASKS:
+            from vitbench.tasks.det.run import dense_gmacs_counter
+
+            counters[spec.seed] = dense_gmacs_counter(ws, spec.seed, progress)
+        else:
+            counters[spec.seed] = _cls_counter(spec, ws)
+    how = "setting" if knob.mode == "fraction" else "searching"
+    progress(f"{how} {spec.method}.{knob.param} for {spec.match_gmacs:g}x the baseline's GMACs")
+    info = get_host().family_of(ws.model).describe(ws.model)
+    result = calibrate(method, spec.params, spec.match_gmacs, counters[spec.seed], info)
+    if result.calibrated_gmacs is not None:
+        progress(f"{result.param}={result.value}: {result.calibrated_gmacs:.4g} GMACs, "
+                 f"{off_pct(result.calibrated_gmacs, result.target_gmacs):+.2f} % from the target "
+                 f"{result.target_gmacs:.4g} ({result.counts} settings evaluated)")
+    return result
+
+
+def _landed(spec: RunSpec, record: dict[str, Any]) -> None:
+    """Where a matched run's measured GMACs landed against its target (after any fine-tuning)."""
+    budget = record.get("budget")
+    gmacs = record.get("backbone_gmacs" if spec.task in DENSE_TASKS else "gmacs")
+    if not budget or gmacs is None:
+        return
+    off = off_pct(gmacs, budget["target_gmacs"])
+    budget.update(counted="backbone" if spec.task in DENSE_TASKS else "model", landed_gmacs=gmacs,
+                  landed_off_pct=off, landed_within=abs(off) <= budget["tolerance_pct"])
 
 
 def _train(spec: RunSpec, ws: Workspace, model: nn.Module, progress: Progress) -> dict[str, Any]:
@@ -212,23 +266,32 @@ def run_spec(spec: RunSpec, ws: Any, baseline: Optional[dict], env: dict[str, An
         "method": spec.method, "label": spec.label, "params": spec.params, "seed": spec.seed, "status": "ok",
         "error": None, "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
+    if spec.match_gmacs is not None:
+        record["match_gmacs"] = spec.match_gmacs
     try:
         seed_everything(spec.seed)
+        params = spec.params
+        if spec.match_gmacs is not None and spec.method != BASELINE:
+            matched = match_compute(spec, ws, progress)
+            params = matched.params
+            record.update(params=params, label=spec.matched_label(params), budget=matched.record())
+            seed_everything(spec.seed)  # the search must not change what the run draws
         if spec.task in DENSE_TASKS:
             from vitbench.tasks.det.run import run_dense_spec
 
-            record.update(_relative(spec, run_dense_spec(spec, ws, baseline, progress), baseline))
+            record.update(_relative(spec, run_dense_spec(spec, ws, baseline, progress, params=params), baseline))
         else:
             if ws.head is not None:
                 record["head"] = ws.head
             model = copy.deepcopy(ws.model)
             if spec.method != BASELINE:
                 progress("applying the method")
-                model = apply(model, spec.method, **spec.params)
+                model = apply(model, spec.method, **params)
                 context = reduction_context(model)
                 if context is not None and context.reduction is not None and context.reduction.train:
                     record.update(_train(spec, ws, model, progress))
             record.update(_relative(spec, _measure(spec, ws, model.eval(), baseline, progress), baseline))
+        _landed(spec, record)
     except VitbenchError as exc:
         record.update(status="error", error=str(exc))
     except Exception as exc:  # noqa: BLE001 - one failed run must not take the others down

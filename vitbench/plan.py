@@ -47,6 +47,10 @@ class RunSpec:
     train_limit: Optional[int] = None  # fine-tune on the first N training images
     #: det/seg: what trains beside the method (vitbench.tasks.det.protocol: all | heads | method)
     dense_finetune: Optional[str] = None
+    #: matched compute (``--match-gmacs F``, ``vitbench sweep``): the method's budget knob is set
+    #: when the run starts so that its GMACs land within 2 % of ``F`` x the baseline's
+    #: (:mod:`vitbench.calibrate`); ``params`` then hold every parameter but the knob
+    match_gmacs: Optional[float] = None
 
     @property
     def params(self) -> dict[str, Any]:
@@ -62,29 +66,44 @@ class RunSpec:
 
     @property
     def label(self) -> str:
-        """``tome (r=13)``: the method with the parameters that differ from its defaults."""
+        """``tome (r=13)``: the method with the parameters that differ from its defaults; a
+        matched run before its knob is chosen says its budget (``tome (at 0.6x GMACs)``)."""
         if self.method == BASELINE:
             return BASELINE
+        if self.match_gmacs is not None:
+            return self._label(self.params, notes=[f"at {self.match_gmacs:g}x GMACs"])
+        return self._label(self.params)
+
+    def matched_label(self, params: Mapping[str, Any]) -> str:
+        """The label of a matched run once its knob is chosen: ``params`` with the knob always
+        shown, first (``tome (r=7)``, ``topk (keep=0.7)`` even at the default)."""
+        knob = get_host().method(self.method).budget
+        return self._label(params, force=(knob.param,) if knob is not None else ())
+
+    def _label(self, params: Mapping[str, Any], force: tuple[str, ...] = (), notes: Iterable[str] = ()) -> str:
         spec = get_host().method(self.method)
         defaults = params_dict(make_params(self.method, spec.params, {}))
-        changed = {k: v for k, v in self.params.items() if defaults.get(k) != v}
+        changed = {k: params[k] for k in force if k in params}
+        changed.update({k: v for k, v in params.items() if k not in changed and defaults.get(k) != v})
+        shown = self._shown(changed)
+        dense_note = False
         if self.dense_finetune is not None:
             from vitbench.tasks.det.protocol import DEFAULT_PROTOCOL
 
-            if self.dense_finetune != DEFAULT_PROTOCOL:  # the row says what differs from the default
-                return f"{self.method} ({', '.join([*self._shown(changed), f'fine-tuned: {self.dense_finetune}'])})"
-        if self.train_backbone:
-            return f"{self.method} ({', '.join([*self._shown(changed), 'backbone trained'])})"
-        if not changed:
-            return self.method
-        return f"{self.method} ({', '.join(self._shown(changed))})"
+            dense_note = self.dense_finetune != DEFAULT_PROTOCOL  # the row says what differs from the default
+        if dense_note:
+            shown.append(f"fine-tuned: {self.dense_finetune}")
+        elif self.train_backbone:
+            shown.append("backbone trained")
+        shown += list(notes)
+        return f"{self.method} ({', '.join(shown)})" if shown else self.method
 
     @staticmethod
     def _shown(changed: dict[str, Any]) -> list[str]:
         return [f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in changed.items()]
 
 
-_LATER_FIELDS = ("train_backbone", "train_limit", "dense_finetune")
+_LATER_FIELDS = ("train_backbone", "train_limit", "dense_finetune", "match_gmacs")
 
 
 def parse_param_overrides(items: Iterable[str]) -> dict[str, dict[str, str]]:
@@ -113,8 +132,12 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
                overrides: Mapping[str, Mapping[str, Any]], metrics: Iterable[str],
                batch_size: int, device: str, seed: int, checkpoint: Optional[str] = None,
                pretrained: bool = False, train_backbone: bool = False,
-               train_limit: Optional[int] = None, dense_finetune: Optional[str] = None) -> list[RunSpec]:
-    """The baseline, then one spec per method, parameters validated (no model is built here)."""
+               train_limit: Optional[int] = None, dense_finetune: Optional[str] = None,
+               match_gmacs: Optional[float] = None) -> list[RunSpec]:
+    """The baseline, then one spec per method, parameters validated (no model is built here).
+
+    ``match_gmacs``: every method runs at that fraction of the baseline's GMACs, its budget knob
+    chosen when it runs (:mod:`vitbench.calibrate`); ``--param`` may not set the knob then."""
     if task not in TASKS:
         raise choices_error("task", task, TASKS)
     if device not in DEVICES:
@@ -131,6 +154,15 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
             raise VitbenchError(f"--param names method {name!r}, which is not in --methods "
                                 f"({', '.join(names) or 'none'})")
     canonical_overrides = {host.method(k).name: v for k, v in overrides.items()}
+    if match_gmacs is not None:
+        from vitbench.calibrate import check_fraction
+
+        match_gmacs = check_fraction(match_gmacs)
+        for name, values in canonical_overrides.items():
+            knob = host.method(name).budget
+            if knob is not None and knob.param in values:
+                raise ParamError(f"--param {name}.{knob.param} conflicts with matched compute: {knob.param} "
+                                 f"is {name}'s budget knob, which --match-gmacs/--budgets sets; leave it out")
     common = dict(task=task, model=model, data=data, metrics=tuple(metrics), batch_size=batch_size,
                   device=device, seed=seed, checkpoint=checkpoint, pretrained=pretrained)
     plan = [RunSpec(method=BASELINE, params_json="{}", **common)]
@@ -139,8 +171,12 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
         values = make_params(name, spec.params, canonical_overrides.get(name, {}))
         training = ({"train_backbone": train_backbone, "train_limit": train_limit,
                      "dense_finetune": dense_finetune} if spec.needs_training else {})
-        plan.append(RunSpec(method=name, params_json=json.dumps(params_dict(values), sort_keys=True),
-                            **common, **training))
+        matched = {"match_gmacs": match_gmacs} if match_gmacs is not None else {}
+        params = params_dict(values)
+        if match_gmacs is not None and spec.budget is not None:
+            params.pop(spec.budget.param, None)  # chosen when the run starts
+        plan.append(RunSpec(method=name, params_json=json.dumps(params, sort_keys=True),
+                            **common, **training, **matched))
     return plan
 
 
@@ -181,3 +217,21 @@ def build_seeded_plan(*, seeds: Iterable[int], **kwargs: Any) -> list[RunSpec]:
     if "seed" in kwargs:
         raise TypeError("build_seeded_plan takes seeds=, not seed=")
     return [spec for seed in check_seeds(seeds) for spec in build_plan(seed=seed, **kwargs)]
+
+
+def build_sweep_plan(*, budgets: Iterable[float], **kwargs: Any) -> list[RunSpec]:
+    """:func:`build_seeded_plan` at each of ``budgets`` (``vitbench sweep``): every method at
+    every budget, the baseline of each seed once (the first budget's; later budgets share it).
+    ``kwargs`` are :func:`build_seeded_plan`'s, without ``match_gmacs``."""
+    from vitbench.calibrate import check_fraction
+
+    if "match_gmacs" in kwargs:
+        raise TypeError("build_sweep_plan takes budgets=, not match_gmacs=")
+    budgets = tuple(check_fraction(b, "--budgets item") for b in budgets)
+    if not budgets:
+        raise ParamError("--budgets is empty; give fractions of the baseline's GMACs in (0, 1], e.g. 0.9,0.7,0.5")
+    plan: dict[str, RunSpec] = {}
+    for budget in budgets:
+        for spec in build_seeded_plan(match_gmacs=budget, **kwargs):
+            plan.setdefault(spec.spec_id, spec)
+    return list(plan.values())

@@ -132,6 +132,8 @@ class PluginHost:
         def register(spec: Any) -> None:
             if not isinstance(spec, spec_type):
                 raise TypeError(f"register() for {kind} takes a {spec_type.__name__}, got {type(spec).__name__}")
+            if kind == "methods":
+                _check_knob(spec)
             names = [spec.name, *getattr(spec, "aliases", ())]
             for name in names:
                 other = self._owner.get((kind, name))
@@ -209,6 +211,18 @@ class PluginHost:
             "failures": [vars(f) for f in self.failures],
             "skipped": list(self.skipped),
         }
+
+
+def _check_knob(spec: MethodSpec) -> None:
+    """A method's budget knob must name one of its parameters (a plugin failure otherwise)."""
+    import dataclasses
+
+    if spec.budget is None:
+        return
+    fields = [f.name for f in dataclasses.fields(spec.params)]
+    if spec.budget.param not in fields:
+        raise ValueError(f"method {spec.name!r} declares the budget knob {spec.budget.param!r}, which is "
+                         f"not one of its parameters ({', '.join(fields)})")
 
 
 _HOST: PluginHost | None = None

@@ -57,6 +57,8 @@ class DenseWorkspace:
     latency_repeats: int = 20
     verbose_training: bool = True
     _weights: Optional[dict[str, torch.Tensor]] = field(default=None, repr=False)
+    #: matched compute: one cached GMACs counter per seed (:func:`dense_gmacs_counter`)
+    counters: dict = field(default_factory=dict, repr=False)
     training_info: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -161,8 +163,34 @@ class DetectorForward(nn.Module):
         return self.detector._forward(images, [DetDataSample(metainfo=meta) for _ in range(images.shape[0])])
 
 
-def run_dense_spec(spec: Any, ws: DenseWorkspace, baseline: Optional[dict], progress: Progress) -> dict[str, Any]:
-    """Everything one det/seg spec measures (raises on failure; the executor records it)."""
+def dense_gmacs_counter(ws: DenseWorkspace, seed: int, progress: Progress) -> Any:
+    """A cached counter of the backbone's GMACs inside the trained detector, on the images
+    :func:`run_dense_spec` counts on (matched compute, :mod:`vitbench.calibrate`)."""
+    from vitbench.calibrate import GmacsCounter
+    from vitbench.tasks.det.evaluate import first_val_images
+
+    weights = trained_weights(ws, seed, progress)
+
+    def detector_of(backbone: nn.Module) -> nn.Module:
+        detector = build_detector(ws.task, backbone, ws.data.num_classes, width=ws.width)
+        load_detector_weights(detector, weights)
+        return detector.eval()
+
+    images = first_val_images(detector_of(copy.deepcopy(ws.model)), ws.data, ws.gmacs_images)
+
+    def count(method: Optional[str], params: dict[str, Any]) -> float:
+        backbone = copy.deepcopy(ws.model)
+        if method is not None:
+            backbone = apply(backbone, method, **params)
+        return measure.count_gmacs(detector_of(backbone).backbone, images).mean
+
+    return GmacsCounter(count)
+
+
+def run_dense_spec(spec: Any, ws: DenseWorkspace, baseline: Optional[dict], progress: Progress,
+                   params: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """Everything one det/seg spec measures (raises on failure; the executor records it).
+    ``params``: the method's parameters when they differ from the spec's (a matched knob)."""
     from vitbench.plan import BASELINE
     from vitbench.tasks.det.evaluate import evaluate_detector, first_val_images
     from vitbench.tasks.det.protocol import DEFAULT_PROTOCOL, dense_finetune_for
@@ -174,7 +202,7 @@ def run_dense_spec(spec: Any, ws: DenseWorkspace, baseline: Optional[dict], prog
     backbone = copy.deepcopy(ws.model)
     if spec.method != BASELINE:
         progress("applying the method")
-        backbone = apply(backbone, spec.method, **spec.params)
+        backbone = apply(backbone, spec.method, **(spec.params if params is None else params))
     detector = build_detector(ws.task, backbone, ws.data.num_classes, width=ws.width)
     load_detector_weights(detector, weights)
     ctx = reduction_context(backbone)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vitbench.catalog import MethodSpec, ModelInfo, Reduction
+from vitbench.catalog import BudgetKnob, MethodSpec, ModelInfo, Reduction
 from vitbench.engine import AttnInfo, TokenState
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
@@ -81,5 +81,7 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
         params=RandomDropParams,
         build=build,
         families=("vit",),
+        # the fraction of patch tokens kept at each listed block: --match-gmacs searches it
+        budget=BudgetKnob("keep", larger_means="more", low=0.001, high=1.0),
         description="keep a seeded random subset of the patch tokens at listed blocks (baseline)",
     ))

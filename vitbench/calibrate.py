@@ -1,0 +1,240 @@
+"""Matched compute: set a method's budget knob so that its GMACs land within :data:`TOLERANCE`
+of ``F`` x the baseline's (``vitbench run --match-gmacs F``, ``vitbench sweep``; docs/measuring.md,
+"Matched compute").
+
+A method declares its knob in its :class:`~vitbench.catalog.MethodSpec` (``budget``, a
+:class:`~vitbench.catalog.BudgetKnob`). Knobs of mode ``"search"`` are bisected on the real count
+(the count is monotone in the knob); each count goes through a :class:`GmacsCounter`, which
+caches it, so the bisections of several budgets on one model never count a setting twice.
+Knobs of mode ``"fraction"`` are the fraction itself (DCS's budget, LTMP's FLOPs target): they
+are set to ``F`` and the count after fine-tuning says how far the method landed.
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from vitbench.catalog import BudgetKnob, MethodSpec, ModelInfo
+from vitbench.errors import BudgetError, ParamError
+
+__all__ = ["TOLERANCE", "Calibration", "GmacsCounter", "calibrate", "check_fraction", "parse_budgets",
+           "not_matchable", "search_knob"]
+
+#: how far (relative) a matched method's GMACs may land from ``F`` x the baseline's
+TOLERANCE = 0.02
+#: a float knob is bisected until its count is this close to the target (a quarter of the
+#: tolerance), or the bracket is narrower than :data:`_FLOAT_STEP`
+_FLOAT_AIM = TOLERANCE / 4
+_FLOAT_STEP = 1e-4
+_DIGITS = 4  # float knob values are rounded to this many decimals (readable labels)
+
+
+def check_fraction(value: Any, option: str = "--match-gmacs") -> float:
+    """``value`` as a float in (0, 1], the fraction of the baseline's GMACs to keep; else a
+    :class:`ParamError` naming the value and the valid range."""
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        raise ParamError(f"{option} {value!r} is not a number; give the fraction of the baseline's "
+                         f"GMACs to keep, in (0, 1], e.g. 0.6") from None
+    if isinstance(value, bool) or not math.isfinite(f) or not 0.0 < f <= 1.0:
+        raise ParamError(f"{option} {value!r} is out of range; the fraction of the baseline's GMACs "
+                         f"to keep must be in (0, 1], e.g. 0.6")
+    return f
+
+
+def parse_budgets(text: str) -> tuple[float, ...]:
+    """``"0.9,0.8,0.7"`` -> ``(0.9, 0.8, 0.7)`` (the ``--budgets`` list of ``vitbench sweep``):
+    each in (0, 1], none repeated, at least one."""
+    items = [item.strip() for item in str(text).split(",") if item.strip()]
+    if not items:
+        raise ParamError(f"--budgets {text!r} is empty; give comma-separated fractions of the "
+                         f"baseline's GMACs in (0, 1], e.g. 0.9,0.7,0.5")
+    budgets = tuple(check_fraction(item, "--budgets item") for item in items)
+    for b in budgets:
+        if budgets.count(b) > 1:
+            raise ParamError(f"--budgets names {b:g} twice ({text}); each budget runs once")
+    return budgets
+
+
+class GmacsCounter:
+    """GMACs of the model reduced by ``(method, params)`` on fixed images, each setting counted
+    once. ``count(None, {})`` is the unreduced baseline."""
+
+    def __init__(self, count: Callable[[Optional[str], Mapping[str, Any]], float]) -> None:
+        self._count = count
+        self._cache: dict[tuple[Optional[str], str], float] = {}
+
+    def __call__(self, method: Optional[str], params: Mapping[str, Any]) -> float:
+        key = (method, json.dumps(dict(params), sort_keys=True))
+        if key not in self._cache:
+            self._cache[key] = float(self._count(method, params))
+        return self._cache[key]
+
+    @property
+    def counted(self) -> int:
+        """How many settings were really counted (the rest came from the cache)."""
+        return len(self._cache)
+
+
+@dataclass
+class Calibration:
+    """The knob value chosen for one method at one budget, and what it was aimed at."""
+
+    method: str
+    param: str
+    value: Any
+    mode: str
+    fraction: float
+    baseline_gmacs: float
+    target_gmacs: float
+    calibrated_gmacs: Optional[float] = None  # search: the count at ``value``
+    counts: int = 0  # settings the search evaluated (counted or cached)
+    params: dict[str, Any] = field(default_factory=dict)  # every parameter, the knob set
+
+    def record(self) -> dict[str, Any]:
+        """The ``budget`` field of the run's record."""
+        out = {"fraction": self.fraction, "param": self.param, "value": self.value, "mode": self.mode,
+               "baseline_gmacs": self.baseline_gmacs, "target_gmacs": self.target_gmacs,
+               "tolerance_pct": 100 * TOLERANCE, "counts": self.counts}
+        if self.calibrated_gmacs is not None:
+            out.update(calibrated_gmacs=self.calibrated_gmacs,
+                       calibrated_off_pct=off_pct(self.calibrated_gmacs, self.target_gmacs))
+        return out
+
+
+def off_pct(gmacs: float, target: float) -> float:
+    """How far ``gmacs`` is from ``target``, in % of the target (signed)."""
+    return 100.0 * (gmacs / target - 1.0)
+
+
+def _fmt_value(param: str, value: Any) -> str:
+    return f"{param}={json.dumps(value, separators=(',', ':'))}"
+
+
+def search_knob(count: Callable[[Any], float], knob: BudgetKnob, low: float, high: float, target: float,
+                *, method: str, depth: int = 1, tolerance: float = TOLERANCE,
+                baseline: Optional[float] = None) -> tuple[Any, float, int]:
+    """Bisect ``knob`` over ``[low, high]`` until ``count(value)`` lands within ``tolerance`` of
+    ``target``; returns ``(value, count, settings evaluated)``.
+
+    ``count`` must be monotone in the knob (non-increasing when ``knob.larger_means == "less"``).
+    A target below the fewest GMACs the knob reaches (or above the most) raises a
+    :class:`BudgetError` saying the range the method can reach; so does a target that falls
+    between two neighbouring integer settings, both further than ``tolerance`` from it.
+    ``baseline`` (the unreduced count) lets the messages speak in fractions of it."""
+    seen: dict[str, tuple[Any, float]] = {}
+
+    def c(value: Any) -> float:
+        key = json.dumps(value)
+        if key not in seen:
+            seen[key] = (value, count(value))
+        return seen[key][1]
+
+    def within(g: float) -> bool:
+        return abs(g - target) <= tolerance * target
+
+    if knob.integer:
+        low, high = int(math.ceil(low)), int(math.floor(high))
+    else:
+        low, high = round(low, _DIGITS), round(high, _DIGITS)
+    most, least = (high, low) if knob.larger_means == "more" else (low, high)
+    c_most, c_least = c(most), c(least)
+    if c_least > target * (1 + tolerance) or c_most < target * (1 - tolerance):
+        low_end = c_least > target
+        end, g = (least, c_least) if low_end else (most, c_most)
+        reach = g / (1 + tolerance) if low_end else g / (1 - tolerance)
+        if baseline:
+            asked = f"F = {target / baseline:.4g} ({target:.4g} GMACs)"
+            valid = f"valid budgets for {method} here: F {'>=' if low_end else '<='} {reach / baseline:.3f}"
+            g_text = f"{g:.4g} = {g / baseline:.3f} x the baseline's"
+        else:
+            asked, valid, g_text = f"{target:.4g} GMACs", f"it reaches {'>=' if low_end else '<='} {reach:.4g}", f"{g:.4g}"
+        raise BudgetError(
+            f"{method} cannot reach {asked}: its {'fewest' if low_end else 'most'} GMACs are {g_text} "
+            f"({_fmt_value(knob.param, end)}); within the {100 * tolerance:g} % tolerance, {valid}")
+    a, b = most, least  # count(a) >= target >= count(b) (up to the tolerance at the ends)
+    if knob.integer:
+        while abs(a - b) > 1:
+            m = (a + b) // 2
+            if c(m) >= target:
+                a = m
+            else:
+                b = m
+        best = min((a, b), key=lambda v: abs(c(v) - target))
+        if within(c(best)) or not knob.per_block or a == b:
+            return _landed(best, c(best), len(seen), target, tolerance, knob, method, (a, b), c)
+        # the last k blocks at b, the others at a: k = 0 is a, k = depth is b (monotone in k)
+        lists = lambda k: [a] * (depth - k) + [b] * k  # noqa: E731
+        lo_k, hi_k = 0, depth
+        while hi_k - lo_k > 1:
+            k = (lo_k + hi_k) // 2
+            if c(lists(k)) >= target:
+                lo_k = k
+            else:
+                hi_k = k
+        best_k = min((lo_k, hi_k), key=lambda k: abs(c(lists(k)) - target))
+        value = lists(best_k)
+        value = value[0] if len(set(value)) == 1 else value
+        return _landed(value, c(value), len(seen), target, tolerance, knob, method, (a, b), c)
+    for _ in range(60):
+        best = min(seen.values(), key=lambda vc: abs(vc[1] - target))
+        if abs(best[1] - target) <= _FLOAT_AIM * target or abs(a - b) < _FLOAT_STEP:
+            break
+        m = round((a + b) / 2, _DIGITS)
+        if m in (a, b):
+            break
+        if c(m) >= target:
+            a = m
+        else:
+            b = m
+    value, g = min(seen.values(), key=lambda vc: abs(vc[1] - target))
+    return _landed(value, g, len(seen), target, tolerance, knob, method, (a, b), c)
+
+
+def _landed(value: Any, g: float, n: int, target: float, tolerance: float, knob: BudgetKnob, method: str,
+            bracket: tuple[Any, Any], c: Callable[[Any], float]) -> tuple[Any, float, int]:
+    if abs(g - target) <= tolerance * target:
+        return value, g, n
+    a, b = bracket
+    raise BudgetError(
+        f"{method} cannot land within {100 * tolerance:g} % of {target:.4g} GMACs: its knob moves in "
+        f"steps too coarse here ({_fmt_value(knob.param, a)} gives {c(a):.4g} GMACs, "
+        f"{off_pct(c(a), target):+.1f} %; {_fmt_value(knob.param, b)} gives {c(b):.4g}, "
+        f"{off_pct(c(b), target):+.1f} %)")
+
+
+def not_matchable(method: str) -> BudgetError:
+    """The error of a method without a budget knob at a matched budget."""
+    return BudgetError(f"{method} is not matchable: its plugin declares no budget knob "
+                       f"(MethodSpec.budget), so --match-gmacs/--budgets cannot set its compute")
+
+
+def calibrate(spec: MethodSpec, params: Mapping[str, Any], fraction: float, counter: GmacsCounter,
+              info: ModelInfo) -> Calibration:
+    """Choose ``spec``'s budget knob for ``fraction`` of the baseline's GMACs (counted by
+    ``counter``, the same way the report counts them); the other ``params`` stay as they are.
+
+    Raises :class:`BudgetError` for a method without a knob ("not matchable") and for a budget
+    it cannot reach."""
+    knob = spec.budget
+    if knob is None:
+        raise not_matchable(spec.name)
+    fraction = check_fraction(fraction)
+    base = counter(None, {})
+    target = fraction * base
+    out = Calibration(method=spec.name, param=knob.param, value=None, mode=knob.mode, fraction=fraction,
+                      baseline_gmacs=base, target_gmacs=target)
+    if knob.mode == "fraction":
+        out.value = fraction
+        out.params = {**params, knob.param: fraction}
+        return out
+    low, high = knob.bounds(info)
+    value, g, n = search_knob(lambda v: counter(spec.name, {**params, knob.param: v}), knob, low, high, target,
+                              method=spec.name, depth=info.depth, baseline=base)
+    out.value, out.calibrated_gmacs, out.counts = value, g, n
+    out.params = {**params, knob.param: value}
+    return out
