@@ -69,18 +69,21 @@ def test_missing_metrics_are_na(records):
 def test_nan_and_null_metrics_are_na(make_record):
     recs = [make_record("b", "baseline", top1_pct=None, gmacs=float("nan")),
             make_record("t", "tome", {"r": 4}, top1_pct=70.0, gmacs=2.0)]
-    row = by_method(comparison_table(recs, *CLS))["tome (r=4)"]
-    assert row["ΔTop-1 (pp)"] == "n/a" and row["GMACs ↓ (%)"] == "n/a"
-    assert row["Efficiency"] == "n/a"
+    df = comparison_table(recs, *CLS)
+    row = by_method(df)["tome (r=4)"]
+    assert row["GMACs"] == "2.000" and by_method(df)["baseline"]["GMACs"] == "n/a"
+    # no row has a delta, a GMACs cut or an efficiency: those columns are left out (issue 10)
+    assert not {"ΔTop-1 (pp)", "GMACs ↓ (%)", "Efficiency"} & set(df.columns)
 
 
 def test_without_a_successful_baseline_deltas_are_na(records):
     recs = [r for r in records if r["method"] != "baseline"]
-    rows = by_method(comparison_table(recs, *CLS))
+    df = comparison_table(recs, *CLS)
+    rows = by_method(df)
     assert list(rows) == ["tome (r=13)", "ibtm (r=0.7)"]
-    assert rows["tome (r=13)"]["ΔTop-1 (pp)"] == "n/a"
-    assert rows["tome (r=13)"]["GMACs ↓ (%)"] == "n/a"
-    assert rows["tome (r=13)"]["Speed-up (×)"] == "n/a"
+    assert rows["tome (r=13)"]["Speed-up (×)"] == "n/a"  # ibtm's comes from its record
+    # without a baseline no row has a delta: the columns are left out rather than all n/a
+    assert "ΔTop-1 (pp)" not in df.columns and "GMACs ↓ (%)" not in df.columns
 
 
 def test_no_top5_column_when_no_run_has_it(records):
@@ -144,3 +147,15 @@ def test_gmacs_keep_three_significant_figures_on_small_models():
     assert format(0.03123, gmacs_spec(0.03123)) == "0.0312"
     assert format(4.599, gmacs_spec(4.599)) == "4.599"
     assert format(17.564, gmacs_spec(17.564)) == "17.564"
+
+
+def test_columns_no_row_measured_are_left_out(make_record):
+    # a GMACs-only run: Method, GMACs and the cut, not eight columns of n/a (issue 10)
+    recs = [make_record("b", "baseline", gmacs=4.0), make_record("t", "tome", {"r": 4}, gmacs=3.0)]
+    for key in ("top1_pct", "top5_pct", "params_m", "throughput_img_s", "latency_ms", "ib_loss", "ib_bound",
+                "speedup", "efficiency"):
+        for r in recs:
+            r.pop(key, None)
+    df = comparison_table(recs, *CLS)
+    assert list(df.columns) == ["Method", "GMACs", "GMACs ↓ (%)"]
+    assert list(df["GMACs ↓ (%)"]) == ["0.0", "25.0"]

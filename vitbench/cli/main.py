@@ -6,10 +6,10 @@ import sys
 from typing import Optional
 
 from vitbench import __version__
-from vitbench.cli import list_cmd, plugins_cmd, report_cmd, run_cmd
+from vitbench.cli import list_cmd, plugins_cmd, report_cmd, run_cmd, sweep_cmd
 from vitbench.errors import VitbenchError
 
-COMMANDS = (run_cmd, list_cmd, plugins_cmd, report_cmd)
+COMMANDS = (run_cmd, sweep_cmd, list_cmd, plugins_cmd, report_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

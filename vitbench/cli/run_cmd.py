@@ -32,6 +32,15 @@ from vitbench.plugins import get_host
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run methods against the baseline and write runs.jsonl + report.md")
+    add_run_options(p)
+    p.add_argument("--match-gmacs", default=None, metavar="F",
+                   help="matched compute: set every method's budget knob so that its GMACs land within "
+                        "2 %% of F x the baseline's (0 < F <= 1); the chosen values go into the labels")
+    p.set_defaults(handler=run)
+
+
+def add_run_options(p: argparse.ArgumentParser) -> None:
+    """The options ``vitbench run`` and ``vitbench sweep`` share."""
     p.add_argument("--task", default="cls", help="task: cls, det (SSDLite) or seg (Mask R-CNN)")
     p.add_argument("--methods", required=True, help="comma-separated method names (see `vitbench list methods`)")
     p.add_argument("--model", default=None,
@@ -70,7 +79,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--detector-width", default=None, choices=("full", "light"),
                    help="det/seg: the detector's neck/head widths (default: light on the embedded data, "
                         "full with --data)")
-    p.set_defaults(handler=run)
 
 
 def _metrics(args: argparse.Namespace, model: str) -> tuple[str, ...]:
@@ -112,10 +120,59 @@ def _check_methods_apply(plan: list, model) -> None:  # type: ignore[no-untyped-
         apply(copy.deepcopy(model), spec.method, **spec.params)
 
 
+def _budgets(args: argparse.Namespace) -> Optional[tuple[float, ...]]:
+    """The matched budgets: ``vitbench sweep --budgets``, or ``(F,)`` for ``--match-gmacs F``,
+    or ``None`` (every method at its own defaults)."""
+    from vitbench.calibrate import check_fraction, parse_budgets
+
+    if getattr(args, "budgets", None) is not None:
+        return parse_budgets(args.budgets)
+    if getattr(args, "match_gmacs", None) is not None:
+        return (check_fraction(args.match_gmacs),)
+    return None
+
+
+def _with_gmacs(metrics: tuple[str, ...], budgets: Optional[tuple[float, ...]]) -> tuple[str, ...]:
+    """Matched compute is checked on the GMACs count: it is measured whenever budgets are given."""
+    if budgets is None or "gmacs" in metrics:
+        return metrics
+    print("vitbench: note: matched compute: measuring gmacs too (where each method landed)", file=sys.stderr)
+    return ("gmacs", *metrics)
+
+
+def _plan(budgets: Optional[tuple[float, ...]], **kwargs) -> list:  # type: ignore[no-untyped-def,type-arg]
+    from vitbench.plan import build_sweep_plan
+
+    return build_seeded_plan(**kwargs) if budgets is None else build_sweep_plan(budgets=budgets, **kwargs)
+
+
+def _is_sweep(args: argparse.Namespace) -> bool:
+    return getattr(args, "budgets", None) is not None
+
+
+def _report(args: argparse.Namespace, records: list, store, out: Path, command: str) -> int:  # type: ignore[no-untyped-def,type-arg]
+    """Write the report (a sweep's, or the comparison), print the summary, return the exit code."""
+    if _is_sweep(args):
+        from vitbench.report import write_sweep_report
+
+        md, pngs = write_sweep_report(store.records(), out / "report.md", command=command)
+        _print_sweep_summary(store.records(), md, pngs)
+    else:
+        from vitbench.report import write_report
+
+        md, png = write_report(store.records(), out / "report.md", command=command)
+        _print_summary(records, md, png)
+    return 0 if all(r["status"] in ("ok", "skipped") for r in records) else 1
+
+
+def _out_dir(args: argparse.Namespace, model_name: str) -> Path:
+    prefix = "sweep-" if _is_sweep(args) else ""
+    return Path(args.out or Path("runs") / f"{prefix}{args.task}-{model_name}")
+
+
 def run(args: argparse.Namespace) -> int:
     from vitbench.environment import environment
     from vitbench.execute import Workspace, execute_plan, input_size_of
-    from vitbench.report import write_report
     from vitbench.results import ResultStore
 
     if args.task in DENSE_TASKS:
@@ -124,7 +181,8 @@ def run(args: argparse.Namespace) -> int:
         raise VitbenchError(f"--dense-finetune applies to the dense tasks ({', '.join(DENSE_TASKS)}); "
                             f"--task is {args.task!r}")
     model_name = args.model or DEFAULT_MODEL
-    metrics = _metrics(args, model_name)
+    budgets = _budgets(args)
+    metrics = _with_gmacs(_metrics(args, model_name), budgets)
     data: Optional[str] = args.data
     if any(m in metrics for m in DATA_METRICS) and data is None:
         data = "fashion-mnist"
@@ -140,11 +198,11 @@ def run(args: argparse.Namespace) -> int:
             raise VitbenchError(f"{', '.join(learnable)} must be fine-tuned: pass --data PATH (an "
                                 f"ImageNet-style folder with a train/ split)")
         data = "fashion-mnist"
-    plan = build_seeded_plan(task=args.task, model=model_name, methods=methods, data=data,
-                             overrides=parse_param_overrides(args.param), metrics=metrics,
-                             batch_size=args.batch_size, device=args.device, seeds=_seeds(args),
-                             checkpoint=args.checkpoint, pretrained=args.pretrained,
-                             train_backbone=args.train_backbone, train_limit=train_limit)
+    plan = _plan(budgets, task=args.task, model=model_name, methods=methods, data=data,
+                 overrides=parse_param_overrides(args.param), metrics=metrics,
+                 batch_size=args.batch_size, device=args.device, seeds=_seeds(args),
+                 checkpoint=args.checkpoint, pretrained=args.pretrained,
+                 train_backbone=args.train_backbone, train_limit=train_limit)
     if args.device == "cuda":
         import torch
 
@@ -166,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
         from vitbench.tasks.cls.data import resolve_cls_data
 
         cls_data = resolve_cls_data(data, model)  # a head of another class count is refused here
-    out = Path(args.out or Path("runs") / f"{args.task}-{model_name}")
+    out = _out_dir(args, model_name)
     out.mkdir(parents=True, exist_ok=True)
     head = None
     if cls_data is not None and getattr(model, "vitbench_new_head", False):
@@ -175,13 +233,12 @@ def run(args: argparse.Namespace) -> int:
         head = fitted_head(model, cls_data, out / "checkpoints", model_name=model_name, limit=train_limit,
                            device=args.device, progress=say.note).record()
     store = ResultStore(out)
+    resume = args.resume or _is_sweep(args)  # a sweep always resumes: re-running skips done runs
     ws = Workspace(model=model, input_size=input_size_of(model), data=cls_data, work_dir=out / "work",
-                   eval_limit=args.limit, checkpoint_dir=out / "checkpoints", resume=args.resume, head=head)
+                   eval_limit=args.limit, checkpoint_dir=out / "checkpoints", resume=resume, head=head)
     env = environment(args.device)
-    records = execute_plan(plan, ws, store, resume=args.resume, env=env, progress=say.step)
-    md, png = write_report(store.records(), out / "report.md", command=env["command"])
-    _print_summary(records, md, png)
-    return 0 if all(r["status"] in ("ok", "skipped") for r in records) else 1
+    records = execute_plan(plan, ws, store, resume=resume, env=env, progress=say.step)
+    return _report(args, records, store, out, env["command"])
 
 
 #: metrics of the dense tasks ("accuracy" is box/mask mAP; the IB metric needs image classes)
@@ -192,7 +249,6 @@ def run_dense(args: argparse.Namespace) -> int:
     """``vitbench run --task det|seg``: the trained detector, each method on its backbone."""
     from vitbench.environment import environment
     from vitbench.execute import execute_plan
-    from vitbench.report import write_report
     from vitbench.results import ResultStore
     from vitbench.tasks.cls.default_model import cache_dir
     from vitbench.tasks.det.data import SHAPES, resolve_det_data
@@ -204,7 +260,9 @@ def run_dense(args: argparse.Namespace) -> int:
     )
 
     model_name = args.model or DEFAULT_DENSE_MODEL
+    budgets = _budgets(args)
     metrics = parse_list("metric", args.metrics, DENSE_METRICS) if args.metrics is not None else DENSE_METRICS
+    metrics = _with_gmacs(metrics, budgets)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if not methods:
         raise VitbenchError("--methods is empty; see `vitbench list methods`")
@@ -214,11 +272,11 @@ def run_dense(args: argparse.Namespace) -> int:
         raise VitbenchError(f"--detector-epochs {epochs} is out of range; it must be >= 1")
     if args.limit is not None and args.limit < 1:
         raise VitbenchError(f"--limit {args.limit} is out of range; it must be >= 1")
-    plan = build_seeded_plan(task=args.task, model=model_name, methods=methods, data=args.data or SHAPES,
-                             overrides=parse_param_overrides(args.param), metrics=metrics,
-                             batch_size=args.batch_size, device=args.device, seeds=_seeds(args),
-                             checkpoint=args.checkpoint, pretrained=args.pretrained,
-                             train_limit=args.train_limit, dense_finetune=protocol)
+    plan = _plan(budgets, task=args.task, model=model_name, methods=methods, data=args.data or SHAPES,
+                 overrides=parse_param_overrides(args.param), metrics=metrics,
+                 batch_size=args.batch_size, device=args.device, seeds=_seeds(args),
+                 checkpoint=args.checkpoint, pretrained=args.pretrained,
+                 train_limit=args.train_limit, dense_finetune=protocol)
     say = _Progress()
     check_model_name(model_name)  # before the data: the default set takes seconds to generate
     data = resolve_det_data(args.data)
@@ -228,7 +286,7 @@ def run_dense(args: argparse.Namespace) -> int:
                           checkpoint=args.checkpoint, seed=plan[0].seed)
     get_host().family_of(model)
     _check_methods_apply(plan, model)
-    out = Path(args.out or Path("runs") / f"{args.task}-{model_name}")
+    out = _out_dir(args, model_name)
     out.mkdir(parents=True, exist_ok=True)
     store = ResultStore(out)
     ws = DenseWorkspace(task=args.task, model=model, model_name=model_name, data=data,
@@ -236,10 +294,8 @@ def run_dense(args: argparse.Namespace) -> int:
                         train_limit=args.train_limit, work_dir=out / "work", eval_limit=args.limit,
                         cache_dir=cache_dir() / "detectors" if data.embedded else out / "checkpoints")
     env = environment(args.device)
-    records = execute_plan(plan, ws, store, resume=args.resume, env=env, progress=say.step)
-    md, png = write_report(store.records(), out / "report.md", command=env["command"])
-    _print_summary(records, md, png)
-    return 0 if all(r["status"] in ("ok", "skipped") for r in records) else 1
+    records = execute_plan(plan, ws, store, resume=args.resume or _is_sweep(args), env=env, progress=say.step)
+    return _report(args, records, store, out, env["command"])
 
 
 def _dense_protocol(args: argparse.Namespace) -> str:
@@ -277,3 +333,15 @@ def _print_summary(records: list, md: Path, png: Path) -> None:  # type: ignore[
     table = comparison_table(records, first["task"], first["model"])
     print(table.to_markdown(index=False))
     print(f"\nreport: {md}\nplot:   {png}")
+
+
+def _print_sweep_summary(records: list, md: Path, pngs: list) -> None:  # type: ignore[type-arg]
+    from vitbench.report.sweep import summary_table
+    from vitbench.report.tables import groups
+
+    for task, model in groups(records):
+        print(f"{task} · {model}")
+        print(summary_table(records, task, model).to_markdown(index=False))
+    print(f"\nreport: {md}")
+    for png in pngs:
+        print(f"plot:   {png}")

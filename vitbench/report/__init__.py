@@ -10,9 +10,10 @@ from typing import Any
 from vitbench.report._atomic import atomic_write_bytes
 from vitbench.report.markdown import render_markdown
 from vitbench.report.plot import plot_accuracy_vs_gmacs
+from vitbench.report.sweep import write_sweep_report
 from vitbench.report.tables import comparison_table
 
-__all__ = ["comparison_table", "plot_accuracy_vs_gmacs", "render_markdown", "write_report"]
+__all__ = ["comparison_table", "plot_accuracy_vs_gmacs", "render_markdown", "write_report", "write_sweep_report"]
 
 
 def write_report(records: Iterable[Mapping[str, Any]], out_md_path: str | os.PathLike[str], *,

@@ -6,6 +6,7 @@ paragraph is part of the report, not of the docs (docs/measuring.md, "Report sha
 """
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -16,7 +17,7 @@ from vitbench.report.tables import (
 )
 from vitbench.results.store import latest_records
 
-__all__ = ["render_markdown", "METHODOLOGY"]
+__all__ = ["render_markdown", "METHODOLOGY", "group_section", "header_lines"]
 
 _VERSION_KEYS = ("torch", "timm", "mmengine", "mmcv", "mmdet", "mmpretrain", "vitbench")
 
@@ -191,10 +192,46 @@ def _dense_protocol(settings: Any) -> str:
     return describe(settings)
 
 
-def _group_section(records: list[Mapping[str, Any]], task: str, model: str) -> list[str]:
+def _matched_lines(labels: list[str], rows: list[Mapping[str, Any]]) -> list[str]:
+    """Matched compute (``--match-gmacs``, sweeps): per matched row, the knob value chosen, how,
+    and where its GMACs landed against the target (learnable methods: after fine-tuning)."""
+    matched = [(lab, r["budget"], bool(r.get("trained"))) for lab, r in zip(labels, rows)
+               if isinstance(r.get("budget"), Mapping)]
+    if not matched:
+        return []
+    fractions = _distinct(f"{b.get('fraction'):g}" for _, b, _ in matched)
+    budget = _joined(fractions) if len(fractions) == 1 else "per row"
+    tol = matched[0][1].get("tolerance_pct", 2)
+    counted = "the backbone's GMACs" if any(b.get("counted") == "backbone" for _, b, _ in matched) else "GMACs"
+    out = [f"Matched compute (F = {budget}): each method's budget knob was set so that its {counted} land "
+           f"within {tol:g} % of F x the baseline's, counted as this table counts them.", ""]
+    for lab, b, trained in matched:
+        knob = f"{b.get('param')}={json.dumps(b.get('value'), separators=(',', ':'))}"
+        target = float(b.get("target_gmacs") or 0)
+        aim = f"target {target:.4g} GMACs (F = {float(b.get('fraction') or 0):g} of {float(b.get('baseline_gmacs') or 0):.4g})"
+        if b.get("mode") == "fraction":
+            how = f"{knob} set to F (the method's own budget parameter)"
+        else:
+            how = f"{knob} found by bisection on the GMACs count ({b.get('counts')} settings evaluated)"
+        if b.get("landed_gmacs") is None:
+            landed = "GMACs not measured"
+        else:
+            after = "after fine-tuning " if trained else ""
+            off = float(b.get("landed_off_pct") or 0)
+            landed = f"landed {after}at {float(b['landed_gmacs']):.4g} GMACs, {off:+.1f} % from the target"
+            if not b.get("landed_within"):
+                landed += f" (**outside the {tol:g} % tolerance**)"
+        out.append(f"- {lab}: {how}; {aim}; {landed}.")
+    return out + [""]
+
+
+def group_section(records: list[Mapping[str, Any]], task: str, model: str,
+                  heading: str | None = None) -> list[str]:
+    """The markdown of one (task, model): its table, the notes under it, failed and skipped
+    runs; ``heading`` replaces the ``## task · model`` title (a sweep's per-budget sections)."""
     recs = group_records(records, task, model)
     data = _distinct(r.get("data") for r in recs)
-    head = f"## {task} · {model}" + (f" (data: {', '.join(data)})" if data else "")
+    head = heading or f"## {task} · {model}" + (f" (data: {', '.join(data)})" if data else "")
     lines = [head, ""]
     rows, base = ok_rows(records, task, model)
     if rows:
@@ -203,6 +240,7 @@ def _group_section(records: list[Mapping[str, Any]], task: str, model: str) -> l
         lines += [df.to_markdown(index=False, disable_numparse=True, colalign=align), ""]
         if base is None:
             lines += ["No successful baseline in this group: deltas and speed-ups are n/a.", ""]
+        lines += _matched_lines(row_labels(rows), rows)
         lines += timing_notes(row_labels(rows), [row_doubts(r, base) for r in rows])
         if any(int(r.get("n_seeds") or 1) > 1 for r in rows):
             lines += [SEEDS_NOTE, ""]
@@ -233,12 +271,9 @@ def _group_section(records: list[Mapping[str, Any]], task: str, model: str) -> l
     return lines
 
 
-def render_markdown(records: Iterable[Mapping[str, Any]], *, title: str | None = None,
-                    command: str | None = None, plot_path: str | None = None) -> str:
-    """The whole report as markdown. ``command`` is shown first under "Command", then the run
-    commands recorded in the records' ``env``; ``plot_path`` (relative to the markdown) adds
-    the plot image link."""
-    records = latest_records(records)
+def header_lines(records: list[Mapping[str, Any]], *, title: str | None = None,
+                 command: str | None = None) -> list[str]:
+    """The title, chance warnings, environment, commands and methodology of a report."""
     lines = [f"# {title or 'vitbench report'}", ""]
     warnings = _chance_warnings(records)
     if warnings:
@@ -252,8 +287,18 @@ def render_markdown(records: Iterable[Mapping[str, Any]], *, title: str | None =
     if commands:
         lines += ["## Command", "", "```"] + commands + ["```", ""]
     lines += ["## Methodology", "", METHODOLOGY, ""]
+    return lines
+
+
+def render_markdown(records: Iterable[Mapping[str, Any]], *, title: str | None = None,
+                    command: str | None = None, plot_path: str | None = None) -> str:
+    """The whole report as markdown. ``command`` is shown first under "Command", then the run
+    commands recorded in the records' ``env``; ``plot_path`` (relative to the markdown) adds
+    the plot image link."""
+    records = latest_records(records)
+    lines = header_lines(records, title=title, command=command)
     for task, model in groups(records):
-        lines += _group_section(records, task, model)
+        lines += group_section(records, task, model)
     if plot_path:
         lines += ["## Plot", "", f"![Accuracy vs GMACs and vs throughput]({plot_path})", ""]
     return "\n".join(lines)

@@ -52,9 +52,10 @@ def _num(rec: Record, key: str) -> float | None:
 
 def seed_key(rec: Record) -> tuple[Any, ...]:
     """What a run is apart from its seed: method, label (parameters and training setup shown),
-    parameters, data and batch size. Records with equal keys are one row."""
+    parameters, data, batch size and matched budget. Records with equal keys are one row."""
     params = json.dumps(rec.get("params") or {}, sort_keys=True, default=str)
-    return (rec.get("method"), rec.get("label"), params, rec.get("data"), rec.get("batch_size"))
+    return (rec.get("method"), rec.get("label"), params, rec.get("data"), rec.get("batch_size"),
+            rec.get("match_gmacs"))
 
 
 def pair_with_baselines(rows: list[Record]) -> list[dict[str, Any]]:

@@ -3,6 +3,7 @@
 Cells are formatted strings (the table is for reading, the store keeps the numbers) and "n/a"
 wherever a metric does not apply to the row or was not measured. Columns follow the report
 shape of docs/measuring.md; detection/segmentation put box (and mask) mAP where top-1 goes.
+Columns that no row measured are left out (:func:`drop_unmeasured`).
 Runs that differ only by seed are one row (:mod:`vitbench.report.seeds`: accuracy as mean ±
 std with a Seeds column saying n); a timing not to be trusted, and a speed-up or efficiency
 derived from one, is marked ``†`` (:mod:`vitbench.report.doubts`).
@@ -20,7 +21,7 @@ from vitbench.report.seeds import aggregate_over_seeds
 from vitbench.results.store import latest_records
 
 __all__ = [
-    "NA", "accuracy_key", "gmacs_spec", "metric", "comparison_table", "group_records", "groups", "method_label",
+    "NA", "accuracy_key", "drop_unmeasured", "gmacs_spec", "metric", "comparison_table", "group_records", "groups", "method_label",
     "ok_rows", "pick_baseline", "row_labels",
 ]
 
@@ -220,4 +221,10 @@ def comparison_table(records: Iterable[Record], task: str, model: str) -> pd.Dat
     columns += ["GMACs", "GMACs ↓ (%)"] + ([] if is_cls else ["Backbone GMACs"])
     columns += [tp_col, "Speed-up (×)", "Efficiency", "Latency bs=1 (ms)"]
     columns += ["IB loss", "IB bound"] if is_cls else []
-    return pd.DataFrame(table, columns=columns)
+    return drop_unmeasured(pd.DataFrame(table, columns=columns))
+
+
+def drop_unmeasured(df: pd.DataFrame, keep: tuple[str, ...] = ("Method",)) -> pd.DataFrame:
+    """``df`` without the columns that no row measured (every cell "n/a"), except ``keep``: a
+    GMACs-only run shows its GMACs, not eight columns of n/a."""
+    return df[[c for c in df.columns if c in keep or (df[c] != NA).any()]]

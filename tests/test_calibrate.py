@@ -1,0 +1,194 @@
+"""Matched compute (issue 10): the knob search on synthetic counts, the budget checks, and every
+built-in's knob calibrated on a tiny random ViT to within the tolerance of F x the baseline."""
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+import vitbench
+from vitbench import measure
+from vitbench.calibrate import (
+    TOLERANCE, GmacsCounter, calibrate, check_fraction, parse_budgets, search_knob,
+)
+from vitbench.catalog import BudgetKnob, MethodSpec, Reduction
+from vitbench.errors import BudgetError, ParamError
+from vitbench.plugins import get_host
+from vitbench.testing.conformance import tiny_vit
+
+
+# -- the search on synthetic monotone counts ---------------------------------------------------
+
+def _tokens_removed(r):  # GMACs of a 12-block model that loses r tokens per block (list: per block)
+    per_block = [r] * 12 if isinstance(r, int) else r
+    tokens, total = 65.0, 0.0
+    for rb in per_block:
+        total += tokens
+        tokens = max(tokens - rb, 1.0)
+    return total
+
+
+def test_integer_knob_lands_on_the_nearest_integer_within_tolerance():
+    knob = BudgetKnob("r", larger_means="less", low=0, high=100, integer=True)
+    seen = []
+    count = lambda r: seen.append(r) or 1000.0 - 7.0 * r  # noqa: E731 - fewer GMACs as r grows
+    value, g, n = search_knob(count, knob, 0, 100, 600.0, method="m")
+    assert (value, g) == (57, 601.0)  # 57.14 is the exact solution; 57 is nearest
+    assert n == len(seen) == len(set(seen)) < 12  # bisection, each setting counted once
+
+
+def test_per_block_knob_lands_between_integers_when_no_integer_does():
+    knob = BudgetKnob("r", larger_means="less", low=0, high=64, integer=True, per_block=True)
+    # right between r=4 and r=5, where both are ~5 % off
+    target = (_tokens_removed(4) + _tokens_removed(5)) / 2
+    assert abs(_tokens_removed(4) / target - 1) > TOLERANCE and abs(_tokens_removed(5) / target - 1) > TOLERANCE
+    value, g, _ = search_knob(_tokens_removed, knob, 0, 64, target, method="m", depth=12)
+    assert isinstance(value, list) and len(value) == 12 and set(value) == {4, 5}
+    assert value == sorted(value)  # the last blocks take the extra token
+    assert abs(g / target - 1) <= TOLERANCE
+    plain = BudgetKnob("r", larger_means="less", low=0, high=64, integer=True)
+    with pytest.raises(BudgetError, match=r"cannot land within 2 % .*r=4 gives .*r=5 gives"):
+        search_knob(_tokens_removed, plain, 0, 64, target, method="m")
+
+
+def test_float_knob_bisects_to_well_within_tolerance():
+    knob = BudgetKnob("keep", larger_means="more", low=0.001, high=1.0)
+    count = lambda keep: 1.0 + 9.0 * math.ceil(keep * 64) / 64  # noqa: E731 - fixed cost + tokens kept
+    value, g, _ = search_knob(count, knob, 0.001, 1.0, 5.0, method="m")
+    # tokens come in steps of 9/64 GMACs: the closest step, within the tolerance
+    assert g == min((count(k / 64) for k in range(65)), key=lambda v: abs(v - 5.0))
+    assert abs(g / 5.0 - 1) <= TOLERANCE and 0 < value < 1
+    assert value == round(value, 4)  # readable labels
+    smooth, _, _ = search_knob(lambda keep: 10 * keep, knob, 0.001, 1.0, 5.0, method="m")
+    assert abs(10 * smooth / 5.0 - 1) <= TOLERANCE / 4  # a smooth count: aims at a quarter of it
+
+
+def test_a_budget_below_the_floor_is_a_clear_error_naming_the_reachable_range():
+    knob = BudgetKnob("r", larger_means="less", low=0, high=64, integer=True)
+    base = _tokens_removed(0)
+    floor = _tokens_removed(64)
+    with pytest.raises(BudgetError) as err:
+        search_knob(_tokens_removed, knob, 0, 64, 0.5 * floor, method="tome", baseline=base)
+    msg = str(err.value)
+    assert msg.startswith("tome cannot reach F = ") and "fewest GMACs" in msg and "r=64" in msg
+    assert f"valid budgets for tome here: F >= {floor / (1 + TOLERANCE) / base:.3f}" in msg
+
+
+def test_a_budget_above_the_ceiling_is_a_clear_error():
+    knob = BudgetKnob("keep", larger_means="more", low=0.1, high=0.5)
+    with pytest.raises(BudgetError, match=r"most GMACs .*keep=0\.5.*F <= "):
+        search_knob(lambda k: k, knob, 0.1, 0.5, 1.0, method="m", baseline=1.0)
+
+
+@pytest.mark.parametrize("bad", [0, "0", -0.5, 1.5, "1.01", "abc", "nan", "inf", None, True])
+def test_malformed_budgets_name_the_value_and_the_range(bad):
+    with pytest.raises(ParamError) as err:
+        check_fraction(bad)
+    assert repr(bad) in str(err.value) and ("(0, 1]" in str(err.value))
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "--budgets '' is empty"),
+    ("0.9,0,0.5", "--budgets item '0' is out of range; the fraction of the baseline's GMACs to keep must be in (0, 1]"),
+    ("0.9,x", "--budgets item 'x' is not a number"),
+    ("0.9,0.9", "--budgets names 0.9 twice"),
+])
+def test_malformed_budget_lists(text, message):
+    with pytest.raises(ParamError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")
+                       .replace("]", r"\]").replace(".", r"\.")):
+        parse_budgets(text)
+
+
+def test_budget_lists_parse():
+    assert parse_budgets("0.9, 0.7,0.5,1") == (0.9, 0.7, 0.5, 1.0)
+
+
+def test_counter_counts_each_setting_once():
+    calls = []
+    counter = GmacsCounter(lambda method, params: calls.append((method, dict(params))) or 1.0)
+    for _ in range(3):
+        counter("tome", {"r": 3, "prop_attn": True})
+        counter("tome", {"prop_attn": True, "r": 3})  # same setting, other key order
+        counter(None, {})
+    assert calls == [("tome", {"r": 3, "prop_attn": True}), (None, {})] and counter.counted == 2
+
+
+# -- every built-in on a tiny random ViT -----------------------------------------------------------
+
+IMAGES = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_vit()
+
+
+def _counter(model):
+    def count(method, params):
+        m = copy.deepcopy(model)
+        if method is not None:
+            m = vitbench.apply(m, method, **params)
+        return measure.count_gmacs(m.eval(), IMAGES).mean
+
+    return GmacsCounter(count)
+
+
+@pytest.mark.parametrize("method", ["tome", "ppt", "entropy", "average", "topk", "ltm", "random-drop"])
+@pytest.mark.parametrize("fraction", [0.8, 0.6])
+def test_searched_knobs_land_within_tolerance_on_a_tiny_vit(tiny, method, fraction):
+    host = get_host()
+    if method not in host.names("methods"):
+        pytest.skip(f"{method} is not installed")
+    spec = host.method(method)
+    assert spec.budget is not None and spec.budget.mode == "search"
+    counter = _counter(tiny)
+    info = host.family_of(tiny).describe(tiny)
+    result = calibrate(spec, {}, fraction, counter, info)
+    assert result.param == spec.budget.param and result.params[result.param] == result.value
+    assert abs(result.calibrated_gmacs / (fraction * result.baseline_gmacs) - 1) <= TOLERANCE
+    # the count of a fresh model reduced with the chosen value is the one the search saw
+    model = vitbench.apply(copy.deepcopy(tiny), method, **result.params)
+    assert measure.count_gmacs(model.eval(), IMAGES).mean == pytest.approx(result.calibrated_gmacs)
+    assert result.record()["calibrated_off_pct"] == pytest.approx(100 * (result.calibrated_gmacs / result.target_gmacs - 1))
+
+
+@pytest.mark.parametrize("method, param", [("dcs", "budget"), ("ltmp", "target")])
+def test_learnable_budget_parameters_are_set_to_the_fraction(tiny, method, param):
+    spec = get_host().method(method)
+    counter = _counter(tiny)
+    result = calibrate(spec, {}, 0.6, counter, get_host().family_of(tiny).describe(tiny))
+    assert (result.param, result.value, result.mode) == (param, 0.6, "fraction")
+    assert result.params == {param: 0.6} and result.calibrated_gmacs is None
+    assert counter.counted == 1  # only the baseline: the count is checked after fine-tuning
+
+
+def test_tome_below_its_floor_is_unreachable(tiny):
+    spec = get_host().method("tome")
+    with pytest.raises(BudgetError, match=r"tome cannot reach F = 0\.05 .*fewest GMACs .*valid budgets for tome here: F >= "):
+        calibrate(spec, {}, 0.05, _counter(tiny), get_host().family_of(tiny).describe(tiny))
+
+
+def test_a_method_without_a_knob_is_not_matchable(tiny):
+    @dataclass(frozen=True)
+    class NoParams:
+        pass
+
+    spec = MethodSpec("knobless", NoParams, lambda p, info: Reduction([None] * info.depth))
+    counter = _counter(tiny)
+    with pytest.raises(BudgetError, match="knobless is not matchable: its plugin declares no budget knob"):
+        calibrate(spec, {}, 0.6, counter, get_host().family_of(tiny).describe(tiny))
+    assert counter.counted == 0
+
+
+def test_knob_declarations_are_checked():
+    with pytest.raises(ValueError, match="larger_means='up'"):
+        BudgetKnob("r", larger_means="up")
+    with pytest.raises(ValueError, match="mode='guess'"):
+        BudgetKnob("r", larger_means="less", mode="guess")
+    spec = MethodSpec("m", dict, lambda p, i: None, budget={"param": "keep", "larger_means": "more"})
+    assert spec.budget == BudgetKnob("keep", larger_means="more")
+    with pytest.raises(TypeError, match="takes a BudgetKnob"):
+        MethodSpec("m", dict, lambda p, i: None, budget="keep")
