@@ -218,6 +218,7 @@ def _matched_lines(labels: list[str], rows: list[Mapping[str, Any]]) -> list[str
         else:
             after = "after fine-tuning " if trained else ""
             off = float(b.get("landed_off_pct") or 0)
+            off = 0.0 if abs(off) < 0.05 else off  # no "-0.0 %"
             landed = f"landed {after}at {float(b['landed_gmacs']):.4g} GMACs, {off:+.1f} % from the target"
             if not b.get("landed_within"):
                 landed += f" (**outside the {tol:g} % tolerance**)"

@@ -1,0 +1,89 @@
+"""``vitbench sweep`` (issue 10): every method at every budget plus the baseline once, one store,
+re-running skips what is done; report with per-budget tables, summary and two Pareto PNGs.
+timm's tiny ``test_vit`` (random weights), GMACs and parameters only: seconds per run."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from vitbench.calibrate import TOLERANCE
+from vitbench.cli.main import main
+
+SWEEP = ["sweep", "--task", "cls", "--model", "test_vit", "--methods", "tome,topk", "--param", "topk.layers=(1,3)",
+         "--budgets", "0.9,0.6", "--metrics", "gmacs,params"]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory) -> tuple[Path, str]:
+    """One sweep, shared (its tests copy it before changing it), and what it printed."""
+    import contextlib
+    import io
+
+    out = tmp_path_factory.mktemp("sweep") / "out"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main([*SWEEP, "--out", str(out)]) == 0
+    return out, printed.getvalue()
+
+
+def test_sweep_runs_each_method_at_each_budget_and_the_baseline_once(swept):
+    out, printed = swept
+    records = _records(out)
+    assert [(r["method"], r.get("match_gmacs")) for r in records] == [
+        ("baseline", None), ("tome", 0.9), ("topk", 0.9), ("tome", 0.6), ("topk", 0.6)]
+    base = records[0]
+    for r in records[1:]:
+        assert r["status"] == "ok" and abs(r["gmacs"] / (r["match_gmacs"] * base["gmacs"]) - 1) <= TOLERANCE
+    assert len({r["gmacs"] for r in records if r["method"] == "tome"}) == 2
+    report = (out / "report.md").read_text()
+    for text in ("### Summary", "### F = 0.9 (90 % of the baseline's GMACs)", "### F = 0.6 (60 % of the baseline's GMACs)",
+                 "![Pareto: accuracy vs GMACs](pareto_gmacs.png)",
+                 "![Pareto: accuracy vs throughput](pareto_throughput.png)", "GMACs at each budget (no accuracy measured)"):
+        assert text in report
+    for r in records[1:]:
+        assert r["label"] in report  # tome (r=..), topk (keep=.., layers=[1,3])
+    for name in ("pareto_gmacs.png", "pareto_throughput.png"):
+        assert (out / name).read_bytes()[:8] == PNG
+    assert "F = 0.9" in printed and "pareto_gmacs.png" in printed
+
+
+def test_rerunning_a_sweep_skips_done_runs_and_runs_only_what_is_missing(swept, tmp_path, capsys):
+    out = tmp_path / "sweep"
+    shutil.copytree(swept[0], out)
+    first = (out / "runs.jsonl").read_text().splitlines()
+    assert main([*SWEEP, "--out", str(out)]) == 0  # no --resume needed
+    assert (out / "runs.jsonl").read_text().splitlines() == first
+    assert capsys.readouterr().err.count("already finished (resume): skipped") == 5
+    # interrupted after four runs: re-running runs the last one only; a new budget adds its runs
+    (out / "runs.jsonl").write_text("\n".join(first[:4]) + "\n")
+    assert main([*SWEEP[:-4], "--budgets", "0.9,0.6,0.75", "--metrics", "gmacs,params", "--out", str(out)]) == 0
+    again = _records(out)
+    assert [(r["method"], r["match_gmacs"]) for r in again[4:]] == [("topk", 0.6), ("tome", 0.75), ("topk", 0.75)]
+    assert "### F = 0.75" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("budgets, message", [
+    ("0.9,1.2", "--budgets item '1.2' is out of range; the fraction of the baseline's GMACs to keep must be in (0, 1]"),
+    ("", "--budgets '' is empty"),
+    ("0.5,0.5", "--budgets names 0.5 twice"),
+])
+def test_malformed_budgets_exit_2(tmp_path, capsys, budgets, message):
+    argv = [*SWEEP[:-4], "--budgets", budgets, "--metrics", "gmacs", "--out", str(tmp_path / "o")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"vitbench: error: {message}" in err and "Traceback" not in err
+    assert not (tmp_path / "o" / "runs.jsonl").exists()
+
+
+def test_sweep_requires_budgets(capsys):
+    with pytest.raises(SystemExit):
+        main(["sweep", "--methods", "tome"])
+    assert "--budgets" in capsys.readouterr().err
