@@ -26,7 +26,8 @@ __all__ = ["TOLERANCE", "Calibration", "GmacsCounter", "calibrate", "check_fract
 #: how far (relative) a matched method's GMACs may land from ``F`` x the baseline's
 TOLERANCE = 0.02
 #: a float knob is bisected until its count is this close to the target (a quarter of the
-#: tolerance), or the bracket is narrower than :data:`_FLOAT_STEP`
+#: tolerance), or the bracket is narrower than :data:`_FLOAT_STEP`; then the value is rounded to
+#: the fewest decimals that land as close (or within this aim)
 _FLOAT_AIM = TOLERANCE / 4
 _FLOAT_STEP = 1e-4
 _DIGITS = 4  # float knob values are rounded to this many decimals (readable labels)
@@ -192,6 +193,12 @@ def search_knob(count: Callable[[Any], float], knob: BudgetKnob, low: float, hig
         else:
             b = m
     value, g = min(seen.values(), key=lambda vc: abs(vc[1] - target))
+    for digits in range(1, _DIGITS):  # a rounder value that lands as close reads better (ratio=0.7)
+        rounder = round(value, digits)
+        if min(low, high) <= rounder <= max(low, high) and rounder != value and \
+                abs(c(rounder) - target) <= max(abs(g - target), _FLOAT_AIM * target):
+            value, g = rounder, c(rounder)
+            break
     return _landed(value, g, len(seen), target, tolerance, knob, method, (a, b), c)
 
 

@@ -87,3 +87,12 @@ def test_sweep_requires_budgets(capsys):
     with pytest.raises(SystemExit):
         main(["sweep", "--methods", "tome"])
     assert "--budgets" in capsys.readouterr().err
+
+
+def test_report_command_renders_a_sweep_store(swept, tmp_path, capsys):
+    target = tmp_path / "again" / "sweep.md"
+    target.parent.mkdir()
+    assert main(["report", str(swept[0]), "-o", str(target), "--sweep"]) == 0
+    text = target.read_text()
+    assert "### Summary" in text and "### F = 0.6" in text
+    assert (target.parent / "pareto_gmacs.png").read_bytes()[:8] == PNG

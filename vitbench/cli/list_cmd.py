@@ -23,8 +23,10 @@ def run(args: argparse.Namespace) -> int:
             spec = host.method(name)
             extra = f" (aliases: {', '.join(spec.aliases)})" if spec.aliases else ""
             trains = "; fine-tuned before measuring" if spec.needs_training else ""
+            knob = (f"; budget knob: {spec.budget.param} ({spec.budget.mode})" if spec.budget is not None
+                    else "; not matchable (no budget knob)")
             print(f"{name}{extra}  [families: {', '.join(spec.families)}; plugin: "
-                  f"{host.owner('methods', name)}{trains}]  {spec.description}")
+                  f"{host.owner('methods', name)}{trains}{knob}]  {spec.description}")
     elif args.kind == "scorers":
         for name in host.names("scorers"):
             print(f"{name}  [plugin: {host.owner('scorers', name)}]  {host.scorer(name).description}")

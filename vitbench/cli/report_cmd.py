@@ -1,4 +1,5 @@
-"""``vitbench report STORE -o FILE.md``: render a result store as markdown plus a PNG plot."""
+"""``vitbench report STORE -o FILE.md [--sweep]``: render a result store as markdown plus a PNG plot
+(``--sweep``: a sweep's report with its Pareto PNGs, :mod:`vitbench.report.sweep`)."""
 from __future__ import annotations
 
 import argparse
@@ -14,6 +15,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="render a result store (DIR or DIR/runs.jsonl) as markdown")
     p.add_argument("store", help="result store directory or runs.jsonl")
     p.add_argument("-o", "--output", required=True, help="markdown file to write (PNG beside it)")
+    p.add_argument("--sweep", action="store_true",
+                   help="render a `vitbench sweep` store as a sweep report (summary, Pareto PNGs, a table per budget)")
     p.set_defaults(handler=run)
 
 
@@ -28,6 +31,13 @@ def run(args: argparse.Namespace) -> int:
     if store.corrupt_lines:
         print(f"vitbench: note: skipped {len(store.corrupt_lines)} unreadable line(s) of {store.path}",
               file=sys.stderr)
-    md, png = write_report(records, args.output, command=" ".join(["vitbench", *sys.argv[1:]]))
+    command = " ".join(["vitbench", *sys.argv[1:]])
+    if args.sweep:
+        from vitbench.report import write_sweep_report
+
+        md, pngs = write_sweep_report(records, args.output, command=command)
+        print(f"wrote {md} and {', '.join(map(str, pngs))}")
+        return 0
+    md, png = write_report(records, args.output, command=command)
     print(f"wrote {md} and {png}")
     return 0

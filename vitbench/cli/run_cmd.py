@@ -341,7 +341,7 @@ def _print_sweep_summary(records: list, md: Path, pngs: list) -> None:  # type: 
 
     for task, model in groups(records):
         print(f"{task} · {model}")
-        print(summary_table(records, task, model).to_markdown(index=False))
+        print(summary_table(records, task, model).to_markdown(index=False, disable_numparse=True))
     print(f"\nreport: {md}")
     for png in pngs:
         print(f"plot:   {png}")

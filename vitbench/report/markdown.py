@@ -42,7 +42,8 @@ METHODOLOGY = (
     "class centroids of each; the bound includes the input-only constant, so bound minus that "
     "constant (recorded as `ib_input_constant`) is >= the loss; lower is better for both. "
     "Learnable methods are fine-tuned before they are measured (details under each table). "
-    "\"n/a\": the metric does not apply to that row or was not measured."
+    "Columns no row measured are left out; \"n/a\": the metric does not apply to that row or was "
+    "not measured for it."
 )
 
 
@@ -202,7 +203,7 @@ def _matched_lines(labels: list[str], rows: list[Mapping[str, Any]]) -> list[str
     fractions = _distinct(f"{b.get('fraction'):g}" for _, b, _ in matched)
     budget = _joined(fractions) if len(fractions) == 1 else "per row"
     tol = matched[0][1].get("tolerance_pct", 2)
-    counted = "the backbone's GMACs" if any(b.get("counted") == "backbone" for _, b, _ in matched) else "GMACs"
+    counted = "backbone GMACs" if any(b.get("counted") == "backbone" for _, b, _ in matched) else "GMACs"
     out = [f"Matched compute (F = {budget}): each method's budget knob was set so that its {counted} land "
            f"within {tol:g} % of F x the baseline's, counted as this table counts them.", ""]
     for lab, b, trained in matched:

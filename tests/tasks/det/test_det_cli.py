@@ -119,3 +119,21 @@ def test_method_unsupported_by_the_backbone_exits_2(shapes_root, tmp_path, monke
     assert rc == 2
     assert "does not support the 'mobilevit' family" in _error_line(capsys.readouterr().err)
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_det_sweep_matches_the_backbone_gmacs(dense_cache, tmp_path, monkeypatch):
+    # issue 10: the sweep reuses the dense run machinery; budgets are fractions of the backbone's
+    # GMACs (the part a method reduces); ToMe on MobileViT cannot go below ~0.79 of them
+    monkeypatch.setenv("VITBENCH_CACHE", str(dense_cache))
+    out = tmp_path / "out"
+    rc = main(["sweep", "--task", "det", "--methods", "tome", "--budgets", "0.9,0.5", *SHORT, "--out", str(out)])
+    assert rc == 1  # the unreachable budget is a failed run, the others are fine
+    base, tome9, tome5 = _records(out)
+    assert (base["status"], tome9["status"], tome5["status"]) == ("ok", "ok", "error")
+    assert abs(tome9["backbone_gmacs"] / (0.9 * base["backbone_gmacs"]) - 1) <= 0.02
+    assert tome9["budget"]["counted"] == "backbone" and tome9["label"] == f"tome (r={tome9['params']['r']})"
+    assert tome5["error"].startswith("tome cannot reach F = 0.5")
+    report = (out / "report.md").read_text()
+    assert "Box mAP at each budget:" in report and "### F = 0.9" in report and "backbone GMACs" in report
+    assert (out / "pareto_gmacs.png").is_file() and (out / "pareto_throughput.png").is_file()
