@@ -12,7 +12,7 @@ import torch
 import vitbench
 from vitbench import measure
 from vitbench.calibrate import (
-    TOLERANCE, GmacsCounter, calibrate, check_fraction, parse_budgets, search_knob,
+    TOLERANCE, GmacsCounter, calibrate, check_fraction, parse_budgets, prepared_as_trained, search_knob,
 )
 from vitbench.catalog import BudgetKnob, MethodSpec, Reduction
 from vitbench.errors import BudgetError, ParamError
@@ -130,7 +130,7 @@ def _counter(model):
     def count(method, params):
         m = copy.deepcopy(model)
         if method is not None:
-            m = vitbench.apply(m, method, **params)
+            m = prepared_as_trained(vitbench.apply(m, method, **params), IMAGES)
         return measure.count_gmacs(m.eval(), IMAGES).mean
 
     return GmacsCounter(count)
@@ -150,7 +150,7 @@ def test_searched_knobs_land_within_tolerance_on_a_tiny_vit(tiny, method, fracti
     assert result.param == spec.budget.param and result.params[result.param] == result.value
     assert abs(result.calibrated_gmacs / (fraction * result.baseline_gmacs) - 1) <= TOLERANCE
     # the count of a fresh model reduced with the chosen value is the one the search saw
-    model = vitbench.apply(copy.deepcopy(tiny), method, **result.params)
+    model = prepared_as_trained(vitbench.apply(copy.deepcopy(tiny), method, **result.params), IMAGES)
     assert measure.count_gmacs(model.eval(), IMAGES).mean == pytest.approx(result.calibrated_gmacs)
     assert result.record()["calibrated_off_pct"] == pytest.approx(100 * (result.calibrated_gmacs / result.target_gmacs - 1))
 
@@ -192,3 +192,14 @@ def test_knob_declarations_are_checked():
     assert spec.budget == BudgetKnob("keep", larger_means="more")
     with pytest.raises(TypeError, match="takes a BudgetKnob"):
         MethodSpec("m", dict, lambda p, i: None, budget="keep")
+
+
+def test_a_learnable_method_is_counted_as_zero_epochs_of_fine_tuning_leave_it(tiny):
+    # LTM's statistics pass (its stage's `before`) sizes the class statistics its IB step runs
+    # against in every later block: the trained model pays for them, so the search counts them
+    bare = vitbench.apply(copy.deepcopy(tiny), "ltm", ratio=0.7)
+    before = measure.count_gmacs(bare.eval(), IMAGES).mean
+    prepared = prepared_as_trained(bare, IMAGES)
+    assert prepared is bare and measure.count_gmacs(prepared.eval(), IMAGES).mean > before
+    tome = vitbench.apply(copy.deepcopy(tiny), "tome", r=4)  # no training stages: left as it is
+    assert prepared_as_trained(tome, IMAGES) is tome

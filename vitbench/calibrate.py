@@ -8,6 +8,10 @@ A method declares its knob in its :class:`~vitbench.catalog.MethodSpec` (``budge
 caches it, so the bisections of several budgets on one model never count a setting twice.
 Knobs of mode ``"fraction"`` are the fraction itself (DCS's budget, LTMP's FLOPs target): they
 are set to ``F`` and the count after fine-tuning says how far the method landed.
+
+A learnable method with a searched knob (LTM) is counted as zero epochs of fine-tuning leave it
+(:func:`prepared_as_trained`): what its stages prepare before training (LTM's class statistics,
+whose IB step costs MACs in every later block) is part of what the trained model costs.
 """
 from __future__ import annotations
 
@@ -17,11 +21,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+import torch
+from torch import nn
+
 from vitbench.catalog import BudgetKnob, MethodSpec, ModelInfo
 from vitbench.errors import BudgetError, ParamError
 
 __all__ = ["TOLERANCE", "Calibration", "GmacsCounter", "calibrate", "check_fraction", "parse_budgets",
-           "not_matchable", "search_knob"]
+           "not_matchable", "prepared_as_trained", "search_knob"]
 
 #: how far (relative) a matched method's GMACs may land from ``F`` x the baseline's
 TOLERANCE = 0.02
@@ -59,6 +66,36 @@ def parse_budgets(text: str) -> tuple[float, ...]:
         if budgets.count(b) > 1:
             raise ParamError(f"--budgets names {b:g} twice ({text}); each budget runs once")
     return budgets
+
+
+def prepared_as_trained(model: nn.Module, images: torch.Tensor) -> nn.Module:
+    """``model`` (reduced by a learnable method) as zero epochs of fine-tuning leave it: each
+    training stage's ``before`` callbacks (eval mode, no gradients), then its ``after`` ones,
+    given ``images`` with labels cycled over the model's classes as the training data. What
+    they build (LTM: class centroids sized by the class count, which its IB step runs against)
+    depends on shapes, not on which images or labels; a model without training stages is
+    returned as it is."""
+    from vitbench.engine import reduction_context
+
+    ctx = reduction_context(model)
+    if ctx is None or ctx.reduction is None or not ctx.reduction.train:
+        return model
+    classes = int(getattr(model, "num_classes", 0) or 1)
+    labels = torch.arange(images.shape[0]) % classes
+
+    def batches():  # type: ignore[no-untyped-def]
+        return iter([(images, labels)])
+
+    was_training = model.training
+    for stage in ctx.reduction.train:
+        model.eval()
+        with torch.no_grad():
+            for callback in stage.before:
+                callback(model, batches)
+        for callback in stage.after:
+            callback(model)
+    model.train(was_training)
+    return model
 
 
 class GmacsCounter:

@@ -21,7 +21,7 @@ from torch import nn
 
 from vitbench import measure
 from vitbench.engine import apply, reduction_context
-from vitbench.calibrate import Calibration, GmacsCounter, calibrate, not_matchable, off_pct
+from vitbench.calibrate import Calibration, GmacsCounter, calibrate, not_matchable, off_pct, prepared_as_trained
 from vitbench.errors import VitbenchError
 from vitbench.plan import BASELINE, DENSE_TASKS, RunSpec
 from vitbench.plugins import get_host
@@ -133,7 +133,7 @@ def _cls_counter(spec: RunSpec, ws: Workspace) -> GmacsCounter:
     def count(method: Optional[str], params: dict[str, Any]) -> float:
         model = copy.deepcopy(ws.model)
         if method is not None:
-            model = apply(model, method, **params)
+            model = prepared_as_trained(apply(model, method, **params), images)
         return measure.count_gmacs(model.eval(), images).mean
 
     return GmacsCounter(count)

@@ -166,7 +166,7 @@ class DetectorForward(nn.Module):
 def dense_gmacs_counter(ws: DenseWorkspace, seed: int, progress: Progress) -> Any:
     """A cached counter of the backbone's GMACs inside the trained detector, on the images
     :func:`run_dense_spec` counts on (matched compute, :mod:`vitbench.calibrate`)."""
-    from vitbench.calibrate import GmacsCounter
+    from vitbench.calibrate import GmacsCounter, prepared_as_trained
     from vitbench.tasks.det.evaluate import first_val_images
 
     weights = trained_weights(ws, seed, progress)
@@ -181,7 +181,7 @@ def dense_gmacs_counter(ws: DenseWorkspace, seed: int, progress: Progress) -> An
     def count(method: Optional[str], params: dict[str, Any]) -> float:
         backbone = copy.deepcopy(ws.model)
         if method is not None:
-            backbone = apply(backbone, method, **params)
+            backbone = prepared_as_trained(apply(backbone, method, **params), images)
         return measure.count_gmacs(detector_of(backbone).backbone, images).mean
 
     return GmacsCounter(count)
