@@ -306,6 +306,7 @@ def test_state_dict_round_trips_into_a_freshly_applied_model(tmp_path):
     ({"optimizer": "Lion"}, r"ltm.optimizer='Lion' is not supported; valid: SGD, AdamW, Adam"),
     ({"init": "random"}, r"ltm.init='random' is not supported; valid: auto, runs, grid"),
     ({"step_labels": "oracle"}, r"ltm.step_labels='oracle' is not supported; valid: prior, true"),
+    ({"mlp_lr": -0.1}, r"ltm.mlp_lr=-0.1 is out of range; it must be >= 0 \(0: frozen"),
 ])
 def test_bad_parameters(bad, message):
     with pytest.raises(ParamError, match=message):
@@ -319,3 +320,37 @@ def test_ibtm_is_an_alias_and_the_stage_declares_the_defaults():
     assert (stage.epochs, stage.lr, stage.optimizer, stage.batch_size) == (2, 0.01, "AdamW", 64)
     assert stage.extra_loss is not None and stage.before and stage.epoch_end
     assert _stage(_ltm(stats=False, ib_weight=0.0)).extra_loss is None
+
+
+def _trained_names(model, train_backbone=False):
+    from vitbench.train.finetune import trainable_parameters
+
+    return set(trainable_parameters(model, _stage(model), train_backbone))
+
+
+def test_the_ib_step_mlps_stay_frozen_by_default_and_train_at_mlp_lr_when_asked():
+    """Default: M1, the M_l logits and the scales train; the MLPs of the IB step do not (their
+    features must stay those the statistics were taken with, plugins/ltm.py "Training")."""
+    model = _ltm(stats=False)
+    names = _trained_names(model)
+    assert "blocks.0.reducer.logits" in names
+    assert {"blocks.1.reducer.mask_logits", "blocks.1.reducer.scale"} <= names
+    assert not any(".reducer.mlp." in n for n in names)
+    assert not any(".reducer." not in n for n in names)  # the backbone stays frozen
+
+    model = _ltm(stats=False, mlp_lr=None)  # None: the MLPs train at lr
+    assert any(".reducer.mlp." in n for n in _trained_names(model))
+    assert _stage(model).lr_groups == ((".reducer.mlp.", 0.3),)
+
+
+def test_the_mlp_learning_rate_does_not_reach_the_backbone_mlps():
+    """With --train-backbone, the backbone's own ``blocks.i.mlp`` must train at ``lr``, not at
+    the IB step MLPs' ``mlp_lr``."""
+    from vitbench.train.finetune import _optimizer
+
+    model = _ltm(stats=False, lr=0.2, mlp_lr=0.01)
+    params = {n: p for n, p in model.named_parameters()
+              if n in _trained_names(model, train_backbone=True)}
+    lr_of = {id(p): g["lr"] for g in _optimizer(_stage(model), params).param_groups for p in g["params"]}
+    assert lr_of[id(params["blocks.1.block.mlp.fc1.weight"])] == 0.2
+    assert lr_of[id(params["blocks.1.reducer.mlp.1.weight"])] == 0.01
