@@ -91,3 +91,14 @@ def test_segmentation_sweeps_compare_box_and_mask_map_on_backbone_gmacs(make_rec
     md = render_sweep_markdown(recs)
     assert "Box mAP at each budget:" in md and "Mask mAP at each budget:" in md
     assert "backbone GMACs" in md
+
+
+def test_summary_keeps_accuracy_when_no_common_range_exists(make_record):
+    # one successful budget per method: accuracy is shown, the area is n/a (no range to integrate)
+    recs = [make_record("b", "baseline", gmacs=10.0, top1_pct=80.0),
+            _matched(make_record, "t9", "tome", "r", 3, 0.9, 9.0, top1_pct=79.0),
+            make_record("t5", "tome", {}, status="error", match_gmacs=0.5, label="tome (at 0.5x GMACs)",
+                        error="tome cannot reach F = 0.5")]
+    df = summary_table(recs, "cls", "vitbench-fmnist-vit")
+    assert df.to_dict("records") == [{"Method": "tome", "F = 0.9": "79.00", "F = 0.5": "failed", "Area ÷ range": "n/a"}]
+    assert "Top-1 (%) at each budget:" in render_sweep_markdown(recs)

@@ -138,6 +138,11 @@ def _fmt(v: Optional[float], spec: str) -> str:
     return NA if v is None else format(v, spec)
 
 
+def has_accuracy(records: Iterable[Record], task: str, model: str, y_key: str) -> bool:
+    """Whether any matched run of ``(task, model)`` measured ``y_key``."""
+    return any(metric(r, y_key) is not None for c in curves(list(records), task, model) for r in c.rows.values())
+
+
 def summary_table(records: Iterable[Record], task: str, model: str, y_key: Optional[str] = None) -> pd.DataFrame:
     """One row per method: its accuracy (``y_key``, default the task's first accuracy key) at
     each budget and the area under its curve over the common range (:func:`curve_area`). When
@@ -149,8 +154,8 @@ def summary_table(records: Iterable[Record], task: str, model: str, y_key: Optio
     _, base = ok_rows(records, task, model)
     base_x = metric(base, x_key)
     cs = curves(records, task, model)
-    has_acc = any(metric(r, y_key) is not None for c in cs for r in c.rows.values())
-    name, spec = _ACC_NAMES[y_key]
+    has_acc = has_accuracy(records, task, model, y_key)
+    spec = _ACC_NAMES[y_key][1]
     failed = {(_curve_key(r)[0], _budget(r)) for r in records
               if r.get("status") == "error" and (str(r.get("task")), str(r.get("model"))) == (task, model)}
     span = common_span(cs, y_key, base_x) if has_acc and base_x else None
@@ -179,7 +184,8 @@ def summary_table(records: Iterable[Record], task: str, model: str, y_key: Optio
         table.append(row)
     df = pd.DataFrame(table, columns=["Method"] + [f"F = {b:g}" for b in budgets(records, task, model)]
                       + ([area_col] if has_acc else []))
-    return drop_unmeasured(df) if not df.empty else df
+    # the area column stays when accuracy was measured: n/a there means no common range
+    return drop_unmeasured(df, keep=("Method", area_col)) if not df.empty else df
 
 
 def _summary_lines(records: list[Record], task: str, model: str) -> list[str]:
@@ -196,7 +202,7 @@ def _summary_lines(records: list[Record], task: str, model: str) -> list[str]:
     any_acc = False
     for y_key in accuracy_keys(task):
         df = summary_table(records, task, model, y_key)
-        has_acc = any(c.startswith("Area") for c in df.columns)
+        has_acc = has_accuracy(records, task, model, y_key)
         any_acc = any_acc or has_acc
         if has_acc or y_key == accuracy_keys(task)[0]:
             title = (f"{_ACC_NAMES[y_key][0]} at each budget:" if has_acc
@@ -208,7 +214,7 @@ def _summary_lines(records: list[Record], task: str, model: str) -> list[str]:
         lines += [f"Area ÷ range: the area under the method's accuracy curve against its measured {what} "
                   f"fraction (its {what} / the baseline's; linear between budgets) over the range every method "
                   f"covers, divided by that range's width, i.e. the method's mean accuracy over the range; "
-                  f"higher is better. \"failed\": the run at that budget is an error (listed under its "
+                  f"higher is better; n/a when fewer than two budgets of every method succeeded. \"failed\": the run at that budget is an error (listed under its "
                   f"budget's table).", ""]
     return lines
 
