@@ -2,7 +2,10 @@
 
 ``vitbench run --task cls --methods M1,M2 [--model NAME] [--data PATH|fashion-mnist]
 [--param METHOD.KEY=VALUE ...] [--metrics ...] [--batch-size B] [--device cpu|cuda] [--seed S | --seeds S1,S2,...]
-[--out DIR] [--resume]``. The baseline always runs too. Bad input exits 2 before anything runs.
+[--out DIR] [--resume] [--match-gmacs F]``. The baseline always runs too. Bad input exits 2 before
+anything runs. ``--match-gmacs F`` puts every method at F x the baseline's GMACs
+(:mod:`vitbench.calibrate`); ``vitbench sweep`` (:mod:`vitbench.cli.sweep_cmd`) shares these
+options and this code.
 """
 from __future__ import annotations
 
