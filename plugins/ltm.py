@@ -170,7 +170,7 @@ per-block MLPs of the IB step stay frozen at their initialisation unless ``mlp_l
 documented deviation from the papers, which train them: a trained MLP moves ``X~`` away from the
 centroids of the last statistics pass, and the step then mixes tokens by stale clusters; on the
 default model that made the outcome chaotic, 69.8-79.6 % across seeds and threads at
-``mlp_lr = lr``, 36-55 % at 0.01, against 78.6-79.2 % frozen), with AdamW (no weight decay: decay would pull the mask logits towards "undecided"),
+``mlp_lr = lr``, 36-55 % with the MLPs, masks and scales all at 0.01, against 78.6-79.2 % frozen), with AdamW (no weight decay: decay would pull the mask logits towards "undecided"),
 cosine schedule, two epochs (the statistics are refreshed between epochs, not after the last,
 so the evaluated model runs the statistics it was trained against), and the loss ``CE + ib_weight * IB bound``. The bound (Theorem 3.1, §6) is computed by
 :mod:`vitbench.measure.ib` on the final block's output features (size-weighted mean of its
@@ -272,7 +272,7 @@ class LTMParams:
     #: initialisation; ``None``: ``lr``. Training them moves ``X~`` away from the centroids of the
     #: last statistics pass, so the step mixes tokens by stale clusters. Measured (all 10k test
     #: images, seeds 1 and 2): frozen 78.6 / 78.8 %; ``mlp_lr=lr`` 69.8-79.6 % (chaotic across
-    #: seeds and threads); 0.01 55.1 / 36.5 %.
+    #: seeds and threads); MLPs, masks and scales at 0.01: 55.1 / 36.5 %.
     mlp_lr: Optional[float] = 0.0
     optimizer: str = "AdamW"
     ib_weight: float = 1.0
