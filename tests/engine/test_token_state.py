@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from vitbench.engine import TokenState, bipartite_soft_matching
-from vitbench.engine.token_state import PrefixTokenError
+from vitbench.engine import PrefixTokenError  # the plugin kit exports it
 from vitbench.errors import VitbenchError
 
 
