@@ -155,7 +155,7 @@ def test_searched_knobs_land_within_tolerance_on_a_tiny_vit(tiny, method, fracti
     assert result.record()["calibrated_off_pct"] == pytest.approx(100 * (result.calibrated_gmacs / result.target_gmacs - 1))
 
 
-@pytest.mark.parametrize("method, param", [("dcs", "budget"), ("ltmp", "target")])
+@pytest.mark.parametrize("method, param", [("dcs", "budget"), ("ltmp", "gmacs_fraction")])
 def test_learnable_budget_parameters_are_set_to_the_fraction(tiny, method, param):
     spec = get_host().method(method)
     counter = _counter(tiny)

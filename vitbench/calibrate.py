@@ -6,7 +6,7 @@ A method declares its knob in its :class:`~vitbench.catalog.MethodSpec` (``budge
 :class:`~vitbench.catalog.BudgetKnob`). Knobs of mode ``"search"`` are bisected on the real count
 (the count is monotone in the knob); each count goes through a :class:`GmacsCounter`, which
 caches it, so the bisections of several budgets on one model never count a setting twice.
-Knobs of mode ``"fraction"`` are the fraction itself (DCS's budget, LTMP's FLOPs target): they
+Knobs of mode ``"fraction"`` are the fraction itself (DCS's budget, LTMP's gmacs_fraction): they
 are set to ``F`` and the count after fine-tuning says how far the method landed.
 
 A learnable method with a searched knob (LTM) is counted as zero epochs of fine-tuning leave it

@@ -146,7 +146,7 @@ class BudgetKnob:
       depend on training (a training-free method, or LTM whose token count is fixed by its
       ratio), so vitbench bisects the knob on the real count (``low``..``high``) until it lands
       within the tolerance. ``"fraction"``: the knob *is* the fraction of the baseline's GMACs to
-      keep (DCS's ``budget``, LTMP's FLOPs ``target``); vitbench sets it to ``F`` and checks the
+      keep (DCS's ``budget``, LTMP's ``gmacs_fraction``); vitbench sets it to ``F`` and checks the
       count after fine-tuning.
     - ``low``/``high``: the search range, inclusive (numbers, or ``f(ModelInfo) -> number`` when
       the range depends on the model, e.g. ToMe's ``r`` up to the patch count).

@@ -13,7 +13,8 @@ from vitbench.errors import ParamError
 from vitbench.measure import count_gmacs
 from vitbench.plugins import get_host
 from vitbench.testing import check_method, tiny_vit
-from vitbench_plugins.ltmp import LTMPReducer, clamp_thresholds, flops_ratio, kept_tokens
+from vitbench.testing import tiny_deit_distilled
+from vitbench_plugins.ltmp import LTMPReducer, clamp_thresholds, cost_model, flops_ratio, kept_tokens
 
 
 def _reducers(model):
@@ -238,9 +239,69 @@ def test_penalty_is_zero_at_target_and_absent_at_inference():
     assert _stage(model).extra_loss(model, logits, labels) is None
 
 
+
+def _per_image_gmacs(model, x):
+    return torch.tensor([count_gmacs(model, x[i : i + 1]).mean for i in range(x.shape[0])], dtype=torch.float64)
+
+
+@pytest.mark.parametrize("factory, layers", [(_sharp_vit, None), (_sharp_vit, (2, 5, 9)), (tiny_deit_distilled, None)])
+def test_cost_model_is_the_counted_gmacs(factory, layers):
+    # matched compute (docs/methods.md §2): the cost model LTMP's penalty measures in matched mode
+    # is the count of vitbench.measure, per image, term for term (fixed costs, per-block
+    # attention before the reduction, LTMP's matching, MLP after it)
+    base = factory()
+    info = get_host().family_of(base).describe(base)
+    model = _set(vitbench.apply(factory(), "ltmp", layers=layers), theta_m=0.2, theta_p=0.0155)
+    reducing = [layers is None or i in layers for i in range(12)]
+    cost = cost_model(model, info, reducing)
+    assert cost.full == pytest.approx(count_gmacs(base, _images(1)).mean * 1e9, rel=1e-12)
+    assert cost_model(base, info, reducing).full == cost.full  # reduced or not, the same model
+    x = _images(4)
+    counted = _per_image_gmacs(model, x)
+    assert float(counted.max()) < 0.9 * cost.full / 1e9  # thresholds that merge and prune
+    for i in range(4):
+        with torch.inference_mode():
+            model(x[i : i + 1])
+        counts = reduction_context(model).state.private["ltmp_counts"]
+        kept = [float(counts[b][0]) / info.num_tokens if reducing[b] else None for b in range(12)]
+        assert cost.macs(kept) / 1e9 == pytest.approx(float(counted[i]), rel=1e-12)
+
+
+def test_matched_penalty_trains_towards_the_counted_gmacs_fraction():
+    # gmacs_fraction = F: the penalty's ratio of each image is that image's counted GMACs over the
+    # baseline's (training masks the very tokens inference removes); target is not used
+    base = _sharp_vit()
+    model = _set(vitbench.apply(_sharp_vit(), "ltmp", gmacs_fraction=0.6, target=0.1),
+                 theta_m=0.2, theta_p=0.0155)
+    x, labels = _images(4), torch.tensor([0, 1, 2, 3])
+    expected = _per_image_gmacs(model, x) / count_gmacs(base, x[:1]).mean
+    model.train()
+    logits = model(x)
+    penalty = _stage(model).extra_loss(model, logits, labels)
+    ratio = reduction_context(model).extras["ltmp_flops_ratio"]
+    assert float(ratio) == pytest.approx(float(expected.mean()), rel=1e-6)
+    assert penalty.item() == pytest.approx(10.0 * (float(expected.mean()) - 0.6) ** 2, rel=1e-5)
+    assert penalty.requires_grad
+    # the default (gmacs_fraction=None) keeps the paper's ratio against target
+    paper = _set(vitbench.apply(_sharp_vit(), "ltmp", target=0.1), theta_m=0.2, theta_p=0.0155).train()
+    logits = paper(x)
+    penalty = _stage(paper).extra_loss(paper, logits, labels)
+    kept = reduction_context(paper).state.private["ltmp_kept"]
+    own = flops_ratio([kept[i] for i in range(12)], 65, 48).mean()
+    assert penalty.item() == pytest.approx(10.0 * (float(own) - 0.1) ** 2, rel=1e-6)
+    assert abs(float(own) - float(ratio)) > 0.01  # the two measures differ on the same tokens
+
+
+def test_matched_compute_sets_gmacs_fraction():
+    knob = get_host().method("ltmp").budget
+    assert (knob.param, knob.mode, knob.larger_means) == ("gmacs_fraction", "fraction", "more")
+
+
 @pytest.mark.parametrize("bad, message", [
     (dict(target=0.0), r"ltmp.target=0.0 is out of range; the FLOPs ratio must be in \(0, 1\]"),
     (dict(target=1.5), r"ltmp.target=1.5 is out of range"),
+    (dict(gmacs_fraction=0.0), r"ltmp.gmacs_fraction=0.0 is out of range; the fraction of the model's GMACs"),
+    (dict(gmacs_fraction=1.5), r"ltmp.gmacs_fraction=1.5 is out of range"),
     (dict(tau=0.0), r"ltmp.tau=0.0 is out of range; the temperature must be > 0"),
     (dict(tau=-1.0), r"ltmp.tau=-1.0 is out of range"),
     (dict(lambda_flops=-1.0), r"ltmp.lambda_flops=-1.0 is out of range"),
