@@ -53,7 +53,8 @@ def test_a_head_of_another_class_count_is_refused_before_anything_runs(tmp_path,
 
 
 def test_diverging_fine_tuning_is_an_error_record_and_the_fitted_head_is_shared(tmp_path, capsys):
-    """The issue's check on a tiny setup: ltm.lr=1e9 (the MLPs and scales follow it) ends as an
+    """The issue's check on a tiny setup: ltm.lr=1e9 with the IB step's MLPs training at it too
+    (frozen by default, and the masks and scales alone saturate without overflowing) ends as an
     error record saying the loss became non-finite, exit 1; tome and the baseline go on, on the head fitted once."""
     import timm
     import torch
@@ -64,7 +65,7 @@ def test_diverging_fine_tuning_is_an_error_record_and_the_fitted_head_is_shared(
     out = tmp_path / "out"
     args = ["run", "--methods", "tome,ltm", "--model", "test_vit", "--data", str(data), "--num-classes", "3",
             "--checkpoint", str(weights),
-            "--param", "ltm.lr=1e9", "--param", "ltm.batch_size=6", "--param", "tome.r=4",
+            "--param", "ltm.lr=1e9", "--param", "ltm.mlp_lr=None", "--param", "ltm.batch_size=6", "--param", "tome.r=4",
             "--metrics", "accuracy", "--out", str(out)]
     assert main(args) == 1
     base, tome, ltm = _records(out)
@@ -129,10 +130,11 @@ def test_a_nan_at_each_measured_point_is_an_error_record_in_the_report(tmp_path,
 
 @pytest.mark.slow
 def test_forced_divergence_on_the_embedded_default_is_an_error_record(tmp_path):
-    """The issue's "done when": ltm.lr=1e9 on the default gives an error record whose message
-    says the loss became non-finite, and exit status 1."""
+    """The issue's "done when": ltm.lr=1e9 on the default (with the IB step's MLPs training at it:
+    ``mlp_lr=None``; by default they are frozen and the masks and scales alone saturate without
+    overflowing) gives an error record whose message says the loss became non-finite, exit 1."""
     out = tmp_path / "out"
-    rc = main(["run", "--methods", "ltm", "--param", "ltm.lr=1e9",
+    rc = main(["run", "--methods", "ltm", "--param", "ltm.lr=1e9", "--param", "ltm.mlp_lr=None",
                "--param", "ltm.stats_images=128",
                "--metrics", "accuracy", "--limit", "100", "--train-limit", "256", "--out", str(out)])
     assert rc == 1
