@@ -23,7 +23,7 @@ from vitbench import measure
 from vitbench.engine import apply, reduction_context
 from vitbench.calibrate import Calibration, GmacsCounter, calibrate, not_matchable, off_pct, prepared_as_trained
 from vitbench.errors import VitbenchError
-from vitbench.plan import BASELINE, DENSE_TASKS, RunSpec
+from vitbench.plan import BASELINE, DENSE_TASKS, REFERENCES, RunSpec
 from vitbench.plugins import get_host
 from vitbench.results import ResultStore
 
@@ -271,7 +271,7 @@ def run_spec(spec: RunSpec, ws: Any, baseline: Optional[dict], env: dict[str, An
     try:
         seed_everything(spec.seed)
         params = spec.params
-        if spec.match_gmacs is not None and spec.method != BASELINE:
+        if spec.match_gmacs is not None and spec.method not in REFERENCES:
             matched = match_compute(spec, ws, progress)
             params = matched.params
             record.update(params=params, label=spec.matched_label(params), budget=matched.record())

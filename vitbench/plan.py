@@ -11,8 +11,11 @@ from typing import Any, Iterable, Mapping, Optional
 from vitbench.errors import ParamError, VitbenchError, choices_error
 from vitbench.params import make_params, params_dict
 from vitbench.plugins import get_host
+from vitbench.tasks.det.protocol import CONTROL  # det/seg: the fine-tuned baseline detector (no method)
 
 BASELINE = "baseline"
+#: the two rows that are no method (no plugin, no parameters)
+REFERENCES = (BASELINE, CONTROL)
 TASKS = ("cls", "det", "seg")
 #: the tasks run on mmdet detectors (:mod:`vitbench.tasks.det`)
 DENSE_TASKS = ("det", "seg")
@@ -70,6 +73,11 @@ class RunSpec:
         matched run before its knob is chosen says its budget (``tome (at 0.6x GMACs)``)."""
         if self.method == BASELINE:
             return BASELINE
+        if self.method == CONTROL:
+            from vitbench.tasks.det.protocol import DEFAULT_PROTOCOL
+
+            other = self.dense_finetune not in (None, DEFAULT_PROTOCOL)
+            return f"{CONTROL} (fine-tuned: {self.dense_finetune})" if other else CONTROL
         if self.match_gmacs is not None:
             return self._label(self.params, notes=[f"at {self.match_gmacs:g}x GMACs"])
         return self._label(self.params)
@@ -133,8 +141,12 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
                batch_size: int, device: str, seed: int, checkpoint: Optional[str] = None,
                pretrained: bool = False, train_backbone: bool = False,
                train_limit: Optional[int] = None, dense_finetune: Optional[str] = None,
-               match_gmacs: Optional[float] = None) -> list[RunSpec]:
+               match_gmacs: Optional[float] = None, control: bool = True) -> list[RunSpec]:
     """The baseline, then one spec per method, parameters validated (no model is built here).
+
+    ``control`` (det/seg): when a learnable method fine-tunes detector weights (protocol ``all``
+    or ``heads``), the :data:`CONTROL` spec follows the baseline: the baseline detector fine-tuned
+    the same way without a method, so that a method's mAP can be compared at equal training.
 
     ``match_gmacs``: every method runs at that fraction of the baseline's GMACs, its budget knob
     chosen when it runs (:mod:`vitbench.calibrate`); ``--param`` may not set the knob then."""
@@ -166,6 +178,12 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
     common = dict(task=task, model=model, data=data, metrics=tuple(metrics), batch_size=batch_size,
                   device=device, seed=seed, checkpoint=checkpoint, pretrained=pretrained)
     plan = [RunSpec(method=BASELINE, params_json="{}", **common)]
+    if control and task in DENSE_TASKS and any(host.method(n).needs_training for n in names):
+        from vitbench.tasks.det.protocol import DEFAULT_PROTOCOL, check_protocol
+
+        if check_protocol(dense_finetune or DEFAULT_PROTOCOL) != "method":  # detector weights train
+            plan.append(RunSpec(method=CONTROL, params_json="{}", **common, train_limit=train_limit,
+                                dense_finetune=dense_finetune or DEFAULT_PROTOCOL))
     for name in dict.fromkeys(names):
         spec = host.method(name)
         values = make_params(name, spec.params, canonical_overrides.get(name, {}))

@@ -17,13 +17,14 @@ from typing import Optional
 
 from vitbench.errors import VitbenchError
 from vitbench.plan import (
-    BASELINE,
+    CONTROL,
     DATA_METRICS,
     DEFAULT_DENSE_MODEL,
     DEFAULT_MODEL,
     DEFAULT_MODEL_TRAIN_LIMIT,
     DENSE_TASKS,
     METRICS,
+    REFERENCES,
     build_seeded_plan,
     check_seeds,
     parse_list,
@@ -79,6 +80,10 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                    help="det/seg: what fine-tunes beside a learnable method: all (default; the whole "
                         "detector, as the papers), heads (neck and heads; backbone frozen) or method "
                         "(the method's parameters only)")
+    p.add_argument("--no-control", action="store_true",
+                   help=f"det/seg: leave out the {CONTROL} row (the baseline detector fine-tuned like the "
+                        "learnable methods' detectors, without a method; added by default when a learnable "
+                        "method fine-tunes detector weights)")
     p.add_argument("--detector-width", default=None, choices=("full", "light"),
                    help="det/seg: the detector's neck/head widths (default: light on the embedded data, "
                         "full with --data)")
@@ -117,7 +122,7 @@ def _check_methods_apply(plan: list, model) -> None:  # type: ignore[no-untyped-
 
     checked: set[tuple[str, str]] = set()
     for spec in plan:
-        if spec.method == BASELINE or (spec.method, spec.params_json) in checked:
+        if spec.method in REFERENCES or (spec.method, spec.params_json) in checked:
             continue  # the baseline, or the same method checked for an earlier seed
         checked.add((spec.method, spec.params_json))
         apply(copy.deepcopy(model), spec.method, **spec.params)
@@ -180,6 +185,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.task in DENSE_TASKS:
         return run_dense(args)
+    if args.no_control:
+        raise VitbenchError(f"--no-control applies to the dense tasks ({', '.join(DENSE_TASKS)}); "
+                            f"--task is {args.task!r}")
     if args.dense_finetune is not None:
         raise VitbenchError(f"--dense-finetune applies to the dense tasks ({', '.join(DENSE_TASKS)}); "
                             f"--task is {args.task!r}")
@@ -279,7 +287,7 @@ def run_dense(args: argparse.Namespace) -> int:
                  overrides=parse_param_overrides(args.param), metrics=metrics,
                  batch_size=args.batch_size, device=args.device, seeds=_seeds(args),
                  checkpoint=args.checkpoint, pretrained=args.pretrained,
-                 train_limit=args.train_limit, dense_finetune=protocol)
+                 train_limit=args.train_limit, dense_finetune=protocol, control=not args.no_control)
     say = _Progress()
     check_model_name(model_name)  # before the data: the default set takes seconds to generate
     data = resolve_det_data(args.data)

@@ -13,6 +13,7 @@ from typing import Any
 
 from vitbench.report.doubts import row_doubts, timing_notes
 from vitbench.report.tables import (
+    CONTROL,
     comparison_table, group_records, groups, metric, ok_rows, row_labels,
 )
 from vitbench.results.store import latest_records
@@ -181,6 +182,13 @@ def _detector_lines(rows: list[Mapping[str, Any]]) -> list[str]:
     if protocols:
         out.append(f"Learnable methods are fine-tuned on the detection loss inside it, dense fine-tuning "
                    f"protocol {_joined(protocols)}.")
+    control = next((r for r in rows if r.get("method") == CONTROL), None)
+    if control is not None:
+        out.append(f"{CONTROL}: the baseline detector fine-tuned exactly as the learnable methods' detectors "
+                   f"(the same protocol, epochs, learning rate and batch), with no method -- the control for "
+                   f"the extra detector training; \"vs +ft\" columns: a fine-tuned row's mAP minus the "
+                   f"control's (the fair delta of a learnable method; ΔBox mAP is against the baseline "
+                   f"detector, which trained less).")
     notes = _distinct((r.get("detector_training") or {}).get("provenance") for r in rows)
     out += [f"Note on the trained detector: {n}." for n in notes]
     return [" ".join(out), ""]

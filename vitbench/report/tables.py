@@ -19,10 +19,11 @@ import pandas as pd
 from vitbench.report.doubts import MARK, row_doubts
 from vitbench.report.seeds import aggregate_over_seeds
 from vitbench.results.store import latest_records
+from vitbench.tasks.det.protocol import CONTROL
 
 __all__ = [
     "NA", "accuracy_key", "drop_unmeasured", "gmacs_spec", "metric", "comparison_table", "group_records", "groups", "method_label",
-    "ok_rows", "pick_baseline", "row_labels",
+    "ok_rows", "pick_baseline", "pick_control", "finetunes_detector", "row_labels",
 ]
 
 NA = "n/a"
@@ -117,6 +118,19 @@ def pick_baseline(rows: Iterable[Record]) -> Record | None:
     return next((r for r in ok if r.get("method") == "baseline"), None)
 
 
+def pick_control(rows: Iterable[Record]) -> Record | None:
+    """det/seg: the first successful control record (the baseline detector fine-tuned like the
+    learnable methods' detectors, no method) -- the reference of fine-tuned rows' "vs +ft" deltas."""
+    return next((r for r in rows if r.get("status") == "ok" and r.get("method") == CONTROL), None)
+
+
+def finetunes_detector(rec: Record) -> bool:
+    """Whether ``rec`` fine-tuned detector weights (a learnable method under protocol ``all`` or
+    ``heads``, or the control): the rows compared with the control."""
+    settings = rec.get("dense_finetune")
+    return bool(rec.get("trained")) and isinstance(settings, Mapping) and settings.get("protocol") in ("all", "heads")
+
+
 def ok_rows(records: Iterable[Record], task: str, model: str) -> tuple[list[Record], Record | None]:
     """The successful runs of ``(task, model)``, one row per spec across seeds
     (:func:`~vitbench.report.seeds.aggregate_over_seeds`), the reference baseline first, and
@@ -156,6 +170,7 @@ def comparison_table(records: Iterable[Record], task: str, model: str) -> pd.Dat
     one_bs = len(batches) == 1
     tp_col = f"Throughput (img/s, bs={next(iter(batches))})" if one_bs else "Throughput (img/s)"
 
+    control = None if is_cls else pick_control(rows)
     b_gmacs, b_tp = metric(base, "gmacs"), metric(base, "throughput_img_s")
     several_seeds = any(int(r.get("n_seeds") or 1) > 1 for r in rows)
     table: list[dict[str, str]] = []
@@ -181,6 +196,8 @@ def comparison_table(records: Iterable[Record], task: str, model: str) -> pd.Dat
             v, b = metric(rec, key), metric(base, key)  # means over seeds; the delta of the means
             row[col] = _spread(v, metric(rec, f"{key}_seed_std"), spec)
             row[dcol] = _fmt(v - b, "+" + spec) if v is not None and b is not None else NA
+            c = metric(control, key) if finetunes_detector(rec) else None  # same detector training
+            row[f"{dcol} vs +ft"] = _fmt(v - c, "+" + spec) if v is not None and c is not None else NA
 
         gm = metric(rec, "gmacs")
         row["GMACs"] = _spread(gm, metric(rec, "gmacs_std"), gmacs_spec(gm))
@@ -216,8 +233,9 @@ def comparison_table(records: Iterable[Record], task: str, model: str) -> pd.Dat
     if is_cls:
         columns += ["Top-1 (%)"] + (["Top-5 (%)"] if has_top5 else []) + ["ΔTop-1 (pp)"]
     else:
-        columns += ["Box mAP", "ΔBox mAP", "Box AP50", "Box AP75"]
-        columns += ["Mask mAP", "ΔMask mAP", "Mask AP50", "Mask AP75"] if has_mask else []
+        columns += ["Box mAP", "ΔBox mAP"] + (["ΔBox mAP vs +ft"] if control else []) + ["Box AP50", "Box AP75"]
+        columns += (["Mask mAP", "ΔMask mAP"] + (["ΔMask mAP vs +ft"] if control else [])
+                    + ["Mask AP50", "Mask AP75"]) if has_mask else []
     columns += ["GMACs", "GMACs ↓ (%)"] + ([] if is_cls else ["Backbone GMACs"])
     columns += [tp_col, "Speed-up (×)", "Efficiency", "Latency bs=1 (ms)"]
     columns += ["IB loss", "IB bound"] if is_cls else []

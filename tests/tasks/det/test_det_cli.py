@@ -37,7 +37,7 @@ def test_det_end_to_end(dense_cache, tmp_path, monkeypatch, capsys):
                "--param", "ltm.epochs=1", "--out", str(out)])
     assert rc == 0
     records = _records(out)
-    assert [r["method"] for r in records] == ["baseline", "tome", "ltm"]
+    assert [r["method"] for r in records] == ["baseline", "baseline+ft", "tome", "ltm"]
     assert all(r["status"] == "ok" and r["error"] is None and r["task"] == "det" for r in records)
     for r in records:
         assert r["data"] == "shapes-coco" and r["model"] == "mobilevit_xs"
@@ -45,11 +45,12 @@ def test_det_end_to_end(dense_cache, tmp_path, monkeypatch, capsys):
         assert 0 < r["backbone_gmacs"] < r["gmacs"] and r["gmacs_input"] == "320x320"
         assert r["num_images"] == 4 and "mask_map" not in r
         assert r["detector"].startswith("SSDLite") and "light heads" in r["detector"]
-    base, tome, ltm = records
+    base, control, tome, ltm = records
     assert tome["gmacs"] < base["gmacs"] and ltm["gmacs"] < base["gmacs"]
     assert ltm["trained"] == "fine-tuned" and "trained" not in tome
+    assert control["trained"] == "fine-tuned" and control["gmacs"] == base["gmacs"]
     report = (out / "report.md").read_text()
-    assert "Box mAP" in report and "Mask mAP" not in report
+    assert "Box mAP" in report and "Mask mAP" not in report and "ΔBox mAP vs +ft" in report
     assert "Detector: SSDLite" in report and "Backbone GMACs" in report
     # the default set and the trained detector live in VITBENCH_CACHE
     assert (dense_cache / "shapes_coco" / "annotations" / "instances_val2017.json").is_file()

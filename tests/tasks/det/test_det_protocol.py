@@ -15,6 +15,7 @@ from vitbench.plan import build_plan
 from vitbench.report.markdown import render_markdown
 from vitbench.tasks.det.detectors import build_detector
 from vitbench.tasks.det.protocol import (
+    CONTROL,
     DEFAULT_PROTOCOL,
     DENSE_EPOCHS,
     DETECTOR_LR,
@@ -158,6 +159,7 @@ def test_bad_protocol_on_the_command_line_exits_2(tmp_path, monkeypatch, capsys)
 @pytest.mark.parametrize("argv, message", [
     (["--task", "det", "--train-backbone", "--dense-finetune", "heads"], "contradicts --dense-finetune heads"),
     (["--task", "cls", "--dense-finetune", "all"], "--dense-finetune applies to the dense tasks (det, seg)"),
+    (["--task", "cls", "--no-control"], "--no-control applies to the dense tasks (det, seg)"),
 ])
 def test_contradicting_options_exit_2(tmp_path, monkeypatch, capsys, argv, message):
     monkeypatch.setenv("VITBENCH_CACHE", str(tmp_path / "cache"))
@@ -171,12 +173,50 @@ def test_plan_carries_the_protocol_to_learnable_specs_only():
     plan = build_plan(task="det", model="mobilevit_xs", methods=["tome", "ltm"], data="shapes-coco",
                       overrides={}, metrics=("accuracy",), batch_size=2, device="cpu", seed=0,
                       dense_finetune="heads")
-    base, tome, ltm = plan
+    base, control, tome, ltm = plan
     assert base.dense_finetune is None and tome.dense_finetune is None and ltm.dense_finetune == "heads"
     assert ltm.label == "ltm (fine-tuned: heads)"
+    # the control: the baseline detector fine-tuned under the same protocol, no method
+    assert control.method == CONTROL and control.params == {} and control.dense_finetune == "heads"
+    assert control.label == "baseline+ft (fine-tuned: heads)"
     default = build_plan(task="det", model="mobilevit_xs", methods=["ltm"], data="shapes-coco", overrides={},
-                         metrics=("accuracy",), batch_size=2, device="cpu", seed=0, dense_finetune="all")[1]
-    assert default.label == "ltm" and default.spec_id != ltm.spec_id
+                         metrics=("accuracy",), batch_size=2, device="cpu", seed=0, dense_finetune="all")
+    assert [s.label for s in default] == ["baseline", "baseline+ft", "ltm"]
+    assert default[2].spec_id != ltm.spec_id and default[1].spec_id != control.spec_id
+
+
+@pytest.mark.parametrize("methods, protocol, control", [
+    (["tome"], "all", False),  # nothing fine-tunes: no control
+    (["ltm"], "method", False),  # no detector weight trains: the baseline detector is the control
+    (["ltm"], "all", True),
+    (["tome", "dcs"], None, True),  # the library's default protocol (all)
+])
+def test_the_control_is_planned_when_detector_weights_train(methods, protocol, control):
+    plan = build_plan(task="det", model="mobilevit_xs", methods=methods, data="shapes-coco", overrides={},
+                      metrics=("accuracy",), batch_size=2, device="cpu", seed=0, dense_finetune=protocol)
+    assert (CONTROL in [s.method for s in plan]) is control
+    off = build_plan(task="det", model="mobilevit_xs", methods=methods, data="shapes-coco", overrides={},
+                     metrics=("accuracy",), batch_size=2, device="cpu", seed=0, dense_finetune=protocol, control=False)
+    assert CONTROL not in [s.method for s in off]
+
+
+def test_the_control_stage_trains_the_detector_as_a_method_stage_does():
+    """The control's stage is the detector half of a method's last dense stage: the same
+    epochs, optimiser, schedule, weight decay, detector learning rate and batch."""
+    from vitbench.catalog import TrainStage
+    from vitbench.tasks.det.protocol import stage_for
+    from vitbench.tasks.det.train import CONTROL_BATCH, control_stage
+
+    settings = dense_finetune_for("seg", "all")
+    control = control_stage(settings)
+    method = stage_for(TrainStage(epochs=2, lr=0.3, batch_size=64, lr_groups=((".reducer.mlp.", 0.0),)),
+                       settings, last=True)
+    assert control.epochs == method.epochs == DENSE_EPOCHS["seg"]
+    assert (control.optimizer, control.schedule, control.weight_decay) == (method.optimizer, method.schedule,
+                                                                          method.weight_decay)
+    assert control.lr_groups[0] == method.lr_groups[0] == ("detector.", DETECTOR_LR)
+    assert control.extra_loss is None and not control.before and not control.after
+    assert CONTROL_BATCH == max(2, min(method.batch_size, 8))
 
 
 def _record(method, box_map, **extra):
@@ -197,3 +237,23 @@ def test_report_states_the_protocol():
     assert "BatchNorm statistics updated" in words and f"lr {DETECTOR_LR:g}" in words
     assert f"dense fine-tuning protocol {words}." in text  # the Detector: paragraph
     assert f"trainable parameters ({words})" in text  # the fine-tuning line
+
+
+def test_report_compares_fine_tuned_rows_with_the_control():
+    """ΔBox mAP stays against the baseline detector; "vs +ft" puts a fine-tuned row against the
+    control (same detector training) and is n/a for a training-free row."""
+    from vitbench.report.tables import comparison_table
+
+    tuned = dict(trained="fine-tuned", train_s=10.0, train_images=200, trainable_params=1000,
+                 train_stages=[{"name": "finetune", "epochs": 8, "iters": 200}],
+                 dense_finetune=dense_finetune_for("det", "all").record())
+    recs = [_record("baseline", 0.44), _record(CONTROL, 0.57, **tuned), _record("tome", 0.43),
+            _record("ltm", 0.40, **tuned)]
+    df = comparison_table(recs, "det", "mobilevit_xs").set_index("Method")
+    assert list(df.index) == ["baseline", CONTROL, "tome", "ltm"]
+    assert list(df["ΔBox mAP"]) == ["0.000", "+0.130", "-0.010", "-0.040"]
+    assert list(df["ΔBox mAP vs +ft"]) == ["n/a", "0.000", "n/a", "-0.170"]
+    text = render_markdown(recs)
+    assert "ΔBox mAP vs +ft" in text and "baseline+ft: the baseline detector fine-tuned exactly as" in text
+    # without a control the column is left out
+    assert "ΔBox mAP vs +ft" not in comparison_table([recs[0], recs[3]], "det", "mobilevit_xs").columns

@@ -156,9 +156,11 @@ def test_run_dense_spec_records(backbone_factory, det_data, tmp_path):
     ws = _workspace(backbone_factory, det_data, tmp_path / "cache", work_dir=tmp_path / "work", gmacs_images=2,
                     throughput_repeats=1, latency_repeats=1, verbose_training=False)
     said: list[str] = []
-    base, tome, ltm = (run_dense_spec(spec, ws, None, said.append) for spec in plan)
+    assert [s.method for s in plan] == ["baseline", "baseline+ft", "tome", "ltm"]
+    base, control, tome, ltm = (run_dense_spec(spec, ws, None, said.append) for spec in plan)
     assert any("training the det detector" in s for s in said)
-    for record in (base, tome, ltm):
+    assert any("fine-tuning the baseline detector without a method" in s for s in said)
+    for record in (base, control, tome, ltm):
         assert record["detector"] == "SSDLite (SSDNeck + depthwise SSDHead), light heads, 64x64"
         assert record["detector_training"]["epochs"] == 1 and record["detector_training"]["images"] == 4
         assert all(0.0 <= record[k] <= 1.0 for k in ("box_map", "box_ap50", "box_ap75"))
@@ -173,6 +175,14 @@ def test_run_dense_spec_records(backbone_factory, det_data, tmp_path):
     assert ltm["trained"] == "fine-tuned" and ltm["train_stages"][0]["images"] == 4
     assert ltm["dense_finetune"]["protocol"] == "all"  # the default: the whole detector fine-tunes
     assert list((tmp_path / "cache").glob("det-mobilevit_xs-*.pth"))
+    # the control: the unreduced detector, fine-tuned as ltm's detector was (every detector weight,
+    # as many epochs and iterations), no method parameters
+    assert control["gmacs"] == base["gmacs"] and control["params_m"] == base["params_m"]
+    assert control["trained"] == "fine-tuned" and control["dense_finetune"] == ltm["dense_finetune"]
+    (stage,) = control["train_stages"]
+    assert stage["name"] == "control" and stage["epochs"] == ltm["train_stages"][0]["epochs"] == 8
+    assert stage["iters"] == ltm["train_stages"][0]["iters"] and stage["images"] == 4
+    assert control["trainable_params"] == round(base["params_m"] * 1e6)  # every detector weight
 
 
 def test_load_backbone_random_init_is_seeded():

@@ -191,27 +191,31 @@ def run_dense_spec(spec: Any, ws: DenseWorkspace, baseline: Optional[dict], prog
                    params: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """Everything one det/seg spec measures (raises on failure; the executor records it).
     ``params``: the method's parameters when they differ from the spec's (a matched knob)."""
-    from vitbench.plan import BASELINE
+    from vitbench.plan import CONTROL, REFERENCES
     from vitbench.tasks.det.evaluate import evaluate_detector, first_val_images
     from vitbench.tasks.det.protocol import DEFAULT_PROTOCOL, dense_finetune_for
-    from vitbench.tasks.det.train import finetune_method
+    from vitbench.tasks.det.train import finetune_control, finetune_method
 
     weights = trained_weights(ws, spec.seed, progress)
     out: dict[str, Any] = {"batch_size": spec.batch_size, "detector": _detector_name(ws),
                            "detector_training": ws.training_info}
     backbone = copy.deepcopy(ws.model)
-    if spec.method != BASELINE:
+    if spec.method not in REFERENCES:
         progress("applying the method")
         backbone = apply(backbone, spec.method, **(spec.params if params is None else params))
     detector = build_detector(ws.task, backbone, ws.data.num_classes, width=ws.width)
     load_detector_weights(detector, weights)
     ctx = reduction_context(backbone)
-    if ctx is not None and ctx.reduction is not None and ctx.reduction.train:
-        settings = dense_finetune_for(ws.task, spec.dense_finetune or DEFAULT_PROTOCOL)
+    settings = dense_finetune_for(ws.task, spec.dense_finetune or DEFAULT_PROTOCOL)
+    work_dir = ws.work_dir / spec.spec_id / "train" if ws.work_dir else None
+    if spec.method == CONTROL:  # the baseline detector, fine-tuned as the methods' detectors are
+        out.update(finetune_control(detector, ws.data, masks=ws.masks, settings=settings, limit=spec.train_limit,
+                                    device=spec.device, seed=spec.seed, verbose=ws.verbose_training,
+                                    progress=progress, work_dir=work_dir))
+    elif ctx is not None and ctx.reduction is not None and ctx.reduction.train:
         out.update(finetune_method(detector, backbone, ws.data, masks=ws.masks, settings=settings,
                                    limit=spec.train_limit, device=spec.device, seed=spec.seed,
-                                   verbose=ws.verbose_training, progress=progress,
-                                   work_dir=ws.work_dir / spec.spec_id / "train" if ws.work_dir else None))
+                                   verbose=ws.verbose_training, progress=progress, work_dir=work_dir))
     detector.eval()
     forward = DetectorForward(detector)
     if "gmacs" in spec.metrics:

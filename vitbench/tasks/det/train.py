@@ -4,6 +4,10 @@
   trains on the training split with AdamW and a cosine schedule. This is the baseline every
   method is applied to, as the fine-tuned classifier is in ``cls``: vitbench trains it once per
   (task, model, data, schedule) and caches the weights.
+- :func:`finetune_control`: the *control* -- the baseline detector fine-tuned with the detector
+  weights, epochs, learning rate, optimiser and batch size a learnable method's detector gets
+  under the same protocol, with no method: what a fine-tuned method's mAP is compared with, so
+  that the extra detector training is not credited to the method.
 - :func:`finetune_method`: a learnable method's stages (:class:`~vitbench.catalog.TrainStage`)
   on the detection loss instead of cross-entropy. The same rules as the cls loop
   (:mod:`vitbench.train.finetune`) -- arch/weight alternation, the stage's callbacks -- with
@@ -30,9 +34,10 @@ from torch import nn
 from vitbench.engine.block import reduction_context
 from vitbench.errors import VitbenchError
 from vitbench.tasks.det.data import DetData
-from vitbench.tasks.det.protocol import DenseFinetune, detector_parameters, stage_for
+from vitbench.tasks.det.protocol import CONTROL, DenseFinetune, detector_parameters, stage_for
 
-__all__ = ["DetMethodTrainer", "dominant_labels", "finetune_method", "train_detector"]
+__all__ = ["DetMethodTrainer", "dominant_labels", "finetune_control", "finetune_method", "train_detector"]
+
 
 #: the default training: AdamW, cosine to 1% of the rate, per iteration
 DEFAULT_LR = 2e-3
@@ -144,19 +149,21 @@ class DetMethodTrainer(BaseModel):
         inputs, samples = data["inputs"], data["data_samples"]
         labels = dominant_labels(samples, inputs.device)
         wrapper = step_wrapper(optim_wrapper, self.stage, self.steps)
-        ctx = reduction_context(self.backbone)
-        ctx.labels = labels
+        ctx = reduction_context(self.backbone)  # None: the control (no method)
+        if ctx is not None:
+            ctx.labels = labels
         try:
             with wrapper.optim_context(self):
                 loss, log_vars = self.detector.parse_losses(self.detector.loss(inputs, samples))
                 extra = self.stage.extra_loss(self.backbone, None, labels) if self.stage.extra_loss else None
         finally:
-            ctx.labels = None
+            if ctx is not None:
+                ctx.labels = None
         if extra is not None:
             loss = loss + extra
             log_vars["extra"] = extra.detach()
         log_vars["loss"] = loss.detach()
-        who, where = ctx.method, trainer_position(self, self.stage)
+        who, where = ctx.method if ctx is not None else CONTROL, trainer_position(self, self.stage)
         # each detection loss term and the method's extra (not logged extras such as Mask R-CNN's acc)
         check_losses({k: v for k, v in log_vars.items() if "loss" in k or k == "extra"}, who, where)
         optim_wrapper.zero_grad()
@@ -257,3 +264,65 @@ def finetune_method(detector: nn.Module, backbone: nn.Module, data: DetData, *, 
     return {"trained": "fine-tuned", "train_s": round(time.perf_counter() - start, 2),
             "trainable_params": trainable, "train_stages": stages_done, "dense_finetune": settings.record(),
             "train_images": max((s.get("images", 0) for s in stages_done), default=0)}
+
+
+def control_stage(settings: DenseFinetune) -> Any:
+    """The one training stage of the control: the detector-weight half of a learnable method's
+    last dense stage (:func:`~vitbench.tasks.det.protocol.stage_for`) -- AdamW without weight
+    decay, cosine to 1 %, ``settings.epochs`` epochs, detector weights at ``settings.detector_lr``,
+    batch 8 (what the methods' stages of batch >= 8 run at, :func:`finetune_method`)."""
+    from vitbench.catalog import TrainStage
+
+    base = TrainStage(name="control", epochs=settings.epochs, optimizer="AdamW", lr=settings.detector_lr,
+                      batch_size=CONTROL_BATCH)
+    return stage_for(base, settings, last=True)
+
+
+#: the batch the methods' dense stages run at (their batch_size, 64 by default, capped at 8)
+CONTROL_BATCH = 8
+
+
+def finetune_control(detector: nn.Module, data: DetData, *, masks: bool, settings: DenseFinetune,
+                     limit: Optional[int] = None, device: str = "cpu", seed: int = 0,
+                     work_dir: str | Path | None = None, verbose: bool = False,
+                     progress: Optional[Callable[[str], None]] = None) -> dict[str, Any]:
+    """Fine-tune the unreduced ``detector`` as :func:`finetune_method` fine-tunes a learnable
+    method's detector under ``settings`` -- the same detector weights
+    (:func:`~vitbench.tasks.det.protocol.detector_parameters`), epochs, learning rate and
+    schedule, BatchNorm handling -- with no method. Returns the record fields
+    :func:`finetune_method` returns."""
+    from vitbench.mm.runner import work_dir_or_temp
+    from vitbench.train.finetune import train_stage
+
+    if not settings.trains_detector or settings.epochs < 1:
+        raise VitbenchError(f"the {CONTROL} control fine-tunes detector weights: it needs the dense "
+                            f"fine-tuning protocol all or heads and epochs >= 1; got protocol "
+                            f"{settings.protocol!r}, epochs {settings.epochs}")
+    target = torch.device(device)
+    stage = control_stage(settings)
+    params = detector_parameters(detector, settings.protocol)
+    saved = {n: p.requires_grad for n, p in detector.named_parameters()}
+    chosen = {id(p) for p in params.values()}
+    start = time.perf_counter()
+    if progress:
+        progress(f"fine-tuning the baseline detector without a method (the control): {stage.epochs} epoch(s), "
+                 f"{sum(p.numel() for p in params.values()):,} trainable parameters "
+                 f"(dense fine-tuning protocol {settings.protocol!r})")
+    try:
+        for p in detector.parameters():
+            p.requires_grad_(id(p) in chosen)
+        trainer = DetMethodTrainer(detector, detector.backbone, stage).to(target)
+        loader = _loader(data.dataset_cfg("train", masks=masks, limit=limit), CONTROL_BATCH, True)
+        with work_dir_or_temp(work_dir) as wd:
+            iters, images = train_stage(trainer, stage, params, loader,
+                                        [_progress_hook(f"vitbench: {CONTROL}: ", verbose)],
+                                        work_dir=wd / stage.name, seed=seed, device=target, default_scope="mmdet")
+    finally:
+        for n, p in detector.named_parameters():
+            p.requires_grad_(saved.get(n, True))
+    detector.eval()
+    seconds = round(time.perf_counter() - start, 2)
+    done = {"name": stage.name, "epochs": stage.epochs, "iters": iters, "images": images,
+            **{f"last_{k}": v for k, v in trainer.last.items()}, "seconds": seconds}
+    return {"trained": "fine-tuned", "train_s": seconds, "trainable_params": sum(p.numel() for p in params.values()),
+            "train_stages": [done], "dense_finetune": settings.record(), "train_images": images}
