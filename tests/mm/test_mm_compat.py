@@ -61,3 +61,53 @@ def test_deterministic_cublas_respects_user_value(monkeypatch: pytest.MonkeyPatc
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
     deterministic_cublas()
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+
+
+def _fake_transformers(root, version: str):
+    """A ``transformers`` distribution of ``version`` with none of the modules mmpretrain's
+    multimodal models import (as with transformers 5, where several of them moved)."""
+    package = root / "transformers"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(f'__version__ = "{version}"\n')
+    info = root / f"transformers-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: transformers\nVersion: {version}\n")
+    return root
+
+
+def _import_in_subprocess(code: str, path) -> "subprocess.CompletedProcess[str]":
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(path), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_mmpretrain_imports_where_transformers_5_is_installed(tmp_path):
+    """Issue 11: with transformers >= 5, mmpretrain 1.2's BLIP module fails at import
+    (``NoneType takes no arguments``); vitbench.mm loads mmpretrain without its multimodal
+    models, and the classifier path works."""
+    fake = _fake_transformers(tmp_path, "5.0.0")
+    plain = _import_in_subprocess("import mmpretrain.models", fake)
+    # the simulated break (the real transformers 5 fails in BLIP, this stand-in a few imports on)
+    assert plain.returncode != 0 and "transformers" in plain.stderr.splitlines()[-1]
+    code = ("import vitbench.mm\n"
+            "from mmpretrain.utils.dependency import WITH_MULTIMODAL\n"
+            "import mmpretrain.models\n"
+            "from mmpretrain.registry import MODELS\n"
+            "from vitbench.mm.classifier import build_classifier\n"
+            "print('multimodal', WITH_MULTIMODAL, 'ImageClassifier' in MODELS.module_dict)\n")
+    fixed = _import_in_subprocess(code, fake)
+    assert fixed.returncode == 0, fixed.stderr[-2000:]
+    assert "multimodal False True" in fixed.stdout
+
+
+def test_transformers_4_keeps_mmpretrain_untouched(tmp_path):
+    """Below transformers 5 nothing is preloaded: mmpretrain decides on its multimodal models itself."""
+    fake = _fake_transformers(tmp_path, "4.40.0")
+    code = ("import sys\nimport vitbench.mm\nfrom vitbench.mm import compat\n"
+            "print(compat._transformers_major(), 'mmpretrain.utils.dependency' in sys.modules)\n")
+    result = _import_in_subprocess(code, fake)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["4", "False"]

@@ -85,6 +85,54 @@ def _safe_globals_for_mmengine_checkpoints() -> None:
     torch.serialization.add_safe_globals(allowed)
 
 
+#: the first transformers major whose layout mmpretrain 1.2's multimodal models cannot import
+_TRANSFORMERS_BREAKING_MAJOR = 5
+
+
+def _transformers_major() -> int | None:
+    """The installed transformers' major version (``None``: not installed), read from its
+    distribution metadata -- importing transformers itself takes seconds."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return int(version("transformers").split(".")[0])
+    except (PackageNotFoundError, ValueError):
+        return None
+
+
+def _mmpretrain_without_multimodal() -> None:
+    """mmpretrain 1.2 imports its multimodal models (BLIP, BLIP-2, OFA, ...) whenever
+    ``transformers>=4.28`` is installed (``mmpretrain.utils.dependency.WITH_MULTIMODAL``). With
+    transformers 5 their imports fail -- several names moved out of ``transformers.modeling_utils``
+    -- and BLIP's ``try/except`` leaves ``PreTrainedModel = None``, so ``import mmpretrain``
+    dies with ``TypeError: NoneType takes no arguments``, taking ``vitbench run --task cls``
+    down. vitbench uses none of those models. So, with transformers >= 5 installed and
+    mmpretrain not yet imported, load ``mmpretrain.utils.dependency`` on its own (from its file,
+    without running ``mmpretrain/__init__``) with ``WITH_MULTIMODAL = False``: mmpretrain then
+    registers its multimodal names as the placeholders it uses when transformers is absent
+    (which raise a clear ImportError if ever built). Nothing else of mmpretrain changes.
+    """
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    name = "mmpretrain.utils.dependency"
+    major = _transformers_major()
+    if major is None or major < _TRANSFORMERS_BREAKING_MAJOR or "mmpretrain" in sys.modules:
+        return
+    package = importlib.util.find_spec("mmpretrain")  # finds the package without importing it
+    if package is None or not package.submodule_search_locations:
+        return
+    path = Path(next(iter(package.submodule_search_locations))) / "utils" / "dependency.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.WITH_MULTIMODAL = False
+    sys.modules[name] = module  # `from mmpretrain.utils.dependency import ...` finds this one
+
+
 def deterministic_cublas() -> None:
     """mmengine's ``randomness=dict(deterministic=True)`` calls
     ``torch.use_deterministic_algorithms(True)`` but does not set ``CUBLAS_WORKSPACE_CONFIG``;
@@ -118,6 +166,7 @@ def apply_compat() -> None:
     with _lock:
         if _applied:
             return
+        _mmpretrain_without_multimodal()  # before anything imports mmpretrain
         _import_mmcv_transformer_quietly()
         _safe_globals_for_mmengine_checkpoints()
         _applied = True
