@@ -36,8 +36,8 @@ def device_name(device: str) -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
-def environment(device: str, command: list[str] | None = None) -> dict[str, Any]:
-    """Versions, device, threads, precision, git revision, loaded plugins and the command."""
+def environment(device: str, command: list[str] | None = None, precision: str = "fp32") -> dict[str, Any]:
+    """Versions, device, threads, precision (``--precision``), git revision, loaded plugins and the command."""
     from vitbench.plugins import get_host
 
     host = get_host()
@@ -46,7 +46,7 @@ def environment(device: str, command: list[str] | None = None) -> dict[str, Any]
         "python": platform.python_version(),
         "device": f"{device} ({device_name(device)})",
         "threads": torch.get_num_threads(),
-        "precision": "fp32",
+        "precision": precision,
         "git_rev": git_revision(),
         "plugins": [{"name": p.name, "distribution": p.distribution, "version": p.version}
                     for p in host.plugins.values()],

@@ -23,6 +23,7 @@ from vitbench import measure
 from vitbench.engine import apply, reduction_context
 from vitbench.calibrate import Calibration, GmacsCounter, calibrate, not_matchable, off_pct, prepared_as_trained
 from vitbench.errors import VitbenchError
+from vitbench.measure.precision import autocast, trains_in
 from vitbench.plan import BASELINE, DENSE_TASKS, REFERENCES, RunSpec
 from vitbench.plugins import get_host
 from vitbench.results import ResultStore
@@ -192,8 +193,9 @@ def _train(spec: RunSpec, ws: Workspace, model: nn.Module, progress: Progress) -
     result = finetune(model, ws.data, train_backbone=spec.train_backbone, limit=spec.train_limit,
                       device=spec.device, seed=spec.seed, verbose=ws.verbose_training,
                       work_dir=ws.work_dir / spec.spec_id / "train" if ws.work_dir else None,
-                      progress=progress)
-    out: dict[str, Any] = {"trained": "fine-tuned", "train_s": result.seconds,
+                      progress=progress, precision=trains_in(spec.precision_name))
+    out: dict[str, Any] = {"trained": "fine-tuned", "train_precision": trains_in(spec.precision_name),
+                           "train_s": result.seconds,
                            "train_images": result.train_images,
                            "trainable_params": result.trainable_params, "train_stages": result.stages}
     if path is not None:
@@ -205,7 +207,7 @@ def _train(spec: RunSpec, ws: Workspace, model: nn.Module, progress: Progress) -
 def _measure(spec: RunSpec, ws: Workspace, model: nn.Module, baseline: Optional[dict],
              progress: Progress) -> dict[str, Any]:
     out: dict[str, Any] = {"attention_kernel": attention_kernel(model), "batch_size": spec.batch_size}
-    device = spec.device
+    device, precision = spec.device, spec.precision_name
     if "gmacs" in spec.metrics:
         progress("counting GMACs")
         images = _gmacs_images(spec, ws)
@@ -220,28 +222,31 @@ def _measure(spec: RunSpec, ws: Workspace, model: nn.Module, baseline: Optional[
 
         progress("evaluating accuracy")
         acc = evaluate_cls(model, ws.data, batch_size=ws.eval_batch_size, device=device,
-                           limit=ws.eval_limit, seed=spec.seed,
+                           limit=ws.eval_limit, seed=spec.seed, precision=precision,
                            work_dir=ws.work_dir / spec.spec_id if ws.work_dir else None)
         out.update({k: acc.get(k) for k in ("top1_pct", "top5_pct", "num_images", "num_classes")})
     if "throughput" in spec.metrics:
         progress(f"timing throughput (batch {spec.batch_size})")
         tp = measure.measure_throughput(model, spec.batch_size, ws.input_size, device=device,
-                                        repeats=ws.throughput_repeats)
+                                        repeats=ws.throughput_repeats, precision=precision)
         out.update(tp.fields())  # median, spread and the load/cores/threads it ran under
     if "latency" in spec.metrics:
         progress("timing latency (batch 1)")
-        lat = measure.measure_latency(model, ws.input_size, device=device, repeats=ws.latency_repeats)
+        lat = measure.measure_latency(model, ws.input_size, device=device, repeats=ws.latency_repeats,
+                                      precision=precision)
         out.update(lat.fields())
     if "ib" in spec.metrics and ws.data is not None:
         progress("measuring IB loss and bound")
         from vitbench.measure.ib import measure_ib
 
-        ib = measure_ib(model, _ib_batches(ws, model, device), ws.data.num_classes, device=device)
+        with autocast(precision, device):
+            ib = measure_ib(model, _ib_batches(ws, model, device), ws.data.num_classes, device=device)
         out.update(ib_loss=float(ib.loss), ib_bound=float(ib.bound),
                    ib_input_constant=float(ib.input_constant))
     if "memory" in spec.metrics:
         progress("measuring peak memory")
-        out["peak_mem_mb"] = measure.measure_peak_memory(model, spec.batch_size, ws.input_size, device=device)
+        out["peak_mem_mb"] = measure.measure_peak_memory(model, spec.batch_size, ws.input_size, device=device,
+                                                         precision=precision)
     return out
 
 
@@ -268,6 +273,7 @@ def run_spec(spec: RunSpec, ws: Any, baseline: Optional[dict], env: dict[str, An
     }
     if spec.match_gmacs is not None:
         record["match_gmacs"] = spec.match_gmacs
+    record["precision"] = spec.precision_name
     try:
         seed_everything(spec.seed)
         params = spec.params

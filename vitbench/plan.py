@@ -54,6 +54,14 @@ class RunSpec:
     #: when the run starts so that its GMACs land within 2 % of ``F`` x the baseline's
     #: (:mod:`vitbench.calibrate`); ``params`` then hold every parameter but the knob
     match_gmacs: Optional[float] = None
+    #: ``--precision`` (:mod:`vitbench.measure.precision`): ``fp16``/``bf16`` autocast on the
+    #: measured forward, evaluation and (bf16) fine-tuning; ``None`` is fp32
+    precision: Optional[str] = None
+
+    @property
+    def precision_name(self) -> str:
+        """The run's precision, ``fp32`` when none was asked for."""
+        return self.precision or "fp32"
 
     @property
     def params(self) -> dict[str, Any]:
@@ -111,7 +119,7 @@ class RunSpec:
         return [f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in changed.items()]
 
 
-_LATER_FIELDS = ("train_backbone", "train_limit", "dense_finetune", "match_gmacs")
+_LATER_FIELDS = ("train_backbone", "train_limit", "dense_finetune", "match_gmacs", "precision")
 
 
 def parse_param_overrides(items: Iterable[str]) -> dict[str, dict[str, str]]:
@@ -141,7 +149,8 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
                batch_size: int, device: str, seed: int, checkpoint: Optional[str] = None,
                pretrained: bool = False, train_backbone: bool = False,
                train_limit: Optional[int] = None, dense_finetune: Optional[str] = None,
-               match_gmacs: Optional[float] = None, control: bool = True) -> list[RunSpec]:
+               match_gmacs: Optional[float] = None, control: bool = True,
+               precision: str = "fp32") -> list[RunSpec]:
     """The baseline, then one spec per method, parameters validated (no model is built here).
 
     ``control`` (det/seg): when a learnable method fine-tunes detector weights (protocol ``all``
@@ -175,8 +184,11 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
             if knob is not None and knob.param in values:
                 raise ParamError(f"--param {name}.{knob.param} conflicts with matched compute: {knob.param} "
                                  f"is {name}'s budget knob, which --match-gmacs/--budgets sets; leave it out")
+    from vitbench.measure.precision import check_precision
+
     common = dict(task=task, model=model, data=data, metrics=tuple(metrics), batch_size=batch_size,
-                  device=device, seed=seed, checkpoint=checkpoint, pretrained=pretrained)
+                  device=device, seed=seed, checkpoint=checkpoint, pretrained=pretrained,
+                  precision=None if check_precision(precision) == "fp32" else precision)
     plan = [RunSpec(method=BASELINE, params_json="{}", **common)]
     if control and task in DENSE_TASKS and any(host.method(n).needs_training for n in names):
         from vitbench.tasks.det.protocol import DEFAULT_PROTOCOL, check_protocol

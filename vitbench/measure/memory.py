@@ -57,11 +57,11 @@ _SAMPLE_INTERVAL_S = 0.0005
 
 def measure_peak_memory(
     model: nn.Module, batch_size: int, input_size: tuple[int, int, int] = (3, 224, 224),
-    device: str | torch.device = "cpu", warmup: int = 1,
+    device: str | torch.device = "cpu", warmup: int = 1, precision: str = "fp32",
 ) -> float:
     """Peak memory in MB (2**20 bytes) of one forward at ``batch_size`` (see the module docstring).
 
-    Runs in ``eval()`` and ``torch.inference_mode()``; restores every module's training flag.
+    Runs in ``eval()`` and ``torch.inference_mode()`` (under autocast for ``precision`` fp16/bf16); restores every module's training flag.
     The model must already be on ``device``. Raises ParamError for ``batch_size < 1`` and
     other bad arguments.
     """
@@ -76,7 +76,9 @@ def measure_peak_memory(
     _, dtype = model_device_dtype(model)
     x = random_images(batch_size, size, dtype=dtype, device=dev)
 
-    with eval_mode(model), torch.inference_mode():
+    from vitbench.measure.precision import autocast
+
+    with eval_mode(model), torch.inference_mode(), autocast(precision, dev):
         for _ in range(warmup):
             model(x)
         synchronize(dev)

@@ -16,7 +16,9 @@ Choices, and why:
   iterations (allocator and oneDNN caches fill on the first). On a GPU, where forwards are
   cheap and cuDNN/allocator warm-up matters more, the default is ``max(10, ceil(repeats/4))``.
 - The model is not moved: it must already be on ``device`` (a clear error says so otherwise).
-- Inputs use the model's floating-point dtype, so a half-precision model is timed in half.
+- Inputs use the model's floating-point dtype, so a half-precision model is timed in half;
+  ``precision="bf16"``/``"fp16"`` times the forward under ``torch.autocast`` instead
+  (:mod:`vitbench.measure.precision`, ``--precision``).
 - Threads are whatever ``torch.get_num_threads()`` says; the result records it, with the
   usable CPU cores and the 1-minute load average (``os.getloadavg()``) read just before the
   first warm-up forward and just after the last timed one.
@@ -41,6 +43,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from vitbench.measure.precision import DEFAULT_PRECISION, autocast
 from vitbench.measure._common import (
     check_input_size,
     check_int,
@@ -194,10 +197,10 @@ def default_warmup(repeats: int, device: str | torch.device = "cpu") -> int:
 
 def _time_forwards(
     model: nn.Module, batch_size: int, input_size: tuple[int, int, int], device: str | torch.device,
-    warmup: int | None, repeats: int,
+    warmup: int | None, repeats: int, precision: str = DEFAULT_PRECISION,
 ) -> tuple[list[float], int, MachineLoad, MachineLoad]:
-    """Seconds of each of ``repeats`` timed forwards (after warm-up), the warm-up used, and the
-    machine's load just before the warm-up and just after the last repeat."""
+    """Seconds of each of ``repeats`` timed forwards (after warm-up, in ``precision``), the
+    warm-up used, and the machine's load just before the warm-up and just after the last repeat."""
     check_model(model)
     check_int("batch_size", batch_size, 1)
     size = check_input_size(input_size)
@@ -210,7 +213,7 @@ def _time_forwards(
 
     seconds: list[float] = []
     before = machine_load()
-    with eval_mode(model), torch.inference_mode():
+    with eval_mode(model), torch.inference_mode(), autocast(precision, dev):
         for _ in range(warmup):
             model(x)
         for _ in range(repeats):
@@ -230,13 +233,15 @@ def _facts(before: MachineLoad, after: MachineLoad) -> dict[str, Any]:
 def measure_throughput(
     model: nn.Module, batch_size: int, input_size: tuple[int, int, int] = (3, 224, 224),
     device: str | torch.device = "cpu", warmup: int | None = None, repeats: int = 10,
+    precision: str = DEFAULT_PRECISION,
 ) -> ThroughputResult:
     """Forward throughput in images per second at ``batch_size`` (median and IQR over repeats).
 
     ``warmup=None`` uses :func:`default_warmup`. Raises ParamError for ``batch_size < 1``,
     ``repeats < 1``, ``warmup < 0``, a bad ``input_size``, or a model on another device.
     """
-    seconds, used_warmup, before, after = _time_forwards(model, batch_size, input_size, device, warmup, repeats)
+    seconds, used_warmup, before, after = _time_forwards(model, batch_size, input_size, device, warmup, repeats,
+                                                         precision)
     img_s = [batch_size / max(s, 1e-12) for s in seconds]  # guard a 0.0 clock delta
     median, spread = median_and_iqr(img_s)
     return ThroughputResult(median_img_s=median, spread_img_s=spread, batch_size=batch_size,
@@ -246,9 +251,10 @@ def measure_throughput(
 def measure_latency(
     model: nn.Module, input_size: tuple[int, int, int] = (3, 224, 224),
     device: str | torch.device = "cpu", warmup: int | None = None, repeats: int = 10,
+    precision: str = DEFAULT_PRECISION,
 ) -> LatencyResult:
-    """Forward latency at batch 1 in milliseconds (median and IQR over repeats)."""
-    seconds, used_warmup, before, after = _time_forwards(model, 1, input_size, device, warmup, repeats)
+    """Forward latency at batch 1 in milliseconds (median and IQR over repeats), in ``precision``."""
+    seconds, used_warmup, before, after = _time_forwards(model, 1, input_size, device, warmup, repeats, precision)
     median, spread = median_and_iqr([s * 1e3 for s in seconds])
     return LatencyResult(median_ms=median, spread_ms=spread, repeats=repeats, warmup=used_warmup,
                          **_facts(before, after))

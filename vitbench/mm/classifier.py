@@ -54,8 +54,10 @@ class TimmLogits(BaseModule):
         """
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
-        """The timm model's logits, as the one-element feature tuple mm necks/heads expect."""
-        return (self.model(x),)
+        """The timm model's logits, as the one-element feature tuple mm necks/heads expect; in
+        fp32 (under ``--precision bf16``/``fp16`` autocast they come out in half precision, which
+        mmpretrain's metrics cannot turn into numpy)."""
+        return (self.model(x).float(),)
 
 
 @MODELS.register_module(name="TimmModel")

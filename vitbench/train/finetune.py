@@ -46,6 +46,7 @@ from vitbench.catalog import TrainStage
 from vitbench.engine.block import ReductionContext, reduction_context
 from vitbench.errors import ParamError, VitbenchError
 from vitbench.guards import check_finite, check_gradients, check_losses, train_position
+from vitbench.measure.precision import autocast
 
 __all__ = ["FiniteLossHook", "FinetuneResult", "MethodTrainer", "PositionHook", "StageHook", "finetune", "guarded_update",
            "step_wrapper", "train_stage", "trainable_parameters"]
@@ -218,10 +219,12 @@ def train_stage(trainer: BaseModel, stage: TrainStage, params: dict[str, nn.Para
 class MethodTrainer(BaseModel):
     """The model the Runner trains: normalisation, the reduced timm model, CE + method loss."""
 
-    def __init__(self, model: nn.Module, stage: TrainStage, data_preprocessor: nn.Module) -> None:
+    def __init__(self, model: nn.Module, stage: TrainStage, data_preprocessor: nn.Module,
+                 precision: str = "fp32") -> None:
         super().__init__(data_preprocessor=data_preprocessor)
         self.model = model
         self.stage = stage
+        self.precision = precision  # the forward's autocast (vitbench.measure.precision)
         self.steps = 0
         self.position: Optional[tuple[int, int]] = None  # (epoch, iteration), set by PositionHook
         self.last: dict[str, float] = {}
@@ -261,7 +264,7 @@ class MethodTrainer(BaseModel):
         inputs = data["inputs"]
         labels = torch.cat([s.gt_label for s in data["data_samples"]]).to(inputs.device)
         wrapper = step_wrapper(optim_wrapper, self.stage, self.steps)
-        with wrapper.optim_context(self):
+        with wrapper.optim_context(self), autocast(self.precision, inputs.device):
             losses = self.losses(inputs, labels)
         who, where = self.context.method, trainer_position(self, self.stage)
         check_losses(losses, who, where)
@@ -312,11 +315,14 @@ class StageHook(Hook):
 
 def finetune(model: nn.Module, data: Any, *, train_backbone: bool = False, limit: Optional[int] = None,
              device: str = "cpu", seed: int = 0, work_dir: str | Path | None = None,
-             verbose: bool = False, progress: Optional[Callable[[str], None]] = None) -> FinetuneResult:
+             verbose: bool = False, progress: Optional[Callable[[str], None]] = None,
+             precision: str = "fp32") -> FinetuneResult:
     """Run the training stages of the method ``model`` was reduced with, in place.
 
     ``data``: a :class:`~vitbench.tasks.cls.data.ClsData`; training uses its training split,
-    the first ``limit`` images when given. Returns what was done; ``model`` is left in eval
+    the first ``limit`` images when given. ``precision``: ``bf16`` runs the training forwards
+    under bf16 autocast; ``fp32`` as they are (:func:`vitbench.measure.precision.trains_in`
+    says which a run's precision trains in). Returns what was done; ``model`` is left in eval
     mode with ``requires_grad`` as it was.
     """
     from vitbench.mm.runner import work_dir_or_temp
@@ -350,7 +356,7 @@ def finetune(model: nn.Module, data: Any, *, train_backbone: bool = False, limit
                 progress(f"fine-tuning stage {stage.name!r}: {stage.epochs} epoch(s), "
                          f"{sum(p.numel() for p in params.values()):,} trainable parameters"
                          + (" (backbone included)" if train_backbone else " (backbone frozen)"))
-            trainer = MethodTrainer(model, stage, preprocessor).to(target)
+            trainer = MethodTrainer(model, stage, preprocessor, precision=precision).to(target)
             stage_start = time.perf_counter()
             if stage.epochs == 0:
                 hook = StageHook(stage, model, batches)

@@ -55,7 +55,7 @@ def check_class_count(model: nn.Module, data: ClsData) -> None:
 
 def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, device: str = "cpu",
                  limit: int | None = None, work_dir: str | Path | None = None,
-                 seed: int = 0) -> dict[str, Any]:
+                 seed: int = 0, precision: str = "fp32") -> dict[str, Any]:
     """Evaluate ``model`` on ``data`` (from :func:`resolve_cls_data`); returns the metrics.
 
     Returns ``top1_pct``, ``top5_pct`` (``None`` when the model scores 5 classes or fewer:
@@ -64,8 +64,10 @@ def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, devi
     and left in eval mode there. ``work_dir`` receives the runner's log (a temporary folder,
     removed afterwards, when ``None``); no checkpoint is written. Non-finite logits raise
     :class:`~vitbench.errors.NonFiniteError` (naming the batch), a head that does not match the
-    data's classes :class:`~vitbench.errors.DataError`.
+    data's classes :class:`~vitbench.errors.DataError`. ``precision``: the forward's autocast
+    (:mod:`vitbench.measure.precision`).
     """
+    from vitbench.measure.precision import autocast
     from mmengine.runner import Runner
 
     from vitbench.mm.classifier import build_classifier
@@ -98,7 +100,8 @@ def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, devi
         guard = model.register_forward_hook(_FiniteLogits())
         try:
             runner.model.to(target)  # the Runner puts the model on its own choice (cuda if any)
-            metrics = runner.test()
+            with autocast(precision, target):
+                metrics = runner.test()
             num_images = len(runner.test_dataloader.dataset)
         finally:
             guard.remove()

@@ -62,12 +62,15 @@ class _PredictionsHook(Hook):
 
 def evaluate_detector(detector: nn.Module, data: DetData, *, masks: bool, batch_size: int = 8,
                       limit: Optional[int] = None, device: str = "cpu", seed: int = 0,
-                      work_dir: str | Path | None = None) -> dict[str, Any]:
+                      work_dir: str | Path | None = None, precision: str = "fp32") -> dict[str, Any]:
     """COCO mAP, AP50 and AP75 of boxes (and masks) on the validation split, plus ``num_images``.
 
     Non-finite outputs (naming the part and the batch) or metrics raise
-    :class:`~vitbench.errors.NonFiniteError`."""
+    :class:`~vitbench.errors.NonFiniteError`. ``precision``: the forward's autocast
+    (:mod:`vitbench.measure.precision`)."""
     from mmengine.runner import Runner
+
+    from vitbench.measure.precision import autocast
 
     from vitbench.mm.runner import release, runner_kwargs, work_dir_or_temp
 
@@ -81,7 +84,7 @@ def evaluate_detector(detector: nn.Module, data: DetData, *, masks: bool, batch_
         ))
         try:
             runner.model.to(torch.device(device))
-            with quiet_stdout():
+            with quiet_stdout(), autocast(precision, device):
                 metrics = runner.test()
             num_images = len(runner.test_dataloader.dataset)
         finally:

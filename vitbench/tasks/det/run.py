@@ -27,6 +27,7 @@ from torch import nn
 
 from vitbench import measure
 from vitbench.engine import apply, reduction_context
+from vitbench.measure.precision import trains_in
 from vitbench.errors import VitbenchError
 from vitbench.tasks.det.data import DetData
 from vitbench.tasks.det.detectors import build_detector
@@ -208,14 +209,14 @@ def run_dense_spec(spec: Any, ws: DenseWorkspace, baseline: Optional[dict], prog
     ctx = reduction_context(backbone)
     settings = dense_finetune_for(ws.task, spec.dense_finetune or DEFAULT_PROTOCOL)
     work_dir = ws.work_dir / spec.spec_id / "train" if ws.work_dir else None
+    precision = spec.precision_name
+    training = dict(masks=ws.masks, settings=settings, limit=spec.train_limit, device=spec.device, seed=spec.seed,
+                    verbose=ws.verbose_training, progress=progress, work_dir=work_dir,
+                    precision=trains_in(precision))
     if spec.method == CONTROL:  # the baseline detector, fine-tuned as the methods' detectors are
-        out.update(finetune_control(detector, ws.data, masks=ws.masks, settings=settings, limit=spec.train_limit,
-                                    device=spec.device, seed=spec.seed, verbose=ws.verbose_training,
-                                    progress=progress, work_dir=work_dir))
+        out.update(finetune_control(detector, ws.data, **training), train_precision=trains_in(precision))
     elif ctx is not None and ctx.reduction is not None and ctx.reduction.train:
-        out.update(finetune_method(detector, backbone, ws.data, masks=ws.masks, settings=settings,
-                                   limit=spec.train_limit, device=spec.device, seed=spec.seed,
-                                   verbose=ws.verbose_training, progress=progress, work_dir=work_dir))
+        out.update(finetune_method(detector, backbone, ws.data, **training), train_precision=trains_in(precision))
     detector.eval()
     forward = DetectorForward(detector)
     if "gmacs" in spec.metrics:
@@ -233,20 +234,22 @@ def run_dense_spec(spec: Any, ws: DenseWorkspace, baseline: Optional[dict], prog
     if "accuracy" in spec.metrics:
         progress("evaluating mAP")
         out.update(evaluate_detector(detector, ws.data, masks=ws.masks, limit=ws.eval_limit, device=spec.device,
-                                     seed=spec.seed,
+                                     seed=spec.seed, precision=precision,
                                      work_dir=ws.work_dir / spec.spec_id if ws.work_dir else None))
     if "throughput" in spec.metrics:
         progress(f"timing throughput (batch {spec.batch_size})")
         tp = measure.measure_throughput(forward, spec.batch_size, ws.input_size, device=spec.device,
-                                        repeats=ws.throughput_repeats)
+                                        repeats=ws.throughput_repeats, precision=precision)
         out.update(tp.fields())  # median, spread and the load/cores/threads it ran under
     if "latency" in spec.metrics:
         progress("timing latency (batch 1)")
-        lat = measure.measure_latency(forward, ws.input_size, device=spec.device, repeats=ws.latency_repeats)
+        lat = measure.measure_latency(forward, ws.input_size, device=spec.device, repeats=ws.latency_repeats,
+                                      precision=precision)
         out.update(lat.fields())
     if "memory" in spec.metrics:
         progress("measuring peak memory")
-        out["peak_mem_mb"] = measure.measure_peak_memory(forward, spec.batch_size, ws.input_size, device=spec.device)
+        out["peak_mem_mb"] = measure.measure_peak_memory(forward, spec.batch_size, ws.input_size, device=spec.device,
+                                                         precision=precision)
     return out
 
 

@@ -33,6 +33,7 @@ from torch import nn
 
 from vitbench.engine.block import reduction_context
 from vitbench.errors import VitbenchError
+from vitbench.measure.precision import autocast
 from vitbench.tasks.det.data import DetData
 from vitbench.tasks.det.protocol import CONTROL, DenseFinetune, detector_parameters, stage_for
 
@@ -116,8 +117,9 @@ class DetMethodTrainer(BaseModel):
     """The model the Runner trains while a method fine-tunes inside a detector: the detection
     losses plus the method's ``extra_loss``, with the arch/weight alternation of the cls loop."""
 
-    def __init__(self, detector: nn.Module, backbone: nn.Module, stage: Any) -> None:
+    def __init__(self, detector: nn.Module, backbone: nn.Module, stage: Any, precision: str = "fp32") -> None:
         super().__init__(data_preprocessor=detector.data_preprocessor)
+        self.precision = precision  # the forward's autocast (vitbench.measure.precision)
         self.detector = detector
         self.backbone = backbone  # the reduced timm model inside the detector
         self.stage = stage
@@ -153,7 +155,7 @@ class DetMethodTrainer(BaseModel):
         if ctx is not None:
             ctx.labels = labels
         try:
-            with wrapper.optim_context(self):
+            with wrapper.optim_context(self), autocast(self.precision, inputs.device):
                 loss, log_vars = self.detector.parse_losses(self.detector.loss(inputs, samples))
                 extra = self.stage.extra_loss(self.backbone, None, labels) if self.stage.extra_loss else None
         finally:
@@ -195,8 +197,9 @@ def _image_batches(detector: nn.Module, data: DetData, masks: bool, limit: Optio
 def finetune_method(detector: nn.Module, backbone: nn.Module, data: DetData, *, masks: bool,
                     settings: Optional[DenseFinetune] = None, limit: Optional[int] = None, device: str = "cpu",
                     seed: int = 0, work_dir: str | Path | None = None, verbose: bool = False,
-                    progress: Optional[Callable[[str], None]] = None) -> dict[str, Any]:
-    """Run the training stages of the method ``backbone`` was reduced with, inside ``detector``.
+                    progress: Optional[Callable[[str], None]] = None, precision: str = "fp32") -> dict[str, Any]:
+    """Run the training stages of the method ``backbone`` was reduced with, inside ``detector``
+    (the forwards under ``precision``'s autocast, :func:`vitbench.train.finetune.finetune`).
 
     Trained: the method's parameters plus the detector weights of the dense fine-tuning
     protocol ``settings`` (:mod:`vitbench.tasks.det.protocol`; ``None``: ``method``, the
@@ -246,7 +249,7 @@ def finetune_method(detector: nn.Module, backbone: nn.Module, data: DetData, *, 
                 hook.after_train(None)
                 stages_done.append({"name": stage.name, "epochs": 0, "iters": 0})
                 continue
-            trainer = DetMethodTrainer(detector, backbone, stage).to(target)
+            trainer = DetMethodTrainer(detector, backbone, stage, precision=precision).to(target)
             loader = _loader(data.dataset_cfg("train", masks=masks, limit=limit), max(2, min(stage.batch_size, 8)), True)
             with work_dir_or_temp(work_dir) as wd:
                 iters, images = train_stage(
@@ -285,7 +288,7 @@ CONTROL_BATCH = 8
 def finetune_control(detector: nn.Module, data: DetData, *, masks: bool, settings: DenseFinetune,
                      limit: Optional[int] = None, device: str = "cpu", seed: int = 0,
                      work_dir: str | Path | None = None, verbose: bool = False,
-                     progress: Optional[Callable[[str], None]] = None) -> dict[str, Any]:
+                     progress: Optional[Callable[[str], None]] = None, precision: str = "fp32") -> dict[str, Any]:
     """Fine-tune the unreduced ``detector`` as :func:`finetune_method` fine-tunes a learnable
     method's detector under ``settings`` -- the same detector weights
     (:func:`~vitbench.tasks.det.protocol.detector_parameters`), epochs, learning rate and
@@ -311,7 +314,7 @@ def finetune_control(detector: nn.Module, data: DetData, *, masks: bool, setting
     try:
         for p in detector.parameters():
             p.requires_grad_(id(p) in chosen)
-        trainer = DetMethodTrainer(detector, detector.backbone, stage).to(target)
+        trainer = DetMethodTrainer(detector, detector.backbone, stage, precision=precision).to(target)
         loader = _loader(data.dataset_cfg("train", masks=masks, limit=limit), CONTROL_BATCH, True)
         with work_dir_or_temp(work_dir) as wd:
             iters, images = train_stage(trainer, stage, params, loader,
