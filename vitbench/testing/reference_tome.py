@@ -45,7 +45,7 @@ def _merge_one(x, size, keys, r, prefix):
 def reference_tome(model, images, r_per_block):
     """Logits of ``model`` (an unpatched timm ViT) with ToMe merging ``r_per_block[i]`` tokens."""
     x = model.norm_pre(model.patch_drop(model._pos_embed(model.patch_embed(images))))
-    size = torch.ones(x.shape[0], x.shape[1], 1)
+    size = torch.ones(x.shape[0], x.shape[1], 1, device=x.device)
     prefix = model.num_prefix_tokens
     for blk, r in zip(model.blocks, r_per_block):
         out, keys = _attention(blk.attn, blk.norm1(x), size)

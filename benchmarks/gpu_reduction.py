@@ -1,0 +1,138 @@
+"""Issue 11, item 3: how much of its possible speed-up each training-free method keeps, per precision.
+
+    python benchmarks/gpu_reduction.py [--model vit_base_patch16_224] [--batch-size 256]
+        [--precisions fp32,fp16,bf16] [--methods "tome:r=16;ppt:r=50;topk:keep=0.7"]
+        [--compile] [--latency] [--repeats 20] [--device cuda]
+
+In one process, per precision (``torch.autocast``; fp32 with TF32 off on CUDA): the timm
+baseline, and for each method its *limit* (the same timm blocks on the method's own token
+counts, cut between attention and MLP, tokens dropped by slicing: no scoring, matching or
+gathering; :mod:`vitbench.measure.limit`) and vitbench's method. Prints a markdown table:
+baseline img/s, the limit's and the method's speed-up over the baseline, and their ratio (the
+share of the possible speed-up the implementation keeps; issue 11 asks >= 0.95). ``--compile``
+adds the ``torch.compile``d rows; ``--latency`` adds batch-1 latency. Random weights and
+images (speed does not depend on them); ToMe's logits are checked against the independent
+reference computation (vitbench.testing.reference_tome) in fp32 and in each half precision.
+Runs on a CPU too (slowly: use a small model and batch), which is how the tests smoke it.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+from typing import Any
+
+import pandas as pd
+import timm
+import torch
+
+import vitbench
+from vitbench.measure import measure_latency, measure_throughput
+from vitbench.measure.limit import TokenCountLimit, token_counts
+from vitbench.measure.precision import autocast, check_precision
+from vitbench.testing.reference_tome import reference_tome
+
+DEFAULT_METHODS = "tome:r=16;ppt:r=50;topk:keep=0.7"
+
+
+def parse_methods(text: str) -> list[tuple[str, dict[str, Any]]]:
+    """``"tome:r=16;topk:keep=0.7,layers=(3,6,9)"`` -> ``[("tome", {"r": "16"}), ("topk", {...})]``
+    (values as written: ``vitbench.apply`` converts and checks them as ``--param`` does)."""
+    out = []
+    for item in filter(None, (part.strip() for part in text.split(";"))):
+        name, _, rest = item.partition(":")
+        params: dict[str, Any] = {}
+        for pair in filter(None, _split_top_level(rest)):
+            key, _, value = pair.partition("=")
+            params[key.strip()] = value.strip()
+        out.append((name.strip(), params))
+    return out
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split at commas outside parentheses (``keep=0.7,layers=(3,6,9)``)."""
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        depth += ch in "([" and 1 or (-1 if ch in ")]" else 0)
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return parts + [cur]
+
+
+def _timed(model: torch.nn.Module, args: argparse.Namespace, precision: str) -> dict[str, float]:
+    size = (3, args.image_size, args.image_size)
+    tp = measure_throughput(model, args.batch_size, size, device=args.device, repeats=args.repeats,
+                            precision=precision)
+    out = {"img_s": tp.median_img_s, "spread": tp.spread_img_s}
+    if args.latency:
+        out["latency_ms"] = measure_latency(model, size, device=args.device, repeats=args.repeats,
+                                            precision=precision).median_ms
+    return out
+
+
+def tome_exactness(base: torch.nn.Module, r: int, device: str, precisions: list[str]) -> dict[str, float]:
+    """Max |vitbench ToMe - reference ToMe| logits on 4 images, per precision (reference in fp32)."""
+    tome = vitbench.apply(copy.deepcopy(base), "tome", r=r).to(device)
+    images = torch.randn(4, *base.pretrained_cfg.get("input_size", (3, 224, 224)), device=device)
+    ref = reference_tome(base.to(device), images, [r] * len(base.blocks)).float()
+    out = {}
+    for precision in precisions:
+        with torch.inference_mode(), autocast(precision, device):
+            out[precision] = (tome(images).float() - ref).abs().max().item()
+    return out
+
+
+def main(argv: list[str] | None = None) -> pd.DataFrame:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="vit_base_patch16_224")
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--precisions", default="fp32,fp16,bf16")
+    parser.add_argument("--methods", default=DEFAULT_METHODS)
+    parser.add_argument("--compile", action="store_true", help="also time the torch.compile'd models")
+    parser.add_argument("--latency", action="store_true", help="also time batch-1 latency")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args(argv)
+    precisions = [check_precision(p.strip()) for p in args.precisions.split(",") if p.strip()]
+    if args.device.startswith("cuda"):  # fp32 means fp32: no TF32 matmuls behind its back
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+
+    torch.manual_seed(0)
+    base = timm.create_model(args.model, pretrained=False).eval().to(args.device)
+    args.image_size = int(base.pretrained_cfg.get("input_size", (3, 224, 224))[-1])
+    images = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device=args.device)
+    rows: list[dict[str, Any]] = []
+    for compiled in (False, True) if args.compile else (False,):
+        wrap = torch.compile if compiled else (lambda m: m)
+        for precision in precisions:
+            b = _timed(wrap(base), args, precision)
+            rows.append({"row": "baseline", "precision": precision, "compiled": compiled, "img/s": b["img_s"],
+                         "speed-up": 1.0, **({"latency ms": b["latency_ms"]} if args.latency else {})})
+            for name, params in parse_methods(args.methods):
+                method = vitbench.apply(copy.deepcopy(base), name, **params).to(args.device)
+                with autocast(precision, args.device):
+                    counts = token_counts(method, images)
+                for label, model in ((f"{name} limit", TokenCountLimit(base, counts)), (f"{name} vitbench", method)):
+                    t = _timed(wrap(model), args, precision)
+                    rows.append({"row": label, "precision": precision, "compiled": compiled, "img/s": t["img_s"],
+                                 "speed-up": t["img_s"] / b["img_s"],
+                                 **({"latency ms": t["latency_ms"]} if args.latency else {})})
+                rows[-1]["of limit"] = rows[-1]["speed-up"] / rows[-2]["speed-up"]
+    df = pd.DataFrame(rows)
+    device = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu"
+    print(f"{args.model}, batch {args.batch_size}, device {device}, torch {torch.__version__}, "
+          f"timm {timm.__version__}, threads {torch.get_num_threads()}, {args.repeats} repeats")
+    print(df.to_markdown(index=False, floatfmt=".3g"))
+    r = next((int(p.get("r", 16)) for n, p in parse_methods(args.methods) if n == "tome"), None)
+    if r is not None:
+        diffs = tome_exactness(base, r, args.device, precisions)
+        print("max |vitbench ToMe - reference ToMe (fp32)| logits: "
+              + ", ".join(f"{p} {d:.2e}" for p, d in diffs.items()))
+    return df
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+"""benchmarks/gpu_reduction.py runs end to end (on the CPU, tiny model): one row per baseline,
+limit and method per precision, and ToMe's exactness line (issue 11, item 3)."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_reduction.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("gpu_reduction", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_parse_methods():
+    bench = _load()
+    assert bench.parse_methods("tome:r=16;topk:keep=0.7,layers=(1,3)") == [
+        ("tome", {"r": "16"}), ("topk", {"keep": "0.7", "layers": "(1,3)"})]
+
+
+def test_benchmark_smoke_on_cpu(capsys):
+    bench = _load()
+    df = bench.main(["--model", "test_vit", "--batch-size", "2", "--repeats", "1", "--precisions", "fp32,bf16",
+                     "--methods", "tome:r=4;topk:keep=0.5,layers=(1,3)", "--device", "cpu"])
+    assert list(df["row"]) == ["baseline", "tome limit", "tome vitbench", "topk limit", "topk vitbench"] * 2
+    assert set(df["precision"]) == {"fp32", "bf16"} and (df["img/s"] > 0).all()
+    assert df["of limit"].notna().sum() == 4  # one share per method and precision
+    out = capsys.readouterr().out
+    assert "| row " in out and "max |vitbench ToMe - reference ToMe (fp32)| logits: fp32 " in out
+    fp32_diff = float(out.split("logits: fp32 ")[1].split(",")[0])
+    assert fp32_diff < 1e-4
