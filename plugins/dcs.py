@@ -905,6 +905,7 @@ def build(params: DCSParams, info: ModelInfo) -> Reduction:
 def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
     register(MethodSpec(
         name="dcs",
+        kind="channel",
         params=DCSParams,
         build=build,
         families=("vit", "efficientvit", "mobilevit"),

@@ -812,6 +812,7 @@ def build(params: LTMParams, info: ModelInfo) -> Reduction:
 def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
     register(MethodSpec(
         name="ltm",
+        kind="merging",
         params=LTMParams,
         build=build,
         families=("vit", "mobilevit"),

@@ -601,6 +601,7 @@ def build(params: LTMPParams, info: ModelInfo) -> Reduction:
 def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
     register(MethodSpec(
         name="ltmp",
+        kind="hybrid",
         params=LTMPParams,
         build=build,
         families=("vit",),

@@ -165,6 +165,7 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
                                ("average", AverageParams, "the average-attention scorer")):
         register(MethodSpec(
             name=name,
+            kind="hybrid",
             params=params,
             build=build,
             families=("vit",),

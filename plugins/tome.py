@@ -83,6 +83,7 @@ def build(params: ToMeParams, info: ModelInfo) -> Reduction:
 def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
     register(MethodSpec(
         name="tome",
+        kind="merging",
         params=ToMeParams,
         build=build,
         families=("vit", "mobilevit"),

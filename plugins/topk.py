@@ -85,6 +85,7 @@ def build(params: TopKParams, info: ModelInfo) -> Reduction:
 def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
     register(MethodSpec(
         name="topk",
+        kind="pruning",
         params=TopKParams,
         build=build,
         families=("vit",),

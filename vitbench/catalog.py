@@ -185,6 +185,10 @@ def patch_count(info: ModelInfo) -> int:
     return info.max_patches
 
 
+#: what a method reduces (``MethodSpec.kind``), in the order ``vitbench list methods`` groups them
+METHOD_KINDS = ("merging", "pruning", "hybrid", "channel", "other")
+
+
 @dataclass(frozen=True)
 class MethodSpec:
     """A reduction method as a plugin registers it.
@@ -198,6 +202,9 @@ class MethodSpec:
     name: str
     params: type
     build: Callable[[Any, ModelInfo], Reduction]
+    #: what the method reduces, for ``vitbench list methods`` (:data:`METHOD_KINDS`): tokens by
+    #: merging, by pruning, by both (``hybrid``), or channels; ``other`` when none fits
+    kind: str = "other"
     families: tuple[str, ...] = ("vit",)
     aliases: tuple[str, ...] = ()
     needs_training: bool = False
@@ -209,6 +216,10 @@ class MethodSpec:
     budget: Optional[BudgetKnob] = None
 
     def __post_init__(self) -> None:
+        if self.kind not in METHOD_KINDS:
+            from vitbench.errors import choices_error
+
+            raise choices_error(f"method kind (of method {self.name!r})", self.kind, METHOD_KINDS)
         if isinstance(self.budget, Mapping):  # BudgetKnob's keyword arguments
             object.__setattr__(self, "budget", BudgetKnob(**self.budget))
         elif self.budget is not None and not isinstance(self.budget, BudgetKnob):

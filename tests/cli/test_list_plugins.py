@@ -10,7 +10,20 @@ def test_list_methods_and_scorers(capsys):
     assert main(["list", "methods"]) == 0
     out = capsys.readouterr().out
     for name in ("tome", "ppt", "topk", "entropy", "average"):
-        assert any(line.startswith(name + " ") for line in out.splitlines())
+        assert any(line.startswith("  " + name + " ") for line in out.splitlines())
+    # grouped by kind (issue 12, item 4), each saying whether it is fine-tuned
+    groups, current = {}, None
+    for line in out.splitlines():
+        if not line.startswith(" "):
+            current = line.rstrip(":")
+        else:
+            groups.setdefault(current, []).append(line.split()[0])
+    assert list(groups) == ["merging", "pruning", "hybrid", "channel"]
+    assert {"tome", "ltm"} <= set(groups["merging"]) and "topk" in groups["pruning"]
+    assert {"ppt", "ltmp"} <= set(groups["hybrid"]) and groups["channel"] == ["dcs"]
+    ltm = next(line for line in out.splitlines() if line.startswith("  ltm "))
+    tome = next(line for line in out.splitlines() if line.startswith("  tome "))
+    assert "learnable: fine-tuned before measuring" in ltm and "training-free" in tome
     assert main(["list", "scorers"]) == 0
     assert {line.split()[0] for line in capsys.readouterr().out.splitlines()} >= {"cls-attn", "entropy", "average"}
 
@@ -29,3 +42,13 @@ def test_plugins_json_names_distribution_version_and_registrations(capsys):
     assert tome["distribution"] == "vitbench" and tome["version"] == "0.1.0"
     assert tome["registered"]["methods"] == ["tome"]
     assert info["failures"] == []
+
+
+def test_a_method_kind_outside_the_list_is_a_clear_error():
+    import pytest
+
+    from vitbench.catalog import MethodSpec
+    from vitbench.errors import UnknownNameError
+
+    with pytest.raises(UnknownNameError, match="unknown method kind .of method 'x'. 'sparse'; valid .*channel, hybrid, merging, other, pruning"):
+        MethodSpec(name="x", params=object, build=lambda p, i: None, kind="sparse")

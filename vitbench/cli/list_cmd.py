@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from vitbench.catalog import METHOD_KINDS
 from vitbench.plan import DEFAULT_MODEL, TASKS
 from vitbench.plugins import get_host
 
@@ -19,14 +20,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     host = get_host()
     if args.kind == "methods":
-        for name in host.names("methods"):
-            spec = host.method(name)
-            extra = f" (aliases: {', '.join(spec.aliases)})" if spec.aliases else ""
-            trains = "; fine-tuned before measuring" if spec.needs_training else ""
-            knob = (f"; budget knob: {spec.budget.param} ({spec.budget.mode})" if spec.budget is not None
-                    else "; not matchable (no budget knob)")
-            print(f"{name}{extra}  [families: {', '.join(spec.families)}; plugin: "
-                  f"{host.owner('methods', name)}{trains}{knob}]  {spec.description}")
+        specs = [host.method(name) for name in host.names("methods")]
+        for kind in METHOD_KINDS:  # grouped by what they reduce (MethodSpec.kind)
+            group = [spec for spec in specs if spec.kind == kind]
+            if not group:
+                continue
+            print(f"{kind}:")
+            for spec in group:
+                extra = f" (aliases: {', '.join(spec.aliases)})" if spec.aliases else ""
+                trains = "learnable: fine-tuned before measuring" if spec.needs_training else "training-free"
+                knob = (f"; budget knob: {spec.budget.param} ({spec.budget.mode})" if spec.budget is not None
+                        else "; not matchable (no budget knob)")
+                print(f"  {spec.name}{extra}  [{trains}; families: {', '.join(spec.families)}; plugin: "
+                      f"{host.owner('methods', spec.name)}{knob}]  {spec.description}")
     elif args.kind == "scorers":
         for name in host.names("scorers"):
             print(f"{name}  [plugin: {host.owner('scorers', name)}]  {host.scorer(name).description}")

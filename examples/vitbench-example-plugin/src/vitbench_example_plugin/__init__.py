@@ -78,6 +78,7 @@ def build(params: RandomDropParams, info: ModelInfo) -> Reduction:
 def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
     register(MethodSpec(
         name="random-drop",
+        kind="pruning",
         params=RandomDropParams,
         build=build,
         families=("vit",),
