@@ -121,3 +121,17 @@ def test_a_new_head_is_marked_for_fitting(tmp_path: Path) -> None:
     own = load_model("test_vit", checkpoint=tmp_path / "three.pth")  # no --num-classes: the checkpoint's head
     assert own.num_classes == 3 and not hasattr(own, "vitbench_new_head")
     assert torch.equal(own.head.weight, three.head.weight)
+
+
+def test_random_init_is_seeded() -> None:
+    """The same command builds the same random model (a number must not change between two
+    runs of one command); another seed draws other weights; the caller's RNG is untouched."""
+    torch.manual_seed(123)
+    a, b = (load_model("test_vit") for _ in range(2))
+    c = load_model("test_vit", seed=1)
+    after = torch.rand(1)
+    torch.manual_seed(123)
+    assert torch.equal(torch.rand(1), after)  # building the models drew nothing from the caller's RNG
+    sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert any(not torch.equal(sa[k], sc[k]) for k in sa if sa[k].is_floating_point())

@@ -230,7 +230,7 @@ def run(args: argparse.Namespace) -> int:
     from vitbench.tasks.cls.models import load_model
 
     model = load_model(model_name, pretrained=args.pretrained, checkpoint=args.checkpoint,
-                       num_classes=args.num_classes)
+                       num_classes=args.num_classes, seed=plan[0].seed)  # a random init from the first seed
     get_host().family_of(model)
     _check_methods_apply(plan, model)
     cls_data = None

@@ -213,7 +213,7 @@ def _checkpoint_head_fits(model: nn.Module, path: str | Path) -> bool:
 
 
 def load_model(name: str, *, pretrained: bool = False, checkpoint: str | Path | None = None,
-               num_classes: int | None = None) -> nn.Module:
+               num_classes: int | None = None, seed: int = 0) -> nn.Module:
     """Build classification model ``name`` in eval mode.
 
     ``name`` is a timm model name (``timm.create_model``) or ``"vitbench-fmnist-vit"``, the
@@ -224,7 +224,9 @@ def load_model(name: str, *, pretrained: bool = False, checkpoint: str | Path | 
     the checkpoint's head. ``num_classes`` resizes the classifier head; the head is then
     new (random) unless the checkpoint holds one of that size (a checkpoint with another head
     still gives its backbone), and the model is marked ``vitbench_new_head = True``: its head
-    must be fitted before it means anything (:mod:`vitbench.tasks.cls.head`).
+    must be fitted before it means anything (:mod:`vitbench.tasks.cls.head`). Random weights
+    (no ``pretrained``/``checkpoint``, a new head) are drawn from ``seed``: the same command
+    builds the same model.
     """
     if num_classes is not None and (not isinstance(num_classes, int) or num_classes < 1):
         raise ParamError(f"num_classes must be a positive integer, got {num_classes!r}")
@@ -239,7 +241,9 @@ def load_model(name: str, *, pretrained: bool = False, checkpoint: str | Path | 
             raise _unknown_model(name)
         kwargs: dict[str, Any] = {} if num_classes is None else {"num_classes": num_classes}
         try:
-            model = timm.create_model(name, pretrained=pretrained, **kwargs)
+            with torch.random.fork_rng():  # seeded random init; the caller's RNG state is untouched
+                torch.manual_seed(seed)
+                model = timm.create_model(name, pretrained=pretrained, **kwargs)
         except Exception as exc:
             if not pretrained:
                 raise
@@ -251,7 +255,9 @@ def load_model(name: str, *, pretrained: bool = False, checkpoint: str | Path | 
     if checkpoint is not None and num_classes is None and name != DEFAULT_MODEL_NAME:
         classes = _checkpoint_classes(model, checkpoint)
         if classes is not None:  # the checkpoint's own head (e.g. fine-tuned on 10 classes)
-            model.reset_classifier(classes)
+            with torch.random.fork_rng():
+                torch.manual_seed(seed)
+                model.reset_classifier(classes)
     if checkpoint is not None:
         keep_head = not new_head or _checkpoint_head_fits(model, checkpoint)
         load_checkpoint(model, checkpoint, name=name, except_head=not keep_head)
