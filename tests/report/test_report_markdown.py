@@ -146,3 +146,19 @@ def test_fine_tuned_rows_say_how_they_were_trained(make_record):
     assert ("- ltm: finetune: 1 epoch(s), 157 iterations on 10000 training images in 95 s, "
             "12,345 trainable parameters (backbone frozen)") in md
     assert "- ltmp: reloaded from out/checkpoints/r.pth (--resume)" in md
+
+
+def test_plot_without_accuracy_draws_throughput_vs_gmacs(tmp_path, monkeypatch):
+    """A GMACs/throughput-only run plots what it measured, not two empty "no data" panels."""
+    import vitbench.report.plot as plot
+
+    points, texts = [], []
+    real_bar, real_text = plot.Axes.errorbar, plot.Axes.text
+    monkeypatch.setattr(plot.Axes, "errorbar", lambda self, x, y, **kw: points.append((x, y)) or real_bar(self, x, y, **kw))
+    monkeypatch.setattr(plot.Axes, "text", lambda self, x, y, s, **kw: texts.append(s) or real_text(self, x, y, s, **kw))
+    recs = [{"spec_id": m, "task": "cls", "model": "deit_tiny_patch16_224", "method": m, "params": {}, "seed": 0,
+             "status": "ok", "gmacs": g, "throughput_img_s": t, "batch_size": 32}
+            for m, g, t in (("baseline", 1.25, 13.7), ("tome", 0.62, 25.0))]
+    plot.plot_accuracy_vs_gmacs(recs, tmp_path / "p.png")
+    assert points == [(1.25, 13.7), (0.62, 25.0)]
+    assert "no data" not in texts and any("accuracy not measured" in t for t in texts)

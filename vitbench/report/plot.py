@@ -50,6 +50,19 @@ def _panel(ax: Axes, rows: list[Mapping[str, Any]], labels: list[str], base: Any
     ax.margins(x=0.2, y=0.15)  # room for the labels
 
 
+def _speed_only(ax_g: Axes, ax_t: Axes, rows: list[Mapping[str, Any]], labels: list[str], base: Any,
+                title: str) -> None:
+    """A group without accuracy: throughput vs GMACs on the left (what was measured), and the
+    right panel says why there is no accuracy panel (instead of two empty "no data" panels)."""
+    _panel(ax_g, rows, labels, base, "gmacs", "gmacs_std", "throughput_img_s")
+    ax_g.set_xlabel("GMACs (batch 1)")
+    ax_g.set_ylabel("Throughput (img/s)")
+    ax_g.set_title(f"{title}: throughput vs GMACs")
+    ax_t.set_axis_off()
+    ax_t.text(0.5, 0.5, "accuracy not measured\n(--metrics without accuracy)", ha="center", va="center",
+              transform=ax_t.transAxes)
+
+
 def plot_accuracy_vs_gmacs(
     records: Iterable[Mapping[str, Any]], path_png: str | os.PathLike[str]
 ) -> Path:
@@ -66,6 +79,9 @@ def plot_accuracy_vs_gmacs(
         labels = row_labels(rows)
         y_key = accuracy_key(task)
         y_label = "Top-1 (%)" if task == "cls" else "box mAP"
+        if not any(metric(r, y_key) is not None for r in rows):  # e.g. --metrics gmacs,throughput
+            _speed_only(ax_g, ax_t, rows, labels, base, f"{task} · {model}")
+            continue
         for ax, (x_key, xerr_key, x_label) in zip((ax_g, ax_t), _AXES):
             _panel(ax, rows, labels, base, x_key, xerr_key, y_key)
             ax.set_xlabel(x_label)
