@@ -264,7 +264,7 @@ def group_section(records: list[Mapping[str, Any]], task: str, model: str,
             lines += ["Attention kernel:"] + [f"- {lab}: {k or 'n/a'}" for lab, k in kernels] + [""]
         trained = [(lab, r) for lab, r in zip(row_labels(rows), rows) if r.get("trained")]
         if trained:
-            lines += ["Fine-tuning (learnable methods, before measuring):"]
+            lines += ["Fine-tuning (learnable methods and the det/seg control, before measuring):"]
             lines += [f"- {lab}: {_training_line(r)}" for lab, r in trained] + [""]
     else:
         lines += ["No successful runs.", ""]

@@ -18,7 +18,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from vitbench.report._atomic import atomic_write_bytes
-from vitbench.report.tables import accuracy_key, groups, metric, ok_rows, row_labels
+from vitbench.report.tables import CONTROL, accuracy_key, groups, metric, ok_rows, row_labels
 
 __all__ = ["plot_accuracy_vs_gmacs"]
 
@@ -35,12 +35,14 @@ def _panel(ax: Axes, rows: list[Mapping[str, Any]], labels: list[str], base: Any
         x, y = metric(rec, x_key), metric(rec, y_key)
         if x is None or y is None:
             continue
-        is_base = rec is base
+        is_base, is_control = rec is base, rec.get("method") == CONTROL
         ax.errorbar(
             x, y, xerr=metric(rec, xerr_key) or None, yerr=metric(rec, f"{y_key}_seed_std") or None,
-            fmt="*" if is_base else "o",
-            markersize=12 if is_base else 7, capsize=3,
-            color="black" if is_base else f"C{i % 10}",  # a row has one colour in both panels
+            fmt="*" if is_base or is_control else "o",
+            markersize=12 if is_base or is_control else 7, capsize=3,
+            # a row has one colour in both panels; the det/seg control is the baseline's hollow star
+            color="black" if is_base or is_control else f"C{i % 10}",
+            markerfacecolor="none" if is_control else None,
         )
         ax.annotate(label, (x, y), xytext=(5, 5), textcoords="offset points", fontsize=8)
         drawn += 1
@@ -67,7 +69,8 @@ def plot_accuracy_vs_gmacs(
     records: Iterable[Mapping[str, Any]], path_png: str | os.PathLike[str]
 ) -> Path:
     """Write the PNG to ``path_png`` (atomically) and return its path. Detection and
-    segmentation plot box mAP; the baseline is the black star. Runs over several seeds are one
+    segmentation plot box mAP; the baseline is the black star (the det/seg control a hollow
+    one). Runs over several seeds are one
     point at their means, with the seeds' standard deviation as the vertical error bar."""
     records = list(records)
     pairs = groups(records) or [("cls", "(no runs)")]
