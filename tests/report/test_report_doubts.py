@@ -98,3 +98,25 @@ def test_one_disturbed_seed_marks_the_row_and_names_the_seed(make_record):
     assert tome["Latency bs=1 (ms)"] == "10.00 †"
     assert tome[TP] == "150.0 ± 3.0" and tome["Speed-up (×)"] == "1.50"
     assert "- tome (r=4), latency: seed 1: load average 6.00/6.50" in render_markdown(recs)
+
+
+def test_a_drifting_control_marks_every_speed_up():
+    """det/seg: the control is the baseline's own model, so a speed-up of it far from 1 means the
+    machine drifted between measurements; every speed-up in the table is then marked."""
+    from vitbench.report.doubts import drift_reason, row_doubts
+    from vitbench.report.tables import comparison_table
+
+    def rec(method, tp, **extra):
+        return {"spec_id": method, "task": "det", "model": "efficientvit_b1", "method": method, "params": {},
+                "seed": 0, "status": "ok", "box_map": 0.5, "gmacs": 1.0, "throughput_img_s": tp,
+                "throughput_flagged": False, "batch_size": 32, **extra}
+
+    tuned = {"trained": "fine-tuned", "dense_finetune": {"protocol": "all"}}
+    base, control, dcs = rec("baseline", 16.8), rec("baseline+ft", 26.8, **tuned), rec("dcs", 23.0, **tuned)
+    why = drift_reason(control, base)
+    assert why is not None and "ran at 1.60x the baseline's throughput" in why
+    assert drift_reason(rec("baseline+ft", 17.5), base) is None  # within 10 %: no drift
+    assert row_doubts(dcs, base, control).derived == [why] and not row_doubts(base, base, control)
+    df = comparison_table([base, control, dcs], "det", "efficientvit_b1").set_index("Method")
+    assert df.loc["dcs", "Speed-up (×)"].endswith("†") and df.loc["baseline+ft", "Speed-up (×)"].endswith("†")
+    assert not df.loc["baseline", "Speed-up (×)"].endswith("†")

@@ -17,7 +17,7 @@ from typing import Any
 
 from vitbench.measure.speed import timing_doubt
 
-__all__ = ["MARK", "RowDoubts", "row_doubts", "timing_notes"]
+__all__ = ["MARK", "RowDoubts", "drift_reason", "row_doubts", "timing_notes"]
 
 #: appended to a doubted cell
 MARK = "†"
@@ -69,11 +69,36 @@ def _per_seed(row: Record) -> Sequence[Record]:
     return row.get("per_seed") or [row]
 
 
-def row_doubts(row: Record, base: Record | None) -> RowDoubts:
+def drift_reason(control: Record | None, base: Record | None) -> str | None:
+    """det/seg: the control row is the baseline's own architecture (the same GMACs), so its
+    speed-up should be 1. When its throughput differs from the baseline's by more than
+    :data:`~vitbench.measure.speed.SPREAD_LIMIT`, the machine's speed drifted between the
+    measurements of this run (a shared VM's neighbours, frequency scaling: a drift the per-timing
+    spread and load average cannot see), and every speed-up of the table is in doubt."""
+    from vitbench.measure.speed import SPREAD_LIMIT
+
+    if control is None or base is None:
+        return None
+    c, b = control.get("throughput_img_s"), base.get("throughput_img_s")
+    if not isinstance(c, (int, float)) or not isinstance(b, (int, float)) or not b:
+        return None
+    ratio = c / b
+    if abs(ratio - 1.0) <= SPREAD_LIMIT:
+        return None
+    return (f"the control baseline+ft (the baseline's architecture and GMACs) ran at {ratio:.2f}x the "
+            f"baseline's throughput (limit 1 ± {SPREAD_LIMIT:g}): the machine's speed drifted during this run")
+
+
+def row_doubts(row: Record, base: Record | None, control: Record | None = None) -> RowDoubts:
     """The doubts of an (aggregated, :mod:`vitbench.report.seeds`) row; ``base`` is the table's
-    baseline row, whose per-seed throughputs the row's speed-ups were derived from."""
+    baseline row, whose per-seed throughputs the row's speed-ups were derived from; ``control``
+    the det/seg control row, whose drift from the baseline (:func:`drift_reason`) puts every
+    speed-up in doubt."""
     several = len(_per_seed(row)) > 1
     doubts = RowDoubts()
+    drift = drift_reason(control, base)
+    if drift and row is not base and row.get("throughput_img_s") is not None:
+        doubts.derived.append(drift)
     base_by_seed = {r.get("seed"): r for r in _per_seed(base)} if base is not None else {}
     for rec in _per_seed(row):
         prefix = f"seed {rec.get('seed')}: " if several else ""
@@ -100,11 +125,14 @@ def timing_notes(labels: Sequence[str], doubts: Sequence[RowDoubts]) -> list[str
     for label, d in zip(labels, doubts):
         items += [f"- {label}, throughput: {why}" for why in d.throughput]
         items += [f"- {label}, latency: {why}" for why in d.latency]
-        items += [f"- {label}, speed-up and efficiency: derived {why}" for why in d.derived]
+        items += [f"- {label}, speed-up and efficiency: {why}" if why.startswith("the control") else
+                  f"- {label}, speed-up and efficiency: derived {why}" for why in d.derived]
     if not items:
         return []
     head = (f"{MARK} Timing not to be trusted: its spread over repeats exceeded "
             f"{100 * SPREAD_LIMIT:.0f} % of its median, or the 1-minute load average before or after "
             f"exceeded the usable cores + {LOAD_MARGIN:g} (other work shared the CPU). Speed-up and "
-            f"efficiency derived from such a throughput are marked too.")
+            f"efficiency derived from such a throughput are marked too, and every speed-up when the "
+            f"det/seg control (the baseline's own model) did not time within {100 * SPREAD_LIMIT:.0f} % "
+            f"of the baseline.")
     return [head, ""] + items + [""]

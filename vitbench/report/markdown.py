@@ -14,7 +14,7 @@ from typing import Any
 from vitbench.report.doubts import row_doubts, timing_notes
 from vitbench.report.tables import (
     CONTROL,
-    comparison_table, group_records, groups, metric, ok_rows, row_labels,
+    comparison_table, group_records, groups, metric, ok_rows, pick_control, row_labels,
 )
 from vitbench.results.store import latest_records
 
@@ -70,6 +70,8 @@ def _training_line(rec: Mapping[str, Any]) -> str:
     frozen = "backbone trained" if "backbone trained" in str(rec.get("label")) else "backbone frozen"
     if rec.get("dense_finetune"):  # det/seg: the dense fine-tuning protocol says what trained
         frozen = _dense_protocol(rec["dense_finetune"])
+        if rec.get("method") == CONTROL:  # no method: only the detector weights trained
+            frozen = frozen.replace("method parameters + ", "")
     per_seed = f" per seed (time: mean over {rec['n_seeds']} seeds)" if int(rec.get("n_seeds") or 1) > 1 else ""
     return (f"{'; '.join(parts)} on {rec.get('train_images')} training images in "
             f"{float(rec.get('train_s') or 0):.0f} s{per_seed}, {int(rec.get('trainable_params') or 0):,} "
@@ -251,7 +253,8 @@ def group_section(records: list[Mapping[str, Any]], task: str, model: str,
         if base is None:
             lines += ["No successful baseline in this group: deltas and speed-ups are n/a.", ""]
         lines += _matched_lines(row_labels(rows), rows)
-        lines += timing_notes(row_labels(rows), [row_doubts(r, base) for r in rows])
+        control = pick_control(rows) if task != "cls" else None
+        lines += timing_notes(row_labels(rows), [row_doubts(r, base, control) for r in rows])
         if any(int(r.get("n_seeds") or 1) > 1 for r in rows):
             lines += [SEEDS_NOTE, ""]
         lines += _head_lines(rows)

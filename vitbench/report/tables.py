@@ -175,7 +175,7 @@ def comparison_table(records: Iterable[Record], task: str, model: str) -> pd.Dat
     several_seeds = any(int(r.get("n_seeds") or 1) > 1 for r in rows)
     table: list[dict[str, str]] = []
     for rec, label in zip(rows, row_labels(rows)):
-        doubts = row_doubts(rec, base)
+        doubts = row_doubts(rec, base, control)
         row = {"Method": label, "Params": _fmt(metric(rec, "params_m"), ".2f", "M")}
         if several_seeds:
             seeds = rec.get("seeds") or [rec.get("seed")]

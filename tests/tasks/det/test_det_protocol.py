@@ -255,5 +255,6 @@ def test_report_compares_fine_tuned_rows_with_the_control():
     assert list(df["ΔBox mAP vs +ft"]) == ["n/a", "0.000", "n/a", "-0.170"]
     text = render_markdown(recs)
     assert "ΔBox mAP vs +ft" in text and "baseline+ft: the baseline detector fine-tuned exactly as" in text
+    assert "trainable parameters (`all`: every detector weight (backbone, neck, heads)" in text  # the control's line
     # without a control the column is left out
     assert "ΔBox mAP vs +ft" not in comparison_table([recs[0], recs[3]], "det", "mobilevit_xs").columns
