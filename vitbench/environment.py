@@ -36,8 +36,10 @@ def device_name(device: str) -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
-def environment(device: str, command: list[str] | None = None, precision: str = "fp32") -> dict[str, Any]:
-    """Versions, device, threads, precision (``--precision``), git revision, loaded plugins and the command."""
+def environment(device: str, command: list[str] | None = None, precision: str = "fp32",
+                compiled: bool = False) -> dict[str, Any]:
+    """Versions, device, threads, precision (``--precision``), whether timings ran the
+    ``torch.compile``d model (``--compile``), git revision, loaded plugins and the command."""
     from vitbench.plugins import get_host
 
     host = get_host()
@@ -47,6 +49,7 @@ def environment(device: str, command: list[str] | None = None, precision: str = 
         "device": f"{device} ({device_name(device)})",
         "threads": torch.get_num_threads(),
         "precision": precision,
+        "compiled": "torch.compile (timings)" if compiled else "no (eager)",
         "git_rev": git_revision(),
         "plugins": [{"name": p.name, "distribution": p.distribution, "version": p.version}
                     for p in host.plugins.values()],

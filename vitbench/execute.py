@@ -225,14 +225,16 @@ def _measure(spec: RunSpec, ws: Workspace, model: nn.Module, baseline: Optional[
                            limit=ws.eval_limit, seed=spec.seed, precision=precision,
                            work_dir=ws.work_dir / spec.spec_id if ws.work_dir else None)
         out.update({k: acc.get(k) for k in ("top1_pct", "top5_pct", "num_images", "num_classes")})
+    timed = timed_model(spec, model, ws.input_size, progress)  # the eager model, or --compile's
+    out.update(timed.record())
     if "throughput" in spec.metrics:
         progress(f"timing throughput (batch {spec.batch_size})")
-        tp = measure.measure_throughput(model, spec.batch_size, ws.input_size, device=device,
+        tp = measure.measure_throughput(timed.module, spec.batch_size, ws.input_size, device=device,
                                         repeats=ws.throughput_repeats, precision=precision)
         out.update(tp.fields())  # median, spread and the load/cores/threads it ran under
     if "latency" in spec.metrics:
         progress("timing latency (batch 1)")
-        lat = measure.measure_latency(model, ws.input_size, device=device, repeats=ws.latency_repeats,
+        lat = measure.measure_latency(timed.module, ws.input_size, device=device, repeats=ws.latency_repeats,
                                       precision=precision)
         out.update(lat.fields())
     if "ib" in spec.metrics and ws.data is not None:
@@ -245,9 +247,26 @@ def _measure(spec: RunSpec, ws: Workspace, model: nn.Module, baseline: Optional[
                    ib_input_constant=float(ib.input_constant))
     if "memory" in spec.metrics:
         progress("measuring peak memory")
-        out["peak_mem_mb"] = measure.measure_peak_memory(model, spec.batch_size, ws.input_size, device=device,
-                                                         precision=precision)
+        out["peak_mem_mb"] = measure.measure_peak_memory(timed.module, spec.batch_size, ws.input_size,
+                                                         device=device, precision=precision)
     return out
+
+
+def timed_model(spec: RunSpec, model: nn.Module, input_size: tuple[int, int, int], progress: Progress) -> Any:
+    """What the timing loops run: ``model``, or with ``--compile`` the ``torch.compile``d model
+    (compiled here for the loops' batch sizes; a model that does not compile is timed eagerly,
+    the reason recorded: :mod:`vitbench.measure.compiled`)."""
+    from vitbench.measure.compiled import CompiledForTiming, compile_for_timing
+
+    timings = [m for m in ("throughput", "latency", "memory") if m in spec.metrics]
+    if not spec.compile or not timings:
+        return CompiledForTiming(model, False)
+    progress("compiling the model for the timings (torch.compile)")
+    batches = tuple(1 if m == "latency" else spec.batch_size for m in timings)
+    timed = compile_for_timing(model, input_size, batches, spec.device, spec.precision_name)
+    if timed.fallback:
+        progress(timed.fallback)
+    return timed
 
 
 def _relative(spec: RunSpec, out: dict[str, Any], baseline: Optional[dict]) -> dict[str, Any]:

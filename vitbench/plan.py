@@ -57,6 +57,8 @@ class RunSpec:
     #: ``--precision`` (:mod:`vitbench.measure.precision`): ``fp16``/``bf16`` autocast on the
     #: measured forward, evaluation and (bf16) fine-tuning; ``None`` is fp32
     precision: Optional[str] = None
+    #: ``--compile``: the timing loops run the ``torch.compile``d model (:mod:`vitbench.measure.compiled`)
+    compile: bool = False
 
     @property
     def precision_name(self) -> str:
@@ -119,7 +121,7 @@ class RunSpec:
         return [f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in changed.items()]
 
 
-_LATER_FIELDS = ("train_backbone", "train_limit", "dense_finetune", "match_gmacs", "precision")
+_LATER_FIELDS = ("train_backbone", "train_limit", "dense_finetune", "match_gmacs", "precision", "compile")
 
 
 def parse_param_overrides(items: Iterable[str]) -> dict[str, dict[str, str]]:
@@ -150,7 +152,7 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
                pretrained: bool = False, train_backbone: bool = False,
                train_limit: Optional[int] = None, dense_finetune: Optional[str] = None,
                match_gmacs: Optional[float] = None, control: bool = True,
-               precision: str = "fp32") -> list[RunSpec]:
+               precision: str = "fp32", compile: bool = False) -> list[RunSpec]:
     """The baseline, then one spec per method, parameters validated (no model is built here).
 
     ``control`` (det/seg): when a learnable method fine-tunes detector weights (protocol ``all``
@@ -188,7 +190,7 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
 
     common = dict(task=task, model=model, data=data, metrics=tuple(metrics), batch_size=batch_size,
                   device=device, seed=seed, checkpoint=checkpoint, pretrained=pretrained,
-                  precision=None if check_precision(precision) == "fp32" else precision)
+                  precision=None if check_precision(precision) == "fp32" else precision, compile=compile)
     plan = [RunSpec(method=BASELINE, params_json="{}", **common)]
     if control and task in DENSE_TASKS and any(host.method(n).needs_training for n in names):
         from vitbench.tasks.det.protocol import DEFAULT_PROTOCOL, check_protocol

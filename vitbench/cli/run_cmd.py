@@ -83,6 +83,9 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", default="fp32", metavar="fp32|fp16|bf16",
                    help="autocast dtype of the measured forward, evaluation and (bf16) fine-tuning; GMACs "
                         "are counted the same (default fp32; bf16 works on the CPU too)")
+    p.add_argument("--compile", action="store_true",
+                   help="time the torch.compile'd model (throughput, latency, memory; GMACs and accuracy "
+                        "on the eager one); a model that does not compile is timed eagerly, with the reason recorded")
     p.add_argument("--no-control", action="store_true",
                    help=f"det/seg: leave out the {CONTROL} row (the baseline detector fine-tuned like the "
                         "learnable methods' detectors, without a method; added by default when a learnable "
@@ -216,7 +219,8 @@ def run(args: argparse.Namespace) -> int:
                  overrides=parse_param_overrides(args.param), metrics=metrics,
                  batch_size=args.batch_size, device=args.device, seeds=_seeds(args),
                  checkpoint=args.checkpoint, pretrained=args.pretrained,
-                 train_backbone=args.train_backbone, train_limit=train_limit, precision=args.precision)
+                 train_backbone=args.train_backbone, train_limit=train_limit, precision=args.precision,
+                 compile=args.compile)
     if args.device == "cuda":
         import torch
 
@@ -250,7 +254,7 @@ def run(args: argparse.Namespace) -> int:
     resume = args.resume or _is_sweep(args)  # a sweep always resumes: re-running skips done runs
     ws = Workspace(model=model, input_size=input_size_of(model), data=cls_data, work_dir=out / "work",
                    eval_limit=args.limit, checkpoint_dir=out / "checkpoints", resume=resume, head=head)
-    env = environment(args.device, precision=args.precision)
+    env = environment(args.device, precision=args.precision, compiled=args.compile)
     records = execute_plan(plan, ws, store, resume=resume, env=env, progress=say.step)
     return _report(args, records, store, out, env["command"])
 
@@ -291,7 +295,7 @@ def run_dense(args: argparse.Namespace) -> int:
                  batch_size=args.batch_size, device=args.device, seeds=_seeds(args),
                  checkpoint=args.checkpoint, pretrained=args.pretrained,
                  train_limit=args.train_limit, dense_finetune=protocol, control=not args.no_control,
-                 precision=args.precision)
+                 precision=args.precision, compile=args.compile)
     say = _Progress()
     check_model_name(model_name)  # before the data: the default set takes seconds to generate
     data = resolve_det_data(args.data)
@@ -308,7 +312,7 @@ def run_dense(args: argparse.Namespace) -> int:
                         width=args.detector_width or ("light" if data.embedded else "full"), epochs=epochs,
                         train_limit=args.train_limit, work_dir=out / "work", eval_limit=args.limit,
                         cache_dir=cache_dir() / "detectors" if data.embedded else out / "checkpoints")
-    env = environment(args.device, precision=args.precision)
+    env = environment(args.device, precision=args.precision, compiled=args.compile)
     records = execute_plan(plan, ws, store, resume=args.resume or _is_sweep(args), env=env, progress=say.step)
     return _report(args, records, store, out, env["command"])
 

@@ -45,11 +45,13 @@ def check_input_size(input_size: object) -> tuple[int, int, int]:
     return (c, h, w)
 
 
-def check_model(model: object) -> nn.Module:
-    """Refuse anything but an uncompiled ``nn.Module`` (docs/measuring.md: never under torch.compile)."""
+def check_model(model: object, allow_compiled: bool = False) -> nn.Module:
+    """Refuse anything but an ``nn.Module``, and a ``torch.compile``d one unless
+    ``allow_compiled`` (the timings under ``--compile``; GMACs and parameters are always counted
+    on the eager model, docs/measuring.md)."""
     if not isinstance(model, nn.Module):
         raise ParamError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if getattr(model, "_orig_mod", None) is not None:
+    if not allow_compiled and getattr(model, "_orig_mod", None) is not None:
         raise ParamError(
             "model is wrapped by torch.compile; docs/measuring.md measures the eager model: "
             "pass model._orig_mod"

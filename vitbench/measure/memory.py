@@ -65,7 +65,7 @@ def measure_peak_memory(
     The model must already be on ``device``. Raises ParamError for ``batch_size < 1`` and
     other bad arguments.
     """
-    check_model(model)
+    check_model(model, allow_compiled=True)  # --compile times the compiled model
     check_int("batch_size", batch_size, 1)
     size = check_input_size(input_size)
     check_int("warmup", warmup, 0)

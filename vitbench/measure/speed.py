@@ -201,7 +201,7 @@ def _time_forwards(
 ) -> tuple[list[float], int, MachineLoad, MachineLoad]:
     """Seconds of each of ``repeats`` timed forwards (after warm-up, in ``precision``), the
     warm-up used, and the machine's load just before the warm-up and just after the last repeat."""
-    check_model(model)
+    check_model(model, allow_compiled=True)  # --compile times the compiled model
     check_int("batch_size", batch_size, 1)
     size = check_input_size(input_size)
     check_int("repeats", repeats, 1)

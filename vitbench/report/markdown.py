@@ -118,8 +118,10 @@ def _environment(records: list[Mapping[str, Any]]) -> list[str]:
         vals = _distinct((e.get("versions") or {}).get(key) for e in envs)
         versions.append(f"{key} {' / '.join(vals) if vals else 'n/a'}")
     lines = [f"- Versions: {', '.join(versions)}"]
-    for label, key in (("Device", "device"), ("Threads", "threads"), ("Precision", "precision"),
+    for label, key in (("Device", "device"), ("Threads", "threads"), ("Precision", "precision"), ("Compiled", "compiled"),
                        ("Git revision", "git_rev")):
+        if key == "compiled" and not any(e.get(key) for e in envs):  # stores from before --compile
+            continue
         lines.append(f"- {label}: {_joined(_distinct(e.get(key) for e in envs))}")
     lines.append(f"- Plugins: {_joined(_distinct(_plugins(e) for e in envs))}")
     statuses = [str(r.get("status")) for r in records]

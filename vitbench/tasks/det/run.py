@@ -236,20 +236,24 @@ def run_dense_spec(spec: Any, ws: DenseWorkspace, baseline: Optional[dict], prog
         out.update(evaluate_detector(detector, ws.data, masks=ws.masks, limit=ws.eval_limit, device=spec.device,
                                      seed=spec.seed, precision=precision,
                                      work_dir=ws.work_dir / spec.spec_id if ws.work_dir else None))
+    from vitbench.execute import timed_model
+
+    timed = timed_model(spec, forward, ws.input_size, progress)  # the eager forward, or --compile's
+    out.update(timed.record())
     if "throughput" in spec.metrics:
         progress(f"timing throughput (batch {spec.batch_size})")
-        tp = measure.measure_throughput(forward, spec.batch_size, ws.input_size, device=spec.device,
+        tp = measure.measure_throughput(timed.module, spec.batch_size, ws.input_size, device=spec.device,
                                         repeats=ws.throughput_repeats, precision=precision)
         out.update(tp.fields())  # median, spread and the load/cores/threads it ran under
     if "latency" in spec.metrics:
         progress("timing latency (batch 1)")
-        lat = measure.measure_latency(forward, ws.input_size, device=spec.device, repeats=ws.latency_repeats,
+        lat = measure.measure_latency(timed.module, ws.input_size, device=spec.device, repeats=ws.latency_repeats,
                                       precision=precision)
         out.update(lat.fields())
     if "memory" in spec.metrics:
         progress("measuring peak memory")
-        out["peak_mem_mb"] = measure.measure_peak_memory(forward, spec.batch_size, ws.input_size, device=spec.device,
-                                                         precision=precision)
+        out["peak_mem_mb"] = measure.measure_peak_memory(timed.module, spec.batch_size, ws.input_size,
+                                                         device=spec.device, precision=precision)
     return out
 
 
