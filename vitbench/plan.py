@@ -267,3 +267,29 @@ def build_sweep_plan(*, budgets: Iterable[float], **kwargs: Any) -> list[RunSpec
         for spec in build_seeded_plan(match_gmacs=budget, **kwargs):
             plan.setdefault(spec.spec_id, spec)
     return list(plan.values())
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"2/4"`` -> ``(2, 4)``: the ``--shard I/N`` of a job array (I counts from 1)."""
+    head, sep, tail = str(text).partition("/")
+    try:
+        index, count = int(head), int(tail)
+    except ValueError:
+        index = count = 0
+    if not sep or count < 1 or not 1 <= index <= count:
+        raise ParamError(f"--shard {text!r} is not I/N with 1 <= I <= N (e.g. 1/4 for the first of four parts)")
+    return index, count
+
+
+def shard_plan(plan: list[RunSpec], index: int, count: int) -> list[RunSpec]:
+    """Part ``index`` of ``count`` of ``plan`` (``--shard I/N``), in plan order: every
+    ``count``-th method spec from the ``index``-th on, with the baseline (and det/seg control) of
+    each seed those specs need -- a speed-up is only taken against a baseline timed in the same
+    session, so a shard on another machine measures its own (a shard that finds one finished
+    in the store, under ``--resume`` or in a sweep, reuses it). The parts' method specs are
+    disjoint and together the whole plan."""
+    index, count = parse_shard(f"{index}/{count}")
+    methods = [s for s in plan if s.method not in REFERENCES]
+    mine = {s.spec_id for s in methods[index - 1::count]}
+    seeds = {s.seed for s in methods if s.spec_id in mine}
+    return [s for s in plan if s.spec_id in mine or (s.method in REFERENCES and s.seed in seeds)]

@@ -86,6 +86,9 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", action="store_true",
                    help="time the torch.compile'd model (throughput, latency, memory; GMACs and accuracy "
                         "on the eager one); a model that does not compile is timed eagerly, with the reason recorded")
+    p.add_argument("--shard", default=None, metavar="I/N",
+                   help="run the I-th of N disjoint parts of the plan (a job array; I from 1), appending to "
+                        "OUT/runs-shard-I-of-N.jsonl; the report (and `vitbench report OUT`) merges every part")
     p.add_argument("--no-control", action="store_true",
                    help=f"det/seg: leave out the {CONTROL} row (the baseline detector fine-tuned like the "
                         "learnable methods' detectors, without a method; added by default when a learnable "
@@ -154,10 +157,28 @@ def _with_gmacs(metrics: tuple[str, ...], budgets: Optional[tuple[float, ...]]) 
     return ("gmacs", *metrics)
 
 
-def _plan(budgets: Optional[tuple[float, ...]], **kwargs) -> list:  # type: ignore[no-untyped-def,type-arg]
-    from vitbench.plan import build_sweep_plan
+def _plan(budgets: Optional[tuple[float, ...]], shard: Optional[tuple[int, int]] = None,
+          **kwargs) -> list:  # type: ignore[no-untyped-def,type-arg]
+    """The run (or sweep) plan, or its ``--shard I/N`` part."""
+    from vitbench.plan import build_sweep_plan, shard_plan
 
-    return build_seeded_plan(**kwargs) if budgets is None else build_sweep_plan(budgets=budgets, **kwargs)
+    plan = build_seeded_plan(**kwargs) if budgets is None else build_sweep_plan(budgets=budgets, **kwargs)
+    return plan if shard is None else shard_plan(plan, *shard)
+
+
+def _shard(args: argparse.Namespace) -> Optional[tuple[int, int]]:
+    from vitbench.plan import parse_shard
+
+    return parse_shard(args.shard) if args.shard is not None else None
+
+
+def _empty_shard(plan: list, shard: Optional[tuple[int, int]]) -> bool:  # type: ignore[type-arg]
+    """A job array with more parts than method runs leaves some parts empty: say so (exit 0)."""
+    if plan or shard is None:
+        return False
+    print(f"vitbench: shard {shard[0]}/{shard[1]} holds no runs of this plan (fewer method runs than "
+          f"shards): nothing to do", file=sys.stderr)
+    return True
 
 
 def _is_sweep(args: argparse.Namespace) -> bool:
@@ -215,12 +236,15 @@ def run(args: argparse.Namespace) -> int:
             raise VitbenchError(f"{', '.join(learnable)} must be fine-tuned: pass --data PATH (an "
                                 f"ImageNet-style folder with a train/ split)")
         data = "fashion-mnist"
-    plan = _plan(budgets, task=args.task, model=model_name, methods=methods, data=data,
+    shard = _shard(args)
+    plan = _plan(budgets, shard, task=args.task, model=model_name, methods=methods, data=data,
                  overrides=parse_param_overrides(args.param), metrics=metrics,
                  batch_size=args.batch_size, device=args.device, seeds=_seeds(args),
                  checkpoint=args.checkpoint, pretrained=args.pretrained,
                  train_backbone=args.train_backbone, train_limit=train_limit, precision=args.precision,
                  compile=args.compile)
+    if _empty_shard(plan, shard):
+        return 0
     if args.device == "cuda":
         import torch
 
@@ -250,7 +274,7 @@ def run(args: argparse.Namespace) -> int:
 
         head = fitted_head(model, cls_data, out / "checkpoints", model_name=model_name, limit=train_limit,
                            device=args.device, progress=say.note).record()
-    store = ResultStore(out)
+    store = ResultStore(out, shard=shard)  # --shard I/N: its own file, merged on read
     resume = args.resume or _is_sweep(args)  # a sweep always resumes: re-running skips done runs
     ws = Workspace(model=model, input_size=input_size_of(model), data=cls_data, work_dir=out / "work",
                    eval_limit=args.limit, checkpoint_dir=out / "checkpoints", resume=resume, head=head)
@@ -290,12 +314,15 @@ def run_dense(args: argparse.Namespace) -> int:
         raise VitbenchError(f"--detector-epochs {epochs} is out of range; it must be >= 1")
     if args.limit is not None and args.limit < 1:
         raise VitbenchError(f"--limit {args.limit} is out of range; it must be >= 1")
-    plan = _plan(budgets, task=args.task, model=model_name, methods=methods, data=args.data or SHAPES,
+    shard = _shard(args)
+    plan = _plan(budgets, shard, task=args.task, model=model_name, methods=methods, data=args.data or SHAPES,
                  overrides=parse_param_overrides(args.param), metrics=metrics,
                  batch_size=args.batch_size, device=args.device, seeds=_seeds(args),
                  checkpoint=args.checkpoint, pretrained=args.pretrained,
                  train_limit=args.train_limit, dense_finetune=protocol, control=not args.no_control,
                  precision=args.precision, compile=args.compile)
+    if _empty_shard(plan, shard):
+        return 0
     say = _Progress()
     check_model_name(model_name)  # before the data: the default set takes seconds to generate
     data = resolve_det_data(args.data)
@@ -307,7 +334,7 @@ def run_dense(args: argparse.Namespace) -> int:
     _check_methods_apply(plan, model)
     out = _out_dir(args, model_name)
     out.mkdir(parents=True, exist_ok=True)
-    store = ResultStore(out)
+    store = ResultStore(out, shard=shard)  # --shard I/N: its own file, merged on read
     ws = DenseWorkspace(task=args.task, model=model, model_name=model_name, data=data,
                         width=args.detector_width or ("light" if data.embedded else "full"), epochs=epochs,
                         train_limit=args.train_limit, work_dir=out / "work", eval_limit=args.limit,

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-__all__ = ["CorruptLine", "ResultStore", "latest_records", "to_jsonable", "FINISHED_STATUSES"]
+__all__ = ["CorruptLine", "ResultStore", "latest_records", "shard_file", "to_jsonable", "FINISHED_STATUSES"]
 
 STORE_FILE = "runs.jsonl"
 #: Statuses that ``--resume`` does not run again; ``error`` is retried.
@@ -27,10 +27,11 @@ FINISHED_STATUSES = frozenset({"ok", "skipped"})
 
 
 class CorruptLine(NamedTuple):
-    """A line of ``runs.jsonl`` that is not a complete JSON object (1-based line number)."""
+    """A line of a store file that is not a complete JSON object (1-based line number)."""
 
     lineno: int
     text: str
+    file: str = STORE_FILE
 
 
 def to_jsonable(value: Any) -> Any:
@@ -67,14 +68,44 @@ def latest_records(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]
     return list(by_id.values())
 
 
-class ResultStore:
-    """``DIR/runs.jsonl``. ``path_dir`` may also name the ``.jsonl`` file itself."""
+def shard_file(index: int, count: int) -> str:
+    """The store file shard ``index`` of ``count`` appends to (``--shard I/N``)."""
+    return f"runs-shard-{index}-of-{count}.jsonl"
 
-    def __init__(self, path_dir: str | os.PathLike[str]) -> None:
+
+def _shard_order(path: Path) -> tuple[int, int, str]:
+    """Sort key of the shard files: by shard count, then index (numerically), then name."""
+    parts = path.stem.split("-")  # runs-shard-I-of-N
+    try:
+        return (int(parts[4]), int(parts[2]), path.name)
+    except (IndexError, ValueError):
+        return (0, 0, path.name)
+
+
+class ResultStore:
+    """``DIR/runs.jsonl``. ``path_dir`` may also name the ``.jsonl`` file itself.
+
+    Sharded runs (``--shard I/N``, a job array spreading one plan over machines) append to
+    their own file ``DIR/runs-shard-I-of-N.jsonl`` (``shard=(I, N)``), so that no two processes
+    write one file; reading a directory merges ``runs.jsonl`` and every shard file (in that
+    order, shards by index), and the newest record of a spec wins as always."""
+
+    def __init__(self, path_dir: str | os.PathLike[str], shard: tuple[int, int] | None = None) -> None:
         p = Path(path_dir)
-        self.path = p if p.suffix == ".jsonl" else p / STORE_FILE
+        self.dir_mode = p.suffix != ".jsonl"
+        base = p if not self.dir_mode else p / STORE_FILE
+        #: the file this store appends to
+        self.path = base.parent / shard_file(*shard) if shard is not None and self.dir_mode else base
         #: Lines skipped by the last :meth:`records` call (a run killed mid-write).
         self.corrupt_lines: list[CorruptLine] = []
+
+    def files(self) -> list[Path]:
+        """The files :meth:`records` reads: ``runs.jsonl``, then the shard files of the directory
+        (a store opened on one ``.jsonl`` file reads that file alone)."""
+        if not self.dir_mode:
+            return [self.path]
+        folder = self.path.parent
+        return [folder / STORE_FILE] + sorted(folder.glob("runs-shard-*-of-*.jsonl"), key=_shard_order)
 
     def append(self, record: Mapping[str, Any]) -> None:
         """Append ``record`` as one complete line, durable when this returns."""
@@ -91,24 +122,26 @@ class ResultStore:
             os.fsync(f.fileno())
 
     def records(self) -> list[dict[str, Any]]:
-        """Every complete record in file order; unreadable lines go to :attr:`corrupt_lines`."""
+        """Every complete record, file by file (:meth:`files`) in file order; unreadable lines go
+        to :attr:`corrupt_lines`."""
         self.corrupt_lines = []
-        try:
-            raw = self.path.read_bytes()
-        except FileNotFoundError:
-            return []
         out: list[dict[str, Any]] = []
-        for lineno, line in enumerate(raw.split(b"\n"), start=1):
-            if not line.strip():
-                continue
+        for path in self.files():
             try:
-                rec = json.loads(line.decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError):
-                rec = None
-            if isinstance(rec, dict):
-                out.append(rec)
-            else:
-                self.corrupt_lines.append(CorruptLine(lineno, line.decode("utf-8", "replace")))
+                raw = path.read_bytes()
+            except FileNotFoundError:
+                continue
+            for lineno, line in enumerate(raw.split(b"\n"), start=1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line.decode("utf-8"))
+                except (UnicodeDecodeError, json.JSONDecodeError):
+                    rec = None
+                if isinstance(rec, dict):
+                    out.append(rec)
+                else:
+                    self.corrupt_lines.append(CorruptLine(lineno, line.decode("utf-8", "replace"), path.name))
         return out
 
     def latest(self) -> dict[str, dict[str, Any]]:
