@@ -50,3 +50,20 @@ def test_autocast_outside_is_untouched():
     with autocast("bf16", "cpu"):
         assert torch.is_autocast_enabled("cpu")
     assert not torch.is_autocast_enabled("cpu")
+
+
+def test_autocast_method_patches_for_the_context_only():
+    """What evaluation uses inside mmengine's TestLoop: the method runs under autocast (even
+    inside an ``autocast(enabled=False)``), ``to_float`` hands fp32 tensors on, and the instance
+    is restored afterwards."""
+    from vitbench.measure.precision import autocast_method
+
+    spy = _DtypeSpy()
+    x = torch.randn(2, 3, 8, 8)
+    with autocast_method(spy, "forward", "bf16", "cpu", to_float=True):
+        with torch.autocast("cpu", enabled=False):  # what mmengine's TestLoop opens per iteration
+            out = spy.forward(x)
+    assert spy.seen == [torch.bfloat16] and out.dtype == torch.float32
+    assert "forward" not in vars(spy)
+    with autocast_method(spy, "forward", "fp32", "cpu"):
+        assert "forward" not in vars(spy)  # fp32: nothing patched

@@ -146,3 +146,22 @@ def test_fewer_classes_than_model_outputs_are_refused_too(make_model, image_fold
     data = resolve_cls_data(str(image_folder), make_model(num_classes=6))
     with pytest.raises(DataError, match="the model predicts 10 classes but the data .* has 6; pass --num-classes 6"):
         evaluate_cls(make_model(num_classes=10), data)
+
+
+def test_bf16_evaluation_runs_the_model_in_bf16(model, image_folder: Path) -> None:
+    """--precision bf16 reaches the model inside mmengine's TestLoop (which resets an autocast
+    opened around runner.test()), and the metrics still get fp32 logits."""
+    data = resolve_cls_data(str(image_folder), model)
+    seen: list[torch.dtype] = []
+    linear = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
+    hook = linear.register_forward_hook(lambda mod, args, out: seen.append(out.dtype))
+    try:
+        half = evaluate_cls(model, data, batch_size=4, precision="bf16")
+        assert seen and set(seen) == {torch.bfloat16}
+        seen.clear()
+        full = evaluate_cls(model, data, batch_size=4)
+        assert set(seen) == {torch.float32}
+    finally:
+        hook.remove()
+    assert half["num_images"] == full["num_images"] and 0 <= half["top1_pct"] <= 100
+    assert not hasattr(model, "test_step") or "test_step" not in vars(model)  # nothing left patched

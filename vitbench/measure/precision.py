@@ -19,13 +19,15 @@ GMACs are counted in fp32 whatever the precision: a multiply-add is one in any d
 from __future__ import annotations
 
 import contextlib
-from typing import ContextManager
+from collections.abc import Iterator
+from typing import Any, ContextManager
 
 import torch
 
 from vitbench.errors import choices_error
 
-__all__ = ["DEFAULT_PRECISION", "PRECISIONS", "autocast", "check_precision", "dtype_of", "trains_in"]
+__all__ = ["DEFAULT_PRECISION", "PRECISIONS", "autocast", "autocast_method", "check_precision", "dtype_of",
+           "trains_in"]
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 DEFAULT_PRECISION = "fp32"
@@ -56,3 +58,40 @@ def trains_in(precision: str) -> str:
     """The precision fine-tuning runs in for a run measured in ``precision`` (see the module
     docstring: ``fp16`` runs fine-tune in fp32)."""
     return "bf16" if check_precision(precision) == "bf16" else "fp32"
+
+
+@contextlib.contextmanager
+def autocast_method(obj: Any, name: str, precision: str, device: str | torch.device,
+                    to_float: bool = False) -> Iterator[None]:
+    """Run ``obj.<name>`` under :func:`autocast` while the context is open (an instance
+    attribute shadowing the method, removed afterwards); ``to_float`` casts the floating-point
+    tensors it returns (a tensor, or a tuple/list of them) back to fp32.
+
+    Why not an autocast around ``runner.test()``: mmengine's ``TestLoop`` wraps every iteration
+    in its own ``autocast(enabled=fp16)``, which *disables* an outer autocast; a context opened
+    inside the model's step comes after it and wins. Evaluation patches ``test_step`` (cls) or a
+    detector's ``extract_feat`` with ``to_float`` (det/seg: backbone and neck in half precision,
+    heads and post-processing in fp32 -- mmcv's NMS has no bf16/fp16 CPU kernel)."""
+    if check_precision(precision) == "fp32":
+        yield
+        return
+    method = getattr(obj, name)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with autocast(precision, device):
+            out = method(*args, **kwargs)
+        return _float(out) if to_float else out
+
+    setattr(obj, name, call)
+    try:
+        yield
+    finally:
+        delattr(obj, name)
+
+
+def _float(out: Any) -> Any:
+    if isinstance(out, torch.Tensor):
+        return out.float() if out.is_floating_point() else out
+    if isinstance(out, (tuple, list)):
+        return type(out)(_float(o) for o in out)
+    return out

@@ -67,7 +67,7 @@ def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, devi
     data's classes :class:`~vitbench.errors.DataError`. ``precision``: the forward's autocast
     (:mod:`vitbench.measure.precision`).
     """
-    from vitbench.measure.precision import autocast
+    from vitbench.measure.precision import autocast_method
     from mmengine.runner import Runner
 
     from vitbench.mm.classifier import build_classifier
@@ -100,7 +100,7 @@ def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, devi
         guard = model.register_forward_hook(_FiniteLogits())
         try:
             runner.model.to(target)  # the Runner puts the model on its own choice (cuda if any)
-            with autocast(precision, target):
+            with autocast_method(runner.model, "test_step", precision, target):  # the loop resets an outer one
                 metrics = runner.test()
             num_images = len(runner.test_dataloader.dataset)
         finally:

@@ -70,7 +70,7 @@ def evaluate_detector(detector: nn.Module, data: DetData, *, masks: bool, batch_
     (:mod:`vitbench.measure.precision`)."""
     from mmengine.runner import Runner
 
-    from vitbench.measure.precision import autocast
+    from vitbench.measure.precision import autocast_method
 
     from vitbench.mm.runner import release, runner_kwargs, work_dir_or_temp
 
@@ -84,7 +84,8 @@ def evaluate_detector(detector: nn.Module, data: DetData, *, masks: bool, batch_
         ))
         try:
             runner.model.to(torch.device(device))
-            with quiet_stdout(), autocast(precision, device):
+            # backbone and neck in ``precision``; heads and NMS in fp32 (mmcv's NMS has no half kernel)
+            with quiet_stdout(), autocast_method(runner.model, "extract_feat", precision, device, to_float=True):
                 metrics = runner.test()
             num_images = len(runner.test_dataloader.dataset)
         finally:
