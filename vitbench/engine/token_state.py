@@ -125,6 +125,31 @@ class TokenState:
             self.size = _gather(self.size, index)
         return _gather(x, index)
 
+    def cluster(self, x: torch.Tensor, assign: torch.Tensor, clusters: int) -> torch.Tensor:
+        """Merge the patch tokens into ``clusters`` tokens by ``assign [B, N - prefix]`` (each
+        patch's cluster, ``0 .. clusters-1``): the size-weighted average of each cluster, sizes
+        and sources added (clustering merges: DPC-KNN, K-Medoids). The prefix tokens stay
+        first, untouched; cluster ``k`` becomes token ``prefix + k``. Every cluster must hold
+        at least one patch (an empty one would stand for no patch: an error)."""
+        p = self.prefix
+        if assign.shape != (x.shape[0], x.shape[1] - p):
+            raise ValueError(f"TokenState.cluster: assign must be [B, N - prefix] = "
+                             f"{[x.shape[0], x.shape[1] - p]}, got {list(assign.shape)}")
+        size = self.sizes(x)
+
+        def pool(t: torch.Tensor) -> torch.Tensor:
+            out = t.new_zeros(t.shape[0], clusters, t.shape[-1])
+            return out.scatter_add(1, assign[..., None].expand(-1, -1, t.shape[-1]), t[:, p:])
+
+        size_new = pool(size)
+        if bool((size_new <= 0).any()):
+            raise ValueError("TokenState.cluster: a cluster holds no patch token (every cluster needs one)")
+        x_new = pool(x * size) / size_new
+        if self.source is not None:
+            self.source = torch.cat([self.source[:, :p], pool(self.source)], dim=1)
+        self.size = torch.cat([size[:, :p], size_new], dim=1)
+        return torch.cat([x[:, :p], x_new], dim=1)
+
     def append(self, x: torch.Tensor, token: torch.Tensor, size: torch.Tensor,
                source: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Append one token ``[B, 1, C]`` standing for ``size [B, 1, 1]`` patches (EViT's fusion).
