@@ -30,8 +30,8 @@ from vitbench.testing import check_method
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "vitbench-example-plugin"
 BUILTIN_PLUGINS = {"vit_family", "mobilevit_family", "efficientvit_family", "tome", "ppt", "topk", "scorers", "ltmp",
-                   "ltm", "dcs", "dpc_knn"}
-BUILTIN_METHODS = {"tome", "ppt", "entropy", "average", "topk", "ltmp", "ltm", "dcs", "dpc-knn"}
+                   "ltm", "dcs", "dpc_knn", "kmedoids"}
+BUILTIN_METHODS = {"tome", "ppt", "entropy", "average", "topk", "ltmp", "ltm", "dcs", "dpc-knn", "kmedoids"}
 BUILTIN_SCORERS = {"cls-attn", "entropy", "average"}
 
 # A plugin module that registers one method; {name} and {aliases} are filled in per plugin.

@@ -35,6 +35,7 @@ def _one_thread():
     ("topk", {}, [65] * 3 + [46] * 3 + [33] * 3 + [24] * 3),
     ("topk", {"fuse": True}, [65] * 3 + [47] * 3 + [35] * 3 + [26] * 3),
     ("dpc-knn", {}, [65] * 3 + [33] * 3 + [17] * 3 + [9] * 3),  # keep 0.5 at blocks 3, 6, 9
+    ("kmedoids", {}, [65] * 3 + [33] * 3 + [17] * 3 + [9] * 3),
 ])
 def test_every_builtin_conforms(vitbench_check_method, method, params, counts) -> None:
     report = vitbench_check_method(method, params)

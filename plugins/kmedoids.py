@@ -1,0 +1,113 @@
+"""K-Medoids token clustering merge, training-free (the clustering reduction evaluated beside
+DPC-KNN by Haurum et al., "Which Tokens to Use? Investigating Token Reduction in Vision
+Transformers", ICCV Workshops 2023; the algorithm: Voronoi iteration, Park & Jun 2009).
+
+At each listed block (after the attention residual, docs/methods.md §0) the ``N_p`` patch tokens
+become ``M = ceil(keep * N_p)`` tokens:
+
+1. distances ``d_ij = ||x_i - x_j|| / sqrt(C)`` between the patch tokens of one image;
+2. start from ``M`` medoids spread evenly over the tokens in their current order (raster order
+   in the first listed block: spatially spread), ``floor(linspace(0, N_p - 1, M) + 0.5)``;
+3. ``iters`` times: every token joins its nearest medoid; each cluster's new medoid is the
+   member with the smallest sum of distances to the other members;
+4. every token joins its nearest final medoid (each medoid its own cluster), and each cluster
+   becomes the size-weighted mean of its members (:meth:`~vitbench.engine.TokenState.cluster`,
+   as :mod:`vitbench_plugins.dpc_knn`; keeping the medoid token itself would drop the others).
+
+Deterministic (no random initialisation: the even spread is our choice, written down here).
+``keep = 1`` changes nothing. Cost: the ``N_p x N_p`` distances per listed block.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from vitbench.catalog import BudgetKnob, MethodSpec, ModelInfo, Reduction
+from vitbench.engine import AttnInfo, TokenState
+from vitbench.errors import ParamError
+from vitbench.hookspecs import hookimpl
+from vitbench_plugins.ppt import check_layers
+
+
+@dataclass(frozen=True)
+class KMedoidsParams:
+    """``keep``: clusters per listed block as a fraction of its patch tokens; ``layers``: the
+    blocks that cluster; ``iters``: Voronoi iterations."""
+
+    keep: float = 0.5
+    layers: tuple[int, ...] = (3, 6, 9)
+    iters: int = 3
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.keep <= 1.0:
+            raise ParamError(f"kmedoids.keep={self.keep} is out of range; it must be in (0, 1]")
+        if self.iters < 0:
+            raise ParamError(f"kmedoids.iters={self.iters} is out of range; it must be an integer >= 0")
+        if any(layer < 0 for layer in self.layers):
+            raise ParamError(f"kmedoids.layers={list(self.layers)}: block indices are >= 0")
+
+
+def _nearest(dist: torch.Tensor, medoids: torch.Tensor) -> torch.Tensor:
+    """Each token's nearest medoid (``[B, N]``, cluster indices), each medoid in its own cluster."""
+    b, n, _ = dist.shape
+    assign = dist.gather(2, medoids[:, None, :].expand(-1, n, -1)).argmin(dim=-1)
+    return assign.scatter(1, medoids, torch.arange(medoids.shape[1], device=dist.device).expand(b, -1))
+
+
+def kmedoids(x: torch.Tensor, clusters: int, iters: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """K-Medoids of ``x [B, N, C]`` into ``clusters``: ``(assign [B, N], medoids [B, clusters])``."""
+    b, n, c = x.shape
+    dist = torch.cdist(x.float(), x.float()) / math.sqrt(c)
+    start = torch.floor(torch.linspace(0, n - 1, clusters, device=x.device, dtype=torch.float64) + 0.5).long()
+    medoids = start.expand(b, -1).clone()
+    for _ in range(iters):
+        assign = _nearest(dist, medoids)
+        member = torch.nn.functional.one_hot(assign, clusters).bool()  # [B, N, M]
+        same = assign[:, :, None] == assign[:, None, :]  # [B, N, N]
+        cost = (dist * same).sum(-1)  # each token's summed distance to its cluster's members
+        cost = torch.where(member, cost[..., None], torch.full_like(cost[..., None], float("inf")))
+        medoids = cost.argmin(dim=1)  # [B, M]: the member of least cost (clusters are never empty)
+    return _nearest(dist, medoids), medoids
+
+
+class KMedoidsReducer:
+    """One listed block's K-Medoids merge (see the module docstring)."""
+
+    needs: frozenset[str] = frozenset()
+
+    def __init__(self, keep: float, iters: int) -> None:
+        self.keep_ratio = keep
+        self.iters = iters
+
+    def __call__(self, x: torch.Tensor, state: TokenState, info: AttnInfo) -> torch.Tensor:
+        prefix = state.prefix
+        patches = x.shape[1] - prefix
+        clusters = max(1, math.ceil(self.keep_ratio * patches))
+        if clusters >= patches:
+            return x
+        with torch.no_grad():  # the clustering is a choice; gradients flow through the merge
+            assign, _ = kmedoids(x[:, prefix:].detach(), clusters, self.iters)
+        return state.cluster(x, assign, clusters)
+
+
+def build(params: KMedoidsParams, info: ModelInfo) -> Reduction:
+    check_layers("kmedoids", params.layers, info.depth)
+    reducers = [KMedoidsReducer(params.keep, params.iters) if i in params.layers else None
+                for i in range(info.depth)]
+    return Reduction(reducers, prop_attn=True)
+
+
+@hookimpl
+def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
+    register(MethodSpec(
+        name="kmedoids",
+        kind="merging",
+        params=KMedoidsParams,
+        build=build,
+        families=("vit",),
+        budget=BudgetKnob("keep", larger_means="more", low=0.001, high=1.0),
+        description="K-Medoids: clustering merge of the patch tokens at listed blocks (Voronoi iteration, "
+                    "size-weighted cluster means; training-free)",
+    ))
