@@ -23,15 +23,14 @@ Cost: the ``N_p x N_p`` distances (``N_p^2 C`` MACs per listed block) on top of 
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
 from vitbench.catalog import BudgetKnob, MethodSpec, ModelInfo, Reduction
-from vitbench.engine import AttnInfo, TokenState
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
+from vitbench_plugins.clustering import ClusterMergeReducer, token_distances
 from vitbench_plugins.ppt import check_layers
 
 
@@ -56,8 +55,8 @@ class DPCKNNParams:
 def dpc_knn(x: torch.Tensor, clusters: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Density-peaks clustering of ``x [B, N, C]`` into ``clusters``: ``(assign [B, N], centres
     [B, clusters])`` -- each token's cluster and each cluster's centre token, by score."""
-    b, n, c = x.shape
-    dist = torch.cdist(x.float(), x.float()) / math.sqrt(c)  # [B, N, N]
+    b, n, _ = x.shape
+    dist = token_distances(x)  # [B, N, N]
     kk = min(k, n - 1)
     if kk > 0:  # the k nearest *other* tokens: the smallest k+1 distances include the token itself
         near = dist.topk(kk + 1, dim=-1, largest=False).values[..., 1:]
@@ -79,29 +78,12 @@ def dpc_knn(x: torch.Tensor, clusters: int, k: int) -> tuple[torch.Tensor, torch
     return assign, centres
 
 
-class DPCKNNReducer:
-    """One listed block's clustering merge (see the module docstring)."""
-
-    needs: frozenset[str] = frozenset()
-
-    def __init__(self, keep: float, k: int) -> None:
-        self.keep_ratio = keep
-        self.k = k
-
-    def __call__(self, x: torch.Tensor, state: TokenState, info: AttnInfo) -> torch.Tensor:
-        prefix = state.prefix
-        patches = x.shape[1] - prefix
-        clusters = max(1, math.ceil(self.keep_ratio * patches))
-        if clusters >= patches:
-            return x
-        with torch.no_grad():  # the clustering is a choice; gradients flow through the merge
-            assign, _ = dpc_knn(x[:, prefix:].detach(), clusters, self.k)
-        return state.cluster(x, assign, clusters)
-
-
 def build(params: DPCKNNParams, info: ModelInfo) -> Reduction:
     check_layers("dpc-knn", params.layers, info.depth)
-    reducers = [DPCKNNReducer(params.keep, params.k) if i in params.layers else None for i in range(info.depth)]
+    def cluster(x: torch.Tensor, clusters: int) -> torch.Tensor:
+        return dpc_knn(x, clusters, params.k)[0]
+
+    reducers = [ClusterMergeReducer(params.keep, cluster) if i in params.layers else None for i in range(info.depth)]
     return Reduction(reducers, prop_attn=True)
 
 

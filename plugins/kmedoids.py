@@ -19,15 +19,14 @@ Deterministic (no random initialisation: the even spread is our choice, written 
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
 from vitbench.catalog import BudgetKnob, MethodSpec, ModelInfo, Reduction
-from vitbench.engine import AttnInfo, TokenState
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
+from vitbench_plugins.clustering import ClusterMergeReducer, token_distances
 from vitbench_plugins.ppt import check_layers
 
 
@@ -58,8 +57,8 @@ def _nearest(dist: torch.Tensor, medoids: torch.Tensor) -> torch.Tensor:
 
 def kmedoids(x: torch.Tensor, clusters: int, iters: int) -> tuple[torch.Tensor, torch.Tensor]:
     """K-Medoids of ``x [B, N, C]`` into ``clusters``: ``(assign [B, N], medoids [B, clusters])``."""
-    b, n, c = x.shape
-    dist = torch.cdist(x.float(), x.float()) / math.sqrt(c)
+    b, n, _ = x.shape
+    dist = token_distances(x)
     start = torch.floor(torch.linspace(0, n - 1, clusters, device=x.device, dtype=torch.float64) + 0.5).long()
     medoids = start.expand(b, -1).clone()
     for _ in range(iters):
@@ -72,30 +71,12 @@ def kmedoids(x: torch.Tensor, clusters: int, iters: int) -> tuple[torch.Tensor, 
     return _nearest(dist, medoids), medoids
 
 
-class KMedoidsReducer:
-    """One listed block's K-Medoids merge (see the module docstring)."""
-
-    needs: frozenset[str] = frozenset()
-
-    def __init__(self, keep: float, iters: int) -> None:
-        self.keep_ratio = keep
-        self.iters = iters
-
-    def __call__(self, x: torch.Tensor, state: TokenState, info: AttnInfo) -> torch.Tensor:
-        prefix = state.prefix
-        patches = x.shape[1] - prefix
-        clusters = max(1, math.ceil(self.keep_ratio * patches))
-        if clusters >= patches:
-            return x
-        with torch.no_grad():  # the clustering is a choice; gradients flow through the merge
-            assign, _ = kmedoids(x[:, prefix:].detach(), clusters, self.iters)
-        return state.cluster(x, assign, clusters)
-
-
 def build(params: KMedoidsParams, info: ModelInfo) -> Reduction:
     check_layers("kmedoids", params.layers, info.depth)
-    reducers = [KMedoidsReducer(params.keep, params.iters) if i in params.layers else None
-                for i in range(info.depth)]
+    def cluster(x: torch.Tensor, clusters: int) -> torch.Tensor:
+        return kmedoids(x, clusters, params.iters)[0]
+
+    reducers = [ClusterMergeReducer(params.keep, cluster) if i in params.layers else None for i in range(info.depth)]
     return Reduction(reducers, prop_attn=True)
 
 
