@@ -69,9 +69,7 @@ def _training_line(rec: Mapping[str, Any]) -> str:
     parts = [f"{s.get('name')}: {s.get('epochs')} epoch(s), {s.get('iters')} iterations" for s in stages]
     frozen = "backbone trained" if "backbone trained" in str(rec.get("label")) else "backbone frozen"
     if rec.get("dense_finetune"):  # det/seg: the dense fine-tuning protocol says what trained
-        frozen = _dense_protocol(rec["dense_finetune"])
-        if rec.get("method") == CONTROL:  # no method: only the detector weights trained
-            frozen = frozen.replace("method parameters + ", "")
+        frozen = _dense_protocol(rec["dense_finetune"], with_method=rec.get("method") != CONTROL)
     per_seed = f" per seed (time: mean over {rec['n_seeds']} seeds)" if int(rec.get("n_seeds") or 1) > 1 else ""
     return (f"{'; '.join(parts)} on {rec.get('train_images')} training images in "
             f"{float(rec.get('train_s') or 0):.0f} s{per_seed}, {int(rec.get('trainable_params') or 0):,} "
@@ -120,7 +118,7 @@ def _environment(records: list[Mapping[str, Any]]) -> list[str]:
     lines = [f"- Versions: {', '.join(versions)}"]
     for label, key in (("Device", "device"), ("Threads", "threads"), ("Precision", "precision"), ("Compiled", "compiled"),
                        ("Git revision", "git_rev")):
-        if key == "compiled" and not any(e.get(key) for e in envs):  # stores from before --compile
+        if not any(key in e for e in envs):  # a fact older stores did not record (--compile)
             continue
         lines.append(f"- {label}: {_joined(_distinct(e.get(key) for e in envs))}")
     lines.append(f"- Plugins: {_joined(_distinct(_plugins(e) for e in envs))}")
@@ -198,11 +196,11 @@ def _detector_lines(rows: list[Mapping[str, Any]]) -> list[str]:
     return [" ".join(out), ""]
 
 
-def _dense_protocol(settings: Any) -> str:
+def _dense_protocol(settings: Any, with_method: bool = True) -> str:
     """det/seg: the recorded dense fine-tuning protocol in words."""
     from vitbench.tasks.det.protocol import describe
 
-    return describe(settings)
+    return describe(settings, with_method)
 
 
 def _matched_lines(labels: list[str], rows: list[Mapping[str, Any]]) -> list[str]:
@@ -255,7 +253,7 @@ def group_section(records: list[Mapping[str, Any]], task: str, model: str,
         if base is None:
             lines += ["No successful baseline in this group: deltas and speed-ups are n/a.", ""]
         lines += _matched_lines(row_labels(rows), rows)
-        control = pick_control(rows) if task != "cls" else None
+        control = pick_control(rows)  # det/seg only: no cls run has one
         lines += timing_notes(row_labels(rows), [row_doubts(r, base, control) for r in rows])
         if any(int(r.get("n_seeds") or 1) > 1 for r in rows):
             lines += [SEEDS_NOTE, ""]

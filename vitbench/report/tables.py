@@ -170,7 +170,7 @@ def comparison_table(records: Iterable[Record], task: str, model: str) -> pd.Dat
     one_bs = len(batches) == 1
     tp_col = f"Throughput (img/s, bs={next(iter(batches))})" if one_bs else "Throughput (img/s)"
 
-    control = None if is_cls else pick_control(rows)
+    control = pick_control(rows)  # det/seg only: no cls run has one
     b_gmacs, b_tp = metric(base, "gmacs"), metric(base, "throughput_img_s")
     several_seeds = any(int(r.get("n_seeds") or 1) > 1 for r in rows)
     table: list[dict[str, str]] = []

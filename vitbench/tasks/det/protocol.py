@@ -129,14 +129,18 @@ def stage_for(stage: Any, settings: DenseFinetune, last: bool) -> Any:
                                lr_groups=((DETECTOR_PREFIX, settings.detector_lr), *stage.lr_groups))
 
 
-def describe(settings: Optional[dict[str, Any]]) -> str:
-    """The report's words for a recorded ``dense_finetune``."""
+def describe(settings: Optional[dict[str, Any]], with_method: bool = True) -> str:
+    """The report's words for a recorded ``dense_finetune`` (``with_method=False``: the control's,
+    which trains the detector weights alone)."""
     if not settings:
         return "method parameters only (detector frozen)"
     protocol = settings.get("protocol")
-    what = {"all": "method parameters + every detector weight (backbone, neck, heads)",
-            "heads": "method parameters + neck and heads (backbone frozen)",
-            "method": "method parameters only (detector frozen)"}.get(str(protocol), str(protocol))
+    what = {"all": "every detector weight (backbone, neck, heads)",
+            "heads": "neck and heads (backbone frozen)"}.get(str(protocol), str(protocol))
+    if protocol == "method":
+        what = "method parameters only (detector frozen)"
+    elif with_method:
+        what = f"method parameters + {what}"
     out = f"`{protocol}`: {what}; BatchNorm statistics {settings.get('bn_stats', 'n/a')}"
     if protocol != "method" and settings.get("detector_lr") is not None:
         out += (f"; detector weights at lr {settings['detector_lr']:g}, the method's last stage "

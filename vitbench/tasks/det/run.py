@@ -210,13 +210,13 @@ def run_dense_spec(spec: Any, ws: DenseWorkspace, baseline: Optional[dict], prog
     settings = dense_finetune_for(ws.task, spec.dense_finetune or DEFAULT_PROTOCOL)
     work_dir = ws.work_dir / spec.spec_id / "train" if ws.work_dir else None
     precision = spec.precision_name
+    train_precision = trains_in(precision)
     training = dict(masks=ws.masks, settings=settings, limit=spec.train_limit, device=spec.device, seed=spec.seed,
-                    verbose=ws.verbose_training, progress=progress, work_dir=work_dir,
-                    precision=trains_in(precision))
+                    verbose=ws.verbose_training, progress=progress, work_dir=work_dir, precision=train_precision)
     if spec.method == CONTROL:  # the baseline detector, fine-tuned as the methods' detectors are
-        out.update(finetune_control(detector, ws.data, **training), train_precision=trains_in(precision))
+        out.update(finetune_control(detector, ws.data, **training), train_precision=train_precision)
     elif ctx is not None and ctx.reduction is not None and ctx.reduction.train:
-        out.update(finetune_method(detector, backbone, ws.data, **training), train_precision=trains_in(precision))
+        out.update(finetune_method(detector, backbone, ws.data, **training), train_precision=train_precision)
     detector.eval()
     forward = DetectorForward(detector)
     if "gmacs" in spec.metrics:
