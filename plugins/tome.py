@@ -86,7 +86,7 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
         kind="merging",
         params=ToMeParams,
         build=build,
-        families=("vit", "mobilevit"),
+        families=("vit", "mobilevit", "swin"),
         # r tokens merged per block: more r, fewer GMACs; a per-block list lands between integers
         budget=BudgetKnob("r", larger_means="less", low=0, high=patch_count, integer=True, per_block=True),
         description="ToMe: bipartite soft matching, r tokens merged per block (training-free)",

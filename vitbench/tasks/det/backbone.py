@@ -1,8 +1,8 @@
 """The backbone wrapper of the ``det``/``seg`` detectors: multi-scale maps from a (reduced) timm
 model (docs/architecture.md, "Tasks"; issue 4).
 
-- **Hybrids** (MobileViT, EfficientViT, any timm model with ``feature_info``): the maps come
-  from the model's own stages. The wrapper runs ``model.forward_features`` -- the very forward
+- **Hybrids and Swin** (MobileViT, EfficientViT, Swin, any timm model with ``feature_info``):
+  the maps come from the model's own stages (Swin's, channels-last, are permuted to ``[B, C, H, W]``). The wrapper runs ``model.forward_features`` -- the very forward
   a method patched, so every reducer and its hooks run as in classification -- and takes the
   output of the last module at each requested stride from forward hooks. A method that shrinks
   the maps (LTM merging to an ``H' x W'`` grid, docs/methods.md §5) gives smaller maps; the detector's
@@ -48,7 +48,7 @@ def _stage_modules(model: nn.Module, strides: Sequence[int]) -> list[tuple[str, 
     info = getattr(model, "feature_info", None)
     if not info:
         raise UnsupportedError(f"{type(model).__name__} has no feature_info: the det/seg backbone wrapper "
-                               f"supports timm models with stages (MobileViT, EfficientViT) and plain ViT/DeiT")
+                               f"supports timm models with stages (MobileViT, EfficientViT, Swin) and plain ViT/DeiT")
     by_stride: dict[int, tuple[str, int]] = {}
     for entry in info:
         by_stride[int(entry["reduction"])] = (str(entry["module"]), int(entry["num_chs"]))
@@ -120,6 +120,7 @@ class FeatureMaps(nn.Module):
         self.strides = tuple(int(s) for s in strides)
         self.pyramid: Optional[SimplePyramid] = None
         self._maps: dict[str, torch.Tensor] = {}
+        self._channels_last = getattr(model, "output_fmt", "NCHW") == "NHWC"
         if is_plain_vit(model):
             self.pyramid = SimplePyramid(int(model.embed_dim), self.strides)
             context = reduction_context(model)
@@ -147,6 +148,8 @@ class FeatureMaps(nn.Module):
         out = []
         for name, stride in zip(self._names, self.strides):
             fmap = self._maps[name]
+            if self._channels_last:  # Swin's stages give [B, H, W, C]
+                fmap = fmap.permute(0, 3, 1, 2)
             size = (math.ceil(h / stride), math.ceil(w / stride))
             if tuple(fmap.shape[-2:]) != size:  # a method merged to a smaller grid (LTM)
                 fmap = F.interpolate(fmap, size=size, mode="bilinear", align_corners=False)

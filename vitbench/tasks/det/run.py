@@ -275,7 +275,7 @@ def check_model_name(name: str) -> None:
 def load_backbone(name: str, num_classes: int, input_size: int, *, pretrained: bool = False,
                   checkpoint: Optional[str] = None, seed: int = 0) -> nn.Module:
     """The timm backbone of a dense task: ``name`` at ``input_size`` (plain ViTs are built for
-    it; hybrids take any size), weights from ``--pretrained``/``--checkpoint`` (an ImageNet
+    it, and so is Swin; hybrids take any size), weights from ``--pretrained``/``--checkpoint`` (an ImageNet
     classifier's state dict), and a classifier head resized to the data's classes -- unused by
     the detector, but what methods with class statistics (LTM, DCS's IB bound) count classes by.
     Random weights are drawn from ``seed``.
@@ -287,7 +287,7 @@ def load_backbone(name: str, num_classes: int, input_size: int, *, pretrained: b
 
     check_model_name(name)
     kwargs: dict[str, Any] = {}
-    if name.startswith(("vit_", "deit")):
+    if name.startswith(("vit_", "deit", "swin")):  # built for the size (Swin: its window masks)
         kwargs["img_size"] = input_size
     with torch.random.fork_rng():  # a seeded random init: the same command trains the same detector
         torch.manual_seed(seed)

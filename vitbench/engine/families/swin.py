@@ -1,0 +1,248 @@
+"""The Swin family adapter (timm ``SwinTransformer``: ``swin_tiny/small/base/large_patch4_window7/12_*``).
+
+A Swin block attends within windows of ``ws x ws`` tokens of its ``H x W`` map (shifted by
+``ws/2`` in every second block), and the stages halve the map by patch merging, so every block
+needs the whole token grid back. vitbench therefore reduces tokens **for the MLP only, one
+window at a time, and unmerges after it** — the scheme of ToMe for Stable Diffusion (Bolya &
+Hoffman, "Token Merging for Fast Stable Diffusion", CVPRW 2023, §3: merge before a block's
+component, unmerge after it), applied at the spec's hook point (docs/methods.md §0, after the
+attention residual, before the MLP). A patched block computes
+
+1. ``x = x + drop_path(W-MSA(norm1(x)))``: timm's (shifted) window attention, re-run on its own
+   modules (:func:`window_attention`) so that it can also hand over the head-averaged keys
+   (``AttnInfo.keys``); the attention sees every token, exactly as in timm;
+2. the residual stream is cut into non-overlapping *tiles* (:func:`tile_of`: the ``ws x ws``
+   window wherever it divides the map — every stage of a 224-px Swin — else per side the
+   divisor of the map nearest the window, so the tiles cover the map with no padding), the keys
+   likewise, and the method's reducer runs on every tile as on a short token sequence with no
+   prefix token (a fresh :class:`~vitbench.engine.TokenState` with source tracing per block);
+3. ``y = mlp(norm2(reduced))`` on the reduced tiles, unmerged back to every token
+   (:func:`~vitbench.engine.unmerge.unmerge`: a merged token's MLP output goes to every token it
+   covers), tiles put back on the map: ``x = x + drop_path(y)``.
+
+So the residual stream keeps every token (its value is never averaged away); what merging saves
+is the MLP on the merged tokens — two thirds of a Swin block's MACs at 224 px. Merging within
+tiles keeps the matching local and cheap (``O(t^2)`` per tile of ``t`` tokens, not
+``O((HW)^2)``), and the per-tile sources are ``[B*nT, 49, 49]``, not ``[B, HW, HW]``. A
+method's budget is therefore per tile: ToMe's ``r`` counts tokens merged in each tile of each
+block (capped at half the tile: 24 of 49). Proportional attention does not apply (attention
+always sees every token). Tiles are not shifted: the shift only matters to let information
+cross window borders in attention, which the reduction leaves alone.
+
+Blocks without a reducer run timm's forward untouched, so a method switched off (``r=0``) is
+the unpatched model exactly.
+
+Only timm's ``SwinTransformerBlock`` (Swin V1) is supported; Swin V2 (post-norm, cosine
+attention) gets a clear error.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vitbench.catalog import BlockInfo, FamilySpec, ModelInfo, Reduction
+from vitbench.engine.attention import AttnInfo
+from vitbench.engine.block import ReductionContext, _add_wrapper_level, _drop_wrapper_level
+from vitbench.engine.families.checks import describe_for_patch
+from vitbench.engine.families.vit import _RememberInputs
+from vitbench.engine.token_state import TokenState
+from vitbench.engine.unmerge import unmerge
+from vitbench.errors import UnsupportedError
+
+FAMILY = "swin"
+SUPPORTED = "timm SwinTransformer (Swin V1: swin_tiny/small/base/large_patch4_window7/12_*)"
+#: what a Swin block's window attention can hand a reducer (no class token: no ``cls_attn``)
+SWIN_NEEDS = frozenset({"keys"})
+
+Grid = tuple[int, int]
+
+
+def matches(model: nn.Module) -> bool:
+    """timm's ``SwinTransformer`` (V1) and ``SwinTransformerV2`` (so that V2 gets a clear
+    "unsupported" from :func:`describe`, not "no adapter")."""
+    from timm.models.swin_transformer import SwinTransformer
+    from timm.models.swin_transformer_v2 import SwinTransformerV2
+
+    return isinstance(model, (SwinTransformer, SwinTransformerV2))
+
+
+def _blocks(model: nn.Module) -> list[nn.Module]:
+    """Every Swin block in forward order (unwrapped)."""
+    return [blk.block if isinstance(blk, SwinReducingBlock) else blk
+            for stage in model.layers for blk in stage.blocks]
+
+
+def describe(model: nn.Module) -> ModelInfo:
+    """One :class:`BlockInfo` per Swin block: its width, heads and MLP tile (the token sequence a
+    method sees: ``grid`` = :func:`tile_of` its map and window, ``num_patches`` its area; one
+    sequence per block) at the size the model was built for."""
+    from timm.models.swin_transformer import SwinTransformerBlock
+
+    name = type(model).__name__
+    blocks: list[BlockInfo] = []
+    for i, blk in enumerate(_blocks(model)):
+        if type(blk) is not SwinTransformerBlock:
+            raise UnsupportedError(f"block {i} of {name} is a {type(blk).__name__}; the swin family adapter "
+                                   f"supports {SUPPORTED}")
+        tile = tile_of(tuple(int(s) for s in blk.input_resolution),  # type: ignore[arg-type]
+                       tuple(int(s) for s in blk.window_size))  # type: ignore[arg-type]
+        blocks.append(BlockInfo(dim=blk.dim, num_heads=blk.attn.num_heads, num_patches=tile[0] * tile[1],
+                                grid=tile, sequence=i, first=True))
+    if not blocks:
+        raise UnsupportedError(f"{name} has no Swin blocks; supported: {SUPPORTED}")
+    first = blocks[0]
+    size = tuple(int(s) for s in model.patch_embed.img_size)
+    return ModelInfo(family=FAMILY, depth=len(blocks), embed_dim=first.dim, num_heads=first.num_heads,
+                     num_prefix_tokens=0, num_patches=first.num_patches, grid=first.grid,
+                     global_pool="avg", blocks=tuple(blocks), input_size=size)  # type: ignore[arg-type]
+
+
+# -- windows, exactly as timm's SwinTransformerBlock._attn ------------------------------------------
+def to_windows(x: torch.Tensor, window: Grid, shift: Grid) -> tuple[torch.Tensor, Grid]:
+    """``[B, H, W, C]`` -> shifted, zero-padded windows ``[B*nW, ws_h*ws_w, C]`` and the padded
+    map size ``(Hp, Wp)``."""
+    b, h, w, c = x.shape
+    if any(shift):
+        x = torch.roll(x, shifts=(-shift[0], -shift[1]), dims=(1, 2))
+    pad_h, pad_w = (-h) % window[0], (-w) % window[1]
+    x = F.pad(x, (0, 0, 0, pad_w, 0, pad_h))
+    hp, wp = h + pad_h, w + pad_w
+    x = x.view(b, hp // window[0], window[0], wp // window[1], window[1], c)
+    return x.permute(0, 1, 3, 2, 4, 5).reshape(-1, window[0] * window[1], c), (hp, wp)
+
+
+def from_windows(windows: torch.Tensor, window: Grid, shift: Grid, padded: Grid, size: Grid) -> torch.Tensor:
+    """The inverse of :func:`to_windows`: ``[B*nW, ws_h*ws_w, C]`` -> ``[B, H, W, C]``."""
+    (hp, wp), (h, w), c = padded, size, windows.shape[-1]
+    x = windows.view(-1, hp // window[0], wp // window[1], window[0], window[1], c)
+    x = x.permute(0, 1, 3, 2, 4, 5).reshape(-1, hp, wp, c)[:, :h, :w]
+    if any(shift):
+        x = torch.roll(x, shifts=shift, dims=(1, 2))
+    return x.contiguous()
+
+
+def _nearest_divisor(side: int, window: int) -> int:
+    divisors = [d for d in range(1, side + 1) if side % d == 0]
+    return min(divisors, key=lambda d: (abs(d - window), -d))
+
+
+def tile_of(size: Grid, window: Grid) -> Grid:
+    """The tiles a block's MLP tokens are reduced in: the window itself when it divides the map
+    (every stage of a 224-px Swin), else per side the divisor of the map nearest the window
+    (ties: the larger), so that the tiles cover the map exactly, with no padding."""
+    return _nearest_divisor(size[0], window[0]), _nearest_divisor(size[1], window[1])
+
+
+def window_attention(attn: nn.Module, x: torch.Tensor, mask: Optional[torch.Tensor],
+                     needs: frozenset[str]) -> tuple[torch.Tensor, AttnInfo]:
+    """timm's ``WindowAttention.forward`` on ``x [B*nW, n, C]`` (relative position bias, the
+    shifted-window mask), also handing over the head-averaged keys when ``needs`` asks."""
+    bw, n, _ = x.shape
+    qkv = attn.qkv(x).reshape(bw, n, 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4)
+    q, k, v = qkv.unbind(0)
+    info = AttnInfo(keys=k.mean(dim=1) if "keys" in needs else None)
+    bias = attn._get_rel_pos_bias()  # [1, h, n, n]
+    if mask is not None:  # the shifted-window mask, one per window of every image
+        nw = mask.shape[0]
+        mask = mask.view(1, nw, 1, n, n).expand(bw // nw, -1, attn.num_heads, -1, -1)
+        bias = bias + mask.reshape(bw, attn.num_heads, n, n)
+    if attn.fused_attn:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias,
+                                             dropout_p=attn.attn_drop.p if attn.training else 0.0)
+    else:
+        probs = ((q * attn.scale) @ k.transpose(-2, -1) + bias).softmax(dim=-1)
+        out = attn.attn_drop(probs) @ v
+    out = out.transpose(1, 2).reshape(bw, n, -1)
+    return attn.proj_drop(attn.proj(out)), info
+
+
+class SwinReducingBlock(nn.Module):
+    """A timm ``SwinTransformerBlock`` whose MLP runs on the windows a reducer reduced (module doc).
+
+    Transparent to checkpoints like :class:`~vitbench.engine.block.ReducingBlock`: its state dict
+    has timm's keys. Without a reducer it is timm's block, untouched.
+    """
+
+    def __init__(self, block: nn.Module, index: int, reducer: Optional[Callable[..., torch.Tensor]],
+                 context: ReductionContext) -> None:
+        super().__init__()
+        self.block = block
+        self.index = index
+        self.reducer = reducer
+        self.needs = frozenset(getattr(reducer, "needs", ())) if reducer is not None else frozenset()
+        self._context = context
+        self._register_state_dict_hook(_drop_wrapper_level)
+        self._register_load_state_dict_pre_hook(_add_wrapper_level)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ctx = self._context
+        if self.index == 0:
+            ctx.token_counts, ctx.extras = [], {}
+        blk = self.block
+        b, h, w, c = x.shape
+        window, shift = tuple(blk.window_size), tuple(blk.shift_size)
+        tile = tile_of((h, w), window)  # type: ignore[arg-type]
+        if self.reducer is None:
+            ctx.token_counts.append(tile[0] * tile[1])
+            return blk(x)
+        windows, padded = to_windows(blk.norm1(x), window, shift)  # type: ignore[arg-type]
+        mask = blk.get_attn_mask(F.pad(x, (0, 0, 0, padded[1] - w, 0, padded[0] - h))) \
+            if getattr(blk, "dynamic_mask", False) else blk.attn_mask
+        out, info = window_attention(blk.attn, windows, mask, self.needs)
+        x = x + blk.drop_path1(from_windows(out, window, shift, padded, (h, w)))  # type: ignore[arg-type]
+        tokens, _ = to_windows(x, tile, (0, 0))
+        if info.keys is not None:  # the attention's keys, back on the map, then cut into the tiles
+            keys = from_windows(info.keys, window, shift, padded, (h, w))  # type: ignore[arg-type]
+            info.keys = to_windows(keys, tile, (0, 0))[0]
+        state = TokenState.start(tokens, 0, trace_source=True)
+        ctx.state = state
+        reduced = self.reducer(tokens, state, info)
+        ctx.token_counts.append(reduced.shape[1])
+        y = blk.mlp(blk.norm2(reduced))
+        if reduced.shape[1] != tokens.shape[1]:
+            y = unmerge(y, state)
+        return x + blk.drop_path2(from_windows(y, tile, (0, 0), (h, w), (h, w)))
+
+
+def _check_needs(reduction: Reduction, method: str) -> None:
+    for i, reducer in enumerate(reduction.reducers):
+        extra = set(getattr(reducer, "needs", ())) - SWIN_NEEDS if reducer is not None else set()
+        if extra:
+            raise UnsupportedError(f"method {method!r} asks block {i}'s attention for {sorted(extra)}; a Swin "
+                                   f"window attention can hand over only {sorted(SWIN_NEEDS)} (no class token)")
+        if reducer is not None and (hasattr(reducer, "qk") or hasattr(reducer, "mlp_forward")):
+            raise UnsupportedError(f"method {method!r} uses channel hooks, which the swin family adapter "
+                                   f"does not run")
+
+
+def patch(model: nn.Module, reduction: Reduction, method: str = "", params: Any = None) -> nn.Module:
+    """Wrap every Swin block with the reducers of ``reduction`` (module doc); returns ``model``."""
+    info = describe_for_patch(model, reduction, method, describe)
+    _check_needs(reduction, method)
+    context = ReductionContext(method, params, 0, reduction.prop_attn, True)
+    context.reduction = reduction
+    model.register_forward_pre_hook(_RememberInputs(context))
+    reducers = iter(reduction.reducers)
+    index = 0
+    for stage in model.layers:
+        wrapped = []
+        for blk in stage.blocks:
+            wrapped.append(SwinReducingBlock(blk, index, next(reducers), context))
+            index += 1
+        stage.blocks = nn.Sequential(*wrapped)
+    assert index == info.depth
+    model._vitbench_context = context  # see vitbench.engine.block.reduction_context
+    return model
+
+
+SPEC = FamilySpec(
+    name=FAMILY,
+    matches=matches,
+    describe=describe,
+    patch=patch,
+    model_patterns=("swin_*",),
+    description="timm Swin Transformer (V1); token methods per window for the MLP, unmerged after it",
+)
