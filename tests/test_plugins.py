@@ -29,9 +29,11 @@ from vitbench.plugins import PluginFailure, PluginHost
 from vitbench.testing import check_method
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "vitbench-example-plugin"
-BUILTIN_PLUGINS = {"vit_family", "mobilevit_family", "efficientvit_family", "tome", "ppt", "topk", "scorers", "ltmp",
-                   "ltm", "dcs", "dpc_knn", "kmedoids"}
-BUILTIN_METHODS = {"tome", "ppt", "entropy", "average", "topk", "ltmp", "ltm", "dcs", "dpc-knn", "kmedoids"}
+BUILTIN_PLUGINS = {"vit_family", "mobilevit_family", "efficientvit_family", "swin_family", "tome", "ppt", "topk",
+                   "scorers", "ltmp", "ltm", "dcs", "dpc_knn", "kmedoids", "tofu", "ats", "mctf", "pitome",
+                   "zero_tprune"}
+BUILTIN_METHODS = {"tome", "ppt", "entropy", "average", "topk", "ltmp", "ltm", "dcs", "dpc-knn", "kmedoids", "tofu",
+                   "ats", "mctf", "pitome", "zero-tprune"}
 BUILTIN_SCORERS = {"cls-attn", "entropy", "average"}
 
 # A plugin module that registers one method; {name} and {aliases} are filled in per plugin.

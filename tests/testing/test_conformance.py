@@ -36,6 +36,10 @@ def _one_thread():
     ("topk", {"fuse": True}, [65] * 3 + [47] * 3 + [35] * 3 + [26] * 3),
     ("dpc-knn", {}, [65] * 3 + [33] * 3 + [17] * 3 + [9] * 3),  # keep 0.5 at blocks 3, 6, 9
     ("kmedoids", {}, [65] * 3 + [33] * 3 + [17] * 3 + [9] * 3),
+    ("tofu", {"r": 8}, [57, 49, 41, 33, 25, 17, 9, 5, 3, 2, 2, 2]),  # ToMe's counts
+    ("pitome", {"r": 8}, [57, 49, 41, 33, 25, 17, 9, 5, 3, 2, 2, 2]),
+    ("mctf", {"r": 8}, [57, 49, 41, 33, 25, 17, 9, 5, 3, 2, 2, 2]),
+    ("zero-tprune", {"r": 8}, [57, 49, 41, 33, 25, 17, 9, 5, 3, 2, 2, 2]),
 ])
 def test_every_builtin_conforms(vitbench_check_method, method, params, counts) -> None:
     report = vitbench_check_method(method, params)

@@ -212,3 +212,29 @@ def test_forward_remembers_the_input_images(backbone_factory, name, method, para
         fm(x)
     inputs = reduction_context(model).inputs
     assert inputs is not None and inputs.shape == x.shape and torch.equal(inputs, x)
+
+
+def _small_swin(img_size: int):  # type: ignore[no-untyped-def]
+    from timm.models.swin_transformer import SwinTransformer
+
+    torch.manual_seed(0)
+    return SwinTransformer(img_size=img_size, embed_dim=16, depths=(1, 1, 2, 2), num_heads=(1, 2, 2, 4),
+                           window_size=7, num_classes=3).eval()
+
+
+def test_swin_stages_are_the_pyramid_channels_first():
+    """Swin's stages give [B, H, W, C]: the wrapper hands the detector [B, C, H/s, W/s], the very
+    stage outputs (permuted); ToMe keeps every map at its size (the MLP's tokens are unmerged)."""
+    model = _small_swin(128)
+    x = torch.randn(2, 3, 128, 128)
+    maps = FeatureMaps(model, (16, 32))
+    with torch.inference_mode():
+        out = maps(x)
+        stage3 = model.layers[:3](model.patch_embed(x))
+    assert [tuple(m.shape) for m in out] == [(2, 64, 8, 8), (2, 128, 4, 4)]
+    assert torch.equal(out[0], stage3.permute(0, 3, 1, 2))
+    reduced = FeatureMaps(vitbench.apply(_small_swin(128), "tome", r=8), (16, 32))
+    with torch.inference_mode():
+        merged = reduced(x)
+    assert [m.shape for m in merged] == [m.shape for m in out]
+    assert all(torch.isfinite(m).all() for m in merged) and not torch.equal(merged[0], out[0])

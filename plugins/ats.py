@@ -1,0 +1,215 @@
+"""ATS: adaptive token sampling, training-free (Fayyaz et al., "Adaptive Token Sampling for
+Efficient Vision Transformers", ECCV 2022, §3; docs/methods.md, the ATS section).
+
+At each listed block (after the attention residual, docs/methods.md §0), per image:
+
+1. **Scores** (§3.1, Eq. 3): ``S_j = sum_h A[h, 0, j] * ||V_j||_2`` over the patch tokens,
+   normalised to sum 1 -- the ``cls-attn`` scorer (docs/methods.md §4,
+   :func:`vitbench_plugins.scorers.cls_attn_score`), computed from the attention the block
+   really used (padding masked out).
+2. **CDF** (§3.2): the scores sorted ascending (ties: lower position first) and summed up,
+   ``CDF_j = (S_(1) + ... + S_(j)) / (S_(1) + ... + S_(n))``, so ``CDF_n = 1`` exactly.
+3. **Inverse transform sampling** with ``K`` fixed, evenly spaced points (deterministic, the
+   same in training and inference): ``u_i = (i - 1/2) / K`` for ``i = 1 .. K``. Point ``u_i``
+   draws the first sorted token whose CDF reaches it (``CDF_(j-1) < u_i <= CDF_j``). A token
+   drawn more than once is kept once, so an image keeps ``m <= min(K, n)`` patches: a token
+   whose score is at least ``1/K`` is always kept, one whose CDF step holds no point is dropped,
+   and a zero score is never drawn. In closed form (no ``K x n`` table): token ``j`` is kept iff
+   ``floor(K * CDF_j + 1/2) > floor(K * CDF_(j-1) + 1/2)`` (the number of points up to
+   ``CDF_j`` grows at ``j``).
+4. The prefix tokens (class, distillation, registers) are always kept, first, in order; the
+   kept patches follow in their current order (ATS's own code lays them out by score; nothing
+   after a pruning step depends on token positions, as for ``topk``, docs/methods.md §4).
+
+**Variable counts in a batch** (docs/token-state.md rule 5, as LTMP at inference): the batch
+is padded to its largest count. A padded token has value 0, size 0 (so proportional attention
+adds ``log 0 = -inf`` to its key, size-weighted average pooling and the IB features skip it)
+and ``state.key_bias = -inf`` on its key (so it receives no attention in any later block even
+with proportional attention off). Its cls-attention, hence its score, is exactly 0, so a later
+ATS block never draws it. Every image therefore gets the output it gets alone (tested to 1e-5).
+The padded tokens still flow through the later blocks (their own rows attend to the real
+tokens) and cost compute at batch > 1; the GMACs counter runs at batch 1, where there is no
+padding (below).
+
+Choices the paper leaves open, or where we follow the paper's setting rather than its code:
+
+- **Sample points.** The paper asks for fixed, evenly spaced points at inference; we take the
+  midpoints ``(i - 1/2) / K``, which are symmetric, never 0 (a zero-score token, e.g. padding,
+  is never drawn) and never 1. With them a uniform score vector keeps exactly ``min(K, n)``
+  tokens. The official code uses another grid (``K`` points from the smallest positive
+  min-max-normalised CDF value to 1, each mapped to the token with the *nearest* CDF value),
+  so its kept sets differ from ours in detail; token counts are not comparable one to one.
+- **K.** ``K = ceil(keep * N_p0)`` points at *every* listed block, ``N_p0`` the model's patch
+  count (DeiT-S at 224: 196). The paper gives every ATS stage a fixed ``K``; the official
+  DeiT-S setting samples 197 tokens (class token included: 196 patch points) at each of blocks
+  3..11, although fewer tokens are left after the first of them -- so ``K`` is a fraction of the
+  *original* patch count, not of the tokens left (a fraction of the tokens left would sample
+  fewer points than the paper from the second ATS block on). ``keep = 1`` is the paper's
+  setting and is **not** a no-op: the adaptive reduction of ATS comes precisely from the
+  duplicates when ``K`` equals the token count (a token scoring below ``1/K`` can be missed).
+  ``keep > 1`` (up to 8) samples more points than patches, so fewer tokens go; it lets a
+  matched-compute sweep reach budgets above the paper's point. The switched-off model is
+  ``layers=()`` (tested equal to the unpatched model).
+- **Layers.** Default ``(3, 4, ..., 11)``: the official DeiT-S configuration (ATS in every block
+  from the fourth on, 0-indexed blocks 3..11 of 12).
+- **Scores of zero.** An image whose scores are all 0 (only by underflow) counts them as
+  uniform over its real tokens, so it keeps ``min(K, n)`` patches and never none.
+- A class token is required (the scores are its attention row): a model without prefix
+  tokens is refused.
+- Training mode runs the same hard selection (no gradient reaches the scores); the method has
+  no parameters and needs no training.
+
+GMACs (docs/measuring.md): counted at batch 1, so the counter sees each image's own token
+counts (no padding) and the extra class-token row ``q_cls K^T`` in each listed block (the fused
+kernel stays; ``h * N * d`` MACs); sorting and the CDF are not MACs. The count is
+input-dependent: report the mean and spread over real evaluation images.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from vitbench.catalog import BudgetKnob, MethodSpec, ModelInfo, Reduction
+from vitbench.engine import AttnInfo, TokenState
+from vitbench.errors import ParamError, UnsupportedError
+from vitbench.hookspecs import hookimpl
+from vitbench_plugins.ppt import check_layers
+from vitbench_plugins.scorers import cls_attn_score
+
+#: the largest ``keep``: eight sample points per original patch
+MAX_KEEP = 8.0
+#: ``state.private`` keys: which tokens are real (``[B, N]`` bool, False on padding) and the
+#: number of patches each image kept after each ATS block (``{block: [B]}``)
+VALID = "ats_valid"
+COUNTS = "ats_counts"
+
+
+@dataclass(frozen=True)
+class ATSParams:
+    """``keep``: sample points ``K = ceil(keep * N_p0)`` per listed block (``N_p0`` the model's
+    patch count; 1.0 = the paper's DeiT-S setting); ``layers``: the blocks that sample."""
+
+    keep: float = 1.0
+    layers: tuple[int, ...] = (3, 4, 5, 6, 7, 8, 9, 10, 11)
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.keep) and 0.0 < self.keep <= MAX_KEEP):
+            raise ParamError(f"ats.keep={self.keep} is out of range; it must be in (0, {MAX_KEEP:g}] "
+                             f"(sample points per original patch token; 1 = the paper's setting)")
+        if any(layer < 0 for layer in self.layers):
+            raise ParamError(f"ats.layers={list(self.layers)}: block indices are >= 0")
+
+
+def sample_points(k: int) -> torch.Tensor:
+    """The ``K`` fixed sample points ``(i - 1/2) / K``, ``i = 1 .. K`` (for reading and tests;
+    :func:`sampled_tokens` uses them in closed form)."""
+    return (torch.arange(k, dtype=torch.float64) + 0.5) / k
+
+
+def sampled_tokens(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Which tokens inverse transform sampling keeps: ``[B, n]`` bool for ``scores [B, n] >= 0``
+    (each row with a positive sum) and ``K = k`` points (module docstring, steps 2-3).
+
+    The scores are sorted ascending (stable), their CDF normalised to end at 1, and token ``j``
+    (in sorted order) is kept iff a point ``(i - 1/2)/K`` lies in ``(CDF_(j-1), CDF_j]``, i.e.
+    ``floor(K CDF_j + 1/2) > floor(K CDF_(j-1) + 1/2)``.
+    """
+    s = scores.float().clamp_min(0.0)
+    order = torch.sort(s, dim=-1, stable=True).indices
+    cdf = s.gather(-1, order).cumsum(dim=-1)
+    cdf = cdf / cdf[..., -1:].clamp_min(torch.finfo(cdf.dtype).tiny)
+    drawn = torch.floor(k * cdf + 0.5).clamp(0, k)  # points up to CDF_j
+    before = torch.cat([torch.zeros_like(drawn[..., :1]), drawn[..., :-1]], dim=-1)
+    kept_sorted = drawn > before
+    return torch.zeros_like(kept_sorted).scatter(-1, order, kept_sorted)
+
+
+class ATSReducer:
+    """One listed block's adaptive token sampler (module docstring)."""
+
+    needs: frozenset[str] = frozenset({"cls_attn", "values"})  # the cls-attn scorer's
+
+    def __init__(self, index: int, k: int) -> None:
+        self.index = index
+        self.k = k
+
+    def __repr__(self) -> str:
+        return f"ATSReducer(index={self.index}, k={self.k})"
+
+    def __call__(self, x: torch.Tensor, state: TokenState, info: AttnInfo) -> torch.Tensor:
+        if info.cls_attn is None or info.values is None:
+            raise ValueError("ats needs the block's class-token attention row and values")
+        p = state.prefix
+        valid = state.private.get(VALID)
+        if valid is None:
+            valid = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
+        real = valid[:, p:]
+        scores = patch_scores(info, p, real)
+        kept = sampled_tokens(scores, self.k) & real
+        counts = kept.sum(dim=1)
+        state.private.setdefault(COUNTS, {})[self.index] = counts
+        if bool((kept == real).all()):
+            return x  # nothing dropped in any image
+        return compact(x, state, kept, counts)
+
+
+def patch_scores(info: AttnInfo, prefix: int, real: torch.Tensor) -> torch.Tensor:
+    """The ``cls-attn`` scores ``[B, N_p]`` of the real patches (0 on padding); an image whose
+    scores are all 0 gets uniform scores over its real patches (module docstring)."""
+    scores = cls_attn_score(info, prefix).float().masked_fill(~real, 0.0)
+    empty = scores.sum(dim=1, keepdim=True) <= 0
+    return torch.where(empty, real.float(), scores)
+
+
+def compact(x: torch.Tensor, state: TokenState, kept: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Keep the prefix and the ``kept [B, N_p]`` patches (current order), padding every image to
+    the batch's largest count with value 0, size 0 and key bias ``-inf`` (module docstring)."""
+    b, n_p = kept.shape
+    p = state.prefix
+    width = int(counts.max())
+    pos = torch.arange(n_p, device=x.device)
+    first = torch.argsort(torch.where(kept, pos, pos + n_p), dim=1, stable=True)[:, :width]
+    slot_real = torch.arange(width, device=x.device) < counts[:, None]  # [B, width]
+    # padded slots point at token 0 (the class token, kept anyway), then are blanked below
+    patches = torch.where(slot_real, first + p, torch.zeros_like(first))
+    head = torch.arange(p, device=x.device).expand(b, p)
+    x = state.keep(x, torch.cat([head, patches], dim=1))
+    valid = torch.cat([torch.ones(b, p, dtype=torch.bool, device=x.device), slot_real], dim=1)
+    state.private[VALID] = valid
+    if bool(valid.all()):
+        state.key_bias = None
+        return x
+    state.size = state.sizes(x) * valid[..., None].to(x.dtype)
+    if state.source is not None:
+        state.source = state.source * valid[..., None].to(state.source.dtype)
+    bias = torch.zeros(valid.shape, device=x.device, dtype=x.dtype).masked_fill(~valid, float("-inf"))
+    state.key_bias = bias[:, None, None, :]
+    return x.masked_fill(~valid[..., None], 0.0)
+
+
+def build(params: ATSParams, info: ModelInfo) -> Reduction:
+    check_layers("ats", params.layers, info.depth)
+    if info.num_prefix_tokens < 1:
+        raise UnsupportedError("ats needs a class token (its scores are the class token's attention "
+                               "row); this model has no prefix tokens")
+    k = max(1, math.ceil(params.keep * info.num_patches))
+    reducers = [ATSReducer(i, k) if i in params.layers else None for i in range(info.depth)]
+    return Reduction(reducers, prop_attn=True)
+
+
+@hookimpl
+def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
+    register(MethodSpec(
+        name="ats",
+        kind="pruning",
+        params=ATSParams,
+        build=build,
+        families=("vit",),
+        needs_attention_probs=True,
+        # sample points per original patch: more points, fewer duplicates, more tokens kept
+        budget=BudgetKnob("keep", larger_means="more", low=0.001, high=MAX_KEEP),
+        description="ATS: adaptive token sampling, inverse-transform sampling of the cls-attn CDF; "
+                    "a variable number of tokens per image (training-free)",
+    ))
