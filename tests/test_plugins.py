@@ -31,9 +31,9 @@ from vitbench.testing import check_method
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "vitbench-example-plugin"
 BUILTIN_PLUGINS = {"vit_family", "mobilevit_family", "efficientvit_family", "swin_family", "tome", "ppt", "topk",
                    "scorers", "ltmp", "ltm", "dcs", "dpc_knn", "kmedoids", "tofu", "ats", "mctf", "pitome",
-                   "zero_tprune"}
+                   "zero_tprune", "diffrate"}
 BUILTIN_METHODS = {"tome", "ppt", "entropy", "average", "topk", "ltmp", "ltm", "dcs", "dpc-knn", "kmedoids", "tofu",
-                   "ats", "mctf", "pitome", "zero-tprune"}
+                   "ats", "mctf", "pitome", "zero-tprune", "diffrate", "diffrate-search"}
 BUILTIN_SCORERS = {"cls-attn", "entropy", "average"}
 
 # A plugin module that registers one method; {name} and {aliases} are filled in per plugin.

@@ -40,6 +40,7 @@ def _one_thread():
     ("pitome", {"r": 8}, [57, 49, 41, 33, 25, 17, 9, 5, 3, 2, 2, 2]),
     ("mctf", {"r": 8}, [57, 49, 41, 33, 25, 17, 9, 5, 3, 2, 2, 2]),
     ("zero-tprune", {"r": 8}, [57, 49, 41, 33, 25, 17, 9, 5, 3, 2, 2, 2]),
+    ("diffrate", {}, [61, 57, 54, 50, 46, 42, 39, 35, 31, 27, 24, 20]),  # even steps to keep=0.3
 ])
 def test_every_builtin_conforms(vitbench_check_method, method, params, counts) -> None:
     report = vitbench_check_method(method, params)
@@ -50,6 +51,7 @@ def test_every_builtin_conforms(vitbench_check_method, method, params, counts) -
     ("ltm", True, [46] * 12),  # untrained: average pooling to ceil(0.7 * 64) tokens after block 0
     ("ltmp", False, [65] * 12),  # untrained thresholds (0.9, 0.0) remove nothing on random weights
     ("dcs", False, [65] * 12),  # channels, not tokens
+    ("diffrate-search", False, [65] * 12),  # the search starts from removing nothing
 ])
 def test_the_learnable_builtins_conform_untrained(vitbench_check_method, method, reduces, counts) -> None:
     report = vitbench_check_method(method, reduces_tokens=reduces)
