@@ -31,9 +31,10 @@ from vitbench.testing import check_method
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "vitbench-example-plugin"
 BUILTIN_PLUGINS = {"vit_family", "mobilevit_family", "efficientvit_family", "swin_family", "tome", "ppt", "topk",
                    "scorers", "ltmp", "ltm", "dcs", "dpc_knn", "kmedoids", "tofu", "ats", "mctf", "pitome",
-                   "zero_tprune", "diffrate"}
+                   "zero_tprune", "diffrate", "dynamicvit"}
 BUILTIN_METHODS = {"tome", "ppt", "entropy", "average", "topk", "ltmp", "ltm", "dcs", "dpc-knn", "kmedoids", "tofu",
-                   "ats", "mctf", "pitome", "zero-tprune", "diffrate", "diffrate-search"}
+                   "ats", "mctf", "pitome", "zero-tprune", "diffrate", "diffrate-search",
+                   "dynamicvit"}
 BUILTIN_SCORERS = {"cls-attn", "entropy", "average"}
 
 # A plugin module that registers one method; {name} and {aliases} are filled in per plugin.
@@ -138,7 +139,7 @@ def test_describe_is_json_with_distributions_versions_and_failures(fake_dists: F
     described = json.loads(json.dumps(fresh_host().describe()))
     tome = next(p for p in described["plugins"] if p["name"] == "tome")
     assert tome == {"name": "tome", "distribution": "vitbench", "version": vitbench.__version__,
-                    "registered": {"methods": ["tome"], "scorers": [], "families": []}}
+                    "registered": {"methods": ["tome"], "scorers": [], "families": [], "tasks": []}}
     assert described["failures"] == [
         {"name": "broken", "distribution": "broken-plugin", "error": "RuntimeError: boom"}]
 

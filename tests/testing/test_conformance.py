@@ -52,6 +52,7 @@ def test_every_builtin_conforms(vitbench_check_method, method, params, counts) -
     ("ltmp", False, [65] * 12),  # untrained thresholds (0.9, 0.0) remove nothing on random weights
     ("dcs", False, [65] * 12),  # channels, not tokens
     ("diffrate-search", False, [65] * 12),  # the search starts from removing nothing
+    ("dynamicvit", True, [65] * 3 + [46] * 3 + [33] * 3 + [23] * 3),  # ceil(0.7^s * 64) patches, trained or not
 ])
 def test_the_learnable_builtins_conform_untrained(vitbench_check_method, method, reduces, counts) -> None:
     report = vitbench_check_method(method, reduces_tokens=reduces)
