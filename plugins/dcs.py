@@ -42,6 +42,9 @@ DCS-EfficientViT-B1):
   reach a 10% saving on EfficientViT-B1: ``proj`` is 8.7% of its MACs, the ``qkv`` conv 13%.
 - The IB bound of the retraining reads the last stage's output map, spatially averaged
   (:func:`feature_module`): a hybrid has no final token sequence.
+- *Swin* (issue 12): the same :class:`DCSReducer` per Swin block, sized from ``ModelInfo.blocks``;
+  the swin adapter runs ``qk`` on the queries and keys of every window and ``mlp_forward`` on the
+  whole map. The IB bound pools its last stage (``layers[-1]``, channels-last: :func:`channels_last`).
 
 Training is declared as two :class:`~vitbench.catalog.TrainStage` objects, never looped here:
 
@@ -145,6 +148,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Optional
 
 import torch
@@ -309,19 +313,29 @@ class _CaptureTokens:
     An object, not a closure, so ``copy.deepcopy`` of the model gives the copy's hook the copy's
     context."""
 
-    def __init__(self, key: str, context: Any) -> None:
+    def __init__(self, key: str, context: Any, channels_last: bool = False) -> None:
         self.key = key
         self.context = context
+        self.channels_last = channels_last
 
     def __call__(self, module: nn.Module, args: tuple, out: torch.Tensor) -> None:  # type: ignore[type-arg]
-        self.context.extras[self.key] = out
+        self.context.extras[self.key] = out.permute(0, 3, 1, 2) if self.channels_last else out
 
 
 def feature_module(model: nn.Module) -> nn.Module:
     """The module whose output the retraining's IB bound reads: a ViT's last block (tokens) or,
-    on a conv hybrid without ``blocks`` (EfficientViT, MobileViT), its last stage (a map)."""
+    on a backbone without ``blocks``, its last stage (a map: EfficientViT's and MobileViT's
+    ``stages``, Swin's ``layers``, whose ``[B, H, W, C]`` output :func:`channels_last` flags)."""
     blocks = getattr(model, "blocks", None)
-    return blocks[-1] if blocks is not None else model.stages[-1]
+    if blocks is not None:
+        return blocks[-1]
+    stages = getattr(model, "stages", None)
+    return stages[-1] if stages is not None else model.layers[-1]
+
+
+def channels_last(model: nn.Module) -> bool:
+    """Whether the feature module's map is ``[B, H, W, C]`` (timm's ``output_fmt`` NHWC: Swin)."""
+    return getattr(model, "blocks", None) is None and getattr(model, "output_fmt", "NCHW") == "NHWC"
 
 
 def _pooled(out: torch.Tensor, prefix: int, size: Optional[torch.Tensor]) -> torch.Tensor:
@@ -335,14 +349,13 @@ def _final_features(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
     conv hybrid (the same features the bound is trained on, see :func:`_pooled`)."""
     if getattr(model, "blocks", None) is not None:
         return final_features(model, images)
-    captured: dict[str, torch.Tensor] = {}
-    handle = feature_module(model).register_forward_hook(
-        lambda mod, args, out: captured.__setitem__("out", out))
+    captured = SimpleNamespace(extras={})
+    handle = feature_module(model).register_forward_hook(_CaptureTokens("out", captured, channels_last(model)))
     try:
         model(images)
     finally:
         handle.remove()
-    return _pooled(captured["out"], 0, None)
+    return _pooled(captured.extras["out"], 0, None)
 
 
 class DCSReducer(nn.Module):
@@ -774,7 +787,7 @@ def ib_before(t_warm: int) -> Callable[[nn.Module, Callable[[], Any]], None]:
             return
         last = feature_module(model)
         if not any(isinstance(h, _CaptureTokens) for h in last._forward_hooks.values()):
-            last.register_forward_hook(_CaptureTokens(_TOKENS_KEY, reduction_context(model)))
+            last.register_forward_hook(_CaptureTokens(_TOKENS_KEY, reduction_context(model), channels_last(model)))
         if _ib_active(ib, t_warm):
             ib.refresh(model, batches)
     return callback
@@ -908,7 +921,7 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
         kind="channel",
         params=DCSParams,
         build=build,
-        families=("vit", "efficientvit", "mobilevit"),
+        families=("vit", "efficientvit", "mobilevit", "swin"),
         needs_training=True,
         # the fraction of the baseline's GMACs to keep (enforced when the search ends): set to F
         budget=BudgetKnob("budget", larger_means="more", mode="fraction"),

@@ -43,7 +43,9 @@ def _apply(**params):  # type: ignore[no-untyped-def]
 
 
 def _reducers(model):  # type: ignore[no-untyped-def]
-    return [blk.reducer for blk in model.blocks]
+    from vitbench_plugins.dcs import dcs_reducers
+
+    return dcs_reducers(model)  # in block order, on any family
 
 
 def _stage(model, name: str):  # type: ignore[no-untyped-def]
@@ -101,7 +103,7 @@ def _sgd_steps(model, stage, data, steps: int, lr: float = 0.5) -> None:  # type
 
 def test_resolves_through_the_plugin_host_and_conforms():
     spec = get_host().method("dcs")
-    assert spec.name == "dcs" and spec.needs_training and spec.families == ("vit", "efficientvit", "mobilevit")
+    assert spec.name == "dcs" and spec.needs_training and spec.families == ("vit", "efficientvit", "mobilevit", "swin")
     check_method("dcs", model_factory=lambda: tiny_vit(depth=DEPTH), reduces_tokens=False)
 
 
@@ -710,6 +712,50 @@ def test_mobilevit_shrink_prepare_load_and_ib_bound(one_thread):
         assert torch.equal(fresh(x), model(x))
 
 
+# -- Swin (issue 12): DCS's hooks on the window attention and on the MLP of the whole map ------
+
+SWIN_SIZE = 56  # maps 14 (two windows a side, the second block shifted) and 7
+
+
+def _small_swin():  # type: ignore[no-untyped-def]
+    from timm.models.swin_transformer import SwinTransformer
+
+    torch.manual_seed(0)
+    return SwinTransformer(img_size=SWIN_SIZE, embed_dim=16, depths=(2, 2), num_heads=(1, 2), window_size=7,
+                           num_classes=10).eval()
+
+
+def test_swin_untrained_is_the_unpatched_model_and_the_ib_bound_reads_the_last_stage(one_thread):
+    """Untrained masks keep everything (both hooks run: Q/K in every window, the gate on the MLP);
+    after a shrink the masked outputs stay; the retraining's bound pools Swin's last stage, a
+    channels-last map, over its positions."""
+    base = _small_swin()
+    model = vitbench.apply(copy.deepcopy(base), "dcs", **MECHANICS, eta=2.0)
+    x = torch.randn(2, 3, SWIN_SIZE, SWIN_SIZE, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        assert torch.equal(model(x), base(x))
+    _randomise(model)
+    with torch.inference_mode():
+        masked = model(x)
+    _shrink(model, SWIN_SIZE)
+    with torch.inference_mode():
+        assert (model(x) - masked).abs().max().item() < 1e-5
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(8, 3, SWIN_SIZE, SWIN_SIZE, generator=g), torch.randint(0, 10, (8,), generator=g))]
+    retrain = _stage(model, "retrain")
+    retrain.before[0](model, lambda: iter(data))
+    ib = _dcs_reducers(model)[-1].ib
+    assert ib.ready and ib.feature_centroids.shape == (10, 32)
+    images, labels = data[0]
+    with torch.no_grad():
+        bound = retrain.extra_loss(model, model(images), labels)
+        pooled = model.layers[-1](model.layers[0](model.patch_embed(images))).mean(dim=(1, 2))
+        tau_f = soft_assign(pooled, ib.feature_centroids)
+        tau_x = soft_assign(input_vectors(images), ib.input_centroids)
+        expected = 2.0 * ib_terms(tau_f, tau_x, labels, 10, log_q=ib.log_q).bound
+    assert math.isclose(bound.item(), expected.item(), rel_tol=1e-5)
+
+
 # -- the compute budget (issue 9): a cost that is the counted GMACs, a shrink that meets it -------
 
 def _family(name: str, **params):  # type: ignore[no-untyped-def]
@@ -717,6 +763,9 @@ def _family(name: str, **params):  # type: ignore[no-untyped-def]
     if name == "vit":
         base = tiny_vit(depth=DEPTH)
         return base, vitbench.apply(copy.deepcopy(base), "dcs", **params), 32
+    if name == "swin":
+        base = _small_swin()
+        return base, vitbench.apply(copy.deepcopy(base), "dcs", **params), SWIN_SIZE
     import timm
 
     torch.manual_seed(0)
@@ -739,6 +788,7 @@ def _before(model, x) -> None:  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("family, params", [
     ("vit", {"arch": "out"}), ("vit", {"arch": "both", "qk_mask": "separate", "budget": 0.95}),
     ("efficientvit_b1", {"arch": "both", "budget": 0.95}), ("efficientvit_b1", {}), ("mobilevit_xs", {}),
+    ("swin", {}), ("swin", {"arch": "both", "budget": 0.95}),
 ])
 def test_the_cost_model_is_the_counted_gmacs(one_thread, family, params):
     """Before the search (Q/K mask Linears included), at the baseline and after the shrink, the
@@ -760,7 +810,7 @@ def test_the_cost_model_is_the_counted_gmacs(one_thread, family, params):
     assert cost.current(reducers) / 1e9 == pytest.approx(count_gmacs(model, x).mean, rel=1e-6)
 
 
-@pytest.mark.parametrize("family", ["vit", "efficientvit_b1", "mobilevit_xs"])
+@pytest.mark.parametrize("family", ["vit", "efficientvit_b1", "mobilevit_xs", "swin"])
 def test_the_default_shrink_meets_the_budget_on_every_family(one_thread, family, caplog):
     """With the defaults (arch=out, budget=0.9) and a search that dropped nothing, the shrink
     still lands at or under 90% of the baseline's counted GMACs, and says so in the log."""

@@ -32,6 +32,10 @@ cross window borders in attention, which the reduction leaves alone.
 Blocks without a reducer run timm's forward untouched, so a method switched off (``r=0``) is
 the unpatched model exactly.
 
+Channel methods (DCS, docs/methods.md §7): a reducer's ``qk`` hook runs on the queries and keys of
+every window, and its ``mlp_forward`` hook replaces the MLP on the whole map (its token step
+sees the map as one sequence and must leave it whole).
+
 Only timm's ``SwinTransformerBlock`` (Swin V1) is supported; Swin V2 (post-norm, cosine
 attention) gets a clear error.
 """
@@ -44,7 +48,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitbench.catalog import BlockInfo, FamilySpec, ModelInfo, Reduction
-from vitbench.engine.attention import AttnInfo
+from vitbench.engine.attention import AttnInfo, QKHook
 from vitbench.engine.block import ReductionContext, _add_wrapper_level, _drop_wrapper_level
 from vitbench.engine.families.checks import describe_for_patch
 from vitbench.engine.families.vit import _RememberInputs
@@ -137,12 +141,15 @@ def tile_of(size: Grid, window: Grid) -> Grid:
 
 
 def window_attention(attn: nn.Module, x: torch.Tensor, mask: Optional[torch.Tensor],
-                     needs: frozenset[str]) -> tuple[torch.Tensor, AttnInfo]:
+                     needs: frozenset[str], qk_hook: Optional[QKHook] = None) -> tuple[torch.Tensor, AttnInfo]:
     """timm's ``WindowAttention.forward`` on ``x [B*nW, n, C]`` (relative position bias, the
-    shifted-window mask), also handing over the head-averaged keys when ``needs`` asks."""
+    shifted-window mask), also handing over the head-averaged keys when ``needs`` asks;
+    ``qk_hook(q, k, x)`` changes the per-head queries and keys first (DCS, docs/methods.md §7)."""
     bw, n, _ = x.shape
     qkv = attn.qkv(x).reshape(bw, n, 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4)
     q, k, v = qkv.unbind(0)
+    if qk_hook is not None:
+        q, k = qk_hook(q, k, x)
     info = AttnInfo(keys=k.mean(dim=1) if "keys" in needs else None)
     bias = attn._get_rel_pos_bias()  # [1, h, n, n]
     if mask is not None:  # the shifted-window mask, one per window of every image
@@ -191,8 +198,11 @@ class SwinReducingBlock(nn.Module):
         windows, padded = to_windows(blk.norm1(x), window, shift)  # type: ignore[arg-type]
         mask = blk.get_attn_mask(F.pad(x, (0, 0, 0, padded[1] - w, 0, padded[0] - h))) \
             if getattr(blk, "dynamic_mask", False) else blk.attn_mask
-        out, info = window_attention(blk.attn, windows, mask, self.needs)
+        out, info = window_attention(blk.attn, windows, mask, self.needs, getattr(self.reducer, "qk", None))
         x = x + blk.drop_path1(from_windows(out, window, shift, padded, (h, w)))  # type: ignore[arg-type]
+        mlp_forward = getattr(self.reducer, "mlp_forward", None)
+        if mlp_forward is not None:  # a channel method: its MLP hook on every token of the map
+            return x + blk.drop_path2(self._channel_step(x, info, mlp_forward))
         tokens, _ = to_windows(x, tile, (0, 0))
         if info.keys is not None:  # the attention's keys, back on the map, then cut into the tiles
             keys = from_windows(info.keys, window, shift, padded, (h, w))  # type: ignore[arg-type]
@@ -206,6 +216,18 @@ class SwinReducingBlock(nn.Module):
             y = unmerge(y, state)
         return x + blk.drop_path2(from_windows(y, tile, (0, 0), (h, w), (h, w)))
 
+    def _channel_step(self, x: torch.Tensor, info: AttnInfo, mlp_forward: Callable[..., torch.Tensor]) -> torch.Tensor:
+        """A channel method (``mlp_forward``): its token step sees the whole map as one
+        ``[B, H*W, C]`` sequence and must leave it as it is; its MLP hook runs on the normed map."""
+        b, h, w, c = x.shape
+        tokens = x.reshape(b, h * w, c)
+        self._context.state = TokenState.start(tokens, 0)
+        if self.reducer(tokens, self._context.state, info).shape != tokens.shape:
+            raise UnsupportedError(f"method {self._context.method!r} both reduces tokens and runs an MLP "
+                                   f"channel hook; the swin family adapter runs one or the other")
+        self._context.token_counts.append(h * w)
+        return mlp_forward(self.block.mlp, self.block.norm2(x))
+
 
 def _check_needs(reduction: Reduction, method: str) -> None:
     for i, reducer in enumerate(reduction.reducers):
@@ -213,9 +235,6 @@ def _check_needs(reduction: Reduction, method: str) -> None:
         if extra:
             raise UnsupportedError(f"method {method!r} asks block {i}'s attention for {sorted(extra)}; a Swin "
                                    f"window attention can hand over only {sorted(SWIN_NEEDS)} (no class token)")
-        if reducer is not None and (hasattr(reducer, "qk") or hasattr(reducer, "mlp_forward")):
-            raise UnsupportedError(f"method {method!r} uses channel hooks, which the swin family adapter "
-                                   f"does not run")
 
 
 def patch(model: nn.Module, reduction: Reduction, method: str = "", params: Any = None) -> nn.Module:
