@@ -13,14 +13,7 @@ from vitbench.errors import ParamError, UnsupportedError
 from vitbench.testing import tiny_vit
 from vitbench_plugins.ats import COUNTS, VALID, ATSParams, sample_points, sampled_tokens
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """The test models are too small for threads; on a busy CPU they only cost time."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def kept_positions(scores: list[float], k: int) -> list[int]:

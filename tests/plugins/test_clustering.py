@@ -5,18 +5,11 @@ from __future__ import annotations
 import copy
 
 import pytest
-import timm
 import torch
 
 import vitbench
 
 METHODS = ("dpc-knn", "kmedoids")
-
-
-@pytest.fixture(scope="module")
-def vit():
-    torch.manual_seed(0)
-    return timm.create_model("test_vit", pretrained=False).eval()
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -6,7 +6,6 @@ import copy
 import math
 
 import pytest
-import timm
 import torch
 import torch.nn.functional as F
 
@@ -20,20 +19,7 @@ from vitbench_plugins.diffrate import (
     DiffRateReducer, DiffRateSearchReducer, default_schedule, prune_then_merge, search_cost, searched_kept,
 )
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """The models are tiny; on a shared CPU threads only cost time."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def vit():
-    torch.manual_seed(0)
-    return timm.create_model("test_vit", pretrained=False).eval()
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def _sharp_vit():

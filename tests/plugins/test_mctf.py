@@ -18,20 +18,7 @@ from vitbench_plugins.mctf import (
     MCTFReducer, Temperatures, attraction, fusion_assignment, fusion_slots, received_attention,
 )
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """The models here are tiny; on a busy 2-core machine threads only cost time."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def vit():
-    torch.manual_seed(0)
-    return timm.create_model("test_vit", pretrained=False).eval()  # 100 patches + cls, 6 blocks
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def _unit(angle: float) -> list[float]:

@@ -22,21 +22,7 @@ from vitbench_plugins.pitome import (
     margin_schedule, ratio_schedule,
 )
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Small tensors: threads only cost time on a shared CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def vit():
-    """timm's test_vit: 160x160 input, 100 patches + cls, 6 blocks, random weights."""
-    torch.manual_seed(0)
-    return timm.create_model("test_vit", pretrained=False).eval()
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def _images(n: int = 2, size: int = 160) -> torch.Tensor:

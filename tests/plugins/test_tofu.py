@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 
 import pytest
-import timm
 import torch
 
 import vitbench
@@ -15,20 +14,7 @@ from vitbench.errors import ParamError
 from vitbench.testing import tiny_vit
 from vitbench_plugins.tofu import ToFuParams, ToFuReducer, block_schedule, mlerp
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Small tensors: threads only cost time on a shared CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def vit():
-    torch.manual_seed(0)
-    return timm.create_model("test_vit", pretrained=False).eval()  # 100 patches + cls, 6 blocks
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 # -- a hand-made block: cls + 6 patches -------------------------------------------------------

@@ -18,13 +18,7 @@ from vitbench_plugins.zero_tprune import (
     ZeroTPruneParams, ZeroTPruneReducer, kept_patches, split_budget, token_importance, weighted_page_rank,
 )
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 #: token 0 is the class token; token 1 is the hub everyone attends to, and it attends to token 2.
