@@ -31,7 +31,7 @@ from vitbench.testing import check_method
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "vitbench-example-plugin"
 BUILTIN_PLUGINS = {"vit_family", "mobilevit_family", "efficientvit_family", "swin_family", "tome", "ppt", "topk",
                    "scorers", "ltmp", "ltm", "dcs", "dpc_knn", "kmedoids", "tofu", "ats", "mctf", "pitome",
-                   "zero_tprune", "diffrate", "dynamicvit"}
+                   "zero_tprune", "diffrate", "dynamicvit", "cls_task", "dense_tasks"}
 BUILTIN_METHODS = {"tome", "ppt", "entropy", "average", "topk", "ltmp", "ltm", "dcs", "dpc-knn", "kmedoids", "tofu",
                    "ats", "mctf", "pitome", "zero-tprune", "diffrate", "diffrate-search",
                    "dynamicvit"}
@@ -129,6 +129,8 @@ def test_builtins_are_discovered_with_their_distribution(capsys: pytest.CaptureF
     assert host.plugins["ppt"].registered["methods"] == ["ppt", "entropy", "average"]
     assert host.plugins["scorers"].registered["scorers"] == ["cls-attn", "entropy", "average"]
     assert host.plugins["vit_family"].registered["families"] == ["vit"]
+    assert host.plugins["cls_task"].registered["tasks"] == ["cls"]
+    assert host.plugins["dense_tasks"].registered["tasks"] == ["det", "seg"]
     assert host.owner("methods", "tome") == "tome" and host.owner("scorers", "entropy") == "scorers"
     assert host.method("tome").name == "tome" and host.scorer("cls-attn").name == "cls-attn"
     assert warnings_in(capsys.readouterr().err) == []

@@ -1,4 +1,5 @@
-"""What plugins register: methods, scorers and model families (docs/architecture.md, "Plugins").
+"""What plugins register: methods, scorers, model families and tasks (docs/architecture.md,
+"Plugins").
 
 These are plain frozen dataclasses. The plugin host (:mod:`vitbench.plugins`) keeps one
 catalog of each and records which plugin registered what.
@@ -7,14 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
 if TYPE_CHECKING:  # pragma: no cover
+    import argparse
+
     import torch
     from torch import nn
 
     from vitbench.engine.attention import AttnInfo
-    from vitbench.engine.token_state import TokenState
 
 
 @dataclass(frozen=True)
@@ -251,3 +254,125 @@ class FamilySpec:
     patch: Callable[["nn.Module", Reduction], "nn.Module"]
     model_patterns: tuple[str, ...] = ()
     description: str = ""
+
+
+#: what a task counts the GMACs of that a budget is matched on and the report compares
+#: (:attr:`TaskSpec.counts`): the whole model (cls), or the backbone inside a bigger model (det/seg)
+COUNTED = ("model", "backbone")
+
+
+@dataclass(frozen=True)
+class ReportColumn:
+    """An accuracy metric of a task as the reports show it (:attr:`TaskSpec.accuracy`).
+
+    The comparison table shows ``title`` (the record field ``key``, formatted with ``fmt``),
+    then the columns of ``before`` as they are, then ``delta`` (the row minus the baseline), the
+    delta against the control row when the task has one, then the columns of ``after``.
+    ``before``/``after`` are ``(title, record key)`` pairs shown with the same format (cls: Top-5
+    beside Top-1; det: AP50 and AP75 beside box mAP). ``plot_label`` labels the plots' axes.
+    """
+
+    key: str
+    title: str
+    delta: str
+    fmt: str = ".3f"
+    plot_label: str = ""
+    before: tuple[tuple[str, str], ...] = ()
+    after: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def axis(self) -> str:
+        """The plots' axis label: ``plot_label``, else ``title``."""
+        return self.plot_label or self.title
+
+
+@dataclass(frozen=True)
+class TaskSetup:
+    """What a task resolved from the command line before anything heavy runs
+    (:attr:`TaskSpec.setup`): the model and data names, the metrics it will measure, and the
+    extra keywords its plan needs (:func:`vitbench.plan.build_plan`'s ``train_limit``,
+    ``train_backbone``, ``dense_finetune``, ``control``)."""
+
+    model: str
+    data: Optional[str]
+    metrics: tuple[str, ...]
+    plan: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class WorkspaceRequest:
+    """What :attr:`TaskSpec.workspace` builds the plan's workspace from: the command line, the
+    task's own :class:`TaskSetup`, the plan (a list of :class:`~vitbench.plan.RunSpec`), the
+    result folder, whether finished runs are reused (``--resume``, sweeps) and where progress
+    notes go."""
+
+    args: "argparse.Namespace"
+    setup: TaskSetup
+    plan: Sequence[Any]
+    out: Path
+    resume: bool
+    note: Callable[[str], None]
+
+
+#: ``run(spec, ws, baseline, progress, params) -> fields`` (:attr:`TaskSpec.run`)
+TaskRun = Callable[[Any, Any, Optional[dict], Callable[[str], None], dict], dict]
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A task as a plugin registers it: how ``vitbench run --task NAME`` resolves its model and
+    data, builds what the runs share, runs one spec and what its reports show
+    (docs/architecture.md, "Tasks").
+
+    - ``setup(args, methods) -> TaskSetup``: check the task's options and name the model, data
+      and metrics (cheap: nothing is loaded; bad input raises a
+      :class:`~vitbench.errors.VitbenchError`). ``methods`` are the ``--methods`` names.
+    - ``workspace(request) -> ws``: load the model and data (training a baseline model once
+      when the task needs one), check that every method of the plan applies
+      (:func:`vitbench.plan.check_applies`), and return what the runs share. The workspace has
+      ``model`` (the unreduced timm model every run reduces a copy of) and ``counters`` (a dict
+      the executor caches matched-compute counters in, one per seed).
+    - ``run(spec, ws, baseline, progress, params) -> fields``: one run spec -- apply the method
+      (with ``params``, which differ from ``spec.params`` when a budget knob was matched),
+      fine-tune it when it trains, evaluate and measure; the returned fields go into the record.
+      It raises on failure (the executor records the error; the other runs go on).
+    - ``shared_fields(ws) -> fields``: what every record of the plan carries, failed runs' too
+      (cls: the classifier head fitted once for ``--num-classes``); ``None``: nothing.
+    - ``gmacs_counter(spec, ws, progress)``: a :class:`~vitbench.calibrate.GmacsCounter` of
+      what ``counts`` names, on the images the run counts on (``--match-gmacs``, sweeps);
+      ``None``: the task cannot match compute.
+    - ``metrics``: the ``--metrics`` names the task measures (:data:`vitbench.plan.METRICS`).
+    - ``accuracy``: its accuracy metrics as the reports show them, the headline first.
+    - ``counts``: whose GMACs a budget is matched on (:data:`COUNTED`).
+    - ``control``: a learnable method fine-tunes more than its own parameters, so the plan adds
+      the control row (:data:`vitbench.plan.CONTROL`: the baseline fine-tuned the same way).
+    """
+
+    name: str
+    setup: Callable[["argparse.Namespace", Sequence[str]], TaskSetup]
+    workspace: Callable[[WorkspaceRequest], Any]
+    run: TaskRun
+    metrics: tuple[str, ...]
+    accuracy: tuple[ReportColumn, ...] = ()
+    gmacs_counter: Optional[Callable[[Any, Any, Callable[[str], None]], Any]] = None
+    shared_fields: Optional[Callable[[Any], dict]] = None
+    counts: str = "model"
+    control: bool = False
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if self.counts not in COUNTED:
+            from vitbench.errors import UnknownNameError
+
+            raise UnknownNameError(f"unknown counted part {self.counts!r} of task {self.name!r}; valid counted "
+                                   f"parts: {', '.join(COUNTED)}")
+
+    @property
+    def compute_key(self) -> str:
+        """The record field a budget is matched on and the sweep plots: ``gmacs`` or ``backbone_gmacs``."""
+        return "gmacs" if self.counts == "model" else "backbone_gmacs"
+
+    @property
+    def compute_name(self) -> str:
+        """``GMACs`` or ``backbone GMACs``: what :attr:`compute_key` holds, in words."""
+        return "GMACs" if self.counts == "model" else "backbone GMACs"

@@ -31,6 +31,11 @@ def vitbench_register_families(register: Callable[..., None]) -> None:
 
 
 @hookspec
+def vitbench_register_tasks(register: Callable[..., None]) -> None:
+    """Register tasks: ``register(TaskSpec(...))`` once per task (``vitbench run --task NAME``)."""
+
+
+@hookspec
 def vitbench_run_started(spec: Any) -> None:
     """Called when a run of the plan starts; ``spec`` is the frozen :class:`RunSpec`."""
 

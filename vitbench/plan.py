@@ -16,11 +16,6 @@ from vitbench.tasks.det.protocol import CONTROL  # det/seg: the fine-tuned basel
 BASELINE = "baseline"
 #: the two rows that are no method (no plugin, no parameters)
 REFERENCES = (BASELINE, CONTROL)
-TASKS = ("cls", "det", "seg")
-#: the tasks run on mmdet detectors (:mod:`vitbench.tasks.det`)
-DENSE_TASKS = ("det", "seg")
-#: the default backbone of the dense tasks (random init, trained with the detector)
-DEFAULT_DENSE_MODEL = "mobilevit_xs"
 METRICS = ("accuracy", "gmacs", "params", "throughput", "latency", "memory", "ib")
 #: metrics that need labelled evaluation data
 DATA_METRICS = ("accuracy", "ib")
@@ -155,21 +150,20 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
                precision: str = "fp32", compile: bool = False) -> list[RunSpec]:
     """The baseline, then one spec per method, parameters validated (no model is built here).
 
-    ``control`` (det/seg): when a learnable method fine-tunes detector weights (protocol ``all``
+    ``control`` (tasks with a control row: det/seg): when a learnable method fine-tunes detector weights (protocol ``all``
     or ``heads``), the :data:`CONTROL` spec follows the baseline: the baseline detector fine-tuned
     the same way without a method, so that a method's mAP can be compared at equal training.
 
     ``match_gmacs``: every method runs at that fraction of the baseline's GMACs, its budget knob
     chosen when it runs (:mod:`vitbench.calibrate`); ``--param`` may not set the knob then."""
-    if task not in TASKS:
-        raise choices_error("task", task, TASKS)
+    host = get_host()
+    task_spec = host.task(task)  # unknown -> error listing the registered tasks
     if device not in DEVICES:
         raise choices_error("device", device, DEVICES)
     if batch_size < 1:
         raise ParamError(f"--batch-size {batch_size} is out of range; it must be >= 1")
     if train_limit is not None and train_limit < 1:
         raise ParamError(f"--train-limit {train_limit} is out of range; it must be >= 1")
-    host = get_host()
     names = [host.method(name).name for name in methods]  # unknown -> error listing valid ones
     for name in overrides:
         canonical = host.method(name).name
@@ -192,7 +186,7 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
                   device=device, seed=seed, checkpoint=checkpoint, pretrained=pretrained,
                   precision=None if check_precision(precision) == "fp32" else precision, compile=compile)
     plan = [RunSpec(method=BASELINE, params_json="{}", **common)]
-    if control and task in DENSE_TASKS and any(host.method(n).needs_training for n in names):
+    if control and task_spec.control and any(host.method(n).needs_training for n in names):
         from vitbench.tasks.det.protocol import DEFAULT_PROTOCOL, check_protocol
 
         if check_protocol(dense_finetune or DEFAULT_PROTOCOL) != "method":  # detector weights train
@@ -210,6 +204,23 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
         plan.append(RunSpec(method=name, params_json=json.dumps(params, sort_keys=True),
                             **common, **training, **matched))
     return plan
+
+
+def check_applies(plan: Iterable[RunSpec], model: Any) -> None:
+    """Check, before anything runs, that a model-family adapter recognises ``model`` and that
+    every method of ``plan`` applies to a copy of it: unsupported pairs and out-of-range
+    parameters (e.g. a block index the model lacks) fail here with a clear error."""
+    import copy
+
+    from vitbench.engine import apply
+
+    get_host().family_of(model)
+    checked: set[tuple[str, str]] = set()
+    for spec in plan:
+        if spec.method in REFERENCES or (spec.method, spec.params_json) in checked:
+            continue  # the baseline, or the same method checked for an earlier seed
+        checked.add((spec.method, spec.params_json))
+        apply(copy.deepcopy(model), spec.method, **spec.params)
 
 
 def parse_seeds(text: str) -> tuple[int, ...]:

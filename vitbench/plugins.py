@@ -1,5 +1,5 @@
 """The plugin host: discovers plugins through the ``vitbench`` entry-point group and holds
-the catalogs of methods, scorers and model families (docs/architecture.md, "Plugins").
+the catalogs of methods, scorers, model families and tasks (docs/architecture.md, "Plugins").
 
 Built-in plugins are ordinary entry points of the ``vitbench`` distribution; nothing here
 imports one by name. Loading is safe: a plugin that fails to import or to register is recorded
@@ -20,11 +20,11 @@ from typing import Any, Callable, Iterable
 import pluggy
 
 from vitbench import hookspecs
-from vitbench.catalog import FamilySpec, MethodSpec, ScorerSpec
+from vitbench.catalog import FamilySpec, MethodSpec, ScorerSpec, TaskSpec
 from vitbench.errors import PluginError, choices_error
 
 ENTRY_POINT_GROUP = "vitbench"
-_KINDS = {"methods": MethodSpec, "scorers": ScorerSpec, "families": FamilySpec}
+_KINDS = {"methods": MethodSpec, "scorers": ScorerSpec, "families": FamilySpec, "tasks": TaskSpec}
 
 
 @dataclass
@@ -134,6 +134,8 @@ class PluginHost:
                 raise TypeError(f"register() for {kind} takes a {spec_type.__name__}, got {type(spec).__name__}")
             if kind == "methods":
                 _check_knob(spec)
+            if kind == "tasks":
+                _check_task(spec)
             names = [spec.name, *getattr(spec, "aliases", ())]
             for name in names:
                 other = self._owner.get((kind, name))
@@ -179,6 +181,10 @@ class PluginHost:
     def family(self, name: str) -> FamilySpec:
         return self._lookup("families", name)
 
+    def task(self, name: str) -> TaskSpec:
+        """The task registered as ``name`` (``vitbench run --task NAME``)."""
+        return self._lookup("tasks", name)
+
     def family_of(self, model: Any) -> FamilySpec:
         """The family adapter that recognises ``model``."""
         for spec in self.catalogs["families"].values():
@@ -190,6 +196,7 @@ class PluginHost:
                                f"supported families: {families}")
 
     def names(self, kind: str) -> list[str]:
+        """The registered names of ``kind`` (methods, scorers, families, tasks), sorted."""
         return sorted(self.catalogs[kind])
 
     def owner(self, kind: str, name: str) -> str | None:
@@ -204,10 +211,13 @@ class PluginHost:
         self.pm.hook.vitbench_run_finished(spec=spec, result=result)
 
     def describe(self) -> dict[str, Any]:
-        """A JSON-friendly description: every plugin with what it registered, and failures."""
+        """A JSON-friendly description: every plugin with what it registered, the tasks (and the
+        plugin of each), and failures."""
         self.catalogs  # noqa: B018
         return {
             "plugins": [vars(info) | {"registered": dict(info.registered)} for info in self.plugins.values()],
+            "tasks": [{"name": name, "plugin": self.owner("tasks", name),
+                       "description": self.task(name).description} for name in self.names("tasks")],
             "failures": [vars(f) for f in self.failures],
             "skipped": list(self.skipped),
         }
@@ -223,6 +233,16 @@ def _check_knob(spec: MethodSpec) -> None:
     if spec.budget.param not in fields:
         raise ValueError(f"method {spec.name!r} declares the budget knob {spec.budget.param!r}, which is "
                          f"not one of its parameters ({', '.join(fields)})")
+
+
+def _check_task(spec: TaskSpec) -> None:
+    """A task measures only metrics vitbench knows (a plugin failure otherwise)."""
+    from vitbench.plan import METRICS
+
+    unknown = [m for m in spec.metrics if m not in METRICS]
+    if unknown:
+        raise ValueError(f"task {spec.name!r} declares the metrics {', '.join(map(repr, unknown))}; "
+                         f"valid metrics: {', '.join(METRICS)}")
 
 
 _HOST: PluginHost | None = None

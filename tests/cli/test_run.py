@@ -48,7 +48,7 @@ def test_run_writes_store_report_and_plot(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--methods", "nope"], "unknown method 'nope'; valid methods: "),
-    (["--methods", "tome", "--task", "nope"], "unknown task 'nope'; valid tasks: cls"),
+    (["--methods", "tome", "--task", "nope"], "unknown task 'nope'; valid tasks: agreement, cls, det, seg"),
     (["--methods", "tome", "--param", "tome.r=-3"], "tome.r=-3 is out of range"),
     (["--methods", "ppt", "--param", "ppt.layers=(3,99)"],
      "ppt.layers contains 99; valid block indices for this model: 0..5"),
@@ -79,7 +79,7 @@ def test_unknown_model_suggests_names(tmp_path, capsys):
 def test_backbone_outside_the_vit_family_is_unsupported(tmp_path, capsys):
     assert main(["run", "--methods", "tome", "--model", "test_resnet", "--metrics", "gmacs",
                  "--out", str(tmp_path)]) == 2
-    assert "no model-family adapter recognises ResNet; supported families: efficientvit, mobilevit, vit" in capsys.readouterr().err
+    assert "no model-family adapter recognises ResNet; supported families: efficientvit, mobilevit, swin, vit" in capsys.readouterr().err
 
 
 def test_unreadable_checkpoint(tmp_path, capsys):

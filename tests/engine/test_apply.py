@@ -26,7 +26,7 @@ def test_unknown_method_lists_the_valid_ones():
 
 
 def test_model_outside_every_family_is_rejected():
-    with pytest.raises(UnsupportedError, match=r"no model-family adapter recognises Linear; supported families: efficientvit, mobilevit, vit"):
+    with pytest.raises(UnsupportedError, match=r"no model-family adapter recognises Linear; supported families: efficientvit, mobilevit, swin, vit"):
         vitbench.apply(nn.Linear(2, 2), "tome")
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 
 from vitbench.catalog import METHOD_KINDS
-from vitbench.plan import DEFAULT_MODEL, TASKS
+from vitbench.plan import DEFAULT_MODEL
 from vitbench.plugins import get_host
 
 KINDS = ("methods", "scorers", "models", "families", "tasks")
@@ -42,7 +42,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name}  [plugin: {host.owner('families', name)}; models: "
                   f"{', '.join(spec.model_patterns)}]  {spec.description}")
     elif args.kind == "tasks":
-        print("\n".join(TASKS))
+        for name in host.names("tasks"):
+            spec = host.task(name)
+            control = "; control row" if spec.control else ""
+            print(f"{name}  [plugin: {host.owner('tasks', name)}; metrics: {', '.join(spec.metrics)}; budgets "
+                  f"matched on the {spec.counts}'s GMACs{control}]  {spec.description}")
     else:
         import timm
 

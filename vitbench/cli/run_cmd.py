@@ -10,7 +10,6 @@ options and this code.
 from __future__ import annotations
 
 import argparse
-import copy
 import sys
 from pathlib import Path
 from typing import Optional
@@ -18,16 +17,11 @@ from typing import Optional
 from vitbench.errors import VitbenchError
 from vitbench.plan import (
     CONTROL,
-    DATA_METRICS,
-    DEFAULT_DENSE_MODEL,
     DEFAULT_MODEL,
     DEFAULT_MODEL_TRAIN_LIMIT,
-    DENSE_TASKS,
     METRICS,
-    REFERENCES,
     build_seeded_plan,
     check_seeds,
-    parse_list,
     parse_param_overrides,
     parse_seeds,
 )
@@ -45,7 +39,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def add_run_options(p: argparse.ArgumentParser) -> None:
     """The options ``vitbench run`` and ``vitbench sweep`` share."""
-    p.add_argument("--task", default="cls", help="task: cls, det (SSDLite) or seg (Mask R-CNN)")
+    p.add_argument("--task", default="cls",
+                   help="task: cls, det (SSDLite), seg (Mask R-CNN) or one a plugin adds (see `vitbench list tasks`)")
     p.add_argument("--methods", required=True, help="comma-separated method names (see `vitbench list methods`)")
     p.add_argument("--model", default=None,
                    help=f"timm ViT/DeiT name; default: {DEFAULT_MODEL} (trained once on Fashion-MNIST)")
@@ -98,22 +93,6 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                         "full with --data)")
 
 
-def _metrics(args: argparse.Namespace, model: str) -> tuple[str, ...]:
-    if args.metrics is not None:
-        metrics = parse_list("metric", args.metrics, METRICS)
-        needs = [m for m in metrics if m in DATA_METRICS]
-        if needs and args.data is None and model != DEFAULT_MODEL:
-            raise VitbenchError(f"{' and '.join(needs)} of {model!r} need --data PATH (an ImageNet-style "
-                                f"folder); or leave {', '.join(needs)} out of --metrics")
-        return metrics
-    if args.data is None and model != DEFAULT_MODEL:
-        without = tuple(m for m in METRICS if m not in DATA_METRICS)
-        print(f"vitbench: note: no --data for {model!r}: measuring {', '.join(without)} without "
-              f"{' and '.join(DATA_METRICS)}", file=sys.stderr)
-        return without
-    return METRICS
-
-
 def _seeds(args: argparse.Namespace) -> tuple[int, ...]:
     """``--seeds 0,1,2`` or ``--seed S`` (default 0) as the plan's seeds; both at once is an error."""
     if args.seeds is not None and args.seed is not None:
@@ -122,19 +101,6 @@ def _seeds(args: argparse.Namespace) -> tuple[int, ...]:
     if args.seeds is not None:
         return parse_seeds(args.seeds)
     return check_seeds([0 if args.seed is None else args.seed])
-
-
-def _check_methods_apply(plan: list, model) -> None:  # type: ignore[no-untyped-def]
-    """Apply every method to a copy of the model now, so unsupported pairs and out-of-range
-    parameters (e.g. a block index the model lacks) fail before anything runs."""
-    from vitbench.engine import apply
-
-    checked: set[tuple[str, str]] = set()
-    for spec in plan:
-        if spec.method in REFERENCES or (spec.method, spec.params_json) in checked:
-            continue  # the baseline, or the same method checked for an earlier seed
-        checked.add((spec.method, spec.params_json))
-        apply(copy.deepcopy(model), spec.method, **spec.params)
 
 
 def _budgets(args: argparse.Namespace) -> Optional[tuple[float, ...]]:
@@ -205,44 +171,33 @@ def _out_dir(args: argparse.Namespace, model_name: str) -> Path:
     return Path(args.out or Path("runs") / f"{prefix}{args.task}-{model_name}")
 
 
-def run(args: argparse.Namespace) -> int:
-    from vitbench.environment import environment
-    from vitbench.execute import Workspace, execute_plan, input_size_of
-    from vitbench.results import ResultStore
-
-    if args.task in DENSE_TASKS:
-        return run_dense(args)
-    if args.no_control:
-        raise VitbenchError(f"--no-control applies to the dense tasks ({', '.join(DENSE_TASKS)}); "
-                            f"--task is {args.task!r}")
-    if args.dense_finetune is not None:
-        raise VitbenchError(f"--dense-finetune applies to the dense tasks ({', '.join(DENSE_TASKS)}); "
-                            f"--task is {args.task!r}")
-    model_name = args.model or DEFAULT_MODEL
-    budgets = _budgets(args)
-    metrics = _with_gmacs(_metrics(args, model_name), budgets)
-    data: Optional[str] = args.data
-    if any(m in metrics for m in DATA_METRICS) and data is None:
-        data = "fashion-mnist"
-    train_limit = args.train_limit
-    if train_limit is None and model_name == DEFAULT_MODEL:
-        train_limit = DEFAULT_MODEL_TRAIN_LIMIT
+def _methods(args: argparse.Namespace) -> list[str]:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if not methods:
         raise VitbenchError("--methods is empty; see `vitbench list methods`")
-    learnable = [get_host().method(m).name for m in methods if get_host().method(m).needs_training]
-    if learnable and data is None:
-        if model_name != DEFAULT_MODEL:
-            raise VitbenchError(f"{', '.join(learnable)} must be fine-tuned: pass --data PATH (an "
-                                f"ImageNet-style folder with a train/ split)")
-        data = "fashion-mnist"
+    return methods
+
+
+def run(args: argparse.Namespace) -> int:
+    """``vitbench run`` (and ``vitbench sweep``) for the task ``--task`` names: the task resolves its
+    model and data and builds the workspace; the plan, the executor, the store and the report
+    are the same for every task."""
+    from vitbench.catalog import WorkspaceRequest
+    from vitbench.environment import environment
+    from vitbench.execute import execute_plan
+    from vitbench.results import ResultStore
+
+    task = get_host().task(args.task)  # unknown -> error listing the registered tasks
+    methods = _methods(args)
+    budgets = _budgets(args)
+    setup = task.setup(args, methods)
+    metrics = _with_gmacs(setup.metrics, budgets)
     shard = _shard(args)
-    plan = _plan(budgets, shard, task=args.task, model=model_name, methods=methods, data=data,
+    plan = _plan(budgets, shard, task=task.name, model=setup.model, methods=methods, data=setup.data,
                  overrides=parse_param_overrides(args.param), metrics=metrics,
                  batch_size=args.batch_size, device=args.device, seeds=_seeds(args),
-                 checkpoint=args.checkpoint, pretrained=args.pretrained,
-                 train_backbone=args.train_backbone, train_limit=train_limit, precision=args.precision,
-                 compile=args.compile)
+                 checkpoint=args.checkpoint, pretrained=args.pretrained, precision=args.precision,
+                 compile=args.compile, **setup.plan)
     if _empty_shard(plan, shard):
         return 0
     if args.device == "cuda":
@@ -254,107 +209,14 @@ def run(args: argparse.Namespace) -> int:
         raise VitbenchError(f"--limit {args.limit} is out of range; it must be >= 1")
 
     say = _Progress()
-    say.note(f"loading model {model_name}")
-    from vitbench.tasks.cls.models import load_model
-
-    model = load_model(model_name, pretrained=args.pretrained, checkpoint=args.checkpoint,
-                       num_classes=args.num_classes, seed=plan[0].seed)  # a random init from the first seed
-    get_host().family_of(model)
-    _check_methods_apply(plan, model)
-    cls_data = None
-    if any(m in metrics for m in DATA_METRICS) or learnable:
-        from vitbench.tasks.cls.data import resolve_cls_data
-
-        cls_data = resolve_cls_data(data, model)  # a head of another class count is refused here
-    out = _out_dir(args, model_name)
-    out.mkdir(parents=True, exist_ok=True)
-    head = None
-    if cls_data is not None and getattr(model, "vitbench_new_head", False):
-        from vitbench.tasks.cls.head import fitted_head  # --num-classes N: a new head, fitted once
-
-        head = fitted_head(model, cls_data, out / "checkpoints", model_name=model_name, limit=train_limit,
-                           device=args.device, progress=say.note).record()
-    store = ResultStore(out, shard=shard)  # --shard I/N: its own file, merged on read
+    out = _out_dir(args, setup.model)
     resume = args.resume or _is_sweep(args)  # a sweep always resumes: re-running skips done runs
-    ws = Workspace(model=model, input_size=input_size_of(model), data=cls_data, work_dir=out / "work",
-                   eval_limit=args.limit, checkpoint_dir=out / "checkpoints", resume=resume, head=head)
+    ws = task.workspace(WorkspaceRequest(args=args, setup=setup, plan=plan, out=out, resume=resume, note=say.note))
+    out.mkdir(parents=True, exist_ok=True)
+    store = ResultStore(out, shard=shard)  # --shard I/N: its own file, merged on read
     env = environment(args.device, precision=args.precision, compiled=args.compile)
     records = execute_plan(plan, ws, store, resume=resume, env=env, progress=say.step)
     return _report(args, records, store, out, env["command"])
-
-
-#: metrics of the dense tasks ("accuracy" is box/mask mAP; the IB metric needs image classes)
-DENSE_METRICS = tuple(m for m in METRICS if m != "ib")
-
-
-def run_dense(args: argparse.Namespace) -> int:
-    """``vitbench run --task det|seg``: the trained detector, each method on its backbone."""
-    from vitbench.environment import environment
-    from vitbench.execute import execute_plan
-    from vitbench.results import ResultStore
-    from vitbench.tasks.cls.default_model import cache_dir
-    from vitbench.tasks.det.data import SHAPES, resolve_det_data
-    from vitbench.tasks.det.run import (
-        DEFAULT_EPOCHS,
-        DenseWorkspace,
-        check_model_name,
-        load_backbone,
-    )
-
-    model_name = args.model or DEFAULT_DENSE_MODEL
-    budgets = _budgets(args)
-    metrics = parse_list("metric", args.metrics, DENSE_METRICS) if args.metrics is not None else DENSE_METRICS
-    metrics = _with_gmacs(metrics, budgets)
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    if not methods:
-        raise VitbenchError("--methods is empty; see `vitbench list methods`")
-    protocol = _dense_protocol(args)
-    epochs = DEFAULT_EPOCHS[args.task] if args.detector_epochs is None else args.detector_epochs
-    if epochs < 1:
-        raise VitbenchError(f"--detector-epochs {epochs} is out of range; it must be >= 1")
-    if args.limit is not None and args.limit < 1:
-        raise VitbenchError(f"--limit {args.limit} is out of range; it must be >= 1")
-    shard = _shard(args)
-    plan = _plan(budgets, shard, task=args.task, model=model_name, methods=methods, data=args.data or SHAPES,
-                 overrides=parse_param_overrides(args.param), metrics=metrics,
-                 batch_size=args.batch_size, device=args.device, seeds=_seeds(args),
-                 checkpoint=args.checkpoint, pretrained=args.pretrained,
-                 train_limit=args.train_limit, dense_finetune=protocol, control=not args.no_control,
-                 precision=args.precision, compile=args.compile)
-    if _empty_shard(plan, shard):
-        return 0
-    say = _Progress()
-    check_model_name(model_name)  # before the data: the default set takes seconds to generate
-    data = resolve_det_data(args.data)
-    say.note(f"data {data.name}: {data.num_classes} classes ({', '.join(data.classes[:8])}"
-             f"{', ...' if data.num_classes > 8 else ''}); loading backbone {model_name}")
-    model = load_backbone(model_name, data.num_classes, data.input_size, pretrained=args.pretrained,
-                          checkpoint=args.checkpoint, seed=plan[0].seed)
-    get_host().family_of(model)
-    _check_methods_apply(plan, model)
-    out = _out_dir(args, model_name)
-    out.mkdir(parents=True, exist_ok=True)
-    store = ResultStore(out, shard=shard)  # --shard I/N: its own file, merged on read
-    ws = DenseWorkspace(task=args.task, model=model, model_name=model_name, data=data,
-                        width=args.detector_width or ("light" if data.embedded else "full"), epochs=epochs,
-                        train_limit=args.train_limit, work_dir=out / "work", eval_limit=args.limit,
-                        cache_dir=cache_dir() / "detectors" if data.embedded else out / "checkpoints")
-    env = environment(args.device, precision=args.precision, compiled=args.compile)
-    records = execute_plan(plan, ws, store, resume=args.resume or _is_sweep(args), env=env, progress=say.step)
-    return _report(args, records, store, out, env["command"])
-
-
-def _dense_protocol(args: argparse.Namespace) -> str:
-    """``--dense-finetune`` checked (``--train-backbone`` on det/seg is ``all``)."""
-    from vitbench.tasks.det.protocol import DEFAULT_PROTOCOL, check_protocol
-
-    protocol = check_protocol(args.dense_finetune) if args.dense_finetune is not None else None
-    if args.train_backbone:
-        if protocol not in (None, "all"):
-            raise VitbenchError(f"--train-backbone trains every detector weight (--dense-finetune all); "
-                                f"it contradicts --dense-finetune {protocol}")
-        protocol = "all"
-    return protocol or DEFAULT_PROTOCOL
 
 
 class _Progress:

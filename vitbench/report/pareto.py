@@ -21,12 +21,12 @@ from matplotlib.figure import Figure
 from vitbench.report._atomic import atomic_write_bytes
 from vitbench.report.sweep import Curve, accuracy_keys, curves, gmacs_key
 from vitbench.report.tables import groups, metric, ok_rows
+from vitbench.report.task_shape import accuracy_column
 from vitbench.results.store import latest_records
 
 __all__ = ["plot_pareto"]
 
 _X = {"gmacs": "GMACs (batch 1)", "throughput": "Throughput (img/s)"}
-_Y = {"top1_pct": "Top-1 (%)", "box_map": "box mAP", "mask_map": "mask mAP"}
 
 
 def _x_key(x: str, task: str) -> str:
@@ -84,8 +84,9 @@ def plot_pareto(records: Iterable[Mapping[str, Any]], path_png: str | os.PathLik
             if x == "throughput" and len(bs) == 1:
                 label = f"Throughput (img/s, bs={bs.pop()})"
             ax.set_xlabel(label)
-            ax.set_ylabel(_Y[y_key] if measured else "budget F (fraction of the baseline's GMACs)")
-            what = _Y[y_key] if measured else "budget (no accuracy measured)"
+            axis = accuracy_column(task, y_key).axis
+            ax.set_ylabel(axis if measured else "budget F (fraction of the baseline's GMACs)")
+            what = axis if measured else "budget (no accuracy measured)"
             ax.set_title(f"{task} · {model}: {what} vs {'GMACs' if x == 'gmacs' else 'throughput'}")
         for ax in row[len(accuracy_keys(task)):]:
             ax.set_visible(False)

@@ -19,6 +19,7 @@ from matplotlib.figure import Figure
 
 from vitbench.report._atomic import atomic_write_bytes
 from vitbench.report.tables import CONTROL, accuracy_key, groups, metric, ok_rows, row_labels
+from vitbench.report.task_shape import accuracy_columns
 
 __all__ = ["plot_accuracy_vs_gmacs"]
 
@@ -81,7 +82,7 @@ def plot_accuracy_vs_gmacs(
         rows, base = ok_rows(records, task, model)
         labels = row_labels(rows)
         y_key = accuracy_key(task)
-        y_label = "Top-1 (%)" if task == "cls" else "box mAP"
+        y_label = accuracy_columns(task)[0].axis
         if not any(metric(r, y_key) is not None for r in rows):  # e.g. --metrics gmacs,throughput
             _speed_only(ax_g, ax_t, rows, labels, base, f"{task} · {model}")
             continue

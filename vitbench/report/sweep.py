@@ -22,6 +22,7 @@ import pandas as pd
 from vitbench.report._atomic import atomic_write_bytes
 from vitbench.report.markdown import group_section, header_lines
 from vitbench.report.tables import NA, drop_unmeasured, gmacs_spec, groups, metric, ok_rows
+from vitbench.report.task_shape import accuracy_column, accuracy_columns, compute_key, compute_name
 from vitbench.results.store import latest_records
 
 __all__ = ["Curve", "accuracy_keys", "budget_records", "budgets", "curve_area", "curves", "summary_table",
@@ -30,17 +31,17 @@ __all__ = ["Curve", "accuracy_keys", "budget_records", "budgets", "curve_area", 
 Record = Mapping[str, Any]
 #: the Pareto plots beside report.md
 PARETO_FILES = ("pareto_gmacs.png", "pareto_throughput.png")
-_ACC_NAMES = {"top1_pct": ("Top-1 (%)", ".2f"), "box_map": ("Box mAP", ".3f"), "mask_map": ("Mask mAP", ".3f")}
 
 
 def accuracy_keys(task: str) -> tuple[str, ...]:
-    """What a sweep compares as accuracy: top-1 (cls), box mAP (det), box and mask mAP (seg)."""
-    return {"cls": ("top1_pct",), "seg": ("box_map", "mask_map")}.get(task, ("box_map",))
+    """What a sweep compares as accuracy: the task's accuracy columns (top-1 for cls, box mAP for
+    det, box and mask mAP for seg)."""
+    return tuple(c.key for c in accuracy_columns(task))
 
 
 def gmacs_key(task: str) -> str:
     """The GMACs a budget is matched on: the model's (cls), the backbone's (det/seg)."""
-    return "gmacs" if task == "cls" else "backbone_gmacs"
+    return compute_key(task)
 
 
 def _budget(rec: Record) -> Optional[float]:
@@ -155,7 +156,7 @@ def summary_table(records: Iterable[Record], task: str, model: str, y_key: Optio
     base_x = metric(base, x_key)
     cs = curves(records, task, model)
     has_acc = has_accuracy(records, task, model, y_key)
-    spec = _ACC_NAMES[y_key][1]
+    spec = accuracy_column(task, y_key).fmt
     failed = {(_curve_key(r)[0], _budget(r)) for r in records
               if r.get("status") == "error" and (str(r.get("task")), str(r.get("model"))) == (task, model)}
     span = common_span(cs, y_key, base_x) if has_acc and base_x else None
@@ -193,10 +194,10 @@ def _summary_lines(records: list[Record], task: str, model: str) -> list[str]:
     x_key = gmacs_key(task)
     lines = ["### Summary", ""]
     base_x = metric(base, x_key)
-    what = "GMACs" if task == "cls" else "backbone GMACs"
+    what = compute_name(task)
     if base is not None:
-        accs = [f"{_ACC_NAMES[k][0]} {_fmt(metric(base, k), _ACC_NAMES[k][1])}" for k in accuracy_keys(task)
-                if metric(base, k) is not None]
+        accs = [f"{c.title} {_fmt(metric(base, c.key), c.fmt)}" for c in accuracy_columns(task)
+                if metric(base, c.key) is not None]
         lines += [f"Baseline: {', '.join(accs + [f'{_fmt(base_x, gmacs_spec(base_x))} {what}'])}. "
                   f"F: the fraction of the baseline's {what} each method was matched to.", ""]
     any_acc = False
@@ -205,7 +206,7 @@ def _summary_lines(records: list[Record], task: str, model: str) -> list[str]:
         has_acc = has_accuracy(records, task, model, y_key)
         any_acc = any_acc or has_acc
         if has_acc or y_key == accuracy_keys(task)[0]:
-            title = (f"{_ACC_NAMES[y_key][0]} at each budget:" if has_acc
+            title = (f"{accuracy_column(task, y_key).title} at each budget:" if has_acc
                      else f"{what[0].upper() + what[1:]} at each budget (no accuracy measured):")
             lines += [title, "",
                       df.to_markdown(index=False, disable_numparse=True,

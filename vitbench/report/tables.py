@@ -2,7 +2,8 @@
 
 Cells are formatted strings (the table is for reading, the store keeps the numbers) and "n/a"
 wherever a metric does not apply to the row or was not measured. Columns follow the report
-shape of docs/measuring.md; detection/segmentation put box (and mask) mAP where top-1 goes.
+shape of docs/measuring.md; the accuracy columns are the task's (:attr:`TaskSpec.accuracy
+<vitbench.catalog.TaskSpec.accuracy>`: top-1 for cls, box and mask mAP for det/seg).
 Columns that no row measured are left out (:func:`drop_unmeasured`).
 Runs that differ only by seed are one row (:mod:`vitbench.report.seeds`: accuracy as mean ±
 std with a Seeds column saying n); a timing not to be trusted, and a speed-up or efficiency
@@ -18,6 +19,7 @@ import pandas as pd
 
 from vitbench.report.doubts import MARK, row_doubts
 from vitbench.report.seeds import aggregate_over_seeds
+from vitbench.report.task_shape import accuracy_columns
 from vitbench.results.store import latest_records
 from vitbench.tasks.det.protocol import CONTROL
 
@@ -100,8 +102,8 @@ def groups(records: Iterable[Record]) -> list[tuple[str, str]]:
 
 
 def accuracy_key(task: str) -> str:
-    """The record field plotted and compared as "accuracy" for a task."""
-    return "top1_pct" if task == "cls" else "box_map"
+    """The record field plotted and compared as "accuracy" for a task (its headline column)."""
+    return accuracy_columns(task)[0].key
 
 
 def group_records(records: Iterable[Record], task: str, model: str) -> list[dict[str, Any]]:
@@ -160,17 +162,13 @@ def comparison_table(records: Iterable[Record], task: str, model: str) -> pd.Dat
     the baseline of the same session); otherwise from the throughputs and GMACs in this table.
     """
     rows, base = ok_rows(list(records), task, model)
-    is_cls = task == "cls"
-    has_top5 = is_cls and any(metric(r, "top5_pct") is not None for r in rows)
-    has_mask = task == "seg" or (
-        not is_cls and any(metric(r, "mask_map") is not None for r in rows)
-    )
+    acc_cols = accuracy_columns(task)
 
     batches = {int(b) for r in rows if (b := metric(r, "batch_size")) is not None}
     one_bs = len(batches) == 1
     tp_col = f"Throughput (img/s, bs={next(iter(batches))})" if one_bs else "Throughput (img/s)"
 
-    control = pick_control(rows)  # det/seg only: no cls run has one
+    control = pick_control(rows)  # tasks with a control row (det/seg) only
     b_gmacs, b_tp = metric(base, "gmacs"), metric(base, "throughput_img_s")
     several_seeds = any(int(r.get("n_seeds") or 1) > 1 for r in rows)
     table: list[dict[str, str]] = []
@@ -180,33 +178,23 @@ def comparison_table(records: Iterable[Record], task: str, model: str) -> pd.Dat
         if several_seeds:
             seeds = rec.get("seeds") or [rec.get("seed")]
             row["Seeds"] = f"{','.join(map(str, seeds))} (n={len(seeds)})"
-        if has_top5:
-            row["Top-5 (%)"] = _spread(metric(rec, "top5_pct"), metric(rec, "top5_pct_seed_std"), ".2f")
-        acc_cols = (
-            [("Top-1 (%)", "ΔTop-1 (pp)", "top1_pct", ".2f")]
-            if is_cls
-            else [("Box mAP", "ΔBox mAP", "box_map", ".3f")]
-            + ([("Mask mAP", "ΔMask mAP", "mask_map", ".3f")] if has_mask else [])
-        )
-        if not is_cls:  # COCO's AP at IoU 0.50 and 0.75 (issue 4: box and mask AP, AP50, AP75)
-            for col, key in [("Box AP50", "box_ap50"), ("Box AP75", "box_ap75")] + (
-                    [("Mask AP50", "mask_ap50"), ("Mask AP75", "mask_ap75")] if has_mask else []):
-                row[col] = _spread(metric(rec, key), metric(rec, f"{key}_seed_std"), ".3f")
-        for col, dcol, key, spec in acc_cols:
-            v, b = metric(rec, key), metric(base, key)  # means over seeds; the delta of the means
-            row[col] = _spread(v, metric(rec, f"{key}_seed_std"), spec)
-            row[dcol] = _fmt(v - b, "+" + spec) if v is not None and b is not None else NA
-            c = metric(control, key) if finetunes_detector(rec) else None  # same detector training
-            row[f"{dcol} vs +ft"] = _fmt(v - c, "+" + spec) if v is not None and c is not None else NA
+        for col in acc_cols:
+            for title, key in col.before + col.after:  # shown as they are (top-5; AP50, AP75)
+                row[title] = _spread(metric(rec, key), metric(rec, f"{key}_seed_std"), col.fmt)
+            v, b = metric(rec, col.key), metric(base, col.key)  # means over seeds; the delta of the means
+            row[col.title] = _spread(v, metric(rec, f"{col.key}_seed_std"), col.fmt)
+            row[col.delta] = _fmt(v - b, "+" + col.fmt) if v is not None and b is not None else NA
+            c = metric(control, col.key) if finetunes_detector(rec) else None  # same detector training
+            row[f"{col.delta} vs +ft"] = _fmt(v - c, "+" + col.fmt) if v is not None and c is not None else NA
 
         gm = metric(rec, "gmacs")
         row["GMACs"] = _spread(gm, metric(rec, "gmacs_std"), gmacs_spec(gm))
         ratio = b_gmacs / gm if gm and b_gmacs else None  # baseline GMACs / method GMACs
         cut = (1 - gm / b_gmacs) * 100 if gm is not None and b_gmacs else None
         row["GMACs ↓ (%)"] = _fmt(cut, ".1f")
-        if not is_cls:  # the detector's GMACs above; the backbone's alone here (docs/measuring.md)
-            bb = metric(rec, "backbone_gmacs")
-            row["Backbone GMACs"] = _spread(bb, metric(rec, "backbone_gmacs_std"), gmacs_spec(bb))
+        # det/seg: the detector's GMACs above; the backbone's alone here (docs/measuring.md)
+        bb = metric(rec, "backbone_gmacs")
+        row["Backbone GMACs"] = _spread(bb, metric(rec, "backbone_gmacs_std"), gmacs_spec(bb))
 
         tp = metric(rec, "throughput_img_s")
         cell = _spread(tp, metric(rec, "throughput_spread_img_s"), ".1f")
@@ -229,16 +217,14 @@ def comparison_table(records: Iterable[Record], task: str, model: str) -> pd.Dat
         row["IB bound"] = _spread(metric(rec, "ib_bound"), metric(rec, "ib_bound_seed_std"), ".4f")
         table.append(row)
 
+    # every column a task can have; those no row measured (all n/a) are dropped below
     columns = ["Method"] + (["Seeds"] if several_seeds else []) + ["Params"]
-    if is_cls:
-        columns += ["Top-1 (%)"] + (["Top-5 (%)"] if has_top5 else []) + ["ΔTop-1 (pp)"]
-    else:
-        columns += ["Box mAP", "ΔBox mAP"] + (["ΔBox mAP vs +ft"] if control else []) + ["Box AP50", "Box AP75"]
-        columns += (["Mask mAP", "ΔMask mAP"] + (["ΔMask mAP vs +ft"] if control else [])
-                    + ["Mask AP50", "Mask AP75"]) if has_mask else []
-    columns += ["GMACs", "GMACs ↓ (%)"] + ([] if is_cls else ["Backbone GMACs"])
+    for col in acc_cols:
+        columns += ([col.title] + [title for title, _ in col.before] + [col.delta]
+                    + ([f"{col.delta} vs +ft"] if control else []) + [title for title, _ in col.after])
+    columns += ["GMACs", "GMACs ↓ (%)", "Backbone GMACs"]
     columns += [tp_col, "Speed-up (×)", "Efficiency", "Latency bs=1 (ms)"]
-    columns += ["IB loss", "IB bound"] if is_cls else []
+    columns += ["IB loss", "IB bound"]
     return drop_unmeasured(pd.DataFrame(table, columns=columns))
 
 

@@ -29,6 +29,7 @@ from vitbench import measure
 from vitbench.engine import apply, reduction_context
 from vitbench.measure.precision import trains_in
 from vitbench.errors import VitbenchError
+from vitbench.tasks.common import timed_model
 from vitbench.tasks.det.data import DetData
 from vitbench.tasks.det.detectors import build_detector
 
@@ -236,8 +237,6 @@ def run_dense_spec(spec: Any, ws: DenseWorkspace, baseline: Optional[dict], prog
         out.update(evaluate_detector(detector, ws.data, masks=ws.masks, limit=ws.eval_limit, device=spec.device,
                                      seed=spec.seed, precision=precision,
                                      work_dir=ws.work_dir / spec.spec_id if ws.work_dir else None))
-    from vitbench.execute import timed_model
-
     timed = timed_model(spec, forward, ws.input_size, progress)  # the eager forward, or --compile's
     out.update(timed.record())
     if "throughput" in spec.metrics:

@@ -1,4 +1,5 @@
-"""random-drop: keep a seeded random subset of the patch tokens at a few blocks.
+"""random-drop: keep a seeded random subset of the patch tokens at a few blocks; and the
+``agreement`` task (:mod:`vitbench_example_plugin.agreement`).
 
 An example of a third-party vitbench method plugin, and a useful baseline: a pruning method
 that does no better than random at choosing which tokens to drop is not choosing well.
@@ -86,3 +87,10 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
         budget=BudgetKnob("keep", larger_means="more", low=0.001, high=1.0),
         description="keep a seeded random subset of the patch tokens at listed blocks (baseline)",
     ))
+
+
+@hookimpl
+def vitbench_register_tasks(register):  # type: ignore[no-untyped-def]
+    from vitbench_example_plugin.agreement import TASK  # the task's module: what a task plugin holds
+
+    register(TASK)

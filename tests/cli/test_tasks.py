@@ -1,0 +1,125 @@
+"""Tasks register like methods (issue 13, item 1): the built-in ``cls``, ``det`` and ``seg`` are
+task plugins, ``vitbench plugins`` and ``vitbench list tasks`` show them, and the example plugin's
+``agreement`` task runs end to end through its real entry point."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from vitbench.catalog import ReportColumn, TaskSetup, TaskSpec
+from vitbench.cli.main import main
+from vitbench.errors import UnknownNameError
+from vitbench.hookspecs import hookimpl
+from vitbench.plugins import PluginHost, get_host
+
+FAST = ["--model", "test_vit", "--param", "tome.r=4", "--param", "random-drop.layers=(1,3)", "--batch-size", "2"]
+
+
+def _records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+
+
+def test_plugins_json_lists_the_tasks_and_their_plugins(capsys):
+    assert main(["plugins", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    owners = {t["name"]: t["plugin"] for t in info["tasks"]}
+    assert {"cls": "cls_task", "det": "dense_tasks", "seg": "dense_tasks"}.items() <= owners.items()
+    assert owners["agreement"] == "example_random_drop"
+    registered = {p["name"]: p["registered"]["tasks"] for p in info["plugins"]}
+    assert registered["cls_task"] == ["cls"] and registered["dense_tasks"] == ["det", "seg"]
+    assert registered["tome"] == []
+    assert main(["plugins"]) == 0
+    text = capsys.readouterr().out
+    assert any(line.startswith("dense_tasks ") and line.endswith("tasks: det, seg") for line in text.splitlines())
+
+
+def test_list_tasks_names_each_task_with_its_plugin(capsys):
+    assert main(["list", "tasks"]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert {"cls", "det", "seg", "agreement"} <= set(lines)
+    assert "plugin: cls_task" in lines["cls"] and "plugin: dense_tasks" in lines["seg"]
+    assert "control row" in lines["det"] and "control row" not in lines["cls"]
+    assert "backbone's GMACs" in lines["det"] and "model's GMACs" in lines["cls"]
+
+
+def test_an_unknown_task_lists_the_registered_ones():
+    with pytest.raises(UnknownNameError, match="unknown task 'nope'; valid tasks: agreement, cls, det, seg"):
+        get_host().task("nope")
+
+
+def test_the_example_task_runs_end_to_end(tmp_path, capsys):
+    """``vitbench run --task agreement --methods tome``: the example plugin's task through its
+    entry point, the generic plan, executor, store and report."""
+    out = tmp_path / "out"
+    assert main(["run", "--task", "agreement", "--methods", "tome,random-drop", *FAST, "--out", str(out)]) == 0
+    base, tome, drop = _records(out)
+    assert [r["method"] for r in (base, tome, drop)] == ["baseline", "tome", "random-drop"]
+    assert all(r["status"] == "ok" and r["task"] == "agreement" for r in (base, tome, drop))
+    assert base["agreement_pct"] == 100.0 and 0.0 <= tome["agreement_pct"] <= 100.0
+    assert base["num_images"] == 64 and tome["images"] == "seeded noise"
+    assert tome["gmacs"] < base["gmacs"] and drop["gmacs"] < base["gmacs"]
+    report = (out / "report.md").read_text()
+    assert "Agreement (%)" in report and "ΔAgreement (pp)" in report and "tome (r=4" in report
+    assert "| Top-1 (%)" not in report and "| Box mAP" not in report
+    assert "Agreement (%)" in capsys.readouterr().out.splitlines()[0]
+
+
+def test_the_example_task_matches_compute_through_its_counter(tmp_path):
+    out = tmp_path / "out"
+    assert main(["run", "--task", "agreement", "--methods", "tome", "--model", "test_vit", "--match-gmacs", "0.7",
+                 "--metrics", "gmacs", "--out", str(out)]) == 0
+    base, tome = _records(out)
+    assert tome["status"] == "ok" and tome["budget"]["counted"] == "model"
+    assert tome["budget"]["landed_within"] and abs(tome["gmacs"] / base["gmacs"] - 0.7) <= 0.02 * 0.7
+
+
+def test_the_example_task_refuses_a_learnable_method_before_anything_runs(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["run", "--task", "agreement", "--methods", "tome,ltm", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "task 'agreement' runs training-free methods only; ltm must be fine-tuned" in err
+    assert not out.exists()
+
+
+def _task(name: str, **kwargs) -> TaskSpec:
+    def setup(args, methods):
+        return TaskSetup(model="m", data=None, metrics=("gmacs",))
+
+    return TaskSpec(name=name, setup=setup, workspace=lambda request: None, run=lambda *a: {}, **kwargs)
+
+
+def test_a_task_with_an_unknown_metric_is_a_plugin_failure(capsys):
+    class Plugin:
+        @hookimpl
+        def vitbench_register_tasks(self, register):
+            register(_task("bad-task", metrics=("gmacs", "speed")))
+
+    host = PluginHost()
+    host.add_plugin(Plugin(), "bad_task_plugin")
+    assert host.names("tasks") == []
+    assert host.failures[0].name == "bad_task_plugin"
+    assert "declares the metrics 'speed'; valid metrics: accuracy," in host.failures[0].error
+
+
+def test_a_duplicate_task_name_names_both_plugins():
+    from vitbench.errors import PluginError
+
+    class One:
+        @hookimpl
+        def vitbench_register_tasks(self, register):
+            register(_task("twin", metrics=("gmacs",)))
+
+    host = PluginHost()
+    host.add_plugin(One(), "first")
+    host.add_plugin(One(), "second")
+    with pytest.raises(PluginError, match="duplicate task name 'twin': registered by plugin 'first' and by plugin 'second'"):
+        host.names("tasks")
+
+
+def test_a_task_spec_checks_what_it_counts():
+    with pytest.raises(UnknownNameError, match="unknown counted part 'detector' of task 'x'; valid counted parts: model, backbone"):
+        _task("x", metrics=(), counts="detector")
+    column = ReportColumn("k", "K", "ΔK")
+    assert column.axis == "K" and _task("y", metrics=(), counts="backbone").compute_key == "backbone_gmacs"

@@ -1,0 +1,287 @@
+"""The ``cls`` task as the executor runs it (:class:`~vitbench.catalog.TaskSpec` callables; the
+built-in plugin ``cls_task`` registers them): resolve the model and data from the command line,
+fit a new classifier head when asked, and per run spec apply the method, fine-tune a learnable
+one, evaluate top-1/top-5 with mmpretrain and measure (docs/measuring.md).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from vitbench import measure
+from vitbench.calibrate import GmacsCounter, prepared_as_trained
+from vitbench.catalog import ReportColumn, TaskSetup, WorkspaceRequest
+from vitbench.engine import apply, reduction_context
+from vitbench.errors import VitbenchError
+from vitbench.measure.precision import autocast, trains_in
+from vitbench.plan import (
+    BASELINE,
+    DATA_METRICS,
+    DEFAULT_MODEL,
+    DEFAULT_MODEL_TRAIN_LIMIT,
+    METRICS,
+    RunSpec,
+    check_applies,
+    parse_list,
+)
+from vitbench.plugins import get_host
+from vitbench.tasks.common import Progress, attention_kernel, input_size_of, timed_model
+
+__all__ = ["CLS_ACCURACY", "ClsWorkspace", "cls_gmacs_counter", "cls_shared_fields", "cls_setup", "cls_workspace", "run_cls_spec"]
+
+#: what the reports show as accuracy: top-1 (with top-5 beside it)
+CLS_ACCURACY = (ReportColumn("top1_pct", "Top-1 (%)", "ΔTop-1 (pp)", ".2f", before=(("Top-5 (%)", "top5_pct"),)),)
+
+
+@dataclass
+class ClsWorkspace:
+    """What the runs of one cls plan share: the unreduced model, its data and input size."""
+
+    model: nn.Module
+    input_size: tuple[int, int, int]
+    data: Any = None  # a ClsData when accuracy is measured
+    work_dir: Optional[Path] = None
+    gmacs_images: int = 16
+    eval_batch_size: int = 128
+    eval_limit: Optional[int] = None
+    throughput_repeats: int = 10
+    latency_repeats: int = 20
+    #: fine-tuned models are saved here (``<spec_id>.pth``) and reloaded on ``--resume``
+    checkpoint_dir: Optional[Path] = None
+    resume: bool = False
+    verbose_training: bool = False
+    #: how a new classifier head was fitted (``--num-classes``; :mod:`vitbench.tasks.cls.head`)
+    head: Optional[dict] = None
+    #: matched compute: one cached GMACs counter per seed (:func:`vitbench.execute.match_compute`)
+    counters: dict = field(default_factory=dict)
+
+
+def _learnable(methods: Sequence[str]) -> list[str]:
+    host = get_host()
+    return [host.method(m).name for m in methods if host.method(m).needs_training]
+
+
+def _metrics(args: argparse.Namespace, model: str) -> tuple[str, ...]:
+    if args.metrics is not None:
+        metrics = parse_list("metric", args.metrics, METRICS)
+        needs = [m for m in metrics if m in DATA_METRICS]
+        if needs and args.data is None and model != DEFAULT_MODEL:
+            raise VitbenchError(f"{' and '.join(needs)} of {model!r} need --data PATH (an ImageNet-style "
+                                f"folder); or leave {', '.join(needs)} out of --metrics")
+        return metrics
+    if args.data is None and model != DEFAULT_MODEL:
+        without = tuple(m for m in METRICS if m not in DATA_METRICS)
+        print(f"vitbench: note: no --data for {model!r}: measuring {', '.join(without)} without "
+              f"{' and '.join(DATA_METRICS)}", file=sys.stderr)
+        return without
+    return METRICS
+
+
+def cls_setup(args: argparse.Namespace, methods: Sequence[str]) -> TaskSetup:
+    """The model (default: the embedded Fashion-MNIST ViT), data and metrics of ``--task cls``;
+    the dense tasks' options are refused."""
+    host = get_host()
+    dense = ", ".join(name for name in host.names("tasks") if host.task(name).control)
+    if args.no_control:
+        raise VitbenchError(f"--no-control applies to the dense tasks ({dense}); --task is {args.task!r}")
+    if args.dense_finetune is not None:
+        raise VitbenchError(f"--dense-finetune applies to the dense tasks ({dense}); --task is {args.task!r}")
+    model_name = args.model or DEFAULT_MODEL
+    metrics = _metrics(args, model_name)
+    data: Optional[str] = args.data
+    if any(m in metrics for m in DATA_METRICS) and data is None:
+        data = "fashion-mnist"
+    train_limit = args.train_limit
+    if train_limit is None and model_name == DEFAULT_MODEL:
+        train_limit = DEFAULT_MODEL_TRAIN_LIMIT
+    learnable = _learnable(methods)
+    if learnable and data is None:
+        if model_name != DEFAULT_MODEL:
+            raise VitbenchError(f"{', '.join(learnable)} must be fine-tuned: pass --data PATH (an "
+                                f"ImageNet-style folder with a train/ split)")
+        data = "fashion-mnist"
+    return TaskSetup(model=model_name, data=data, metrics=metrics,
+                     plan={"train_backbone": args.train_backbone, "train_limit": train_limit})
+
+
+def cls_workspace(request: WorkspaceRequest) -> ClsWorkspace:
+    """Load the model (the default one is trained once and cached), check every method applies,
+    resolve the data when accuracy is measured or a method trains, fit a new head when asked."""
+    from vitbench.tasks.cls.models import load_model
+
+    args, setup, plan = request.args, request.setup, request.plan
+    request.note(f"loading model {setup.model}")
+    model = load_model(setup.model, pretrained=args.pretrained, checkpoint=args.checkpoint,
+                       num_classes=args.num_classes, seed=plan[0].seed)  # a random init from the first seed
+    check_applies(plan, model)
+    cls_data = None
+    if any(m in setup.metrics for m in DATA_METRICS) or _learnable(_names(args.methods)):
+        from vitbench.tasks.cls.data import resolve_cls_data
+
+        cls_data = resolve_cls_data(setup.data, model)  # a head of another class count is refused here
+    out = request.out
+    out.mkdir(parents=True, exist_ok=True)
+    head = None
+    if cls_data is not None and getattr(model, "vitbench_new_head", False):
+        from vitbench.tasks.cls.head import fitted_head  # --num-classes N: a new head, fitted once
+
+        head = fitted_head(model, cls_data, out / "checkpoints", model_name=setup.model,
+                           limit=setup.plan.get("train_limit"), device=args.device, progress=request.note).record()
+    return ClsWorkspace(model=model, input_size=input_size_of(model), data=cls_data, work_dir=out / "work",
+                        eval_limit=args.limit, checkpoint_dir=out / "checkpoints", resume=request.resume,
+                        head=head)
+
+
+def _names(text: str) -> list[str]:
+    return [m.strip() for m in text.split(",") if m.strip()]
+
+
+def _eval_batches(ws: ClsWorkspace, model: nn.Module, device: str, limit: Optional[int] = None):  # type: ignore[no-untyped-def]
+    from vitbench.tasks.cls.batches import cls_batches, data_preprocessor
+
+    n = ws.eval_limit if limit is None else (limit if ws.eval_limit is None else min(limit, ws.eval_limit))
+    return cls_batches(ws.data.dataset_cfg(limit=n), data_preprocessor(model, ws.data.bgr),
+                       device=device, batch_size=ws.eval_batch_size)
+
+
+def _ib_batches(ws: ClsWorkspace, model: nn.Module, device: str):  # type: ignore[no-untyped-def]
+    """Evaluation batches for the IB metric with labels 0..K-1 over the data's K classes: ImageNet
+    synset folders carry labels in the 1000-class space, and the IB clusters are the classes
+    present (docs/methods.md §6), not 1000 mostly empty ones."""
+    used = sorted(set((ws.data.dataset.get("label_map") or {}).values()))
+    batches = _eval_batches(ws, model, device)()
+    if not used or used == list(range(ws.data.num_classes)):
+        return batches
+    index = torch.full((max(used) + 1,), -1, dtype=torch.long)
+    index[used] = torch.arange(len(used))
+    return ((images, index[labels.cpu()].to(labels.device)) for images, labels in batches)
+
+
+def _gmacs_images(spec: RunSpec, ws: ClsWorkspace) -> torch.Tensor:
+    """The images GMACs are counted on: the first evaluation images when there is data (input-
+    dependent methods are averaged over real images, docs/measuring.md), else seeded noise."""
+    if ws.data is not None:
+        from vitbench.tasks.cls.batches import first_images
+
+        images = first_images(_eval_batches(ws, ws.model, "cpu", ws.gmacs_images), ws.gmacs_images)
+        if images is not None:
+            return images
+    gen = torch.Generator().manual_seed(spec.seed)
+    return torch.randn(ws.gmacs_images, *ws.input_size, generator=gen)
+
+
+def cls_gmacs_counter(spec: RunSpec, ws: ClsWorkspace, progress: Progress) -> GmacsCounter:
+    """Counts a reduced copy of the workspace's model on the images the report counts it on
+    (matched compute, :mod:`vitbench.calibrate`)."""
+    images = _gmacs_images(spec, ws)
+
+    def count(method: Optional[str], params: dict[str, Any]) -> float:
+        model = copy.deepcopy(ws.model)
+        if method is not None:
+            model = prepared_as_trained(apply(model, method, **params), images)
+        return measure.count_gmacs(model.eval(), images).mean
+
+    return GmacsCounter(count)
+
+
+def _train(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progress) -> dict[str, Any]:
+    """Fine-tune a learnable method (or reload its checkpoint on ``--resume``)."""
+    from vitbench.train import finetune, load_trained, save_trained
+
+    path = ws.checkpoint_dir / f"{spec.spec_id}.pth" if ws.checkpoint_dir else None
+    if ws.resume and path is not None and path.is_file():
+        progress(f"loading the fine-tuned checkpoint {path}")
+        load_trained(model, path)
+        return {"trained": "checkpoint", "checkpoint_path": str(path)}
+    if ws.data is None:
+        raise VitbenchError(f"{spec.method} needs training data to fine-tune: pass --data PATH "
+                            f"(with a train/ split) or use the default model")
+    result = finetune(model, ws.data, train_backbone=spec.train_backbone, limit=spec.train_limit,
+                      device=spec.device, seed=spec.seed, verbose=ws.verbose_training,
+                      work_dir=ws.work_dir / spec.spec_id / "train" if ws.work_dir else None,
+                      progress=progress, precision=trains_in(spec.precision_name))
+    out: dict[str, Any] = {"trained": "fine-tuned", "train_precision": trains_in(spec.precision_name),
+                           "train_s": result.seconds,
+                           "train_images": result.train_images,
+                           "trainable_params": result.trainable_params, "train_stages": result.stages}
+    if path is not None:
+        save_trained(model, path)
+        out["checkpoint_path"] = str(path)
+    return out
+
+
+def _measure(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, baseline: Optional[dict],
+             progress: Progress) -> dict[str, Any]:
+    out: dict[str, Any] = {"attention_kernel": attention_kernel(model), "batch_size": spec.batch_size}
+    device, precision = spec.device, spec.precision_name
+    if "gmacs" in spec.metrics:
+        progress("counting GMACs")
+        images = _gmacs_images(spec, ws)
+        result = measure.count_gmacs(model, images)
+        out.update(gmacs=result.mean, gmacs_std=result.std, gmacs_images=result.n,
+                   gmacs_on="evaluation images" if ws.data is not None else "random images")
+    if "params" in spec.metrics:
+        out["params_m"] = measure.count_params_m(model)
+    model.to(device)
+    if "accuracy" in spec.metrics:
+        from vitbench.tasks.cls.evaluate import evaluate_cls
+
+        progress("evaluating accuracy")
+        acc = evaluate_cls(model, ws.data, batch_size=ws.eval_batch_size, device=device,
+                           limit=ws.eval_limit, seed=spec.seed, precision=precision,
+                           work_dir=ws.work_dir / spec.spec_id if ws.work_dir else None)
+        out.update({k: acc.get(k) for k in ("top1_pct", "top5_pct", "num_images", "num_classes")})
+    timed = timed_model(spec, model, ws.input_size, progress)  # the eager model, or --compile's
+    out.update(timed.record())
+    if "throughput" in spec.metrics:
+        progress(f"timing throughput (batch {spec.batch_size})")
+        tp = measure.measure_throughput(timed.module, spec.batch_size, ws.input_size, device=device,
+                                        repeats=ws.throughput_repeats, precision=precision)
+        out.update(tp.fields())  # median, spread and the load/cores/threads it ran under
+    if "latency" in spec.metrics:
+        progress("timing latency (batch 1)")
+        lat = measure.measure_latency(timed.module, ws.input_size, device=device, repeats=ws.latency_repeats,
+                                      precision=precision)
+        out.update(lat.fields())
+    if "ib" in spec.metrics and ws.data is not None:
+        progress("measuring IB loss and bound")
+        from vitbench.measure.ib import measure_ib
+
+        with autocast(precision, device):
+            ib = measure_ib(model, _ib_batches(ws, model, device), ws.data.num_classes, device=device)
+        out.update(ib_loss=float(ib.loss), ib_bound=float(ib.bound),
+                   ib_input_constant=float(ib.input_constant))
+    if "memory" in spec.metrics:
+        progress("measuring peak memory")
+        out["peak_mem_mb"] = measure.measure_peak_memory(timed.module, spec.batch_size, ws.input_size,
+                                                         device=device, precision=precision)
+    return out
+
+
+def cls_shared_fields(ws: ClsWorkspace) -> dict[str, Any]:
+    """What every cls record carries, a failed run's too: the head fitted once (``--num-classes``)."""
+    return {"head": ws.head} if ws.head is not None else {}
+
+
+def run_cls_spec(spec: RunSpec, ws: ClsWorkspace, baseline: Optional[dict], progress: Progress,
+                 params: dict[str, Any]) -> dict[str, Any]:
+    """Everything one cls spec measures (raises on failure; the executor records it): the method
+    applied with ``params``, fine-tuned when it trains, then measured."""
+    out: dict[str, Any] = {}
+    model = copy.deepcopy(ws.model)
+    if spec.method != BASELINE:
+        progress("applying the method")
+        model = apply(model, spec.method, **params)
+        context = reduction_context(model)
+        if context is not None and context.reduction is not None and context.reduction.train:
+            out.update(_train(spec, ws, model, progress))
+    out.update(_measure(spec, ws, model.eval(), baseline, progress))
+    return out

@@ -1,0 +1,64 @@
+"""What every task measures the same way: the input size of a timm model, which attention
+kernel its blocks run, and the model the timing loops run (eager, or ``--compile``'s).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from torch import nn
+
+from vitbench.engine import reduction_context
+
+Progress = Callable[[str], None]
+
+__all__ = ["Progress", "attention_kernel", "input_size_of", "timed_model"]
+
+
+def input_size_of(model: nn.Module) -> tuple[int, int, int]:
+    """``(channels, height, width)`` a timm model takes: a ViT's patch embedding, else (hybrids)
+    the size the family adapter describes it at (``vitbench_input_size``) or timm's config."""
+    embed = getattr(model, "patch_embed", None)
+    if embed is not None and getattr(embed, "img_size", None) is not None:
+        return (int(embed.proj.in_channels), int(embed.img_size[0]), int(embed.img_size[1]))
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    c, h, w = cfg.get("input_size", (3, 224, 224))
+    h, w = getattr(model, "vitbench_input_size", None) or (h, w)
+    return (int(c), int(h), int(w))
+
+
+def attention_kernel(model: nn.Module) -> str:
+    """Which attention kernel each block ran (docs/measuring.md: baseline and method must match)."""
+    if not hasattr(model, "blocks"):  # hybrids: conv stages around their attention blocks
+        from vitbench.engine.block import ReducingBlock
+
+        reducing = [m for m in model.modules() if isinstance(m, ReducingBlock)]
+        if not reducing:
+            return "timm default"
+        unfused = [blk.index for blk in reducing if not blk.fused]
+        return "fused (SDPA)" if not unfused else "unfused in blocks " + ",".join(map(str, unfused))
+    if reduction_context(model) is not None:
+        unfused = [blk.index for blk in model.blocks if not blk.fused]
+    else:
+        unfused = [i for i, blk in enumerate(model.blocks) if not getattr(blk.attn, "fused_attn", False)]
+    if not unfused:
+        return "fused (SDPA)"
+    if len(unfused) == len(model.blocks):
+        return "unfused (explicit softmax)"
+    return "fused (SDPA); unfused in blocks " + ",".join(str(i) for i in unfused)
+
+
+def timed_model(spec: Any, model: nn.Module, input_size: tuple[int, int, int], progress: Progress) -> Any:
+    """What the timing loops run: ``model``, or with ``--compile`` the ``torch.compile``d model
+    (compiled here for the loops' batch sizes; a model that does not compile is timed eagerly,
+    the reason recorded: :mod:`vitbench.measure.compiled`)."""
+    from vitbench.measure.compiled import CompiledForTiming, compile_for_timing
+
+    timings = [m for m in ("throughput", "latency", "memory") if m in spec.metrics]
+    if not spec.compile or not timings:
+        return CompiledForTiming(model, False)
+    progress("compiling the model for the timings (torch.compile)")
+    batches = tuple(1 if m == "latency" else spec.batch_size for m in timings)
+    timed = compile_for_timing(model, input_size, batches, spec.device, spec.precision_name)
+    if timed.fallback:
+        progress(timed.fallback)
+    return timed
