@@ -17,6 +17,7 @@ import vitbench
 from vitbench.engine import AttnInfo, TokenState, reduction_context
 from vitbench.errors import ParamError
 from vitbench.testing import check_method
+from vitbench.testing.reference_tome import plain_attention
 from vitbench_plugins.pitome import (
     PiToMeParams, PiToMeReducer, build, energy_function, energy_matching, energy_scores,
     margin_schedule, ratio_schedule,
@@ -195,16 +196,6 @@ def test_gradients_flow_through_the_merge(vit):
 
 
 # -- a plain reference from the paper's description ------------------------------------------
-def _attention(attn, x, size):
-    b, n, c = x.shape
-    qkv = attn.qkv(x).reshape(b, n, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
-    q, k, v = qkv.unbind(0)
-    q, k = attn.q_norm(q), attn.k_norm(k)
-    logits = (q * attn.scale) @ k.transpose(-2, -1) + size.log()[:, None, None, :, 0]
-    out = (logits.softmax(-1) @ v).transpose(1, 2).reshape(b, n, c)
-    return attn.proj(attn.norm(out)), k.mean(1)
-
-
 def _merge_one(x, size, keys, r, prefix, margin, alpha, energy):
     """One image, Python loops. Output in the official layout: prefix, protected tokens by
     energy (highest first), then the B tokens by energy."""
@@ -239,7 +230,7 @@ def _reference_pitome(model, images, r, margin=0.9, margin_decay=0.9, alpha=1.0,
     size = torch.ones(x.shape[0], x.shape[1], 1)
     prefix, depth = model.num_prefix_tokens, len(model.blocks)
     for layer, blk in enumerate(model.blocks):
-        out, keys = _attention(blk.attn, blk.norm1(x), size)
+        out, keys = plain_attention(blk.attn, blk.norm1(x), size)
         x = x + blk.ls1(out)
         m = margin - margin_decay * layer / depth
         pairs = [_merge_one(x[i], size[i], keys[i], r, prefix, m, alpha, energy) for i in range(x.shape[0])]

@@ -7,7 +7,9 @@ import torch
 import torch.nn.functional as F
 
 
-def _attention(attn, x, size):
+def plain_attention(attn, x, size):
+    """A timm attention block's output with proportional attention, unfused, and its head-averaged
+    keys: what a plain reference forward of a merging method builds on."""
     b, n, c = x.shape
     qkv = attn.qkv(x).reshape(b, n, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
     q, k, v = qkv.unbind(0)
@@ -48,7 +50,7 @@ def reference_tome(model, images, r_per_block):
     size = torch.ones(x.shape[0], x.shape[1], 1, device=x.device)
     prefix = model.num_prefix_tokens
     for blk, r in zip(model.blocks, r_per_block):
-        out, keys = _attention(blk.attn, blk.norm1(x), size)
+        out, keys = plain_attention(blk.attn, blk.norm1(x), size)
         x = x + blk.ls1(out)
         if r > 0:
             pairs = [_merge_one(x[i], size[i], keys[i], r, prefix) for i in range(x.shape[0])]
