@@ -263,5 +263,6 @@ SPEC = FamilySpec(
     describe=describe,
     patch=patch,
     model_patterns=("swin_*",),
-    description="timm Swin Transformer (V1); token methods per window for the MLP, unmerged after it",
+    description="timm Swin Transformer (V1); token methods per map tile for the MLP (merged, then unmerged "
+                "after it), channel methods in the window attention and the MLP",
 )
