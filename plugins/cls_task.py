@@ -21,6 +21,6 @@ def vitbench_register_tasks(register):  # type: ignore[no-untyped-def]
     register(TaskSpec(
         name="cls", setup=cls_setup, workspace=cls_workspace, run=run_cls_spec, gmacs_counter=cls_gmacs_counter,
         shared_fields=cls_shared_fields,
-        metrics=METRICS, accuracy=CLS_ACCURACY, counts="model",
+        metrics=METRICS, accuracy=CLS_ACCURACY, counts="model", distributed=True,
         description="image classification (mmpretrain ImageClassifier): top-1/top-5 accuracy",
     ))

@@ -358,6 +358,9 @@ class TaskSpec:
     shared_fields: Optional[Callable[[Any], dict]] = None
     counts: str = "model"
     control: bool = False
+    #: its runs can spread over ``torchrun`` processes (``--launcher pytorch``, vitbench/distributed.py):
+    #: its evaluation shards through mmengine's sampler and collects its metrics across ranks
+    distributed: bool = False
     description: str = ""
 
     def __post_init__(self) -> None:

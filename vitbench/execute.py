@@ -6,6 +6,8 @@ the spec's task name); this module only sequences the runs, matches compute, pai
 with its seed's baseline and writes the records. A run that fails is recorded as ``error``
 with its message and the other runs go on; records are appended whole, so an interrupted plan
 never leaves a half-written result, and ``--resume`` skips finished specs and retries failed ones.
+Under ``--launcher pytorch`` every rank runs every spec (the evaluation is collective) and only
+rank 0 appends records (:mod:`vitbench.distributed`).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import torch
 from vitbench import measure
 from vitbench.calibrate import Calibration, calibrate, not_matchable, off_pct
 from vitbench.catalog import TaskSpec
+from vitbench.distributed import barrier, is_main
 from vitbench.errors import BudgetError, VitbenchError
 from vitbench.plan import BASELINE, REFERENCES, RunSpec
 from vitbench.plugins import get_host
@@ -139,11 +142,15 @@ def execute_plan(plan: list[RunSpec], ws: Any, store: ResultStore, *, resume: bo
             progress(i, len(plan), spec.label, "already finished (resume): skipped")
             records.append(latest[spec.spec_id])
             continue
-        host.run_started(spec)
+        main = is_main()  # --launcher pytorch: rank 0 alone records (every rank runs every spec)
+        if main:
+            host.run_started(spec)
         record = run_spec(spec, ws, baselines.get(spec.seed), env,
                           lambda what: progress(i, len(plan), spec.label, what))
-        store.append(record)
-        host.run_finished(spec, record)
+        barrier()  # the other ranks wait while rank 0 measures (no load beside its timings)
+        if main:
+            store.append(record)
+            host.run_finished(spec, record)
         if spec.method == BASELINE and record["status"] == "ok":
             baselines[spec.seed] = record
         outcome = "done" if record["status"] == "ok" else f"FAILED: {record['error']}"

@@ -2,18 +2,20 @@
 
 ``vitbench run --task cls --methods M1,M2 [--model NAME] [--data PATH|fashion-mnist]
 [--param METHOD.KEY=VALUE ...] [--metrics ...] [--batch-size B] [--device cpu|cuda] [--seed S | --seeds S1,S2,...]
-[--out DIR] [--resume] [--match-gmacs F]``. The baseline always runs too. Bad input exits 2 before
-anything runs. ``--match-gmacs F`` puts every method at F x the baseline's GMACs
+[--out DIR] [--resume] [--match-gmacs F] [--launcher none|pytorch]``. The baseline always runs too.
+Bad input exits 2 before anything runs. ``--match-gmacs F`` puts every method at F x the baseline's GMACs
 (:mod:`vitbench.calibrate`); ``vitbench sweep`` (:mod:`vitbench.cli.sweep_cmd`) shares these
 options and this code.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Optional
 
+from vitbench.distributed import add_launcher_option
 from vitbench.errors import VitbenchError
 from vitbench.plan import (
     CONTROL,
@@ -91,6 +93,7 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--detector-width", default=None, choices=("full", "light"),
                    help="det/seg: the detector's neck/head widths (default: light on the embedded data, "
                         "full with --data)")
+    add_launcher_option(p)
 
 
 def _seeds(args: argparse.Namespace) -> tuple[int, ...]:
@@ -183,12 +186,15 @@ def run(args: argparse.Namespace) -> int:
     model and data and builds the workspace; the plan, the executor, the store and the report
     are the same for every task."""
     from vitbench.catalog import WorkspaceRequest
+    from vitbench.distributed import check_launcher, finish_launcher, init_launcher, is_main, one_rank_at_a_time
     from vitbench.environment import environment
     from vitbench.execute import execute_plan
     from vitbench.results import ResultStore
 
     task = get_host().task(args.task)  # unknown -> error listing the registered tasks
     methods = _methods(args)
+    launcher = getattr(args, "launcher", "none")
+    check_launcher(launcher, task.name, methods)
     budgets = _budgets(args)
     setup = task.setup(args, methods)
     metrics = _with_gmacs(setup.metrics, budgets)
@@ -208,24 +214,31 @@ def run(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 1:
         raise VitbenchError(f"--limit {args.limit} is out of range; it must be >= 1")
 
-    say = _Progress()
+    say = _Progress(quiet=launcher != "none" and os.environ.get("RANK", "0") != "0")
     out = _out_dir(args, setup.model)
     resume = args.resume or _is_sweep(args)  # a sweep always resumes: re-running skips done runs
-    ws = task.workspace(WorkspaceRequest(args=args, setup=setup, plan=plan, out=out, resume=resume, note=say.note))
+    with one_rank_at_a_time(launcher, out):  # single-process work (caches) before the process group starts
+        ws = task.workspace(WorkspaceRequest(args=args, setup=setup, plan=plan, out=out, resume=resume,
+                                             note=say.note))
+    init_launcher(launcher, args.device)
     out.mkdir(parents=True, exist_ok=True)
     store = ResultStore(out, shard=shard)  # --shard I/N: its own file, merged on read
     env = environment(args.device, precision=args.precision, compiled=args.compile)
     records = execute_plan(plan, ws, store, resume=resume, env=env, progress=say.step)
+    main = is_main()
+    finish_launcher()  # every rank's part of the last collective evaluation is done
+    if not main:
+        return 0  # rank 0 writes the report (and the records)
     return _report(args, records, store, out, env["command"])
 
 
 class _Progress:
     """Progress lines on stderr: which run of how many, and what it is doing."""
 
-    def __init__(self) -> None:
+    def __init__(self, quiet: bool = False) -> None:
         from rich.console import Console
 
-        self.console = Console(stderr=True, highlight=False, soft_wrap=True)
+        self.console = Console(stderr=True, highlight=False, soft_wrap=True, quiet=quiet)  # quiet: ranks > 0
 
     def note(self, text: str) -> None:
         self.console.print(f"[dim]vitbench:[/dim] {text}")

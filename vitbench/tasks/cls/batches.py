@@ -7,15 +7,16 @@ counted on real evaluation images. The data set, its pipeline and the normalisat
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sized
 from typing import Any, Optional
 
 import torch
 from torch import nn
+from torch.utils.data import Sampler
 
 Batches = Callable[[], Iterator[tuple[torch.Tensor, torch.Tensor]]]
 
-__all__ = ["Batches", "cls_batches", "data_preprocessor", "first_images", "loader_cfg"]
+__all__ = ["Batches", "LocalSampler", "cls_batches", "data_preprocessor", "first_images", "loader_cfg"]
 
 
 def data_preprocessor(model: nn.Module, bgr: bool) -> nn.Module:
@@ -31,10 +32,40 @@ def data_preprocessor(model: nn.Module, bgr: bool) -> nn.Module:
         return MODELS.build(pre["data_preprocessor"])
 
 
-def loader_cfg(dataset: dict[str, Any], batch_size: int, shuffle: bool) -> dict[str, Any]:
-    """An mmengine dataloader config (no workers: 2-core machines, deterministic order)."""
+#: the sampler of :func:`cls_batches` (registered in mmengine's root ``DATA_SAMPLERS``)
+LOCAL_SAMPLER = "VitbenchLocalSampler"
+
+
+class LocalSampler(Sampler):  # type: ignore[type-arg]
+    """Every index of the data set in order, on every rank: what :func:`cls_batches` feeds
+    (GMACs images, IB, statistics passes) is rank 0's own work under ``--launcher pytorch``,
+    not a part of the data as ``DefaultSampler`` would give each rank."""
+
+    def __init__(self, dataset: Sized, seed: Optional[int] = None) -> None:
+        self.dataset = dataset
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(len(self.dataset)))
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+
+def _register_local_sampler() -> None:
+    from mmengine.registry import DATA_SAMPLERS
+
+    if DATA_SAMPLERS.get(LOCAL_SAMPLER) is None:
+        DATA_SAMPLERS.register_module(name=LOCAL_SAMPLER, module=LocalSampler)
+
+
+def loader_cfg(dataset: dict[str, Any], batch_size: int, shuffle: bool, *, local: bool = False) -> dict[str, Any]:
+    """An mmengine dataloader config (no workers: 2-core machines, deterministic order).
+    ``local``: the whole data set in order on every rank (:class:`LocalSampler`; no shuffle)."""
+    sampler = {"type": LOCAL_SAMPLER} if local else {"type": "DefaultSampler", "shuffle": shuffle}
+    if local:
+        _register_local_sampler()
     return {"batch_size": batch_size, "num_workers": 0, "persistent_workers": False,
-            "sampler": {"type": "DefaultSampler", "shuffle": shuffle}, "dataset": dataset}
+            "sampler": sampler, "dataset": dataset}
 
 
 def cls_batches(dataset: dict[str, Any], preprocessor: nn.Module, *, device: str | torch.device = "cpu",
@@ -48,7 +79,7 @@ def cls_batches(dataset: dict[str, Any], preprocessor: nn.Module, *, device: str
 
     def iterate() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         with DefaultScope.overwrite_default_scope("mmpretrain"):
-            loader = Runner.build_dataloader(loader_cfg(dataset, batch_size, False), seed=seed)
+            loader = Runner.build_dataloader(loader_cfg(dataset, batch_size, False, local=True), seed=seed)
         preprocessor.to(target)
         for batch in loader:
             data = preprocessor(batch, False)

@@ -53,6 +53,21 @@ def check_class_count(model: nn.Module, data: ClsData) -> None:
                         f"head has {len(data.classes)} classes")
 
 
+def _accuracy_metric(topk: tuple[int, ...], work_dir: Path | None) -> Any:
+    """mmpretrain's ``Accuracy``. Under ``--launcher pytorch`` each rank leaves its per-image
+    results in ``work_dir/collect`` (the same folder on every rank: the spec's work folder) for
+    rank 0 to gather, instead of mmengine's default ``./.dist_test`` in the current folder
+    (kept when there is no ``work_dir``: each rank's temporary folder would differ)."""
+    from mmpretrain.evaluation import Accuracy
+
+    from vitbench.distributed import is_distributed
+
+    metric = Accuracy(topk=topk)
+    if is_distributed() and work_dir is not None:
+        metric.collect_dir = str(work_dir / "collect")
+    return metric
+
+
 def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, device: str = "cpu",
                  limit: int | None = None, work_dir: str | Path | None = None,
                  seed: int = 0, precision: str = "fp32") -> dict[str, Any]:
@@ -65,7 +80,10 @@ def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, devi
     removed afterwards, when ``None``); no checkpoint is written. Non-finite logits raise
     :class:`~vitbench.errors.NonFiniteError` (naming the batch), a head that does not match the
     data's classes :class:`~vitbench.errors.DataError`. ``precision``: the forward's autocast
-    (:mod:`vitbench.measure.precision`).
+    (:mod:`vitbench.measure.precision`). Under ``--launcher pytorch`` (a process group is
+    running) every rank must call this with the same model: mmengine's ``DefaultSampler`` gives
+    each rank its part of the images and the metrics are gathered over all of them, each image
+    counted once (:mod:`vitbench.distributed`).
     """
     from vitbench.measure.precision import autocast_method
     from mmengine.runner import Runner
@@ -94,7 +112,7 @@ def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, devi
             test_dataloader={"batch_size": batch_size, "num_workers": 0, "persistent_workers": False,
                              "sampler": {"type": "DefaultSampler", "shuffle": False},
                              "dataset": data.dataset_cfg(limit=limit)},
-            test_evaluator={"type": "mmpretrain.Accuracy", "topk": topk},
+            test_evaluator=[_accuracy_metric(topk, None if work_dir is None else wd)],
             test_cfg={"type": "TestLoop"},
         ))
         guard = model.register_forward_hook(_FiniteLogits())

@@ -218,8 +218,26 @@ def _train(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progress
     return out
 
 
+def _accuracy(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progress) -> dict[str, Any]:
+    """Top-1/top-5 when ``accuracy`` is measured (a collective evaluation under ``--launcher
+    pytorch``: every rank scores its part of the data, every rank gets the metrics)."""
+    if "accuracy" not in spec.metrics:
+        return {}
+    from vitbench.tasks.cls.evaluate import evaluate_cls
+
+    progress("evaluating accuracy")
+    acc = evaluate_cls(model, ws.data, batch_size=ws.eval_batch_size, device=spec.device,
+                       limit=ws.eval_limit, seed=spec.seed, precision=spec.precision_name,
+                       work_dir=ws.work_dir / spec.spec_id if ws.work_dir else None)
+    return {k: acc.get(k) for k in ("top1_pct", "top5_pct", "num_images", "num_classes")}
+
+
 def _measure(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, baseline: Optional[dict],
              progress: Progress) -> dict[str, Any]:
+    from vitbench.distributed import is_main
+
+    if not is_main():  # --launcher pytorch: the other ranks take part in the evaluation only
+        return _accuracy(spec, ws, model.to(spec.device), progress)
     out: dict[str, Any] = {"attention_kernel": attention_kernel(model), "batch_size": spec.batch_size}
     device, precision = spec.device, spec.precision_name
     if "gmacs" in spec.metrics:
@@ -231,14 +249,7 @@ def _measure(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, baseline: Option
     if "params" in spec.metrics:
         out["params_m"] = measure.count_params_m(model)
     model.to(device)
-    if "accuracy" in spec.metrics:
-        from vitbench.tasks.cls.evaluate import evaluate_cls
-
-        progress("evaluating accuracy")
-        acc = evaluate_cls(model, ws.data, batch_size=ws.eval_batch_size, device=device,
-                           limit=ws.eval_limit, seed=spec.seed, precision=precision,
-                           work_dir=ws.work_dir / spec.spec_id if ws.work_dir else None)
-        out.update({k: acc.get(k) for k in ("top1_pct", "top5_pct", "num_images", "num_classes")})
+    out.update(_accuracy(spec, ws, model, progress))
     timed = timed_model(spec, model, ws.input_size, progress)  # the eager model, or --compile's
     out.update(timed.record())
     if "throughput" in spec.metrics:
