@@ -17,7 +17,7 @@ import vitbench
 from vitbench.engine import AttnInfo, TokenState, reduction_context
 from vitbench.errors import ParamError
 from vitbench.testing import check_method
-from vitbench.testing.reference_tome import plain_attention
+from vitbench.testing.reference_tome import plain_merging_forward
 from vitbench_plugins.pitome import (
     PiToMeParams, PiToMeReducer, build, energy_function, energy_matching, energy_scores,
     margin_schedule, ratio_schedule,
@@ -224,25 +224,14 @@ def _merge_one(x, size, keys, r, prefix, margin, alpha, energy):
     return torch.stack(xs), torch.stack(ss)
 
 
-@torch.no_grad()
 def _reference_pitome(model, images, r, margin=0.9, margin_decay=0.9, alpha=1.0, energy="paper"):
-    x = model.norm_pre(model.patch_drop(model._pos_embed(model.patch_embed(images))))
-    size = torch.ones(x.shape[0], x.shape[1], 1)
-    prefix, depth = model.num_prefix_tokens, len(model.blocks)
-    for layer, blk in enumerate(model.blocks):
-        out, keys = plain_attention(blk.attn, blk.norm1(x), size)
-        x = x + blk.ls1(out)
+    depth = len(model.blocks)
+
+    def merge_one(layer, x, size, keys, prefix):
         m = margin - margin_decay * layer / depth
-        pairs = [_merge_one(x[i], size[i], keys[i], r, prefix, m, alpha, energy) for i in range(x.shape[0])]
-        x, size = torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
-        x = x + blk.ls2(blk.mlp(blk.norm2(x)))
-    x = model.norm(x)
-    if model.global_pool == "avg":
-        w = size[:, prefix:]
-        pooled = (x[:, prefix:] * w).sum(1) / w.sum(1)
-    else:
-        pooled = x[:, 0]
-    return model.head(model.head_drop(model.fc_norm(pooled)))
+        return _merge_one(x, size, keys, r, prefix, m, alpha, energy)
+
+    return plain_merging_forward(model, images, merge_one)
 
 
 def _registers_avgpool():

@@ -3,6 +3,8 @@ Python loops for the matching (docs/methods.md §1). vitbench's engine must give
 (issue #2, item 10); a plugin author can check a ToMe variant against it the same way."""
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -43,19 +45,25 @@ def _merge_one(x, size, keys, r, prefix):
     return torch.stack(xs), torch.stack(ss)
 
 
+#: ``merge_one(block, x [N, C], size [N, 1], keys [N, d], prefix) -> (x, size)``: one image's tokens
+#: after block ``block``'s attention residual, reduced by a plain per-image implementation
+MergeOne = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
+
+
 @torch.no_grad()
-def reference_tome(model, images, r_per_block):
-    """Logits of ``model`` (an unpatched timm ViT) with ToMe merging ``r_per_block[i]`` tokens."""
+def plain_merging_forward(model, images, merge_one: MergeOne):
+    """Logits of ``model`` (an unpatched timm ViT) whose every block reduces each image's tokens
+    with ``merge_one`` after the attention residual, with proportional attention and a
+    size-weighted average pool: the plain forward a merging method's reference is built on."""
     x = model.norm_pre(model.patch_drop(model._pos_embed(model.patch_embed(images))))
     size = torch.ones(x.shape[0], x.shape[1], 1, device=x.device)
     prefix = model.num_prefix_tokens
-    for blk, r in zip(model.blocks, r_per_block):
+    for block, blk in enumerate(model.blocks):
         out, keys = plain_attention(blk.attn, blk.norm1(x), size)
         x = x + blk.ls1(out)
-        if r > 0:
-            pairs = [_merge_one(x[i], size[i], keys[i], r, prefix) for i in range(x.shape[0])]
-            x = torch.stack([p[0] for p in pairs])
-            size = torch.stack([p[1] for p in pairs])
+        pairs = [merge_one(block, x[i], size[i], keys[i], prefix) for i in range(x.shape[0])]
+        x = torch.stack([p[0] for p in pairs])
+        size = torch.stack([p[1] for p in pairs])
         x = x + blk.ls2(blk.mlp(blk.norm2(x)))
     x = model.norm(x)
     if model.global_pool == "avg":
@@ -64,3 +72,12 @@ def reference_tome(model, images, r_per_block):
     else:
         pooled = x[:, 0]
     return model.head(model.head_drop(model.fc_norm(pooled)))
+
+
+def reference_tome(model, images, r_per_block):
+    """Logits of ``model`` (an unpatched timm ViT) with ToMe merging ``r_per_block[i]`` tokens."""
+    def merge_one(block, x, size, keys, prefix):
+        r = r_per_block[block]
+        return _merge_one(x, size, keys, r, prefix) if r > 0 else (x, size)
+
+    return plain_merging_forward(model, images, merge_one)
