@@ -2,7 +2,8 @@
 
     python benchmarks/gpu_reduction.py [--model vit_base_patch16_224] [--batch-size 256]
         [--precisions fp32,fp16,bf16] [--methods "tome:r=16;ppt:r=50;topk:keep=0.7"]
-        [--compile] [--latency] [--repeats 20] [--device cuda]
+        [--compile] [--cuda-graph] [--latency] [--bias-channel auto|always|never] [--repeats 20]
+        [--device cuda]
 
 In one process, per precision (``torch.autocast``; fp32 with TF32 off on CUDA): the timm
 baseline, and for each method its *limit* (the same timm blocks on the method's own token
@@ -10,7 +11,11 @@ counts, cut between attention and MLP, tokens dropped by slicing: no scoring, ma
 gathering; :mod:`vitbench.measure.limit`) and vitbench's method. Prints a markdown table:
 baseline img/s, the limit's and the method's speed-up over the baseline, and their ratio (the
 share of the possible speed-up the implementation keeps; issue 11 asks >= 0.95). ``--compile``
-adds the ``torch.compile``d rows; ``--latency`` adds batch-1 latency. Random weights and
+adds the ``torch.compile``d rows; ``--cuda-graph`` adds rows timed on a CUDA graph of each
+forward (:mod:`vitbench.measure.cuda_graph`; a forward that cannot be captured says why and is
+left out); ``--latency`` adds batch-1 latency; ``--bias-channel`` says how proportional attention
+reaches SDPA (:mod:`vitbench.engine.attention`: ``auto`` = as an extra query/key channel on CUDA
+in half precision, else as a float mask; run twice to compare). Random weights and
 images (speed does not depend on them); ToMe's logits are checked against the independent
 reference computation (vitbench.testing.reference_tome) in fp32 and in each half precision.
 Runs on a CPU too (slowly: use a small model and batch), which is how the tests smoke it.
@@ -27,6 +32,8 @@ import torch
 
 import vitbench
 from vitbench.measure import measure_latency, measure_throughput
+from vitbench.engine.attention import set_bias_channel
+from vitbench.measure.cuda_graph import graph_for_timing
 from vitbench.measure.limit import TokenCountLimit, token_counts
 from vitbench.measure.precision import autocast, check_precision
 from vitbench.testing.reference_tome import reference_tome
@@ -61,8 +68,21 @@ def _split_top_level(text: str) -> list[str]:
     return parts + [cur]
 
 
-def _timed(model: torch.nn.Module, args: argparse.Namespace, precision: str) -> dict[str, float]:
+def _graphed(model: torch.nn.Module, args: argparse.Namespace, precision: str) -> torch.nn.Module:
+    """``model`` captured as a CUDA graph at the benchmark's batch sizes (ValueError when it cannot be)."""
+    batches = (args.batch_size, 1) if args.latency else (args.batch_size,)
+    graphed = graph_for_timing(model, (3, args.image_size, args.image_size), batches, args.device, precision)
+    if not graphed.graphed:
+        raise ValueError(graphed.fallback)
+    return graphed.module
+
+
+def _timed(model: torch.nn.Module, args: argparse.Namespace, precision: str, variant: str) -> dict[str, float]:
     size = (3, args.image_size, args.image_size)
+    if variant == "compiled":
+        model = torch.compile(model)
+    elif variant == "cuda graph":
+        model = _graphed(model, args, precision)
     tp = measure_throughput(model, args.batch_size, size, device=args.device, repeats=args.repeats,
                             precision=precision)
     out = {"img_s": tp.median_img_s, "spread": tp.spread_img_s}
@@ -91,11 +111,23 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     parser.add_argument("--precisions", default="fp32,fp16,bf16")
     parser.add_argument("--methods", default=DEFAULT_METHODS)
     parser.add_argument("--compile", action="store_true", help="also time the torch.compile'd models")
+    parser.add_argument("--cuda-graph", action="store_true", help="also time CUDA graphs of the forwards")
     parser.add_argument("--latency", action="store_true", help="also time batch-1 latency")
+    parser.add_argument("--bias-channel", default="auto", choices=("auto", "always", "never"),
+                        help="proportional attention as an extra query/key channel (always), a float mask "
+                             "(never), or the default (auto: the channel on CUDA in fp16/bf16)")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
     precisions = [check_precision(p.strip()) for p in args.precisions.split(",") if p.strip()]
+    old_mode = set_bias_channel(args.bias_channel)
+    try:
+        return _benchmark(args, precisions)
+    finally:
+        set_bias_channel(old_mode)
+
+
+def _benchmark(args: argparse.Namespace, precisions: list[str]) -> pd.DataFrame:
     if args.device.startswith("cuda"):  # fp32 means fp32: no TF32 matmuls behind its back
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
@@ -105,26 +137,36 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     args.image_size = int(base.pretrained_cfg.get("input_size", (3, 224, 224))[-1])
     images = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device=args.device)
     rows: list[dict[str, Any]] = []
-    for compiled in (False, True) if args.compile else (False,):
-        wrap = torch.compile if compiled else (lambda m: m)
+    variants = ["eager"] + ["compiled"] * args.compile + ["cuda graph"] * args.cuda_graph
+    for variant in variants:
         for precision in precisions:
-            b = _timed(wrap(base), args, precision)
-            rows.append({"row": "baseline", "precision": precision, "compiled": compiled, "img/s": b["img_s"],
+            try:
+                b = _timed(base, args, precision, variant)
+            except ValueError as exc:  # no CUDA graph here at all (a CPU run): say why, skip the variant
+                print(f"baseline, {precision}, {variant}: {exc}")
+                continue
+            rows.append({"row": "baseline", "precision": precision, "timed": variant, "img/s": b["img_s"],
                          "speed-up": 1.0, **({"latency ms": b["latency_ms"]} if args.latency else {})})
             for name, params in parse_methods(args.methods):
                 method = vitbench.apply(copy.deepcopy(base), name, **params).to(args.device)
                 with autocast(precision, args.device):
                     counts = token_counts(method, images)
                 for label, model in ((f"{name} limit", TokenCountLimit(base, counts)), (f"{name} vitbench", method)):
-                    t = _timed(wrap(model), args, precision)
-                    rows.append({"row": label, "precision": precision, "compiled": compiled, "img/s": t["img_s"],
+                    try:
+                        t = _timed(model, args, precision, variant)
+                    except ValueError as exc:  # no CUDA graph for this forward: say why, leave it out
+                        print(f"{label}, {precision}, {variant}: {exc}")
+                        continue
+                    rows.append({"row": label, "precision": precision, "timed": variant, "img/s": t["img_s"],
                                  "speed-up": t["img_s"] / b["img_s"],
                                  **({"latency ms": t["latency_ms"]} if args.latency else {})})
-                rows[-1]["of limit"] = rows[-1]["speed-up"] / rows[-2]["speed-up"]
+                if rows[-2]["row"] == f"{name} limit" and rows[-1]["row"] == f"{name} vitbench":
+                    rows[-1]["of limit"] = rows[-1]["speed-up"] / rows[-2]["speed-up"]
     df = pd.DataFrame(rows)
     device = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu"
     print(f"{args.model}, batch {args.batch_size}, device {device}, torch {torch.__version__}, "
-          f"timm {timm.__version__}, threads {torch.get_num_threads()}, {args.repeats} repeats")
+          f"timm {timm.__version__}, threads {torch.get_num_threads()}, {args.repeats} repeats, "
+          f"bias channel {args.bias_channel}")
     print(df.to_markdown(index=False, floatfmt=".3g"))
     r = next((int(p.get("r", 16)) for n, p in parse_methods(args.methods) if n == "tome"), None)
     if r is not None:

@@ -39,6 +39,7 @@ import torch
 
 from vitbench.catalog import BudgetKnob, MethodSpec, ModelInfo, Reduction, patch_count
 from vitbench.engine import AttnInfo, TokenState, bipartite_soft_matching, max_merge
+from vitbench.engine.host_sync import host_reads_allowed
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
 from vitbench.plugins import get_host
@@ -123,10 +124,11 @@ class PPTReducer:
             return x
         scores = self.scorer.score(info, prefix)
         pool = scores.var(dim=-1, unbiased=True) < self.threshold  # [B]
-        if bool(pool.all()):
+        branch_on_host = host_reads_allowed()  # else (CUDA graphs): both branches, selected per image
+        if branch_on_host and bool(pool.all()):
             return state.merge(x, bipartite_soft_matching(info.keys, r, prefix))
         prune_index = top_tokens(scores, x.shape[1] - prefix - r, prefix, order=self.order)
-        if not bool(pool.any()):
+        if branch_on_host and not bool(pool.any()):
             return state.keep(x, prune_index)
         pooled, pruned = state.copy(), state.copy()
         x_pool = pooled.merge(x, bipartite_soft_matching(info.keys, r, prefix))

@@ -32,3 +32,16 @@ def test_benchmark_smoke_on_cpu(capsys):
     assert "| row " in out and "max |vitbench ToMe - reference ToMe (fp32)| logits: fp32 " in out
     fp32_diff = float(out.split("logits: fp32 ")[1].split(",")[0])
     assert fp32_diff < 1e-4
+
+
+def test_cuda_graph_rows_fall_back_on_cpu(capsys):
+    """--cuda-graph on a CPU: the graphed rows are left out, and the reason printed."""
+    bench = _load()
+    df = bench.main(["--model", "test_vit", "--batch-size", "2", "--repeats", "1", "--precisions", "fp32",
+                     "--methods", "tome:r=4", "--device", "cpu", "--cuda-graph", "--bias-channel", "always"])
+    assert list(df["timed"]) == ["eager"] * 3
+    out = capsys.readouterr().out
+    assert "baseline, fp32, cuda graph: CUDA graphs need a CUDA device" in out
+    assert "bias channel always" in out
+    fp32_diff = float(out.split("logits: fp32 ")[1].split(",")[0])
+    assert fp32_diff < 1e-4  # the bias as an extra channel: still ToMe's logits

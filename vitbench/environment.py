@@ -37,9 +37,10 @@ def device_name(device: str) -> str:
 
 
 def environment(device: str, command: list[str] | None = None, precision: str = "fp32",
-                compiled: bool = False) -> dict[str, Any]:
+                compiled: bool = False, cuda_graph: bool = False) -> dict[str, Any]:
     """Versions, device, threads, precision (``--precision``), whether timings ran the
-    ``torch.compile``d model (``--compile``), git revision, loaded plugins and the command."""
+    ``torch.compile``d model (``--compile``) and a CUDA graph (``--cuda-graph``), git revision,
+    loaded plugins and the command."""
     from vitbench.plugins import get_host
 
     host = get_host()
@@ -50,6 +51,8 @@ def environment(device: str, command: list[str] | None = None, precision: str = 
         "threads": torch.get_num_threads(),
         "precision": precision,
         "compiled": "torch.compile (timings)" if compiled else "no (eager)",
+        "cuda_graph": ("CUDA graph where the shapes are static (throughput, latency; see each record's "
+                       "cuda_graph)" if cuda_graph else "no"),
         "git_rev": git_revision(),
         "plugins": [{"name": p.name, "distribution": p.distribution, "version": p.version}
                     for p in host.plugins.values()],

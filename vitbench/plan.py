@@ -54,6 +54,9 @@ class RunSpec:
     precision: Optional[str] = None
     #: ``--compile``: the timing loops run the ``torch.compile``d model (:mod:`vitbench.measure.compiled`)
     compile: bool = False
+    #: ``--cuda-graph``: throughput and latency time a CUDA graph of the forward where its shapes are
+    #: static (:mod:`vitbench.measure.cuda_graph`)
+    cuda_graph: bool = False
 
     @property
     def precision_name(self) -> str:
@@ -116,7 +119,8 @@ class RunSpec:
         return [f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in changed.items()]
 
 
-_LATER_FIELDS = ("train_backbone", "train_limit", "dense_finetune", "match_gmacs", "precision", "compile")
+_LATER_FIELDS = ("train_backbone", "train_limit", "dense_finetune", "match_gmacs", "precision", "compile",
+                 "cuda_graph")
 
 
 def parse_param_overrides(items: Iterable[str]) -> dict[str, dict[str, str]]:
@@ -147,7 +151,7 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
                pretrained: bool = False, train_backbone: bool = False,
                train_limit: Optional[int] = None, dense_finetune: Optional[str] = None,
                match_gmacs: Optional[float] = None, control: bool = True,
-               precision: str = "fp32", compile: bool = False) -> list[RunSpec]:
+               precision: str = "fp32", compile: bool = False, cuda_graph: bool = False) -> list[RunSpec]:
     """The baseline, then one spec per method, parameters validated (no model is built here).
 
     ``control`` (tasks with a control row: det/seg): when a learnable method fine-tunes detector weights (protocol ``all``
@@ -184,7 +188,8 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
 
     common = dict(task=task, model=model, data=data, metrics=tuple(metrics), batch_size=batch_size,
                   device=device, seed=seed, checkpoint=checkpoint, pretrained=pretrained,
-                  precision=None if check_precision(precision) == "fp32" else precision, compile=compile)
+                  precision=None if check_precision(precision) == "fp32" else precision, compile=compile,
+                  cuda_graph=cuda_graph)
     plan = [RunSpec(method=BASELINE, params_json="{}", **common)]
     if control and task_spec.control and any(host.method(n).needs_training for n in names):
         from vitbench.tasks.det.protocol import DEFAULT_PROTOCOL, check_protocol

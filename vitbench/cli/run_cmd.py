@@ -83,6 +83,10 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", action="store_true",
                    help="time the torch.compile'd model (throughput, latency, memory; GMACs and accuracy "
                         "on the eager one); a model that does not compile is timed eagerly, with the reason recorded")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="time throughput and latency on a CUDA graph of the forward (one launch per forward); "
+                        "a method whose shapes depend on the data, or a CPU run, is timed without one, with "
+                        "the reason recorded")
     p.add_argument("--shard", default=None, metavar="I/N",
                    help="run the I-th of N disjoint parts of the plan (a job array; I from 1), appending to "
                         "OUT/runs-shard-I-of-N.jsonl; the report (and `vitbench report OUT`) merges every part")
@@ -203,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
                  overrides=parse_param_overrides(args.param), metrics=metrics,
                  batch_size=args.batch_size, device=args.device, seeds=_seeds(args),
                  checkpoint=args.checkpoint, pretrained=args.pretrained, precision=args.precision,
-                 compile=args.compile, **setup.plan)
+                 compile=args.compile, cuda_graph=args.cuda_graph, **setup.plan)
     if _empty_shard(plan, shard):
         return 0
     if args.device == "cuda":
@@ -223,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
     init_launcher(launcher, args.device)
     out.mkdir(parents=True, exist_ok=True)
     store = ResultStore(out, shard=shard)  # --shard I/N: its own file, merged on read
-    env = environment(args.device, precision=args.precision, compiled=args.compile)
+    env = environment(args.device, precision=args.precision, compiled=args.compile, cuda_graph=args.cuda_graph)
     records = execute_plan(plan, ws, store, resume=resume, env=env, progress=say.step)
     main = is_main()
     finish_launcher()  # every rank's part of the last collective evaluation is done

@@ -6,6 +6,19 @@ Re-implements ``timm.layers.Attention.forward`` on the module's own submodules (
 ``attn_mask`` so the fused kernel is kept, and — only when a block's reducer asks — the
 head-averaged keys, the values, the cls row of the attention probabilities, or the full matrix.
 Only a block that needs the full matrix (``"attn"``) gives up the fused kernel.
+
+**Proportional attention in the flash kernel** (issue 11). A float ``attn_mask`` rules out
+FlashAttention: on a GPU SDPA then runs its memory-efficient kernel (or, with a misaligned
+mask, the plain math), the main loss of ToMe in half precision. The key bias can ride along
+inside the kernel instead, as one extra query/key channel: with ``c = scale ** -1/2``,
+
+    q' = [q, c, 0 ...],  k' = [k, bias * c, 0 ...],  v' = [v, 0 ...]
+    scale * q' . k' = scale * q . k + bias
+
+(head dim padded to a multiple of 8, as flash kernels require; the padded output channels are
+cut off). :func:`bias_channel` decides per call (:data:`BIAS_CHANNEL`): by default on CUDA in
+fp16/bf16, where it lets the flash kernel run, and not in fp32 or on the CPU, where the
+masked kernel is as fast and the three concatenations would only cost.
 """
 from __future__ import annotations
 
@@ -34,6 +47,47 @@ def uses_fused_kernel(attn: nn.Module, needs: AbstractSet[str]) -> bool:
     return bool(getattr(attn, "fused_attn", False)) and "attn" not in needs
 
 
+#: when the key bias travels as an extra channel (:func:`bias_channel`): ``"auto"`` (CUDA in
+#: fp16/bf16), ``"always"`` or ``"never"``; :func:`set_bias_channel` changes it (benchmarks, tests)
+BIAS_CHANNEL = "auto"
+_BIAS_CHANNEL_MODES = ("auto", "always", "never")
+
+
+def set_bias_channel(mode: str) -> str:
+    """Set :data:`BIAS_CHANNEL` to ``mode`` (``auto``, ``always`` or ``never``); returns the old mode."""
+    global BIAS_CHANNEL
+    if mode not in _BIAS_CHANNEL_MODES:
+        raise ValueError(f"bias channel mode {mode!r}; valid modes: {', '.join(_BIAS_CHANNEL_MODES)}")
+    old, BIAS_CHANNEL = BIAS_CHANNEL, mode
+    return old
+
+
+def bias_channel(q: torch.Tensor, bias: torch.Tensor) -> bool:
+    """Whether the key bias goes into SDPA as an extra query/key channel (module docstring):
+    never for a bias that is not one row per key (``[B, 1, 1, N]``), else as
+    :data:`BIAS_CHANNEL` says (``auto``: on CUDA in fp16 or bf16)."""
+    if BIAS_CHANNEL == "never" or bias.dim() != 4 or bias.shape[1] != 1 or bias.shape[2] != 1:
+        return False
+    return BIAS_CHANNEL == "always" or (q.is_cuda and q.dtype in (torch.float16, torch.bfloat16))
+
+
+def sdpa_with_key_bias(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float,
+                       dropout_p: float = 0.0) -> torch.Tensor:
+    """``softmax(scale * q k^T + bias) v`` through SDPA with no mask: the key bias ``[B, 1, 1, N]``
+    as an extra query/key channel (module docstring). ``-inf`` entries (masked keys) stay
+    ``-inf``; a row whose keys are all ``-inf`` is as undefined as with a mask."""
+    b, h, n, d = q.shape
+    pad = 8 - d % 8  # the bias channel plus zeros up to a multiple of 8
+    c = float(scale) ** -0.5
+    zeros = q.new_zeros(b, h, n, pad - 1)
+    q2 = torch.cat([q, q.new_full((b, h, n, 1), c), zeros], dim=-1)
+    key_bias = (bias[:, :, 0, :, None] * c).to(k.dtype).expand(b, h, k.shape[2], 1)
+    k2 = torch.cat([k, key_bias, k.new_zeros(b, h, k.shape[2], pad - 1)], dim=-1)
+    v2 = torch.cat([v, v.new_zeros(b, h, v.shape[2], pad)], dim=-1)
+    out = F.scaled_dot_product_attention(q2, k2, v2, dropout_p=dropout_p, scale=scale)
+    return out[..., :d]
+
+
 QKHook = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -58,8 +112,11 @@ def attention_forward(attn: nn.Module, x: torch.Tensor, bias: Optional[torch.Ten
     if "values" in needs:
         info.values = v
     if uses_fused_kernel(attn, needs):
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=bias, dropout_p=attn.attn_drop.p if attn.training else 0.0)
+        dropout_p = attn.attn_drop.p if attn.training else 0.0
+        if bias is not None and bias_channel(q, bias):
+            out = sdpa_with_key_bias(q, k, v, bias, attn.scale, dropout_p)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
         if "cls_attn" in needs:
             row = (q[:, :, :1] * attn.scale) @ k.transpose(-2, -1)
             if bias is not None:

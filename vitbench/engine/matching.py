@@ -43,6 +43,40 @@ class Matching:
         return torch.cat([head, unm, b], dim=1)
 
 
+    def weighted_merge(self, x: torch.Tensor, size: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """ToMe's size-weighted average merge of ``x [B, N, C]`` with sizes ``size [B, N, 1]``:
+        ``(x_new, size_new)``, equal (up to float rounding) to ``merge(cat([x * size, size]))``
+        divided by its last channel, in the same layout.
+
+        Written to touch ``x`` as few times as possible, because in half precision on a GPU the
+        merge is memory-bound (issue 11): the new sizes and the weights ``size / new size`` are
+        worked out on the small ``[B, N]`` tensors first; then one gather lays ``x`` out as
+        ``[prefix, unmerged A, B]``, the B rows are scaled by their weights in place, and the
+        weighted sources are added into their destinations (``scatter_add_``). The textbook form
+        (``x * size``, concatenate the size channel, gather, ``scatter_reduce``, concatenate,
+        divide) reads and writes the whole ``x`` about five times; this about twice.
+        """
+        c = x.shape[-1]
+        p, a0 = self.prefix, self.a_start
+        s = size[:, p:, 0]
+        s_a, s_b = s[:, a0::2], s[:, 1 - a0 :: 2]
+        s_src = s_a.gather(1, self.src_idx)
+        s_dst = s_b.scatter_add(1, self.dst_idx, s_src)  # [B, |B|]: the B tokens' new sizes
+        n_b = s_b.shape[1]
+        n_unm = self.unm_idx.shape[1]
+        # positions in x of the output's tokens: prefix, unmerged A, then every B token
+        head = torch.arange(p, device=x.device).expand(x.shape[0], p)
+        b_pos = torch.arange(n_b, device=x.device).mul_(2).add_(p + 1 - a0).expand(x.shape[0], n_b)
+        order = torch.cat([head, self.unm_idx * 2 + (p + a0), b_pos], dim=1)
+        out = x.gather(1, order[..., None].expand(-1, -1, c))
+        out[:, p + n_unm :] *= (s_b / s_dst)[..., None].to(out.dtype)
+        src = x.gather(1, (self.src_idx * 2 + (p + a0))[..., None].expand(-1, -1, c))
+        src = src * (s_src / s_dst.gather(1, self.dst_idx))[..., None].to(src.dtype)
+        out.scatter_add_(1, (self.dst_idx + (p + n_unm))[..., None].expand(-1, -1, c), src)
+        size_new = torch.cat([size[:, :p, 0], s_a.gather(1, self.unm_idx), s_dst], dim=1)[..., None]
+        return out, size_new
+
+
 def max_merge(num_tokens: int, prefix: int) -> int:
     """The most tokens one matching can remove: ``(N - prefix) // 2`` (docs/methods.md §1)."""
     return max(num_tokens - prefix, 0) // 2

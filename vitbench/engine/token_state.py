@@ -25,6 +25,7 @@ from typing import Any, Optional
 
 import torch
 
+from vitbench.engine.host_sync import host_reads_allowed
 from vitbench.engine.matching import Matching
 from vitbench.errors import VitbenchError
 
@@ -94,10 +95,13 @@ class TokenState:
                 f"the model has {self.prefix} prefix token(s) (class/distillation/register), which "
                 f"must never be merged; build it with bipartite_soft_matching(metric, r, state.prefix)")
         size = self.sizes(x)
-        merged = m.merge(torch.cat([x * size, size], dim=-1), mode="sum")
-        x_new, size_new = merged[..., :-1], merged[..., -1:]
         if self.source is not None:
             self.source = m.merge(self.source, mode="sum")
+        if hasattr(m, "weighted_merge"):  # ToMe's Matching: the few-pass merge
+            x_new, self.size = m.weighted_merge(x, size)
+            return x_new
+        merged = m.merge(torch.cat([x * size, size], dim=-1), mode="sum")
+        x_new, size_new = merged[..., :-1], merged[..., -1:]
         self.size = size_new
         return x_new / size_new
 
@@ -182,8 +186,11 @@ class TokenState:
 
 
 def _check_prefix_first(index: torch.Tensor, prefix: int) -> None:
-    """Raise :class:`PrefixTokenError` unless every row of ``index [B, N']`` starts ``0 .. prefix-1``."""
-    if prefix == 0:
+    """Raise :class:`PrefixTokenError` unless every row of ``index [B, N']`` starts ``0 .. prefix-1``.
+
+    Skipped where the forward may not read the device (:func:`~vitbench.engine.host_sync.device_only`,
+    CUDA graph capture); the same forward ran, checked, before the capture."""
+    if prefix == 0 or not host_reads_allowed():
         return
     if index.dim() != 2 or index.shape[1] < prefix:
         raise PrefixTokenError(

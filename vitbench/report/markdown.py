@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from vitbench.report.doubts import row_doubts, timing_notes
+from vitbench.report.timed_how import timed_how_notes
 from vitbench.report.tables import (
     CONTROL,
     comparison_table, group_records, groups, metric, ok_rows, pick_control, row_labels,
@@ -116,8 +117,8 @@ def _environment(records: list[Mapping[str, Any]]) -> list[str]:
         vals = _distinct((e.get("versions") or {}).get(key) for e in envs)
         versions.append(f"{key} {' / '.join(vals) if vals else 'n/a'}")
     lines = [f"- Versions: {', '.join(versions)}"]
-    for label, key in (("Device", "device"), ("Threads", "threads"), ("Precision", "precision"), ("Compiled", "compiled"),
-                       ("Git revision", "git_rev")):
+    for label, key in (("Device", "device"), ("Threads", "threads"), ("Precision", "precision"),
+                       ("Compiled", "compiled"), ("CUDA graph", "cuda_graph"), ("Git revision", "git_rev")):
         if not any(key in e for e in envs):  # a fact older stores did not record (--compile)
             continue
         lines.append(f"- {label}: {_joined(_distinct(e.get(key) for e in envs))}")
@@ -255,6 +256,7 @@ def group_section(records: list[Mapping[str, Any]], task: str, model: str,
         lines += _matched_lines(row_labels(rows), rows)
         control = pick_control(rows)  # det/seg only: no cls run has one
         lines += timing_notes(row_labels(rows), [row_doubts(r, base, control) for r in rows])
+        lines += timed_how_notes(row_labels(rows), rows)
         if any(int(r.get("n_seeds") or 1) > 1 for r in rows):
             lines += [SEEDS_NOTE, ""]
         lines += _head_lines(rows)

@@ -1,8 +1,9 @@
 """What every task measures the same way: the input size of a timm model, which attention
-kernel its blocks run, and the model the timing loops run (eager, or ``--compile``'s).
+kernel its blocks run, and the model the timing loops run (eager, ``--compile``'s, ``--cuda-graph``'s).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from torch import nn
@@ -11,7 +12,7 @@ from vitbench.engine import reduction_context
 
 Progress = Callable[[str], None]
 
-__all__ = ["Progress", "attention_kernel", "input_size_of", "timed_model"]
+__all__ = ["Progress", "TimedModels", "attention_kernel", "input_size_of", "timed_model"]
 
 
 def input_size_of(model: nn.Module) -> tuple[int, int, int]:
@@ -47,18 +48,46 @@ def attention_kernel(model: nn.Module) -> str:
     return "fused (SDPA); unfused in blocks " + ",".join(str(i) for i in unfused)
 
 
-def timed_model(spec: Any, model: nn.Module, input_size: tuple[int, int, int], progress: Progress) -> Any:
+@dataclass
+class TimedModels:
+    """What the timing loops run: ``module`` for throughput and latency (eager, compiled, or a
+    CUDA graph's replay), ``memory_module`` for peak memory (never the graph: a replay allocates
+    nothing), and what the record says about both."""
+
+    module: Any
+    memory_module: Any
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    def record(self) -> dict[str, Any]:
+        return dict(self.facts)
+
+
+def timed_model(spec: Any, model: nn.Module, input_size: tuple[int, int, int], progress: Progress) -> TimedModels:
     """What the timing loops run: ``model``, or with ``--compile`` the ``torch.compile``d model
     (compiled here for the loops' batch sizes; a model that does not compile is timed eagerly,
-    the reason recorded: :mod:`vitbench.measure.compiled`)."""
+    the reason recorded: :mod:`vitbench.measure.compiled`), and with ``--cuda-graph`` that
+    model's forward captured as a CUDA graph for throughput and latency (a forward whose shapes
+    depend on the data, or a CPU run, is timed without one, the reason recorded:
+    :mod:`vitbench.measure.cuda_graph`)."""
     from vitbench.measure.compiled import CompiledForTiming, compile_for_timing
+    from vitbench.measure.cuda_graph import graph_for_timing
 
     timings = [m for m in ("throughput", "latency", "memory") if m in spec.metrics]
-    if not spec.compile or not timings:
-        return CompiledForTiming(model, False)
-    progress("compiling the model for the timings (torch.compile)")
     batches = tuple(1 if m == "latency" else spec.batch_size for m in timings)
-    timed = compile_for_timing(model, input_size, batches, spec.device, spec.precision_name)
-    if timed.fallback:
-        progress(timed.fallback)
-    return timed
+    if spec.compile and timings:
+        progress("compiling the model for the timings (torch.compile)")
+        timed = compile_for_timing(model, input_size, batches, spec.device, spec.precision_name)
+        if timed.fallback:
+            progress(timed.fallback)
+    else:
+        timed = CompiledForTiming(model, False)
+    out = TimedModels(timed.module, timed.module, timed.record())
+    graph_batches = tuple(1 if m == "latency" else spec.batch_size for m in timings if m != "memory")
+    if getattr(spec, "cuda_graph", False) and graph_batches:
+        progress("capturing the forward as a CUDA graph for the timings")
+        graphed = graph_for_timing(timed.module, input_size, graph_batches, spec.device, spec.precision_name)
+        if graphed.fallback:
+            progress(graphed.fallback)
+        out.module = graphed.module
+        out.facts.update(graphed.record())
+    return out

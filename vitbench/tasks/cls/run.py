@@ -272,7 +272,7 @@ def _measure(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, baseline: Option
                    ib_input_constant=float(ib.input_constant))
     if "memory" in spec.metrics:
         progress("measuring peak memory")
-        out["peak_mem_mb"] = measure.measure_peak_memory(timed.module, spec.batch_size, ws.input_size,
+        out["peak_mem_mb"] = measure.measure_peak_memory(timed.memory_module, spec.batch_size, ws.input_size,
                                                          device=device, precision=precision)
     return out
 

@@ -251,7 +251,7 @@ def run_dense_spec(spec: Any, ws: DenseWorkspace, baseline: Optional[dict], prog
         out.update(lat.fields())
     if "memory" in spec.metrics:
         progress("measuring peak memory")
-        out["peak_mem_mb"] = measure.measure_peak_memory(timed.module, spec.batch_size, ws.input_size,
+        out["peak_mem_mb"] = measure.measure_peak_memory(timed.memory_module, spec.batch_size, ws.input_size,
                                                          device=spec.device, precision=precision)
     return out
 

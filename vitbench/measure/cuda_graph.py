@@ -1,0 +1,179 @@
+"""``--cuda-graph``: time a captured CUDA graph of the forward (issue 11, item 1; docs/measuring.md).
+
+At batch 1 a reduced ViT launches hundreds of small kernels (matching, gathers, the scorer), and
+the host's launch time, not the GPU, sets the latency: vitbench's ToMe took 13.1 ms on an H100
+in fp16 where the baseline took 5.15 ms. A CUDA graph records the forward's kernels once and
+replays them with one launch. That is only sound when the forward's shapes and control flow do
+not depend on the data, so :func:`graph_for_timing` checks before it trusts a graph, per batch
+size of the timing loops:
+
+1. the plain eager forward on a seeded input (the reference; every engine check runs);
+2. the same forward inside :func:`~vitbench.engine.host_sync.device_only` with
+   ``torch.cuda.set_sync_debug_mode("error")``: a forward that still copies a device value to the
+   host — a method whose token counts depend on the image (ATS, learned keep counts) — raises,
+   and is timed eagerly instead, the reason recorded;
+3. capture (after warm-up forwards on a side stream, as the CUDA graph docs prescribe; autocast
+   with its weight cache off, which capture requires), in one memory pool shared by the sizes;
+4. one replay on the reference input: its output must equal the reference (to 1e-3 of the
+   output's scale in fp32, 2e-2 in half precision), else the graph is dropped, the reason recorded.
+
+The graphed model is what the throughput and latency loops run (each call copies the input into
+the graph's static input and replays). Peak memory stays on the eager (or compiled) model: a
+replay allocates nothing, so its peak would say nothing about the method. GMACs and accuracy
+never run through the graph. On a CPU the option is recorded and the model timed eagerly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+from vitbench.engine.host_sync import device_only
+from vitbench.measure._common import random_images
+from vitbench.measure.precision import check_precision, dtype_of
+
+__all__ = ["GraphedForTiming", "GraphedForward", "graph_for_timing"]
+
+#: how far a replay may stray from the eager forward, relative to the output's largest value
+REPLAY_TOLERANCE = {"fp32": 1e-3, "fp16": 2e-2, "bf16": 2e-2}
+
+
+class _Graph:
+    """One captured forward: its static input, graph and static output."""
+
+    def __init__(self, static_in: torch.Tensor, graph: Any, static_out: Any) -> None:
+        self.static_in = static_in
+        self.graph = graph
+        self.static_out = static_out
+
+
+class GraphedForward(nn.Module):
+    """Replays the captured forward of ``model`` for an input of a captured shape.
+
+    ``model`` stays a submodule, so the timing loops' device and dtype checks see its
+    parameters. The returned output is the graph's static output: overwritten by the next call.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self._graphs: dict[tuple[int, ...], _Graph] = {}
+
+    def forward(self, x: torch.Tensor) -> Any:
+        graph = self._graphs.get(tuple(x.shape))
+        if graph is None:
+            raise ValueError(f"no CUDA graph was captured for an input of shape {tuple(x.shape)}; "
+                             f"captured: {sorted(self._graphs)}")
+        graph.static_in.copy_(x)
+        graph.graph.replay()
+        return graph.static_out
+
+
+@dataclass
+class GraphedForTiming:
+    """The module the throughput and latency loops run, and what to record about it."""
+
+    module: nn.Module
+    graphed: bool
+    fallback: Optional[str] = None  # why the model is timed without a graph
+
+    def record(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"cuda_graph": self.graphed}
+        if self.fallback:
+            out["cuda_graph_fallback"] = self.fallback
+        return out
+
+
+def _capture_autocast(precision: str, device: torch.device) -> Any:
+    """Autocast for capture: the half dtype, weight cache off (capture cannot hold the cache)."""
+    return torch.autocast(device_type=device.type, dtype=dtype_of(precision), enabled=precision != "fp32",
+                          cache_enabled=False)
+
+
+def _tensors(out: Any) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+
+
+def _replay_error(reference: Any, replayed: Any) -> float:
+    """Largest difference between two outputs, relative to the reference's largest value."""
+    ref, rep = _tensors(reference), _tensors(replayed)
+    if len(ref) != len(rep) or any(a.shape != b.shape for a, b in zip(ref, rep)):
+        return float("inf")
+    worst = 0.0
+    for a, b in zip(ref, rep):
+        if a.numel() == 0:
+            continue
+        scale = max(float(a.float().abs().max()), 1e-6)
+        worst = max(worst, float((a.float() - b.float()).abs().max()) / scale)
+    return worst
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0][:200] if text else ''}"
+
+
+def _capture_one(model: nn.Module, graphed: GraphedForward, batch: int, input_size: tuple[int, int, int],
+                 device: torch.device, precision: str, pool: Any) -> Optional[str]:
+    """Capture ``model`` for ``batch`` into ``graphed``; the reason it cannot be, or None."""
+    x = random_images(batch, input_size, dtype=torch.float32, device=device)
+    with torch.inference_mode():
+        with _capture_autocast(precision, device):
+            reference = model(x)
+        try:
+            torch.cuda.set_sync_debug_mode("error")
+            with device_only(), _capture_autocast(precision, device):
+                model(x)
+        except RuntimeError as exc:
+            return (f"the forward reads a device value on the host at batch {batch} ({_first_line(exc)}), so its "
+                    f"shapes or control flow depend on the data; timed without a CUDA graph")
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        static_in = x.clone()
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        try:
+            with torch.cuda.stream(side), device_only(), _capture_autocast(precision, device):
+                for _ in range(3):
+                    model(static_in)
+            torch.cuda.current_stream(device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool), device_only(), _capture_autocast(precision, device):
+                static_out = model(static_in)
+        except Exception as exc:  # noqa: BLE001 - any capture failure: time eagerly, say why
+            torch.cuda.synchronize(device)
+            return f"CUDA graph capture failed at batch {batch} ({_first_line(exc)}); timed without a CUDA graph"
+        graph.replay()
+        torch.cuda.synchronize(device)
+        error = _replay_error(reference, static_out)
+        if not error <= REPLAY_TOLERANCE[precision]:
+            return (f"the CUDA graph's replay differs from the eager forward at batch {batch} (by {error:.2g} of "
+                    f"the output's scale, tolerance {REPLAY_TOLERANCE[precision]:g}); timed without a CUDA graph")
+    graphed._graphs[tuple(x.shape)] = _Graph(static_in, graph, static_out)
+    return None
+
+
+def graph_for_timing(model: nn.Module, input_size: tuple[int, int, int], batch_sizes: tuple[int, ...],
+                     device: str | torch.device, precision: str = "fp32") -> GraphedForTiming:
+    """``model``'s forward captured as a CUDA graph for each of ``batch_sizes`` (the module
+    docstring's four steps), or ``model`` itself with the reason it is timed without one."""
+    check_precision(precision)
+    dev = torch.device(device)
+    if dev.type != "cuda" or not torch.cuda.is_available():
+        return GraphedForTiming(model, False, f"CUDA graphs need a CUDA device (the run is on {dev.type}); "
+                                              f"timed without a CUDA graph")
+    was_training = model.training
+    model.eval()
+    graphed = GraphedForward(model)
+    pool = torch.cuda.graph_pool_handle()
+    try:
+        for batch in dict.fromkeys(batch_sizes):
+            reason = _capture_one(model, graphed, batch, input_size, dev, precision, pool)
+            if reason is not None:
+                return GraphedForTiming(model, False, reason)
+    finally:
+        model.train(was_training)
+    return GraphedForTiming(graphed, True)
