@@ -1,37 +1,61 @@
-"""``--launcher none|pytorch``: one benchmark run spread over the processes ``torchrun`` starts.
+"""``--launcher none|pytorch|slurm``: one benchmark run spread over the processes ``torchrun``
+(or ``srun``) starts.
 
-Under ``torchrun --nproc-per-node N vitbench run ... --launcher pytorch`` every rank builds the
-same workspace and runs the same plan; mmengine does the distributed part: its
-``DefaultSampler`` gives each rank a disjoint part of the evaluation data (padded to equal
-parts) and its ``Evaluator`` collects the per-sample results on rank 0, cuts the padding off
-(``collect_results`` truncates to the data set's size) and broadcasts the metrics, so every rank
-sees the top-1 a single process would. Everything else is rank 0's alone: GMACs, parameters,
-throughput, latency, memory and IB are measured there (the other ranks wait at a barrier, so
-they do not load the machine while it times), and only rank 0 appends records to the store and
-writes the report. A task says it can run this way (``TaskSpec.distributed``); so far only
-the built-in ``cls`` task does, and only its training-free
-methods (a learnable method would need DDP fine-tuning; it is refused with a clear error).
+Under ``torchrun --nproc-per-node N vitbench run ... --launcher pytorch`` (or ``srun --ntasks N
+vitbench run ... --launcher slurm``) every rank builds the same workspace and runs the same plan;
+mmengine does the distributed part:
+
+- **evaluation**: its ``DefaultSampler`` gives each rank a disjoint part of the evaluation data
+  (padded to equal parts) and its ``Evaluator`` collects the per-sample results on rank 0, cuts
+  the padding off (``collect_results`` truncates to the data set's size) and broadcasts the
+  metrics, so every rank sees the top-1 a single process would;
+- **fine-tuning** of learnable methods (:mod:`vitbench.train.finetune`): the Runner is started
+  with ``launcher="pytorch"`` and wraps the trainer in ``MMDistributedDataParallel`` (a subclass
+  that keeps vitbench's own ``train_step``); each rank trains on its ``DefaultSampler`` shard
+  with a batch of ``batch_size // world_size`` (:func:`rank_batch_size`), gradients are averaged
+  by DDP, so every rank ends with the same weights; a non-finite loss on any rank stops every
+  rank at the same step; rank 0 alone writes the fine-tuned checkpoint.
+
+Everything else is rank 0's alone: GMACs, parameters, throughput, latency, memory and IB are
+measured there (the other ranks wait at a barrier, so they do not load the machine while it
+times), and only rank 0 appends records to the store and writes the report. A task says it can
+run this way (``TaskSpec.distributed``); so far only the built-in ``cls`` task does.
+
+``slurm``: the ranks come from ``SLURM_PROCID`` / ``SLURM_NTASKS`` / ``SLURM_LOCALID`` and the
+master address from the first host of ``SLURM_NODELIST`` (``MASTER_ADDR`` / ``MASTER_PORT``
+win when set; the port defaults to 29500, as mmengine's). On CUDA mmengine's
+``init_dist("slurm")`` starts the group (it asks ``scontrol`` for the host); on the CPU the same
+variables are set here by hand and torch's ``init_process_group("gloo")`` reads them.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import os
-from collections.abc import Iterator, Sequence
+import re
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from vitbench.errors import VitbenchError
 
-__all__ = ["LAUNCHERS", "add_launcher_option", "barrier", "check_launcher", "finish_launcher", "init_launcher",
-           "is_distributed", "is_main", "one_rank_at_a_time"]
+__all__ = ["LAUNCHERS", "SLURM_VARIABLES", "TORCHRUN_VARIABLES", "add_launcher_option", "all_ranks", "barrier",
+           "check_launcher", "finish_launcher", "first_slurm_host", "init_launcher", "is_distributed", "is_main",
+           "launcher_rank", "one_rank_at_a_time", "rank_batch_size", "slurm_environment"]
 
 #: the values ``--launcher`` takes
-LAUNCHERS = ("none", "pytorch")
+LAUNCHERS = ("none", "pytorch", "slurm")
+#: what ``torchrun`` sets and ``--launcher pytorch`` needs
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+#: what ``srun`` sets and ``--launcher slurm`` needs (``SLURM_LOCALID`` is used when set)
+SLURM_VARIABLES = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_NODELIST")
+#: mmengine's default rendezvous port under slurm (``init_dist("slurm")``)
+SLURM_DEFAULT_PORT = "29500"
 
 
 def check_launcher(launcher: str, task: str, methods: Sequence[str]) -> None:
     """Refuse what ``--launcher`` cannot do (before anything runs): an unknown launcher, a task
-    other than cls, a learnable method, or ``pytorch`` outside ``torchrun`` (no ``RANK``)."""
+    that does not run distributed (``TaskSpec.distributed``), ``pytorch`` outside ``torchrun``
+    (no ``RANK`` ...) or ``slurm`` outside ``srun`` (no ``SLURM_PROCID`` ...)."""
     if launcher not in LAUNCHERS:
         raise VitbenchError(f"--launcher {launcher!r} is unknown; valid launchers: {', '.join(LAUNCHERS)}")
     if launcher == "none":
@@ -41,27 +65,86 @@ def check_launcher(launcher: str, task: str, methods: Sequence[str]) -> None:
     host = get_host()
     able = [name for name in host.names("tasks") if host.task(name).distributed]
     if not host.task(task).distributed:
-        raise VitbenchError(f"--launcher pytorch supports the {', '.join(able) or 'no'} task(s) so far "
+        raise VitbenchError(f"--launcher {launcher} supports the {', '.join(able) or 'no'} task(s) so far "
                             f"(TaskSpec.distributed); --task is {task!r} (run it with --launcher none)")
-    learnable = [host.method(m).name for m in methods if host.method(m).needs_training]
-    if learnable:
-        raise VitbenchError(f"--launcher pytorch does not fine-tune learnable methods yet ({', '.join(learnable)}); "
-                            f"run them with --launcher none, or leave them out of --methods")
-    missing = [name for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-               if name not in os.environ]
+    for m in methods:
+        host.method(m)  # an unknown method is named here, as without a launcher
+    if launcher == "pytorch":
+        missing = [name for name in TORCHRUN_VARIABLES if name not in os.environ]
+        if missing:
+            raise VitbenchError(f"--launcher pytorch needs the environment torchrun sets ({', '.join(missing)} "
+                                f"missing); start it as `torchrun --nproc-per-node N -m vitbench run ... "
+                                f"--launcher pytorch`")
+    else:
+        missing = [name for name in SLURM_VARIABLES if not os.environ.get(name)]
+        if missing:
+            raise VitbenchError(f"--launcher slurm needs the environment srun sets ({', '.join(missing)} "
+                                f"missing); start it as `srun --ntasks N vitbench run ... --launcher slurm` "
+                                f"(inside an allocation: sbatch or salloc)")
+        slurm_environment(os.environ)  # a malformed value is named before anything runs
+
+
+def first_slurm_host(nodelist: str) -> str:
+    """The first host of a Slurm host list: ``node[03-05,09],gpu1`` -> ``node03``,
+    ``rack[1-2]-n[7,9]`` -> ``rack1-n7``, ``localhost`` -> ``localhost`` (what ``scontrol show
+    hostnames LIST | head -n1`` prints; written by hand so the CPU path needs no ``scontrol``)."""
+    text = nodelist.strip()
+    depth, end = 0, len(text)
+    for i, ch in enumerate(text):  # the first entry: up to a comma outside brackets
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
+            end = i
+            break
+    first = text[:end].strip()
+    host = re.sub(r"\[([^\]]*)\]", lambda m: m.group(1).split(",")[0].split("-")[0].strip(), first)
+    if not host or "[" in host or "]" in host:
+        raise VitbenchError(f"SLURM_NODELIST={nodelist!r} is not a Slurm host list (e.g. node[01-04],gpu7)")
+    return host
+
+
+def slurm_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """torch's rendezvous variables from srun's: ``RANK`` = ``SLURM_PROCID``, ``WORLD_SIZE`` =
+    ``SLURM_NTASKS``, ``LOCAL_RANK`` = ``SLURM_LOCALID`` (else the rank), ``MASTER_ADDR`` = the
+    first host of ``SLURM_NODELIST`` and ``MASTER_PORT`` = 29500, unless ``MASTER_ADDR`` /
+    ``MASTER_PORT`` are set already (as mmengine's ``init_dist("slurm")``)."""
+    missing = [name for name in SLURM_VARIABLES if not environ.get(name)]
     if missing:
-        raise VitbenchError(f"--launcher pytorch needs the environment torchrun sets ({', '.join(missing)} "
-                            f"missing); start it as `torchrun --nproc-per-node N -m vitbench run ... "
-                            f"--launcher pytorch`")
+        raise VitbenchError(f"--launcher slurm needs the environment srun sets ({', '.join(missing)} missing); "
+                            f"start it as `srun --ntasks N vitbench run ... --launcher slurm`")
+    values = {}
+    for name in ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"):
+        raw = environ.get(name, environ["SLURM_PROCID"] if name == "SLURM_LOCALID" else None)
+        if raw is None or not raw.strip().isdigit():
+            raise VitbenchError(f"{name}={raw!r} is not a whole number; srun sets it to the task's "
+                                f"{'rank' if name != 'SLURM_NTASKS' else 'count'}")
+        values[name] = int(raw)
+    if values["SLURM_NTASKS"] < 1 or values["SLURM_PROCID"] >= values["SLURM_NTASKS"]:
+        raise VitbenchError(f"SLURM_PROCID={values['SLURM_PROCID']} is out of range for "
+                            f"SLURM_NTASKS={values['SLURM_NTASKS']}; valid ranks: 0..{values['SLURM_NTASKS'] - 1}")
+    return {"RANK": str(values["SLURM_PROCID"]), "WORLD_SIZE": str(values["SLURM_NTASKS"]),
+            "LOCAL_RANK": str(values["SLURM_LOCALID"]),
+            "MASTER_ADDR": environ.get("MASTER_ADDR") or first_slurm_host(environ["SLURM_NODELIST"]),
+            "MASTER_PORT": environ.get("MASTER_PORT") or SLURM_DEFAULT_PORT}
+
+
+def launcher_rank(launcher: str) -> int:
+    """This process's rank from the launcher's environment, before the process group starts
+    (0 without a launcher)."""
+    if launcher == "pytorch":
+        return int(os.environ.get("RANK", "0"))
+    if launcher == "slurm":
+        return int(os.environ.get("SLURM_PROCID", "0"))
+    return 0
 
 
 def init_launcher(launcher: str, device: str) -> None:
-    """Start the process group once: on CUDA mmengine's ``init_dist`` (nccl, each rank on
-    ``cuda:LOCAL_RANK``); on the CPU torch's own ``init_process_group("gloo")`` from torchrun's
-    environment (mmengine's ``init_dist`` calls ``torch.cuda.set_device`` unconditionally and
-    fails on a machine without CUDA). mmengine's ``mmengine.dist`` helpers (the sampler's
-    ranks, the evaluator's ``collect_results``) work on either group. ``none`` (or a group
-    already started) does nothing."""
+    """Start the process group once. On CUDA mmengine's ``init_dist`` (nccl, each rank on its
+    local GPU; ``slurm`` asks ``scontrol`` for the master host). On the CPU torch's own
+    ``init_process_group("gloo")`` from the rendezvous variables (``slurm``: set here from srun's,
+    :func:`slurm_environment`), since mmengine's ``init_dist`` calls ``torch.cuda.set_device``
+    unconditionally and fails on a machine without CUDA. mmengine's ``mmengine.dist`` helpers
+    (the sampler's ranks, the evaluator's ``collect_results``, the Runner's DDP) work on either
+    group. ``none`` (or a group already started) does nothing."""
     import torch.distributed as torch_dist
 
     if launcher == "none" or torch_dist.is_initialized():
@@ -70,8 +153,10 @@ def init_launcher(launcher: str, device: str) -> None:
         from mmengine.dist import init_dist
 
         init_dist(launcher, backend="nccl")
-    else:
-        torch_dist.init_process_group(backend="gloo")
+        return
+    if launcher == "slurm":
+        os.environ.update(slurm_environment(os.environ))
+    torch_dist.init_process_group(backend="gloo")
 
 
 def finish_launcher() -> None:
@@ -104,12 +189,39 @@ def barrier() -> None:
     mm_barrier()
 
 
+def all_ranks(flag: bool) -> bool:
+    """Whether ``flag`` holds on every rank (a collective: every rank must call it; ``flag``
+    itself without a process group). For decisions the ranks must take together, such as
+    reloading a checkpoint instead of training (a rank that trains alone would wait forever for
+    the others' gradients)."""
+    if not is_distributed():
+        return flag
+    import torch
+    from mmengine.dist import all_reduce
+
+    value = torch.tensor([1 if flag else 0], dtype=torch.int32)
+    all_reduce(value, op="min")
+    return bool(value.item())
+
+
+def rank_batch_size(batch_size: int, world_size: int) -> int:
+    """Each rank's share of a training batch: ``batch_size // world_size`` (at least 1), so that
+    the ranks' batches together make the single process's batch. When ``world_size`` does not
+    divide ``batch_size`` the effective batch is ``world_size * (batch_size // world_size)``,
+    smaller than asked (64 over 3 ranks: 3 x 21 = 63), or ``world_size`` when there are more
+    ranks than images in a batch; the learning rate is not rescaled."""
+    if batch_size < 1 or world_size < 1:
+        raise VitbenchError(f"batch size {batch_size} over {world_size} rank(s): both must be >= 1")
+    return max(1, batch_size // world_size)
+
+
 @contextlib.contextmanager
 def one_rank_at_a_time(launcher: str, lock_dir: Path) -> Iterator[None]:
     """Let one rank at a time through (whichever reaches the lock first): the workspace is
     built before the process group starts (it trains and caches the default model or a new
     head on first use, single-process work), and a file lock keeps two ranks from training and
-    writing the same cache at once; the later ranks then load it."""
+    writing the same cache at once; the later ranks then load it. Under ``slurm`` over several
+    nodes the lock (beside ``--out``) needs a shared file system, as the store does."""
     if launcher == "none":
         yield
         return
@@ -121,8 +233,9 @@ def one_rank_at_a_time(launcher: str, lock_dir: Path) -> Iterator[None]:
 
 
 def add_launcher_option(p: argparse.ArgumentParser) -> None:
-    """``--launcher none|pytorch`` (``vitbench run`` and ``vitbench sweep``)."""
+    """``--launcher none|pytorch|slurm`` (``vitbench run`` and ``vitbench sweep``)."""
     p.add_argument("--launcher", default="none", choices=LAUNCHERS,
-                   help="none (one process, the default) or pytorch: one of the processes `torchrun "
-                        "--nproc-per-node N -m vitbench run ...` starts; evaluation is sharded over the "
-                        "ranks, timing and the store/report are rank 0's (cls, training-free methods)")
+                   help="none (one process, the default), pytorch (one of the processes `torchrun "
+                        "--nproc-per-node N -m vitbench run ...` starts) or slurm (one of the tasks `srun "
+                        "--ntasks N vitbench run ...` starts): evaluation is sharded over the ranks, "
+                        "learnable methods fine-tune with DDP, timing and the store/report are rank 0's (cls)")

@@ -6,8 +6,8 @@ the spec's task name); this module only sequences the runs, matches compute, pai
 with its seed's baseline and writes the records. A run that fails is recorded as ``error``
 with its message and the other runs go on; records are appended whole, so an interrupted plan
 never leaves a half-written result, and ``--resume`` skips finished specs and retries failed ones.
-Under ``--launcher pytorch`` every rank runs every spec (the evaluation is collective) and only
-rank 0 appends records (:mod:`vitbench.distributed`).
+Under ``--launcher pytorch|slurm`` every rank runs every spec (evaluation and fine-tuning are
+collective) and only rank 0 appends records (:mod:`vitbench.distributed`).
 """
 from __future__ import annotations
 

@@ -1,19 +1,25 @@
-"""``--launcher none|pytorch`` (issue 13 item 2): under ``torchrun --nproc-per-node 2`` on the CPU
-(gloo) the cls evaluation is sharded by mmengine's ``DefaultSampler`` and collected by its
+"""``--launcher none|pytorch|slurm`` (issue 13 item 2): under ``torchrun --nproc-per-node 2`` on
+the CPU (gloo) the cls evaluation is sharded by mmengine's ``DefaultSampler`` and collected by its
 ``Evaluator``, with the same top-1 as one process, and rank 0 alone writes the store and report;
-what cannot run distributed yet is refused before anything runs."""
+a learnable method fine-tunes with DDP (each rank half of each batch) and lands where one
+process does; ``--launcher slurm`` takes its ranks from srun's variables (simulated here with two
+processes); what cannot run distributed is refused before anything runs."""
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from vitbench.cli.main import main
+from vitbench.distributed import SLURM_VARIABLES, TORCHRUN_VARIABLES, first_slurm_host, slurm_environment
+from vitbench.errors import VitbenchError
 
 #: an odd image count: DefaultSampler pads rank 1's part with one repeated image, which the
 #: evaluator must drop (mmengine's collect_results cuts the gathered results to the data's size)
@@ -54,14 +60,17 @@ def test_torchrun_two_ranks_give_the_single_process_top1_and_one_store(tmp_path)
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--task", "det", "--methods", "tome"], "--launcher pytorch supports the cls task(s) so far (TaskSpec.distributed); --task is 'det'"),
-    (["--methods", "dynamicvit"], "--launcher pytorch does not fine-tune learnable methods yet (dynamicvit)"),
-    (["--methods", "tome"], "--launcher pytorch needs the environment torchrun sets"),
+    (["--task", "det", "--methods", "tome", "--launcher", "pytorch"],
+     "--launcher pytorch supports the cls task(s) so far (TaskSpec.distributed); --task is 'det'"),
+    (["--methods", "dynamicvit", "--launcher", "pytorch"], "--launcher pytorch needs the environment torchrun sets "
+     "(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT missing)"),
+    (["--methods", "tome", "--launcher", "slurm"], "--launcher slurm needs the environment srun sets "
+     "(SLURM_PROCID, SLURM_NTASKS, SLURM_NODELIST missing); start it as `srun --ntasks N vitbench run ..."),
+    (["--methods", "nope", "--launcher", "slurm"], "nope"),
 ])
 def test_what_cannot_run_distributed_is_refused_before_anything_runs(tmp_path, capsys, monkeypatch, extra, message):
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(name, raising=False)
-    code = main(["run", *extra, "--launcher", "pytorch", "--out", str(tmp_path / "out")])
+    _outside_any_launcher(monkeypatch)
+    code = main(["run", *extra, "--out", str(tmp_path / "out")])
     assert code == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
@@ -69,6 +78,125 @@ def test_what_cannot_run_distributed_is_refused_before_anything_runs(tmp_path, c
 
 def test_an_unknown_launcher_is_refused_by_the_parser(capsys):
     with pytest.raises(SystemExit) as exc:
-        main(["run", "--methods", "tome", "--launcher", "slurm"])
+        main(["run", "--methods", "tome", "--launcher", "mpi"])
     assert exc.value.code == 2
-    assert "invalid choice: 'slurm'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "invalid choice: 'mpi'" in err and all(name in err for name in ("none", "pytorch", "slurm"))
+
+
+def _outside_any_launcher(monkeypatch) -> None:
+    for name in (*TORCHRUN_VARIABLES, *SLURM_VARIABLES, "SLURM_LOCALID"):
+        monkeypatch.delenv(name, raising=False)
+
+
+# --- learnable methods: DDP fine-tuning -------------------------------------------------------
+
+#: ltmp (the fastest learnable method here: 24 threshold parameters) fine-tuned on 256 images,
+#: 4 steps of 64 (32 per rank), evaluated on the odd LIMIT
+LEARNABLE = ["run", "--task", "cls", "--methods", "ltmp", "--metrics", "accuracy", "--limit", LIMIT,
+             "--train-limit", "256"]
+
+
+@pytest.fixture(scope="module")
+def single_ltmp(tmp_path_factory) -> Path:
+    """The single-process run the distributed ones are compared with."""
+    cwd = tmp_path_factory.mktemp("single")
+    one = _vitbench(cwd, sys.executable, "-m", "vitbench", args=[*LEARNABLE, "--out", "D1"])
+    assert one.returncode == 0, one.stderr
+    return cwd / "D1"
+
+
+def _weights(out: Path) -> dict[str, torch.Tensor]:
+    (spec,) = [r["spec_id"] for r in _records(out) if r["method"] == "ltmp"]
+    return torch.load(out / "checkpoints" / f"{spec}.pth", weights_only=True)
+
+
+def _like_single_process(out: Path, single: Path) -> None:
+    """``out`` (a 2-rank run) against ``single``: one store, one checkpoint, the same baseline
+    top-1, ltmp's within one image of it (equal in the runs so far: ltmp trains deterministically
+    and its CE is a mean over the batch, so the ranks' halves average to the whole batch's; its
+    FLOPs penalty is not quite additive, so the weights agree to ~1e-6, not bit for bit)."""
+    records = _records(out)
+    assert [r["method"] for r in records] == ["baseline", "ltmp"]  # rank 0's records only, once
+    assert all(r["status"] == "ok" and r["num_images"] == int(LIMIT) for r in records)
+    one, two = _top1(single), _top1(out)
+    assert two["baseline"] == one["baseline"]
+    assert abs(two["ltmp"] - one["ltmp"]) <= 100 / int(LIMIT) + 1e-9, (one, two)
+    (stage,) = records[1]["train_stages"]
+    assert (stage["iters"], stage["images"], stage["ranks"], stage["rank_batch_size"],
+            stage["effective_batch_size"]) == (4, 256, 2, 32, 64)
+    assert stage["iters"] == _records(single)[1]["train_stages"][0]["iters"]
+    ours, theirs = _weights(out), _weights(single)
+    assert ours.keys() == theirs.keys()
+    for key in ours:
+        torch.testing.assert_close(ours[key], theirs[key], rtol=1e-4, atol=1e-4, msg=key)
+    assert sorted(p.name for p in out.glob("*.jsonl")) == ["runs.jsonl"]
+    assert len(list((out / "checkpoints").iterdir())) == 1  # written once (rank 0), no temp files left
+    assert (out / "report.md").is_file()
+
+
+@pytest.mark.slow
+def test_torchrun_two_ranks_fine_tune_a_learnable_method_like_one_process(tmp_path, single_ltmp):
+    torchrun = shutil.which("torchrun")
+    runner = [torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]
+    two = _vitbench(tmp_path, *runner, "--standalone", "--nproc-per-node", "2", "-m", "vitbench",
+                    args=[*LEARNABLE, "--launcher", "pytorch", "--out", "D2"])
+    assert two.returncode == 0, two.stderr[-4000:]
+    _like_single_process(tmp_path / "D2", single_ltmp)
+    assert two.stdout.count("| ltmp") == 1  # one summary (rank 0's)
+
+
+# --- --launcher slurm -------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_slurm_two_tasks_run_like_srun_started_them(tmp_path, single_ltmp):
+    """Two processes with the variables ``srun --ntasks 2`` sets on one node (and a free
+    MASTER_PORT, so parallel test runs do not collide on mmengine's default 29500)."""
+    base = {k: v for k, v in os.environ.items() if k not in (*TORCHRUN_VARIABLES, "LOCAL_WORLD_SIZE")}
+    base.update(OMP_NUM_THREADS="1", SLURM_NTASKS="2", SLURM_NODELIST="localhost", MASTER_PORT=str(_free_port()))
+    procs = [subprocess.Popen([sys.executable, "-m", "vitbench", *LEARNABLE, "--launcher", "slurm", "--out", "D2"],
+                              cwd=tmp_path, env={**base, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    try:
+        outputs = [p.communicate(timeout=240) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [0, 0], outputs[0][1][-3000:] + outputs[1][1][-3000:]
+    _like_single_process(tmp_path / "D2", single_ltmp)
+    assert "| ltmp" in outputs[0][0] and outputs[1][0] == ""  # rank 1 prints nothing
+
+
+def test_srun_variables_become_torch_rendezvous_variables():
+    env = {"SLURM_PROCID": "3", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NODELIST": "gpu[07-08,11],cpu1"}
+    assert slurm_environment(env) == {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1",
+                                      "MASTER_ADDR": "gpu07", "MASTER_PORT": "29500"}
+    kept = slurm_environment({**env, "MASTER_ADDR": "head", "MASTER_PORT": "1234"})
+    assert (kept["MASTER_ADDR"], kept["MASTER_PORT"]) == ("head", "1234")
+    assert slurm_environment({k: v for k, v in env.items() if k != "SLURM_LOCALID"})["LOCAL_RANK"] == "3"
+
+
+@pytest.mark.parametrize("nodelist, host", [("localhost", "localhost"), ("node[03-05,09],gpu1", "node03"),
+                                            ("rack[1-2]-n[7,9]", "rack1-n7"), ("a,b", "a"), ("gpu-[003-004]", "gpu-003")])
+def test_the_master_is_the_first_host_of_the_node_list(nodelist, host):
+    assert first_slurm_host(nodelist) == host
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2"}, "(SLURM_NODELIST missing)"),
+    ({"SLURM_PROCID": "2", "SLURM_NTASKS": "2", "SLURM_NODELIST": "n1"},
+     "SLURM_PROCID=2 is out of range for SLURM_NTASKS=2; valid ranks: 0..1"),
+    ({"SLURM_PROCID": "x", "SLURM_NTASKS": "2", "SLURM_NODELIST": "n1"}, "SLURM_PROCID='x' is not a whole number"),
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_NODELIST": "n[1-2"}, "SLURM_NODELIST='n[1-2' is not a Slurm host list"),
+])
+def test_malformed_srun_variables_are_named(env, message):
+    with pytest.raises(VitbenchError) as err:
+        slurm_environment(env)
+    assert message in str(err.value)

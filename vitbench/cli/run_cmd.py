@@ -2,7 +2,7 @@
 
 ``vitbench run --task cls --methods M1,M2 [--model NAME] [--data PATH|fashion-mnist]
 [--param METHOD.KEY=VALUE ...] [--metrics ...] [--batch-size B] [--device cpu|cuda] [--seed S | --seeds S1,S2,...]
-[--out DIR] [--resume] [--match-gmacs F] [--launcher none|pytorch]``. The baseline always runs too.
+[--out DIR] [--resume] [--match-gmacs F] [--launcher none|pytorch|slurm]``. The baseline always runs too.
 Bad input exits 2 before anything runs. ``--match-gmacs F`` puts every method at F x the baseline's GMACs
 (:mod:`vitbench.calibrate`); ``vitbench sweep`` (:mod:`vitbench.cli.sweep_cmd`) shares these
 options and this code.
@@ -10,7 +10,6 @@ options and this code.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -190,7 +189,8 @@ def run(args: argparse.Namespace) -> int:
     model and data and builds the workspace; the plan, the executor, the store and the report
     are the same for every task."""
     from vitbench.catalog import WorkspaceRequest
-    from vitbench.distributed import check_launcher, finish_launcher, init_launcher, is_main, one_rank_at_a_time
+    from vitbench.distributed import (check_launcher, finish_launcher, init_launcher, is_main, launcher_rank,
+                                      one_rank_at_a_time)
     from vitbench.environment import environment
     from vitbench.execute import execute_plan
     from vitbench.results import ResultStore
@@ -218,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 1:
         raise VitbenchError(f"--limit {args.limit} is out of range; it must be >= 1")
 
-    say = _Progress(quiet=launcher != "none" and os.environ.get("RANK", "0") != "0")
+    say = _Progress(quiet=launcher_rank(launcher) != 0)
     out = _out_dir(args, setup.model)
     resume = args.resume or _is_sweep(args)  # a sweep always resumes: re-running skips done runs
     with one_rank_at_a_time(launcher, out):  # single-process work (caches) before the process group starts

@@ -18,7 +18,19 @@ Each :class:`~vitbench.catalog.TrainStage` a method declares is one ``Runner.tra
   term or parameter (issue 9: a NaN fine-tuning once became a silent 0.00 % row);
 - **callbacks** (:class:`StageHook`): ``before`` once, ``epoch_end`` after every epoch and
   ``after`` when the stage ends, each given ``batches()``, an iterator over the training data
-  (normalised images, labels) run in eval mode without gradients.
+  (normalised images, labels) run in eval mode without gradients;
+- **distributed** (``--launcher pytorch|slurm``, a process group of more than one rank): the
+  Runner runs with ``launcher="pytorch"`` and wraps the trainer in :class:`MethodDDP` (mmengine's
+  ``MMDistributedDataParallel`` keeping :meth:`MethodTrainer.train_step`, with
+  ``find_unused_parameters``: a reducer may leave parameters out of a step); each rank trains
+  on its ``DefaultSampler`` shard with ``batch_size // world_size`` images per step
+  (:func:`vitbench.distributed.rank_batch_size`), so the ranks' batches together are the
+  single process's; DDP averages the gradients, so every rank takes the same step and ends
+  with the same parameters, and the buffers are broadcast from rank 0 after each stage. The
+  loss guard is collective (:func:`check_losses_on_every_rank`): a non-finite loss on one rank
+  stops every rank at that step with the same error, instead of leaving the others waiting in
+  DDP's gradient all-reduce. The callbacks run on every rank over the whole (limited) training
+  data, so their statistics are the same everywhere.
 
 Data: the training split of the evaluation data (:meth:`ClsData.train_cfg`), the first
 ``limit`` images when given, no augmentation (a choice: brief fine-tuning of a few method
@@ -27,9 +39,11 @@ parameters; noted in the README).
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
 import math
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,18 +52,20 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 from mmengine.hooks import Hook
-from mmengine.model import BaseModel
+from mmengine.model import BaseModel, MMDistributedDataParallel
 from mmengine.optim import OptimWrapper, OptimWrapperDict
 from torch import nn
 
 from vitbench.catalog import TrainStage
+from vitbench.distributed import is_distributed, rank_batch_size
 from vitbench.engine.block import ReductionContext, reduction_context
-from vitbench.errors import ParamError, VitbenchError
+from vitbench.errors import NonFiniteError, ParamError, VitbenchError
 from vitbench.guards import check_finite, check_gradients, check_losses, train_position
 from vitbench.measure.precision import autocast
 
-__all__ = ["FiniteLossHook", "FinetuneResult", "MethodTrainer", "PositionHook", "StageHook", "finetune", "guarded_update",
-           "step_wrapper", "train_stage", "trainable_parameters"]
+__all__ = ["DDP_WRAPPER", "FiniteLossHook", "FinetuneResult", "MethodDDP", "MethodTrainer", "PositionHook", "StageHook",
+           "broadcast_buffers", "check_losses_on_every_rank", "finetune", "guarded_update", "step_wrapper",
+           "train_stage", "trainable_parameters"]
 
 OPTIMIZERS = ("SGD", "AdamW", "Adam")
 SCHEDULES = ("cosine", "constant")
@@ -150,6 +166,119 @@ def guarded_update(wrapper: OptimWrapper, loss: torch.Tensor, model: nn.Module, 
         wrapper.zero_grad()
 
 
+def check_losses_on_every_rank(losses: Mapping[str, torch.Tensor], who: str, where: str) -> None:
+    """:func:`~vitbench.guards.check_losses`, decided by every rank together (a collective under
+    a launcher: every rank calls it at every step). Without a process group it is
+    ``check_losses`` itself. With one, the ranks share whether any loss is non-finite (one small
+    all-reduce per step) and, when one is, every rank raises the same
+    :class:`~vitbench.errors.NonFiniteError`: the first bad rank's message and which ranks saw
+    it. A rank raising alone would leave the others waiting forever in DDP's gradient all-reduce."""
+    if not is_distributed():
+        check_losses(losses, who, where)
+        return
+    from mmengine.dist import all_gather_object, all_reduce, get_world_size
+
+    local: Optional[str] = None
+    try:
+        check_losses(losses, who, where)
+    except NonFiniteError as exc:
+        local = str(exc)
+    bad = torch.tensor([0 if local is None else 1], dtype=torch.int32)
+    all_reduce(bad, op="sum")
+    if int(bad.item()) == 0:
+        return
+    messages = all_gather_object(local)
+    ranks = [rank for rank, message in enumerate(messages) if message is not None]
+    raise NonFiniteError(f"{messages[ranks[0]]} on rank {', '.join(map(str, ranks))} of {get_world_size()} "
+                         f"(every rank stopped)")
+
+
+def broadcast_buffers(model: nn.Module, src: int = 0) -> None:
+    """Give every rank ``src``'s buffers of ``model`` (nothing without a process group; a
+    collective: every rank calls it, with buffers of the same shapes). DDP keeps the parameters
+    equal but not the buffers (``broadcast_buffers=False``, as mmengine's default), and the
+    stage callbacks compute statistics on every rank (the same on the CPU; on a GPU atomics may
+    differ in the last bits): after this every rank holds what rank 0 checkpoints. Written by
+    hand on ``mmengine.dist.broadcast``; ``bool`` buffers travel as ``uint8`` (gloo has no bool)."""
+    if not is_distributed():
+        return
+    from mmengine.dist import broadcast
+
+    for buf in model.buffers():
+        if buf.numel() == 0:
+            continue
+        if buf.dtype == torch.bool:
+            as_bytes = buf.to(torch.uint8)
+            broadcast(as_bytes, src)
+            buf.copy_(as_bytes.bool())
+        else:
+            broadcast(buf, src)
+
+
+def _mean_over_ranks(values: dict[str, float]) -> dict[str, float]:
+    """``values`` (the same keys on every rank) averaged over the ranks: each rank's last losses
+    are its share of the batch's, and with equal shares their mean is the whole batch's (what a
+    single process records). ``values`` itself without a process group."""
+    if not is_distributed() or not values:
+        return dict(values)
+    from mmengine.dist import all_reduce
+
+    keys = sorted(values)
+    tensor = torch.tensor([values[k] for k in keys], dtype=torch.float64)
+    all_reduce(tensor, op="mean")
+    return {k: float(v) for k, v in zip(keys, tensor.tolist())}
+
+
+#: the model wrapper a distributed ``train_stage`` asks mmengine's Runner for (registered in
+#: mmengine's root ``MODEL_WRAPPERS``, reachable from the mmpretrain and mmdet scopes)
+DDP_WRAPPER = "VitbenchMethodDDP"
+
+
+class MethodDDP(MMDistributedDataParallel):
+    """mmengine's ``MMDistributedDataParallel`` for vitbench's trainers: its ``train_step`` is
+    the trainer's own (the guards, the alternating optimisers, the callbacks), given this
+    wrapper as ``forward`` so that the losses are computed through DDP's forward and their
+    backward averages the gradients over the ranks (mmengine's documented way for a model with
+    its own optimisation step: "a custom model wrapper inherit from MMDistributedDataParallel
+    ... override the train_step method")."""
+
+    def train_step(self, data: Any, optim_wrapper: OptimWrapper) -> dict[str, torch.Tensor]:
+        return self.module.train_step(data, optim_wrapper, forward=self)
+
+
+def _register_ddp_wrapper() -> None:
+    from mmengine.registry import MODEL_WRAPPERS
+
+    if MODEL_WRAPPERS.get(DDP_WRAPPER) is None:
+        MODEL_WRAPPERS.register_module(name=DDP_WRAPPER, module=MethodDDP)
+
+
+def _distributed_runner(trainer: BaseModel, device: torch.device) -> dict[str, Any]:
+    """The Runner's keyword arguments for training under a launcher: ``launcher="pytorch"``
+    (the process group is already running: the Runner only marks itself distributed) and the
+    :class:`MethodDDP` wrapper; nothing without a process group of more than one rank."""
+    if not is_distributed():
+        return {}
+    if "forward" not in inspect.signature(trainer.train_step).parameters:
+        raise VitbenchError(f"{type(trainer).__name__} cannot train under a launcher yet (its train_step takes "
+                            f"no forward=, the DDP wrapper); run it with --launcher none")
+    if device.type != "cuda" and torch.cuda.is_available():
+        raise VitbenchError("training on the CPU under a launcher on a machine with CUDA: mmengine's Runner "
+                            "puts a distributed model on the GPU; use --device cuda, or hide the GPUs "
+                            "(CUDA_VISIBLE_DEVICES=)")
+    _register_ddp_wrapper()
+    from torch.nn.parallel import DistributedDataParallel
+
+    # buffers are not synced at each forward (rank 0's are broadcast after the stage,
+    # broadcast_buffers); torch 2.13 renamed the switch and deprecated the old name
+    sync = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+            else "broadcast_buffers")
+    wrapper: dict[str, Any] = {"type": DDP_WRAPPER, "find_unused_parameters": True, sync: False}
+    if device.type != "cuda":
+        wrapper["device_ids"] = None  # a CPU module; mmengine's default [LOCAL_RANK] is for GPUs
+    return {"launcher": "pytorch", "cfg": {"model_wrapper_cfg": wrapper}}  # the Runner reads it from cfg
+
+
 class FiniteLossHook(Hook):
     """A runner hook that stops a plain mmengine training (the baseline detector's default
     training, whose ``train_step`` is mmengine's) at the first iteration whose loss terms are
@@ -193,7 +322,10 @@ def train_stage(trainer: BaseModel, stage: TrainStage, params: dict[str, nn.Para
                 train_dataloader: dict[str, Any], hooks: list[Any], *, work_dir: Path, seed: int,
                 device: torch.device, default_scope: str = "mmpretrain") -> tuple[int, int]:
     """One ``Runner.train()`` of ``stage`` on ``trainer`` (the stage's optimiser(s) over
-    ``params``, its cosine or constant schedule, ``hooks``); returns (iterations, images)."""
+    ``params``, its cosine or constant schedule, ``hooks``); returns (iterations, images).
+    Under a launcher (a process group of more than one rank) the Runner wraps ``trainer`` in
+    :class:`MethodDDP`; ``train_dataloader``'s ``DefaultSampler`` then gives each rank its
+    shard and its batch size is each rank's."""
     from mmengine.runner import Runner
 
     from vitbench.mm.runner import release, runner_kwargs
@@ -201,12 +333,14 @@ def train_stage(trainer: BaseModel, stage: TrainStage, params: dict[str, nn.Para
     schedulers = None if stage.schedule == "constant" else [{
         "type": "CosineAnnealingLR", "by_epoch": True, "T_max": stage.epochs,
         "convert_to_iter_based": True, "eta_min_ratio": 0.01}]
-    runner = Runner(**runner_kwargs(
-        work_dir=work_dir, seed=seed, default_scope=default_scope, model=trainer,
-        train_dataloader=train_dataloader,
-        train_cfg={"by_epoch": True, "max_epochs": stage.epochs, "val_interval": stage.epochs + 1},
-        optim_wrapper=_optim_wrapper(stage, params), param_scheduler=schedulers,
-        custom_hooks=[*hooks, PositionHook(trainer)]))
+    with warnings.catch_warnings():  # a distributed Runner's note that it sets OMP/MKL_NUM_THREADS
+        warnings.filterwarnings("ignore", message=r"Setting (OMP|MKL)_NUM_THREADS", category=UserWarning)
+        runner = Runner(**runner_kwargs(
+            work_dir=work_dir, seed=seed, default_scope=default_scope, model=trainer,
+            train_dataloader=train_dataloader,
+            train_cfg={"by_epoch": True, "max_epochs": stage.epochs, "val_interval": stage.epochs + 1},
+            optim_wrapper=_optim_wrapper(stage, params), param_scheduler=schedulers,
+            custom_hooks=[*hooks, PositionHook(trainer)], **_distributed_runner(trainer, device)))
     try:
         runner.model.to(device)
         with contextlib.redirect_stdout(io.StringIO()):  # pycocotools' chatter (det/seg data sets)
@@ -238,9 +372,15 @@ class MethodTrainer(BaseModel):
         assert ctx is not None
         return ctx
 
-    def forward(self, inputs: torch.Tensor, data_samples: Any = None, mode: str = "tensor") -> Any:
+    def forward(self, inputs: torch.Tensor, data_samples: Any = None, mode: str = "tensor",
+                labels: Optional[torch.Tensor] = None) -> Any:
+        """``tensor``: the logits; ``loss``: :meth:`losses` of ``labels`` (what
+        :meth:`train_step` runs, through :class:`MethodDDP`'s forward under a launcher)."""
+        if mode == "loss" and labels is not None:
+            return self.losses(inputs, labels)
         if mode != "tensor":
-            raise NotImplementedError("MethodTrainer trains through train_step only")
+            raise NotImplementedError(f"MethodTrainer runs mode 'tensor' or 'loss' with labels (from train_step); "
+                                      f"got mode {mode!r}")
         return self.model(inputs)
 
     def losses(self, inputs: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -259,15 +399,21 @@ class MethodTrainer(BaseModel):
         out["loss"] = ce + extra if extra is not None else ce
         return out
 
-    def train_step(self, data: Any, optim_wrapper: OptimWrapper) -> dict[str, torch.Tensor]:
+    def train_step(self, data: Any, optim_wrapper: OptimWrapper,
+                   forward: Optional[nn.Module] = None) -> dict[str, torch.Tensor]:
+        """One step: losses, the (collective) loss guard, backward, the gradient guard, the
+        update of this step's optimiser, the ``after_step`` callbacks. ``forward``: the
+        :class:`MethodDDP` around this trainer under a launcher (the losses must go through its
+        forward for DDP to average the gradients); ``None``: this trainer."""
+        run = self if forward is None else forward
         data = self.data_preprocessor(data, True)
         inputs = data["inputs"]
         labels = torch.cat([s.gt_label for s in data["data_samples"]]).to(inputs.device)
         wrapper = step_wrapper(optim_wrapper, self.stage, self.steps)
-        with wrapper.optim_context(self), autocast(self.precision, inputs.device):
-            losses = self.losses(inputs, labels)
+        with wrapper.optim_context(run), autocast(self.precision, inputs.device):
+            losses = run(inputs, mode="loss", labels=labels)
         who, where = self.context.method, trainer_position(self, self.stage)
-        check_losses(losses, who, where)
+        check_losses_on_every_rank(losses, who, where)
         optim_wrapper.zero_grad()  # the other optimiser's parameters must not accumulate grads
         guarded_update(wrapper, losses["loss"], self.model, who, where)
         self.steps += 1
@@ -325,6 +471,8 @@ def finetune(model: nn.Module, data: Any, *, train_backbone: bool = False, limit
     says which a run's precision trains in). Returns what was done; ``model`` is left in eval
     mode with ``requires_grad`` as it was.
     """
+    from mmengine.dist import get_world_size
+
     from vitbench.mm.runner import work_dir_or_temp
     from vitbench.tasks.cls.batches import cls_batches, data_preprocessor, loader_cfg
 
@@ -362,24 +510,34 @@ def finetune(model: nn.Module, data: Any, *, train_backbone: bool = False, limit
                 hook = StageHook(stage, model, batches)
                 hook.before_train(None)
                 hook.after_train(None)
+                broadcast_buffers(model)
                 result.stages.append({"name": stage.name, "epochs": 0, "iters": 0,
                                       "seconds": round(time.perf_counter() - stage_start, 2)})
                 continue
+            world = get_world_size()
+            per_rank = rank_batch_size(stage.batch_size, world)
+            if progress and per_rank * world != stage.batch_size:
+                progress(f"stage {stage.name!r}: batch {stage.batch_size} does not divide over {world} ranks: "
+                         f"{per_rank} per rank, an effective batch of {per_rank * world}")
             with work_dir_or_temp(work_dir) as wd:
                 iters, n_images = train_stage(
-                    trainer, stage, params, loader_cfg(dataset, stage.batch_size, True),
+                    trainer, stage, params, loader_cfg(dataset, per_rank, True),
                     [StageHook(stage, model, batches),
                      {"type": "vitbench.ProgressHook", "verbose": verbose, "interval": 50,
                       "prefix": f"vitbench: {ctx.method} {stage.name}: "}],
                     work_dir=wd / stage.name, seed=seed, device=target)
+            broadcast_buffers(model)  # under a launcher: rank 0's buffers everywhere
+            last = _mean_over_ranks(trainer.last)  # the last step's losses over the whole batch
             result.train_images = max(result.train_images, n_images)
+            ranks = {"ranks": world, "rank_batch_size": per_rank,
+                     "effective_batch_size": per_rank * world} if world > 1 else {}
             result.stages.append({"name": stage.name, "epochs": stage.epochs, "iters": iters,
-                                  "images": n_images, **{f"last_{k}": v for k, v in trainer.last.items()},
+                                  "images": n_images, **ranks, **{f"last_{k}": v for k, v in last.items()},
                                   "seconds": round(time.perf_counter() - stage_start, 2)})
             if progress:
-                last = ", ".join(f"{k} {v:.4f}" for k, v in trainer.last.items())
+                shown = ", ".join(f"{k} {v:.4f}" for k, v in last.items())
                 progress(f"stage {stage.name!r} done: {iters} iterations on {n_images} images "
-                         f"in {time.perf_counter() - stage_start:.0f} s ({last})")
+                         f"in {time.perf_counter() - stage_start:.0f} s ({shown})")
         check_finite(model.state_dict(), f"{ctx.method}: the fine-tuned weights",
                      f"after stage {stages[-1].name!r}")
     finally:

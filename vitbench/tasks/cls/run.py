@@ -193,11 +193,15 @@ def cls_gmacs_counter(spec: RunSpec, ws: ClsWorkspace, progress: Progress) -> Gm
 
 
 def _train(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progress) -> dict[str, Any]:
-    """Fine-tune a learnable method (or reload its checkpoint on ``--resume``)."""
+    """Fine-tune a learnable method (or reload its checkpoint on ``--resume``). Under a launcher
+    every rank fine-tunes (DDP, :mod:`vitbench.train.finetune`), the ranks reload a checkpoint
+    only when every one of them finds it (a decision they take together), and rank 0 alone
+    writes it."""
+    from vitbench.distributed import all_ranks, is_main
     from vitbench.train import finetune, load_trained, save_trained
 
     path = ws.checkpoint_dir / f"{spec.spec_id}.pth" if ws.checkpoint_dir else None
-    if ws.resume and path is not None and path.is_file():
+    if all_ranks(ws.resume and path is not None and path.is_file()):
         progress(f"loading the fine-tuned checkpoint {path}")
         load_trained(model, path)
         return {"trained": "checkpoint", "checkpoint_path": str(path)}
@@ -213,7 +217,8 @@ def _train(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progress
                            "train_images": result.train_images,
                            "trainable_params": result.trainable_params, "train_stages": result.stages}
     if path is not None:
-        save_trained(model, path)
+        if is_main():  # the ranks' weights are the same (DDP); one writer
+            save_trained(model, path)
         out["checkpoint_path"] = str(path)
     return out
 
