@@ -47,6 +47,18 @@ tokens the next block can pair:
 
 Padding stays at the end in both layouts.
 
+On Swin (docs/methods.md §2 "On Swin"; :class:`LTMPTileReducer`). The swin adapter reduces each
+block's tiles for the MLP only and unmerges after it (ToMe for SD §3), so every block applies its
+thresholds to fresh 49-token tiles without prefix: merging as above on the tile's keys; the
+importance is the attention a token receives in its (shifted) window, the mean over heads and
+the window's queries (the adapter's ``received_attn``), a destination its group's max, each
+tile's most important token kept. Inference: merged and pruned tokens get size 0, the adapter
+runs the MLP on the others only, and :meth:`LTMPTileReducer.unmerge` gives a merged token its
+destination's MLP output and a pruned one none (its residual stream is unchanged). Training:
+nothing removed, the straight-through keep mask scales the MLP outputs (the same forward). The
+paper's FLOPs ratio assumes attention on the kept tokens, which never happens on Swin, so there
+``target`` (like ``gmacs_fraction``) is a fraction of the counted GMACs (:class:`SwinCostModel`).
+
 Choices the paper and docs/methods.md leave open (this module is the reference):
 
 - **A/B split**: the split alternates over the *current* tokens in their current layout: the
@@ -110,12 +122,12 @@ ORDERS = ("bipartite", "original")
 
 @dataclass(frozen=True)
 class LTMPParams:
-    """``target``: FLOPs ratio to reach; ``tau``: masker temperature; ``lambda_flops``: weight of
-    the FLOPs penalty; ``lr_merge``/``lr_prune``: learning rates of ``theta_m``/``theta_p``;
-    ``layers``: the blocks that reduce (``None``: all); ``order``: the token layout after a
-    reducing block (``"bipartite"``: prefix, set A, set B, as the official code;
-    ``"original"``: the original order); ``gmacs_fraction``: matched compute (``--match-gmacs
-    F`` sets it to ``F``): the fraction of the model's counted GMACs to reach. ``None``
+    """``target``: FLOPs ratio to reach (Swin: a fraction of the counted GMACs); ``tau``: masker
+    temperature; ``lambda_flops``: weight of the FLOPs penalty; ``lr_merge``/``lr_prune``:
+    learning rates of ``theta_m``/``theta_p``; ``layers``: the blocks that reduce (``None``:
+    all); ``order``: the token layout after a reducing block (``"bipartite"``: prefix, set A,
+    set B, as the official code; ``"original"``: the original order); ``gmacs_fraction``:
+    matched compute (``--match-gmacs F`` sets it to ``F``): the fraction of the model's counted GMACs to reach. ``None``
     (default): the penalty measures the paper's FLOPs ratio against ``target``; set: it measures
     the model's exact cost (:class:`CostModel`, as ``vitbench.measure.count_gmacs`` counts it)
     against ``gmacs_fraction``, and ``target`` is not used."""
@@ -571,14 +583,187 @@ def kept_tokens(model: nn.Module) -> torch.Tensor:
     return counts[max(counts)]
 
 
+# -- Swin (docs/methods.md §2 "On Swin"): thresholds per block, applied to every tile for its MLP ------
+
+_TILE = "ltmp_tile"  # the tile step's (keep mask, merge weights, destinations), for its unmerge
+
+
+class LTMPTileReducer(LTMPReducer):
+    """LTMP in a Swin block (module doc, "On Swin"): each tile of the map (a fresh sequence of ``t``
+    tokens, no prefix) is merged by the block's ``theta_m`` and pruned by its ``theta_p`` for the
+    MLP only; the residual stream keeps every token.
+
+    - merging: the bipartite matching of :func:`best_partners` on the tile's keys (the split by
+      position in the tile), a token merged into its partner when the similarity exceeds
+      ``theta_m``;
+    - pruning: the importance is the attention the token receives in its (shifted) window,
+      averaged over heads and the window's queries (the adapter's ``received_attn``); a
+      destination takes the max of its group; ``<= theta_p`` is pruned, each tile's most
+      important token never;
+    - inference: merged and pruned tokens stay in place with size 0: the adapter runs the MLP on
+      the others only (packed, no padding computed); :meth:`unmerge` hands a merged token its
+      destination's MLP output and a pruned one (or one merged into a pruned destination) none;
+    - training: nothing is removed; the straight-through keep mask ``m = (1 - merge) * prune``
+      scales the MLP output, ``y_i = m_i mlp_i + merge_i m_dst(i) mlp_dst(i)``, the same forward
+      as inference with gradients to both thresholds.
+    """
+
+    needs = frozenset({"keys", "received_attn"})
+
+    def __init__(self, index: int, tau: float, kept: dict[int, torch.Tensor], **kwargs: float) -> None:
+        super().__init__(index, tau, **kwargs)  # type: ignore[arg-type]
+        self._kept = kept  # shared by the model's reducers (not in the state dict): m per block
+
+    def forward(self, x: torch.Tensor, state: TokenState, info: AttnInfo) -> torch.Tensor:
+        received = getattr(info, "received", None)
+        if info.keys is None or received is None:
+            raise ValueError("ltmp on swin needs the block's keys and received attention (needs "
+                             "'keys', 'received_attn')")
+        b, n, _ = x.shape
+        current = torch.ones(b, n, device=x.device, dtype=torch.bool)
+        best, dst = best_partners(info.keys, current, 0)
+        if self.training:
+            merge = straight_through(best, self.theta_m, self.tau)  # 0 (no grad) outside A
+        else:
+            merge = (best > self.theta_m).to(x.dtype)
+        merged = merge.detach() > 0.5
+        state.source = None  # the tile's way back is (mask, merge, dst): no sources to keep up
+        x = merge_into_partners(x, state, merge, dst)
+        importance = group_importance(received, dst, merged)
+        alive = ~merged
+        protected = _protected(alive, importance, 0)
+        if self.training:
+            prune = straight_through(importance, self.theta_p, self.tau)
+            keep = (1.0 - merge) * torch.where(protected, torch.ones_like(prune), prune)
+            self._kept[self.index] = keep.mean(dim=1)
+        else:
+            keep = (alive & ((importance > self.theta_p) | protected)).to(x.dtype)
+            state.size = state.sizes(x) * keep[..., None]  # size 0: the adapter leaves it out of the MLP
+            self._kept[-1 - self.index] = keep.detach().mean(dim=1)
+        state.private[_TILE] = (keep, merge, dst)
+        return x
+
+    def unmerge(self, y: torch.Tensor, state: TokenState) -> torch.Tensor:
+        """The MLP output ``y [B*nT, t, C]`` back on the tile's tokens: ``y_i m_i`` plus, for a
+        token merged into ``dst(i)``, ``m_dst(i) y_dst(i)`` (class doc)."""
+        keep, merge, dst = state.private[_TILE]
+        kept = y * keep[..., None].to(y.dtype)
+        return kept + merge[..., None].to(y.dtype) * kept.gather(1, dst[..., None].expand_as(kept))
+
+
+@dataclass(frozen=True)
+class SwinCostModel:
+    """The MACs of one image's inference forward of an LTMP-reduced Swin as a function of each
+    block's kept fraction ``m_i`` (of its ``tokens[i]`` map tokens), as ``count_gmacs`` counts
+    them: ``fixed`` (patch embedding, every attention on every token -- qkv and proj on the padded
+    windows, ``QK^T`` and ``A V`` --, the patch merging layers, the head), ``mlp[i]`` per token
+    kept and ``match[i]`` the block's bipartite matching (``tiles * floor(t/2) ceil(t/2) *
+    head_dim``; 0 where it does not reduce)."""
+
+    fixed: float
+    tokens: tuple[int, ...]
+    mlp: tuple[float, ...]
+    match: tuple[float, ...]
+
+    @property
+    def full(self) -> float:
+        """MACs of the unreduced model."""
+        return self.fixed + sum(c * n for c, n in zip(self.mlp, self.tokens))
+
+    def macs(self, kept: Sequence[Union[torch.Tensor, float, None]]) -> Union[torch.Tensor, float]:
+        """MACs for the kept fractions ``kept[i]`` (``None``: block ``i`` does not reduce)."""
+        total: Union[torch.Tensor, float] = self.fixed
+        for m, c, n, match in zip(kept, self.mlp, self.tokens, self.match):
+            total = total + c * n * (1.0 if m is None else m) + match
+        return total
+
+    def ratio(self, kept: Sequence[Union[torch.Tensor, float, None]]) -> Union[torch.Tensor, float]:
+        return self.macs(kept) / self.full
+
+
+def swin_cost_model(model: nn.Module, reducing: Sequence[bool]) -> SwinCostModel:
+    """The :class:`SwinCostModel` of a timm ``SwinTransformer`` (reduced or not), read off its
+    modules; ``tests/plugins/test_ltmp_swin.py`` checks it against ``count_gmacs``."""
+    from vitbench.engine.families.swin import tile_of
+
+    conv = model.patch_embed.proj
+    grid = model.patch_embed.grid_size
+    kh, kw = conv.kernel_size
+    fixed = float(grid[0] * grid[1] * conv.out_channels * (conv.in_channels // conv.groups) * kh * kw)
+    fixed += _linear_macs(model.head)
+    tokens, mlp, match = [], [], []
+    i = 0
+    for stage in model.layers:
+        blocks = [getattr(blk, "block", blk) for blk in stage.blocks]
+        h, w = (int(s) for s in blocks[0].input_resolution)
+        fixed += _linear_macs(stage.downsample) * h * w
+        for blk in blocks:
+            (wh, ww), heads = tuple(blk.window_size), blk.attn.num_heads
+            padded = -(-h // wh) * wh * -(-w // ww) * ww
+            head_dim = blk.dim // heads
+            fixed += _linear_macs(blk.attn) * padded + 2 * heads * head_dim * wh * ww * padded
+            th, tw = tile_of((h, w), (wh, ww))
+            t = th * tw
+            tokens.append(h * w)
+            mlp.append(_linear_macs(blk.mlp))
+            match.append(float(h * w // t * (t // 2) * ((t + 1) // 2) * head_dim) if reducing[i] else 0.0)
+            i += 1
+    return SwinCostModel(fixed=fixed, tokens=tuple(tokens), mlp=tuple(mlp), match=tuple(match))
+
+
+def _swin_penalty(params: LTMPParams, info: ModelInfo,
+                  kept: dict[int, torch.Tensor]) -> Callable[..., Optional[torch.Tensor]]:
+    """The Swin penalty: ``lambda * (ratio - goal)^2`` with ``ratio`` the counted cost
+    (:class:`SwinCostModel`) over the unreduced one and ``goal`` ``gmacs_fraction`` if set, else
+    ``target`` (module doc, "On Swin": the paper's ViT ratio does not describe a reduction that
+    leaves attention whole)."""
+    layers = tuple(range(info.depth)) if params.layers is None else params.layers
+    reducing = [i in layers for i in range(info.depth)]
+    goal = params.target if params.gmacs_fraction is None else params.gmacs_fraction
+    costs: dict[int, SwinCostModel] = {}
+
+    def flops_penalty(model: nn.Module, logits: torch.Tensor, labels: torch.Tensor) -> Optional[torch.Tensor]:
+        per_block = [kept.get(i) if reducing[i] else None for i in range(info.depth)]
+        if not any(m is not None for m in per_block):
+            return None
+        if id(model) not in costs:
+            costs[id(model)] = swin_cost_model(model, reducing)
+        ratio = costs[id(model)].ratio([None if m is None else m.mean() for m in per_block])
+        ctx = reduction_context(model)
+        if ctx is not None:
+            ctx.extras["ltmp_flops_ratio"] = ratio.detach()  # type: ignore[union-attr]
+            ctx.extras["ltmp_kept"] = {i: m.detach().mean() for i, m in enumerate(per_block) if m is not None}
+        for i in range(info.depth):  # this forward's masks are used up
+            kept.pop(i, None)
+        return params.lambda_flops * (ratio - goal) ** 2
+
+    return flops_penalty
+
+
+def swin_kept(model: nn.Module) -> dict[int, torch.Tensor]:
+    """Swin: the kept fraction ``[B*nT]`` of each tile of each reducing block in the last eval
+    forward (tokens the MLP ran on / tile size)."""
+    for module in model.modules():
+        if isinstance(module, LTMPTileReducer):
+            return {-1 - k: v for k, v in module._kept.items() if k < 0}
+    raise ValueError("this model is not a Swin reduced with ltmp")
+
+
 def build(params: LTMPParams, info: ModelInfo) -> Reduction:
     layers = tuple(range(info.depth)) if params.layers is None else params.layers
     for layer in layers:
         if not 0 <= layer < info.depth:
             raise ParamError(f"ltmp.layers contains {layer}; valid block indices for this model: "
                              f"0..{info.depth - 1}")
-    reducers = [LTMPReducer(i, params.tau, order=params.order) if i in layers else None
-                for i in range(info.depth)]
+    if info.family == "swin":
+        kept: dict[int, torch.Tensor] = {}
+        reducers: list[Optional[nn.Module]] = [LTMPTileReducer(i, params.tau, kept) if i in layers else None
+                                               for i in range(info.depth)]
+        penalty = _swin_penalty(params, info, kept)
+    else:
+        reducers = [LTMPReducer(i, params.tau, order=params.order) if i in layers else None
+                    for i in range(info.depth)]
+        penalty = flops_penalty_of(params, info)
     stage = TrainStage(
         name="thresholds",
         epochs=params.epochs,
@@ -591,7 +776,7 @@ def build(params: LTMPParams, info: ModelInfo) -> Reduction:
         label_smoothing=params.label_smoothing,
         batch_size=params.batch_size,
         trainable=("theta_m", "theta_p"),
-        extra_loss=flops_penalty_of(params, info),
+        extra_loss=penalty,
         after_step=(clamp_thresholds,),
     )
     return Reduction(reducers, prop_attn=True, train=(stage,))
@@ -604,7 +789,7 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
         kind="hybrid",
         params=LTMPParams,
         build=build,
-        families=("vit",),
+        families=("vit", "swin"),
         needs_training=True,
         needs_attention_probs=True,
         # matched compute sets gmacs_fraction = F: the penalty then measures the counted cost

@@ -51,7 +51,7 @@ def _stage(model):
 
 def test_registers_through_the_entry_point():
     spec = get_host().method("ltmp")
-    assert spec.name == "ltmp" and spec.needs_training and spec.families == ("vit",)
+    assert spec.name == "ltmp" and spec.needs_training and spec.families == ("vit", "swin")
     model = vitbench.apply(tiny_vit(), "ltmp")
     assert len(_reducers(model)) == 12
     stage = _stage(model)

@@ -17,8 +17,8 @@ attention residual, before the MLP). A patched block computes
    likewise, and the method's reducer runs on every tile as on a short token sequence with no
    prefix token (a fresh :class:`~vitbench.engine.TokenState` with source tracing per block);
 3. ``y = mlp(norm2(reduced))`` on the reduced tiles, unmerged back to every token
-   (:func:`~vitbench.engine.unmerge.unmerge`: a merged token's MLP output goes to every token it
-   covers), tiles put back on the map: ``x = x + drop_path(y)``.
+   (:func:`unmerge_mlp`: a merged token's MLP output goes to every token it covers), tiles put
+   back on the map: ``x = x + drop_path(y)``.
 
 So the residual stream keeps every token (its value is never averaged away); what merging saves
 is the MLP on the merged tokens — two thirds of a Swin block's MACs at 224 px. Merging within
@@ -32,6 +32,23 @@ cross window borders in attention, which the reduction leaves alone.
 Blocks without a reducer run timm's forward untouched, so a method switched off (``r=0``) is
 the unpatched model exactly.
 
+What a reducer may add to this scheme (LTM, LTMP):
+
+- ``needs`` may ask for ``"received_attn"``: each token's received attention, the mean over
+  heads and over the ``ws x ws`` queries of the (shifted) window in which it is a key
+  (shifted-window mask and padding exactly as timm's; the mean over all queries of the window
+  keeps the average at ``1/ws^2`` for every token, whatever the size of its shifted region),
+  mapped back to the map (shift undone) and cut into the tiles like the keys:
+  ``SwinAttnInfo.received [B*nT, t]``. Asking for it runs that block's attention unfused (the
+  probabilities are needed); fused and unfused count the same MACs.
+- a token the reducer removes but leaves in place is marked by ``size`` 0: the MLP runs only on
+  the tokens of size > 0 (packed across tiles, so no padding is computed) and the others get a
+  zero MLP output (LTMP's pruned tokens get no MLP update; the residual stream keeps them);
+- ``reducer.unmerge(y, state)`` replaces the default way back from the reduced tiles to every
+  token (:func:`unmerge_mlp`: a token takes the MLP output of the token that covers it, by the
+  traced sources, and 0 when none does): LTM's soft merges send each token the share-weighted
+  mix of the merged tokens it went into, LTMP's training masks scale the MLP output.
+
 Channel methods (DCS, docs/methods.md §7): a reducer's ``qk`` hook runs on the queries and keys of
 every window, and its ``mlp_forward`` hook replaces the MLP on the whole map (its token step
 sees the map as one sequence and must leave it whole).
@@ -41,6 +58,7 @@ attention) gets a clear error.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
@@ -53,13 +71,13 @@ from vitbench.engine.block import ReductionContext, _add_wrapper_level, _drop_wr
 from vitbench.engine.families.checks import describe_for_patch
 from vitbench.engine.families.vit import _RememberInputs
 from vitbench.engine.token_state import TokenState
-from vitbench.engine.unmerge import unmerge
 from vitbench.errors import UnsupportedError
 
 FAMILY = "swin"
 SUPPORTED = "timm SwinTransformer (Swin V1: swin_tiny/small/base/large_patch4_window7/12_*)"
-#: what a Swin block's window attention can hand a reducer (no class token: no ``cls_attn``)
-SWIN_NEEDS = frozenset({"keys"})
+#: what a Swin block's window attention can hand a reducer (no class token: no ``cls_attn``;
+#: ``received_attn``: :attr:`SwinAttnInfo.received`, see the module doc)
+SWIN_NEEDS = frozenset({"keys", "received_attn"})
 
 Grid = tuple[int, int]
 
@@ -140,27 +158,41 @@ def tile_of(size: Grid, window: Grid) -> Grid:
     return _nearest_divisor(size[0], window[0]), _nearest_divisor(size[1], window[1])
 
 
+@dataclass
+class SwinAttnInfo(AttnInfo):
+    """:class:`~vitbench.engine.attention.AttnInfo` plus what only the Swin adapter hands over.
+
+    ``received [B*nT, t]``: the attention each token receives as a key, the mean over heads and
+    over the queries of its (shifted) window, on the tiles (module doc; ``needs`` ``received_attn``).
+    """
+
+    received: Optional[torch.Tensor] = None
+
+
 def window_attention(attn: nn.Module, x: torch.Tensor, mask: Optional[torch.Tensor],
-                     needs: frozenset[str], qk_hook: Optional[QKHook] = None) -> tuple[torch.Tensor, AttnInfo]:
+                     needs: frozenset[str], qk_hook: Optional[QKHook] = None) -> tuple[torch.Tensor, SwinAttnInfo]:
     """timm's ``WindowAttention.forward`` on ``x [B*nW, n, C]`` (relative position bias, the
-    shifted-window mask), also handing over the head-averaged keys when ``needs`` asks;
+    shifted-window mask), also handing over the head-averaged keys and the received attention
+    per window ``[B*nW, n]`` when ``needs`` asks (the caller moves them onto the tiles);
     ``qk_hook(q, k, x)`` changes the per-head queries and keys first (DCS, docs/methods.md §7)."""
     bw, n, _ = x.shape
     qkv = attn.qkv(x).reshape(bw, n, 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4)
     q, k, v = qkv.unbind(0)
     if qk_hook is not None:
         q, k = qk_hook(q, k, x)
-    info = AttnInfo(keys=k.mean(dim=1) if "keys" in needs else None)
+    info = SwinAttnInfo(keys=k.mean(dim=1) if "keys" in needs else None)
     bias = attn._get_rel_pos_bias()  # [1, h, n, n]
     if mask is not None:  # the shifted-window mask, one per window of every image
         nw = mask.shape[0]
         mask = mask.view(1, nw, 1, n, n).expand(bw // nw, -1, attn.num_heads, -1, -1)
         bias = bias + mask.reshape(bw, attn.num_heads, n, n)
-    if attn.fused_attn:
+    if attn.fused_attn and "received_attn" not in needs:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias,
                                              dropout_p=attn.attn_drop.p if attn.training else 0.0)
     else:
         probs = ((q * attn.scale) @ k.transpose(-2, -1) + bias).softmax(dim=-1)
+        if "received_attn" in needs:  # mean over heads and the window's queries (no gradient: a score)
+            info.received = probs.detach().mean(dim=(1, 2))
         out = attn.attn_drop(probs) @ v
     out = out.transpose(1, 2).reshape(bw, n, -1)
     return attn.proj_drop(attn.proj(out)), info
@@ -207,13 +239,19 @@ class SwinReducingBlock(nn.Module):
         if info.keys is not None:  # the attention's keys, back on the map, then cut into the tiles
             keys = from_windows(info.keys, window, shift, padded, (h, w))  # type: ignore[arg-type]
             info.keys = to_windows(keys, tile, (0, 0))[0]
+        if info.received is not None:  # likewise the received attention, one value per token
+            received = from_windows(info.received[..., None], window, shift, padded, (h, w))  # type: ignore[arg-type]
+            info.received = to_windows(received, tile, (0, 0))[0][..., 0]
         state = TokenState.start(tokens, 0, trace_source=True)
         ctx.state = state
         reduced = self.reducer(tokens, state, info)
-        ctx.token_counts.append(reduced.shape[1])
-        y = blk.mlp(blk.norm2(reduced))
-        if reduced.shape[1] != tokens.shape[1]:
-            y = unmerge(y, state)
+        y, count = _mlp_on_kept(blk, reduced, state)
+        ctx.token_counts.append(count)
+        back = getattr(self.reducer, "unmerge", None)
+        if back is not None:
+            y = back(y, state)
+        elif reduced is not tokens:
+            y = unmerge_mlp(y, state)
         return x + blk.drop_path2(from_windows(y, tile, (0, 0), (h, w), (h, w)))
 
     def _channel_step(self, x: torch.Tensor, info: AttnInfo, mlp_forward: Callable[..., torch.Tensor]) -> torch.Tensor:
@@ -227,6 +265,32 @@ class SwinReducingBlock(nn.Module):
                                    f"channel hook; the swin family adapter runs one or the other")
         self._context.token_counts.append(h * w)
         return mlp_forward(self.block.mlp, self.block.norm2(x))
+
+
+def _mlp_on_kept(blk: nn.Module, reduced: torch.Tensor, state: TokenState) -> tuple[torch.Tensor, int]:
+    """``mlp(norm2(reduced))`` ``[B*nT, n, C]`` and the tokens per tile it ran on (the most in
+    any tile). Tokens of size 0 (removed but left in place, module doc) are left out -- the MLP
+    runs on the others packed into one sequence -- and get a zero output."""
+    size = state.size
+    removed = size[..., 0] <= 0 if size is not None else None
+    if removed is None or not bool(removed.any()):
+        return blk.mlp(blk.norm2(reduced)), reduced.shape[1]
+    kept = ~removed
+    y = torch.zeros_like(reduced)
+    y[kept] = blk.mlp(blk.norm2(reduced[kept][None]))[0].to(y.dtype)
+    return y, int(kept.sum(dim=1).max())
+
+
+def unmerge_mlp(y: torch.Tensor, state: TokenState) -> torch.Tensor:
+    """The MLP outputs of the reduced tiles ``y [B*nT, n, C]`` back on every token of the tiles
+    (ToMe for SD's unmerge, §3): a token takes the output of the token holding the largest share
+    of it (:func:`~vitbench.engine.unmerge.unmerge`), and 0 where no token covers it (pruned: no
+    MLP update; the residual stream keeps its value)."""
+    if state.source is None:
+        raise ValueError("the swin adapter's unmerge needs the traced sources")
+    share, token = state.source.max(dim=1)
+    values = y.gather(1, token[..., None].expand(-1, -1, y.shape[-1]))
+    return torch.where(share[..., None] > 0, values, torch.zeros_like(values))
 
 
 def _check_needs(reduction: Reduction, method: str) -> None:
