@@ -129,3 +129,21 @@ def test_non_finite_features_are_an_error_naming_the_batch() -> None:
     with pytest.raises(NonFiniteError, match=r"^IB metrics: the final features hold non-finite values \(1 of 32\) "
                                              r"in batch 2$"):
         measure_ib(torch.nn.Identity(), batches, 2, features=features)
+
+
+def test_final_features_of_a_swin_pool_its_channels_last_map():
+    """timm's Swin returns its last stage as [B, H, W, C] (output_fmt NHWC): the features are the
+    mean over H and W, one value per channel (a mean over W and C was a bug)."""
+    from timm.models.swin_transformer import SwinTransformer
+
+    from vitbench.measure.ib import final_features
+
+    torch.manual_seed(0)
+    swin = SwinTransformer(img_size=56, embed_dim=16, depths=(2, 2), num_heads=(1, 2), window_size=7,
+                           num_classes=3).eval()
+    images = torch.randn(2, 3, 56, 56)
+    with torch.no_grad():
+        fmap = swin.forward_features(images)
+        features = final_features(swin, images)
+    assert fmap.shape == (2, 7, 7, 32) and features.shape == (2, 32)
+    assert torch.allclose(features, fmap.mean(dim=(1, 2)))

@@ -131,13 +131,17 @@ def final_features(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
 
     Works on a plain timm ViT (sizes all one) and on a reduced one (the token sizes of the
     forward's :class:`~vitbench.engine.TokenState`, so merged tokens count by their size). A
-    conv hybrid (no ``blocks``) gives the spatial mean of its final feature map, which every
-    method's output is folded back into."""
+    model without ``blocks`` (conv hybrids, Swin) gives the spatial mean of its final feature
+    map, which every method's output is folded back into: ``[B, C, H, W]``, or ``[B, H, W, C]``
+    where timm says its output is channels-last (``output_fmt`` NHWC: Swin)."""
     from vitbench.engine.block import reduction_context
 
-    if not hasattr(model, "blocks"):  # conv hybrids (MobileViT, EfficientViT): the final map's mean
+    if not hasattr(model, "blocks"):  # MobileViT, EfficientViT, Swin: the final map's mean
         fmap = model.forward_features(images)
-        return fmap.mean(dim=(-2, -1)) if fmap.dim() == 4 else fmap.mean(dim=1)
+        if fmap.dim() != 4:
+            return fmap.mean(dim=1)
+        nhwc = getattr(model, "output_fmt", "NCHW") == "NHWC"
+        return fmap.mean(dim=(1, 2)) if nhwc else fmap.mean(dim=(-2, -1))
     tokens = block_output(model, model.blocks[-1], images)
     ctx = reduction_context(model)
     size = ctx.state.size if ctx is not None and ctx.state is not None else None

@@ -66,6 +66,18 @@ def test_trained_weights_are_cached_and_reloaded(backbone_factory, det_data, tmp
     assert said == [f"loading the trained det detector {path}"]
 
 
+def test_every_seed_has_its_own_detector(backbone_factory, det_data, tmp_path, fake_training):
+    """--seeds 0,1: seed 1's runs get seed 1's detector, not the one seed 0 trained first (a bug:
+    the workspace once kept one set of weights whatever the seed)."""
+    ws = _workspace(backbone_factory, det_data, tmp_path)
+    first = trained_weights(ws, 0, lambda s: None)
+    second = trained_weights(ws, 1, lambda s: None)
+    assert fake_training.calls == 2 and second is not first
+    assert trained_weights(ws, 0, lambda s: None) is first and trained_weights(ws, 1, lambda s: None) is second
+    assert sorted(ws.training_infos) == [0, 1]
+    assert {p.name for p in tmp_path.glob("*.pth")} == {f"det-mobilevit_xs-{ws.weights_key(s)}.pth" for s in (0, 1)}
+
+
 def test_cache_without_its_json_still_loads(backbone_factory, det_data, tmp_path, fake_training):
     ws = _workspace(backbone_factory, det_data, tmp_path)
     trained_weights(ws, 0, lambda s: None)

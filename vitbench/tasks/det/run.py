@@ -58,10 +58,17 @@ class DenseWorkspace:
     throughput_repeats: int = 10
     latency_repeats: int = 20
     verbose_training: bool = True
-    _weights: Optional[dict[str, torch.Tensor]] = field(default=None, repr=False)
+    #: the trained baseline detector's weights, per seed (``--seeds``: each seed its own detector)
+    _weights: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict, repr=False)
     #: matched compute: one cached GMACs counter per seed (:func:`dense_gmacs_counter`)
     counters: dict = field(default_factory=dict, repr=False)
-    training_info: dict[str, Any] = field(default_factory=dict)
+    #: how each seed's baseline detector was trained (or which cache file it came from)
+    training_infos: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def training_info(self) -> dict[str, Any]:
+        """The training facts of the detector trained (or loaded) last ({} before any)."""
+        return next(reversed(self.training_infos.values()), {})
 
     @property
     def masks(self) -> bool:
@@ -94,36 +101,38 @@ def _state_digest(model: nn.Module) -> str:
 
 
 def trained_weights(ws: DenseWorkspace, seed: int, progress: Progress) -> dict[str, torch.Tensor]:
-    """The baseline detector's weights after the default training: from the cache file when
-    there is one, else trained now and saved atomically."""
-    if ws._weights is not None:
-        return ws._weights
+    """The baseline detector of ``seed``'s weights after the default training: kept in the
+    workspace, else from the cache file when there is one, else trained now and saved
+    atomically. Each seed has its own (the seed is part of the cache key)."""
+    if seed in ws._weights:
+        return ws._weights[seed]
     path = ws.cache_dir / f"{ws.task}-{ws.model_name}-{ws.weights_key(seed)}.pth" if ws.cache_dir else None
     if path is not None and path.is_file():
         progress(f"loading the trained {ws.task} detector {path}")
-        ws._weights = torch.load(path, map_location="cpu", weights_only=True)
+        ws._weights[seed] = torch.load(path, map_location="cpu", weights_only=True)
         meta = path.with_suffix(".json")
-        ws.training_info = json.loads(meta.read_text()) if meta.is_file() else {"cached": str(path)}
-        return ws._weights
+        ws.training_infos[seed] = json.loads(meta.read_text()) if meta.is_file() else {"cached": str(path)}
+        return ws._weights[seed]
     detector = build_detector(ws.task, copy.deepcopy(ws.model), ws.data.num_classes, width=ws.width)
     progress(f"training the {ws.task} detector ({ws.width} heads) for {ws.epochs} epoch(s) on "
              f"{ws.data.name}: the default training, once")
     info = train_detector_weights(ws, detector, seed)
-    ws._weights = {k: v.detach().cpu().clone() for k, v in detector.state_dict().items()}
-    ws.training_info = info
+    weights = {k: v.detach().cpu().clone() for k, v in detector.state_dict().items()}
+    ws._weights[seed] = weights
+    ws.training_infos[seed] = info
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
         os.close(fd)
         try:
-            torch.save(ws._weights, tmp)
+            torch.save(weights, tmp)
             os.replace(tmp, path)
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
         path.with_suffix(".json").write_text(json.dumps(info, indent=1))
     progress(f"detector trained in {info['seconds']:.0f} s ({info['iters']} iterations)")
-    return ws._weights
+    return weights
 
 
 def train_detector_weights(ws: DenseWorkspace, detector: nn.Module, seed: int) -> dict[str, Any]:
@@ -200,7 +209,7 @@ def run_dense_spec(spec: Any, ws: DenseWorkspace, baseline: Optional[dict], prog
 
     weights = trained_weights(ws, spec.seed, progress)
     out: dict[str, Any] = {"batch_size": spec.batch_size, "detector": _detector_name(ws),
-                           "detector_training": ws.training_info}
+                           "detector_training": ws.training_infos[spec.seed]}
     backbone = copy.deepcopy(ws.model)
     if spec.method not in REFERENCES:
         progress("applying the method")
