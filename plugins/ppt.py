@@ -130,11 +130,7 @@ class PPTReducer:
         prune_index = top_tokens(scores, x.shape[1] - prefix - r, prefix, order=self.order)
         if branch_on_host and not bool(pool.any()):
             return state.keep(x, prune_index)
-        pooled, pruned = state.copy(), state.copy()
-        x_pool = pooled.merge(x, bipartite_soft_matching(info.keys, r, prefix))
-        x_prune = pruned.keep(x, prune_index)
-        state.select(pool, pooled, pruned)
-        return torch.where(pool[:, None, None], x_pool, x_prune)
+        return state.merge_or_keep(x, bipartite_soft_matching(info.keys, r, prefix), prune_index, pool)
 
 
 def top_tokens(scores: torch.Tensor, k: int, prefix: int, *, order: str = "original") -> torch.Tensor:

@@ -137,3 +137,42 @@ def test_ppt_device_only_equals_the_host_branching_forward(vit, threshold):
         with device_only():
             device = model(images)
     assert torch.allclose(host, device, atol=1e-6)
+
+
+@pytest.mark.parametrize("prefix", [0, 1, 2])
+@pytest.mark.parametrize("with_sizes", [False, True])
+def test_merge_or_keep_equals_merge_keep_and_select(prefix, with_sizes):
+    """PPT's per-image choice in one pass equals the two branches computed whole and selected."""
+    torch.manual_seed(prefix)
+    b, n, r = 5, 23, 6
+    x = torch.randn(b, n, 16)
+    m = bipartite_soft_matching(torch.randn(b, n, 8), r, prefix)
+    scores = torch.randn(b, n - prefix)
+    index = torch.cat([torch.arange(prefix).expand(b, prefix),
+                       scores.argsort(dim=1, descending=True)[:, : n - prefix - r] + prefix], dim=1)
+    rows = torch.tensor([True, False, True, False, False])
+    sizes = torch.rand(b, n, 1) * 3 + 1 if with_sizes else None
+
+    def start():
+        state = TokenState.start(x, prefix)
+        state.size = None if sizes is None else sizes.clone()
+        return state
+
+    fast = start()
+    out = fast.merge_or_keep(x, m, index, rows)
+    slow, merged, kept = start(), start(), start()
+    x_merge, x_keep = merged.merge(x, m), kept.keep(x, index)
+    slow.select(rows, merged, kept)
+    expected = torch.where(rows[:, None, None], x_merge, x_keep)
+    assert torch.equal(out, expected) and torch.equal(fast.size, slow.size)
+
+
+def test_merge_or_keep_while_tracing_sources_takes_both_branches():
+    torch.manual_seed(0)
+    x = torch.randn(2, 11, 4)
+    m = bipartite_soft_matching(torch.randn(2, 11, 4), 3, 1)
+    index = torch.cat([torch.zeros(2, 1, dtype=torch.long), torch.arange(1, 8).expand(2, 7)], dim=1)
+    state = TokenState.start(x, 1, trace_source=True)
+    out = state.merge_or_keep(x, m, index, torch.tensor([True, False]))
+    assert out.shape == (2, 8, 4) and state.source.shape == (2, 8, 11)
+    assert torch.equal(out[1], x[1, :8])  # the second image kept its first 8 tokens

@@ -13,6 +13,7 @@ nor a destination) so that prefix tokens stay first and untouched.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -43,7 +44,8 @@ class Matching:
         return torch.cat([head, unm, b], dim=1)
 
 
-    def weighted_merge(self, x: torch.Tensor, size: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def weighted_merge(self, x: torch.Tensor, size: torch.Tensor,
+                       keep: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> tuple[torch.Tensor, torch.Tensor]:
         """ToMe's size-weighted average merge of ``x [B, N, C]`` with sizes ``size [B, N, 1]``:
         ``(x_new, size_new)``, equal (up to float rounding) to ``merge(cat([x * size, size]))``
         divided by its last channel, in the same layout.
@@ -55,6 +57,11 @@ class Matching:
         weighted sources are added into their destinations (``scatter_add_``). The textbook form
         (``x * size``, concatenate the size channel, gather, ``scatter_reduce``, concatenate,
         divide) reads and writes the whole ``x`` about five times; this about twice.
+
+        ``keep = (merge_rows [B] bool, index [B, N - r])``: images where ``merge_rows`` is False
+        are not merged but keep the tokens at ``index`` (PPT's per-image choice between pooling
+        and pruning, docs/methods.md §3) -- the same single gather, their weights 1 and their
+        sources' contributions 0, instead of a merge, a keep and a select over the whole ``x``.
         """
         c = x.shape[-1]
         p, a0 = self.prefix, self.a_start
@@ -68,13 +75,21 @@ class Matching:
         head = torch.arange(p, device=x.device).expand(x.shape[0], p)
         b_pos = torch.arange(n_b, device=x.device).mul_(2).add_(p + 1 - a0).expand(x.shape[0], n_b)
         order = torch.cat([head, self.unm_idx * 2 + (p + a0), b_pos], dim=1)
+        w_b = s_b / s_dst
+        w_src = s_src / s_dst.gather(1, self.dst_idx)
+        size_new = torch.cat([size[:, :p, 0], s_a.gather(1, self.unm_idx), s_dst], dim=1)
+        if keep is not None:
+            rows, index = keep
+            order = torch.where(rows[:, None], order, index)
+            w_b = torch.where(rows[:, None], w_b, torch.ones_like(w_b))
+            w_src = w_src * rows[:, None].to(w_src.dtype)
+            size_new = torch.where(rows[:, None], size_new, size[..., 0].gather(1, index))
         out = x.gather(1, order[..., None].expand(-1, -1, c))
-        out[:, p + n_unm :] *= (s_b / s_dst)[..., None].to(out.dtype)
+        out[:, p + n_unm :] *= w_b[..., None].to(out.dtype)
         src = x.gather(1, (self.src_idx * 2 + (p + a0))[..., None].expand(-1, -1, c))
-        src = src * (s_src / s_dst.gather(1, self.dst_idx))[..., None].to(src.dtype)
+        src = src * w_src[..., None].to(src.dtype)
         out.scatter_add_(1, (self.dst_idx + (p + n_unm))[..., None].expand(-1, -1, c), src)
-        size_new = torch.cat([size[:, :p, 0], s_a.gather(1, self.unm_idx), s_dst], dim=1)[..., None]
-        return out, size_new
+        return out, size_new[..., None]
 
 
 def max_merge(num_tokens: int, prefix: int) -> int:

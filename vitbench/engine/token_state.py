@@ -105,6 +105,23 @@ class TokenState:
         self.size = size_new
         return x_new / size_new
 
+    def merge_or_keep(self, x: torch.Tensor, m: Matching, index: torch.Tensor,
+                      merge_rows: torch.Tensor) -> torch.Tensor:
+        """Per image: the size-weighted merge by ``m`` where ``merge_rows [B]`` holds, else keep
+        the tokens at ``index [B, N - r]`` (PPT, docs/methods.md §3: pooling or pruning per
+        image, ``r`` tokens fewer either way). Equal to :meth:`merge` on a copy, :meth:`keep` on
+        another and :meth:`select`, in one pass over ``x``
+        (:meth:`~vitbench.engine.matching.Matching.weighted_merge` with ``keep``); while tracing
+        sources it is done that longer way (sources and fills need both branches)."""
+        if self.source is not None or m.prefix < self.prefix or not hasattr(m, "weighted_merge"):
+            merged, kept = self.copy(), self.copy()
+            x_merge, x_keep = merged.merge(x, m), kept.keep(x, index)
+            self.select(merge_rows, merged, kept)
+            return torch.where(merge_rows[:, None, None], x_merge, x_keep)
+        _check_prefix_first(index, self.prefix)
+        x_new, self.size = m.weighted_merge(x, self.sizes(x), keep=(merge_rows, index))
+        return x_new
+
     def keep(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         """Keep the tokens at ``index [B, N']`` (in that order); the others are pruned.
 

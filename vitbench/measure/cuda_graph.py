@@ -128,6 +128,9 @@ def _capture_one(model: nn.Module, graphed: GraphedForward, batch: int, input_si
             with device_only(), _capture_autocast(precision, device):
                 model(x)
         except RuntimeError as exc:
+            if "synchroniz" not in str(exc):  # not the sync check: the device-only forward itself failed
+                return (f"the forward failed inside device_only() at batch {batch} ({_first_line(exc)}); "
+                        f"timed without a CUDA graph")
             return (f"the forward reads a device value on the host at batch {batch} ({_first_line(exc)}), so its "
                     f"shapes or control flow depend on the data; timed without a CUDA graph")
         finally:
