@@ -682,8 +682,9 @@ class SwinCostModel:
 
 
 def swin_cost_model(model: nn.Module, reducing: Sequence[bool]) -> SwinCostModel:
-    """The :class:`SwinCostModel` of a timm ``SwinTransformer`` (reduced or not), read off its
-    modules; ``tests/plugins/test_ltmp_swin.py`` checks it against ``count_gmacs``."""
+    """The :class:`SwinCostModel` of a timm ``SwinTransformer`` or ``SwinTransformerV2`` (reduced
+    or not), read off its modules; ``tests/plugins/test_ltmp_swin.py`` (V1) and
+    ``tests/engine/families/test_swinv2.py`` (V2) check it against ``count_gmacs``."""
     from vitbench.engine.families.swin import tile_of
 
     conv = model.patch_embed.proj
@@ -702,6 +703,9 @@ def swin_cost_model(model: nn.Module, reducing: Sequence[bool]) -> SwinCostModel
             padded = -(-h // wh) * wh * -(-w // ww) * ww
             head_dim = blk.dim // heads
             fixed += _linear_macs(blk.attn) * padded + 2 * heads * head_dim * wh * ww * padded
+            cpb = getattr(blk.attn, "cpb_mlp", None)  # Swin V2: its position-bias MLP runs once per
+            if cpb is not None:  # relative offset ((2 wh - 1)(2 ww - 1) of them), not per token
+                fixed += _linear_macs(cpb) * ((2 * wh - 1) * (2 * ww - 1) - padded)
             th, tw = tile_of((h, w), (wh, ww))
             t = th * tw
             tokens.append(h * w)

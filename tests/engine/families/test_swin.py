@@ -1,6 +1,7 @@
-"""The Swin family adapter (timm ``SwinTransformer``): the tiles a block's MLP is reduced in, the
-re-run window attention equal to timm's (shifted windows, masks, padding), switched-off equality,
-token counts and sizes per tile, checkpoints, refusals, and the published GMACs of Swin-T/B."""
+"""The Swin family adapter on timm's ``SwinTransformer`` (V1; V2: test_swinv2.py): the tiles a
+block's MLP is reduced in, the re-run window attention equal to timm's (shifted windows, masks,
+padding), switched-off equality, token counts and sizes per tile, checkpoints, refusals, and the
+published GMACs of Swin-T/B."""
 from __future__ import annotations
 
 import copy
@@ -94,12 +95,12 @@ def test_checkpoints_keep_timm_keys():
 def test_refusals():
     with pytest.raises(UnsupportedError, match="does not support the 'swin' family"):
         vitbench.apply(_small(), "topk")  # needs the class token's attention
-    from timm.models.swin_transformer_v2 import SwinTransformerV2
+    from timm.models.swin_transformer_v2_cr import SwinTransformerV2Cr
 
-    torch.manual_seed(0)
-    swinv2 = SwinTransformerV2(img_size=56, embed_dim=16, depths=(2,), num_heads=(1,), window_size=7)
-    with pytest.raises(UnsupportedError, match="SwinTransformerV2Block.*supports timm SwinTransformer"):
-        vitbench.apply(swinv2, "tome", r=2)
+    torch.manual_seed(0)  # timm's other Swin V2 (its own blocks; Swin V2 proper: test_swinv2.py)
+    swinv2_cr = SwinTransformerV2Cr(img_size=(64, 64), embed_dim=16, depths=(2,), num_heads=(1,), window_size=8)
+    with pytest.raises(UnsupportedError, match="no model-family adapter recognises SwinTransformerV2Cr"):
+        vitbench.apply(swinv2_cr, "tome", r=2)
 
     class _WantsCls:
         needs = frozenset({"cls_attn"})

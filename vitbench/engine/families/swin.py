@@ -1,4 +1,5 @@
-"""The Swin family adapter (timm ``SwinTransformer``: ``swin_tiny/small/base/large_patch4_window7/12_*``).
+"""The Swin family adapter (timm ``SwinTransformer``: ``swin_tiny/small/base/large_patch4_window7/12_*``;
+timm ``SwinTransformerV2``: ``swinv2_tiny/small/base/large_window*``, see "Swin V2" below).
 
 A Swin block attends within windows of ``ws x ws`` tokens of its ``H x W`` map (shifted by
 ``ws/2`` in every second block), and the stages halve the map by patch merging, so every block
@@ -8,7 +9,7 @@ Hoffman, "Token Merging for Fast Stable Diffusion", CVPRW 2023, §3: merge befor
 component, unmerge after it), applied at the spec's hook point (docs/methods.md §0, after the
 attention residual, before the MLP). A patched block computes
 
-1. ``x = x + drop_path(W-MSA(norm1(x)))``: timm's (shifted) window attention, re-run on its own
+1. ``x = x + drop_path(W-MSA(norm1(x)))`` (V1; V2's post-norm form below): timm's (shifted) window attention, re-run on its own
    modules (:func:`window_attention`) so that it can also hand over the head-averaged keys
    (``AttnInfo.keys``); the attention sees every token, exactly as in timm;
 2. the residual stream is cut into non-overlapping *tiles* (:func:`tile_of`: the ``ws x ws``
@@ -16,7 +17,7 @@ attention residual, before the MLP). A patched block computes
    divisor of the map nearest the window, so the tiles cover the map with no padding), the keys
    likewise, and the method's reducer runs on every tile as on a short token sequence with no
    prefix token (a fresh :class:`~vitbench.engine.TokenState` with source tracing per block);
-3. ``y = mlp(norm2(reduced))`` on the reduced tiles, unmerged back to every token
+3. ``y = mlp(norm2(reduced))`` (V1; V2: ``norm2(mlp(reduced))``) on the reduced tiles, unmerged back to every token
    (:func:`unmerge_mlp`: a merged token's MLP output goes to every token it covers), tiles put
    back on the map: ``x = x + drop_path(y)``.
 
@@ -53,11 +54,39 @@ Channel methods (DCS, docs/methods.md §7): a reducer's ``qk`` hook runs on the 
 every window, and its ``mlp_forward`` hook replaces the MLP on the whole map (its token step
 sees the map as one sequence and must leave it whole).
 
-Only timm's ``SwinTransformerBlock`` (Swin V1) is supported; Swin V2 (post-norm, cosine
-attention) gets a clear error.
+**Swin V2** (Liu et al., "Swin Transformer V2", CVPR 2022: §3.2 res-post-norm and scaled cosine
+attention, §3.3 log-spaced continuous position bias; timm's ``SwinTransformerV2Block``) differs
+in three places, all kept exactly as timm runs them:
+
+- *res-post-norm*: ``x = x + drop_path(norm1(attn(x)))``, ``x = x + drop_path(norm2(mlp(x)))``.
+  The reduced MLP step is ``x = x + drop_path(unmerge(norm2(mlp(reduced))))``
+  (:func:`mlp_branch`): ``norm2`` is the branch's last step and runs on the reduced tokens,
+  before the unmerge. For the default copy-unmerge this *equals* the post-norm form
+  ``norm2(unmerge(mlp(reduced)))`` (a LayerNorm is per token, the unmerge copies tokens), and
+  it is cheaper (the norm on the merged tokens, not on all of them). It also keeps a removed
+  token's update zero (``norm2`` of the zero output it gets would be ``norm2.bias``), and a
+  reducer's own unmerge (LTM's soft mix, LTMP's training masks) sees the whole branch output,
+  the role the MLP output has in V1.
+- *scaled cosine attention* and the *continuous position bias* (``16 * sigmoid(cpb_mlp(...))``),
+  re-run op for op by :func:`window_attention_v2` (timm has no fused path for it), with the
+  ``q_bias``/``k_bias``/``v_bias`` layout. The keys it hands over are the head mean of the
+  **unit** keys ``k_h / ||k_h||`` -- the vectors the cosine attention compares.
+- DCS's ``qk`` hook (docs/methods.md §7: ``softmax((Q*M)(K*M)^T ...)``) runs on the raw
+  per-head queries and keys, **before** the cosine normalisation: §7's formula with V2's
+  similarity in place of the scaled dot product, i.e. ``s * cos(Q*M, K*M)``, the cosine of the
+  kept channels -- what a model without the masked Q/K channels computes, and a logit within the
+  range the learned scale ``s`` was trained for. (A mask after the normalisation would shrink
+  every logit by the dropped channels' share of the norm: a temperature the model never saw.)
+  Its ``mlp_forward`` hook replaces ``mlp`` on the map, ``norm2`` after it.
+
+The MACs V2 adds (the ``cpb_mlp`` per relative offset, once per block and forward) stay as
+timm's; ``swinv2_tiny_window8_256`` counts 5.94 GMACs (official Swin repository: 5.9 G;
+``swinv2_tiny_window16_256`` 6.66, the paper's 6.6 G). timm's other V2, ``SwinTransformerV2Cr``
+(``swinv2_cr_*``), has its own blocks and is not taken.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -74,7 +103,8 @@ from vitbench.engine.token_state import TokenState
 from vitbench.errors import UnsupportedError
 
 FAMILY = "swin"
-SUPPORTED = "timm SwinTransformer (Swin V1: swin_tiny/small/base/large_patch4_window7/12_*)"
+SUPPORTED = ("timm SwinTransformer (Swin V1: swin_tiny/small/base/large_patch4_window7/12_*) and "
+             "SwinTransformerV2 (swinv2_tiny/small/base/large_window*)")
 #: what a Swin block's window attention can hand a reducer (no class token: no ``cls_attn``;
 #: ``received_attn``: :attr:`SwinAttnInfo.received`, see the module doc)
 SWIN_NEEDS = frozenset({"keys", "received_attn"})
@@ -83,8 +113,8 @@ Grid = tuple[int, int]
 
 
 def matches(model: nn.Module) -> bool:
-    """timm's ``SwinTransformer`` (V1) and ``SwinTransformerV2`` (so that V2 gets a clear
-    "unsupported" from :func:`describe`, not "no adapter")."""
+    """timm's ``SwinTransformer`` (V1) and ``SwinTransformerV2`` (not ``SwinTransformerV2Cr``,
+    timm's other V2, a different class with its own blocks)."""
     from timm.models.swin_transformer import SwinTransformer
     from timm.models.swin_transformer_v2 import SwinTransformerV2
 
@@ -101,12 +131,11 @@ def describe(model: nn.Module) -> ModelInfo:
     """One :class:`BlockInfo` per Swin block: its width, heads and MLP tile (the token sequence a
     method sees: ``grid`` = :func:`tile_of` its map and window, ``num_patches`` its area; one
     sequence per block) at the size the model was built for."""
-    from timm.models.swin_transformer import SwinTransformerBlock
-
     name = type(model).__name__
     blocks: list[BlockInfo] = []
+    kinds = _block_types()
     for i, blk in enumerate(_blocks(model)):
-        if type(blk) is not SwinTransformerBlock:
+        if type(blk) not in kinds:
             raise UnsupportedError(f"block {i} of {name} is a {type(blk).__name__}; the swin family adapter "
                                    f"supports {SUPPORTED}")
         tile = tile_of(tuple(int(s) for s in blk.input_resolution),  # type: ignore[arg-type]
@@ -120,6 +149,21 @@ def describe(model: nn.Module) -> ModelInfo:
     return ModelInfo(family=FAMILY, depth=len(blocks), embed_dim=first.dim, num_heads=first.num_heads,
                      num_prefix_tokens=0, num_patches=first.num_patches, grid=first.grid,
                      global_pool="avg", blocks=tuple(blocks), input_size=size)  # type: ignore[arg-type]
+
+
+def _block_types() -> tuple[type, ...]:
+    """The block classes the adapter re-runs: timm's V1 and V2 Swin blocks."""
+    from timm.models.swin_transformer import SwinTransformerBlock
+    from timm.models.swin_transformer_v2 import SwinTransformerV2Block
+
+    return SwinTransformerBlock, SwinTransformerV2Block
+
+
+def is_v2(block: nn.Module) -> bool:
+    """Whether ``block`` is a Swin V2 block (post-norm, cosine attention; module doc)."""
+    from timm.models.swin_transformer_v2 import SwinTransformerV2Block
+
+    return isinstance(block, SwinTransformerV2Block)
 
 
 # -- windows, exactly as timm's SwinTransformerBlock._attn ------------------------------------------
@@ -174,7 +218,10 @@ def window_attention(attn: nn.Module, x: torch.Tensor, mask: Optional[torch.Tens
     """timm's ``WindowAttention.forward`` on ``x [B*nW, n, C]`` (relative position bias, the
     shifted-window mask), also handing over the head-averaged keys and the received attention
     per window ``[B*nW, n]`` when ``needs`` asks (the caller moves them onto the tiles);
-    ``qk_hook(q, k, x)`` changes the per-head queries and keys first (DCS, docs/methods.md §7)."""
+    ``qk_hook(q, k, x)`` changes the per-head queries and keys first (DCS, docs/methods.md §7).
+    A Swin V2 attention goes to :func:`window_attention_v2`."""
+    if hasattr(attn, "cpb_mlp"):
+        return window_attention_v2(attn, x, mask, needs, qk_hook)
     bw, n, _ = x.shape
     qkv = attn.qkv(x).reshape(bw, n, 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4)
     q, k, v = qkv.unbind(0)
@@ -198,8 +245,62 @@ def window_attention(attn: nn.Module, x: torch.Tensor, mask: Optional[torch.Tens
     return attn.proj_drop(attn.proj(out)), info
 
 
+def window_attention_v2(attn: nn.Module, x: torch.Tensor, mask: Optional[torch.Tensor],
+                        needs: frozenset[str], qk_hook: Optional[QKHook] = None) -> tuple[torch.Tensor, SwinAttnInfo]:
+    """timm's Swin V2 ``WindowAttention.forward`` on ``x [B*nW, n, C]``, op for op (timm has no
+    fused path for it): ``qkv`` with the bias ``(q_bias, k_bias = 0, v_bias)`` (added after the
+    projection with ``qkv_bias_separate``), the scaled cosine attention ``cos(q, k) *
+    exp(min(logit_scale, log 100))``, the continuous position bias ``16 * sigmoid(cpb_mlp(table))``
+    and the shifted-window mask, then softmax, ``A V`` and ``proj``. It hands over
+
+    - ``keys``: the head-averaged *unit* keys ``mean_h k_h / ||k_h||`` -- the keys as the cosine
+      attention compares them (it ignores their length, and so does the matching), and
+    - ``received`` (``needs`` ``received_attn``): as :func:`window_attention`.
+
+    ``qk_hook(q, k, x)`` (DCS's Q/K mask) runs on the raw per-head queries and keys, *before* the
+    cosine normalisation (module doc, "Swin V2")."""
+    bw, n, _ = x.shape
+    heads = attn.num_heads
+    if attn.q_bias is None:
+        qkv = attn.qkv(x)
+    else:
+        qkv_bias = torch.cat((attn.q_bias, attn.k_bias, attn.v_bias))
+        if attn.qkv_bias_separate:
+            qkv = attn.qkv(x) + qkv_bias
+        else:
+            qkv = F.linear(x, weight=attn.qkv.weight, bias=qkv_bias)
+    q, k, v = qkv.reshape(bw, n, 3, heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+    if qk_hook is not None:
+        q, k = qk_hook(q, k, x)
+    k = F.normalize(k, dim=-1)
+    info = SwinAttnInfo(keys=k.mean(dim=1) if "keys" in needs else None)
+    logits = F.normalize(q, dim=-1) @ k.transpose(-2, -1)
+    logits = logits * torch.clamp(attn.logit_scale, max=math.log(1.0 / 0.01)).exp()
+    table = attn.cpb_mlp(attn.relative_coords_table).view(-1, heads)
+    bias = table[attn.relative_position_index.view(-1)].view(n, n, -1).permute(2, 0, 1).contiguous()
+    logits = logits + (16 * torch.sigmoid(bias)).unsqueeze(0)
+    if mask is not None:  # the shifted-window mask, one per window of every image
+        nw = mask.shape[0]
+        logits = (logits.view(-1, nw, heads, n, n) + mask.unsqueeze(1).unsqueeze(0)).view(-1, heads, n, n)
+    probs = logits.softmax(dim=-1)
+    if "received_attn" in needs:  # mean over heads and the window's queries (no gradient: a score)
+        info.received = probs.detach().mean(dim=(1, 2))
+    out = (attn.attn_drop(probs) @ v).transpose(1, 2).reshape(bw, n, -1)
+    return attn.proj_drop(attn.proj(out)), info
+
+
+def mlp_branch(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The residual MLP branch of a Swin block on tokens ``x``: ``mlp(norm2(x))`` (V1, pre-norm)
+    or ``norm2(mlp(x))`` (V2, post-norm: the norm is the branch's last step, so it runs on the
+    reduced tokens before the unmerge; module doc, "Swin V2")."""
+    if is_v2(block):
+        return block.norm2(block.mlp(x))
+    return block.mlp(block.norm2(x))
+
+
 class SwinReducingBlock(nn.Module):
-    """A timm ``SwinTransformerBlock`` whose MLP runs on the windows a reducer reduced (module doc).
+    """A timm ``SwinTransformerBlock`` or ``SwinTransformerV2Block`` whose MLP runs on the tiles a
+    reducer reduced (module doc).
 
     Transparent to checkpoints like :class:`~vitbench.engine.block.ReducingBlock`: its state dict
     has timm's keys. Without a reducer it is timm's block, untouched.
@@ -227,11 +328,13 @@ class SwinReducingBlock(nn.Module):
         if self.reducer is None:
             ctx.token_counts.append(tile[0] * tile[1])
             return blk(x)
-        windows, padded = to_windows(blk.norm1(x), window, shift)  # type: ignore[arg-type]
+        v2 = is_v2(blk)
+        windows, padded = to_windows(x if v2 else blk.norm1(x), window, shift)  # type: ignore[arg-type]
         mask = blk.get_attn_mask(F.pad(x, (0, 0, 0, padded[1] - w, 0, padded[0] - h))) \
             if getattr(blk, "dynamic_mask", False) else blk.attn_mask
         out, info = window_attention(blk.attn, windows, mask, self.needs, getattr(self.reducer, "qk", None))
-        x = x + blk.drop_path1(from_windows(out, window, shift, padded, (h, w)))  # type: ignore[arg-type]
+        out = from_windows(out, window, shift, padded, (h, w))  # type: ignore[arg-type]
+        x = x + blk.drop_path1(blk.norm1(out) if v2 else out)
         mlp_forward = getattr(self.reducer, "mlp_forward", None)
         if mlp_forward is not None:  # a channel method: its MLP hook on every token of the map
             return x + blk.drop_path2(self._channel_step(x, info, mlp_forward))
@@ -264,20 +367,23 @@ class SwinReducingBlock(nn.Module):
             raise UnsupportedError(f"method {self._context.method!r} both reduces tokens and runs an MLP "
                                    f"channel hook; the swin family adapter runs one or the other")
         self._context.token_counts.append(h * w)
+        if is_v2(self.block):  # post-norm: the hook's MLP on the map itself, norm2 after it
+            return self.block.norm2(mlp_forward(self.block.mlp, x))
         return mlp_forward(self.block.mlp, self.block.norm2(x))
 
 
 def _mlp_on_kept(blk: nn.Module, reduced: torch.Tensor, state: TokenState) -> tuple[torch.Tensor, int]:
-    """``mlp(norm2(reduced))`` ``[B*nT, n, C]`` and the tokens per tile it ran on (the most in
-    any tile). Tokens of size 0 (removed but left in place, module doc) are left out -- the MLP
-    runs on the others packed into one sequence -- and get a zero output."""
+    """The MLP branch (:func:`mlp_branch`) on ``reduced`` ``[B*nT, n, C]`` and the tokens per
+    tile it ran on (the most in any tile). Tokens of size 0 (removed but left in place, module
+    doc) are left out -- the branch runs on the others packed into one sequence -- and get a
+    zero output (on V2 too: no ``norm2`` of zeros, which would be ``norm2.bias``)."""
     size = state.size
     removed = size[..., 0] <= 0 if size is not None else None
     if removed is None or not bool(removed.any()):
-        return blk.mlp(blk.norm2(reduced)), reduced.shape[1]
+        return mlp_branch(blk, reduced), reduced.shape[1]
     kept = ~removed
     y = torch.zeros_like(reduced)
-    y[kept] = blk.mlp(blk.norm2(reduced[kept][None]))[0].to(y.dtype)
+    y[kept] = mlp_branch(blk, reduced[kept][None])[0].to(y.dtype)
     return y, int(kept.sum(dim=1).max())
 
 
@@ -326,7 +432,7 @@ SPEC = FamilySpec(
     matches=matches,
     describe=describe,
     patch=patch,
-    model_patterns=("swin_*",),
-    description="timm Swin Transformer (V1); token methods per map tile for the MLP (merged, then unmerged "
-                "after it), channel methods in the window attention and the MLP",
+    model_patterns=("swin_*", "swinv2_*_window*"),
+    description="timm Swin Transformer V1 and V2; token methods per map tile for the MLP (merged, then "
+                "unmerged after it), channel methods in the window attention and the MLP",
 )
