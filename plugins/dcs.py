@@ -45,6 +45,11 @@ DCS-EfficientViT-B1):
 - *Swin* (issue 12): the same :class:`DCSReducer` per Swin block, sized from ``ModelInfo.blocks``;
   the swin adapter runs ``qk`` on the queries and keys of every window and ``mlp_forward`` on the
   whole map. The IB bound pools its last stage (``layers[-1]``, channels-last: :func:`channels_last`).
+  On Swin V2 (cosine attention) the Q/K mask applies to the raw queries and keys, *before* their
+  normalisation, so a logit is the cosine of the kept channels -- what a model without the
+  masked channels computes, in the range its learned logit scale expects; masking after the
+  normalisation would shrink every logit like an unseen temperature. The MLP gate runs before
+  V2's post-norm ``norm2``.
 
 Training is declared as two :class:`~vitbench.catalog.TrainStage` objects, never looped here:
 
