@@ -1,6 +1,7 @@
 """The built-in dense tasks on mmdet detectors around the reduced backbone: ``det`` (SSDLite,
 box mAP) and ``seg`` (Mask R-CNN, box and mask mAP). The tasks' code is :mod:`vitbench.tasks.det`;
-this plugin only registers them, as a third-party task plugin would."""
+this plugin only registers them, as a third-party task plugin would. Both run under
+``--launcher pytorch|slurm`` with training-free methods (:mod:`vitbench.distributed`)."""
 from __future__ import annotations
 
 from vitbench.catalog import TaskSpec
@@ -19,7 +20,8 @@ from vitbench.tasks.det.task import (
 @hookimpl
 def vitbench_register_tasks(register):  # type: ignore[no-untyped-def]
     common = dict(setup=dense_setup, workspace=dense_workspace, run=run_dense, gmacs_counter=dense_counter,
-                  metrics=DENSE_METRICS, counts="backbone", control=True)
+                  metrics=DENSE_METRICS, counts="backbone", control=True,
+                  distributed=True)  # training-free methods (learnable ones are refused under a launcher)
     register(TaskSpec(name="det", accuracy=DET_ACCURACY, **common,
                       description="object detection (mmdet SSDLite on the backbone): box mAP, AP50, AP75"))
     register(TaskSpec(name="seg", accuracy=SEG_ACCURACY, **common,

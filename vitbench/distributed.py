@@ -19,7 +19,9 @@ mmengine does the distributed part:
 Everything else is rank 0's alone: GMACs, parameters, throughput, latency, memory and IB are
 measured there (the other ranks wait at a barrier, so they do not load the machine while it
 times), and only rank 0 appends records to the store and writes the report. A task says it can
-run this way (``TaskSpec.distributed``); so far only the built-in ``cls`` task does.
+run this way (``TaskSpec.distributed``): the built-in ``cls``, ``det`` and ``seg`` tasks do (det/seg
+with training-free methods only: :mod:`vitbench.tasks.det.task` refuses learnable ones and the
+control row under a launcher, since their detector fine-tuning is not distributed yet).
 
 ``slurm``: the ranks come from ``SLURM_PROCID`` / ``SLURM_NTASKS`` / ``SLURM_LOCALID`` and the
 master address from the first host of ``SLURM_NODELIST`` (``MASTER_ADDR`` / ``MASTER_PORT``
@@ -35,11 +37,15 @@ import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Optional
 
 from vitbench.errors import VitbenchError
 
+if TYPE_CHECKING:  # mmengine is imported when a run starts
+    from mmengine.evaluator import BaseMetric
+
 __all__ = ["LAUNCHERS", "SLURM_VARIABLES", "TORCHRUN_VARIABLES", "add_launcher_option", "all_ranks", "barrier",
-           "check_launcher", "finish_launcher", "first_slurm_host", "init_launcher", "is_distributed", "is_main",
+           "check_launcher", "collect_in", "finish_launcher", "first_slurm_host", "init_launcher", "is_distributed", "is_main",
            "launcher_rank", "one_rank_at_a_time", "rank_batch_size", "slurm_environment"]
 
 #: the values ``--launcher`` takes
@@ -204,6 +210,23 @@ def all_ranks(flag: bool) -> bool:
     return bool(value.item())
 
 
+def collect_in(metric: "BaseMetric", work_dir: Optional[Path]) -> "BaseMetric":
+    """``metric`` (an mmengine ``BaseMetric`` collecting on the CPU, the default) set to gather
+    the ranks' per-sample results in ``work_dir/collect`` under a launcher: mmengine's
+    ``collect_results_cpu`` has each rank write its part there and rank 0 read them all, cut the
+    sampler's padding off and remove the folder; without a ``collect_dir`` it uses
+    ``./.dist_test`` in the current folder. ``work_dir`` must be the same folder on every rank
+    (the spec's work folder, beside ``--out``; over several nodes on a shared file system, as the
+    store). Without a process group of more than one rank, or without a ``work_dir`` (each rank's
+    temporary folder would differ), ``metric`` is returned as it is."""
+    if is_distributed() and work_dir is not None:
+        if metric.collect_device != "cpu":
+            raise VitbenchError(f"{type(metric).__name__} collects on {metric.collect_device!r}; a collect "
+                                f"folder is for collect_device 'cpu'")
+        metric.collect_dir = str(Path(work_dir) / "collect")
+    return metric
+
+
 def rank_batch_size(batch_size: int, world_size: int) -> int:
     """Each rank's share of a training batch: ``batch_size // world_size`` (at least 1), so that
     the ranks' batches together make the single process's batch. When ``world_size`` does not
@@ -238,4 +261,5 @@ def add_launcher_option(p: argparse.ArgumentParser) -> None:
                    help="none (one process, the default), pytorch (one of the processes `torchrun "
                         "--nproc-per-node N -m vitbench run ...` starts) or slurm (one of the tasks `srun "
                         "--ntasks N vitbench run ...` starts): evaluation is sharded over the ranks, "
-                        "learnable methods fine-tune with DDP, timing and the store/report are rank 0's (cls)")
+                        "learnable methods fine-tune with DDP (cls only: det/seg run training-free methods), "
+                        "timing and the store/report are rank 0's")

@@ -1,6 +1,12 @@
 """Box (and mask) mAP of a detector, measured by the mmengine Runner's test loop with mmdet's
 ``CocoMetric`` (docs/measuring.md, "Accuracy": mAP from mmdet's CocoMetric; issue 4).
 
+Under ``--launcher pytorch|slurm`` (a process group of more than one rank) every rank runs the
+same call: mmengine's ``DefaultSampler`` gives each rank its part of the validation images and
+the ``Evaluator`` gathers the per-image predictions on rank 0 (in the spec's work folder,
+:func:`vitbench.distributed.collect_in`), which scores them once with ``CocoMetric`` and
+broadcasts the metrics, so every rank returns what a single process would.
+
 Guarded (issue 9): NaN features drop every box at NMS's score threshold and read as an mAP
 near 0 with no sign of why, so the outputs of the backbone, neck and heads and the final
 predictions must be finite in every batch, and so must the metrics.
@@ -60,6 +66,20 @@ class _PredictionsHook(Hook):
         self.guard.after_test_iter(outputs or [])
 
 
+def coco_metric(data: DetData, *, masks: bool, work_dir: str | Path | None = None) -> Any:
+    """mmdet's ``CocoMetric`` on ``data``'s validation annotations, collecting the ranks' results
+    in ``work_dir/collect`` under a launcher (:func:`vitbench.distributed.collect_in`; instead of
+    ``./.dist_test`` in the current folder)."""
+    from mmdet.registry import METRICS
+    from mmengine.registry import DefaultScope
+
+    from vitbench.distributed import collect_in
+
+    with DefaultScope.overwrite_default_scope("mmdet"), quiet_stdout():  # pycocotools reads the annotations
+        metric = METRICS.build(data.metric_cfg(masks=masks))
+    return collect_in(metric, None if work_dir is None else Path(work_dir))
+
+
 def evaluate_detector(detector: nn.Module, data: DetData, *, masks: bool, batch_size: int = 8,
                       limit: Optional[int] = None, device: str = "cpu", seed: int = 0,
                       work_dir: str | Path | None = None, precision: str = "fp32") -> dict[str, Any]:
@@ -67,7 +87,9 @@ def evaluate_detector(detector: nn.Module, data: DetData, *, masks: bool, batch_
 
     Non-finite outputs (naming the part and the batch) or metrics raise
     :class:`~vitbench.errors.NonFiniteError`. ``precision``: the forward's autocast
-    (:mod:`vitbench.measure.precision`)."""
+    (:mod:`vitbench.measure.precision`). Under a launcher every rank must call this with the
+    same detector and ``work_dir`` (a collective: each rank scores its part of the images, every
+    rank gets the metrics of all of them, each image counted once)."""
     from mmengine.runner import Runner
 
     from vitbench.measure.precision import autocast_method
@@ -79,7 +101,8 @@ def evaluate_detector(detector: nn.Module, data: DetData, *, masks: bool, batch_
         runner = Runner(**runner_kwargs(
             work_dir=wd, seed=seed, default_scope="mmdet", model=detector,
             test_dataloader=_loader(data.dataset_cfg("val", masks=masks, limit=limit), batch_size, False),
-            test_evaluator=data.metric_cfg(masks=masks), test_cfg={"type": "TestLoop"},
+            test_evaluator=[coco_metric(data, masks=masks, work_dir=None if work_dir is None else wd)],
+            test_cfg={"type": "TestLoop"},
             custom_hooks=[_PredictionsHook(guard)],
         ))
         try:
@@ -99,11 +122,15 @@ def evaluate_detector(detector: nn.Module, data: DetData, *, masks: bool, batch_
 
 def first_val_images(detector: nn.Module, data: DetData, n: int) -> torch.Tensor:
     """The first ``n`` validation images as the detector's backbone sees them (normalised,
-    resized, padded) -- what GMACs are counted on."""
+    resized, padded) -- what GMACs are counted on. Read from the data set directly, not through
+    a ``DefaultSampler``: under a launcher that would hand each rank its shard (other images than
+    one process counts on) and agree on a seed with the other ranks (a collective that rank 0,
+    counting alone, would wait in forever)."""
+    from mmdet.registry import DATASETS
+    from mmengine.dataset import pseudo_collate
     from mmengine.registry import DefaultScope
-    from mmengine.runner import Runner
 
     with DefaultScope.overwrite_default_scope("mmdet"), quiet_stdout():  # the pipeline names mmdet transforms
-        loader = Runner.build_dataloader(_loader(data.dataset_cfg("val", masks=False, limit=n), n, False))
-        batch = next(iter(loader))
+        dataset = DATASETS.build(data.dataset_cfg("val", masks=False, limit=n))
+        batch = pseudo_collate([dataset[i] for i in range(min(n, len(dataset)))])
     return detector.data_preprocessor(batch, False)["inputs"][:n].float()

@@ -10,6 +10,12 @@ box (and mask) mAP/AP50/AP75 with CocoMetric; GMACs of the whole detector and of
 alone at the detector's input size, on the first validation images; parameters; throughput,
 latency and peak memory of the detector's tensor forward (backbone, neck and heads; without
 the NMS post-processing, which is the same for every method).
+
+Under ``--launcher pytorch|slurm`` (training-free methods only, :mod:`vitbench.tasks.det.task`)
+the baseline detector is trained or loaded while the workspace is built, one rank at a time
+(:func:`~vitbench.tasks.det.task.dense_workspace`); every rank then takes part in the mAP
+evaluation (sharded and collected, :mod:`vitbench.tasks.det.evaluate`) and rank 0 alone counts
+GMACs and parameters and times the detector, as ``cls`` does (:mod:`vitbench.distributed`).
 """
 from __future__ import annotations
 
@@ -103,7 +109,11 @@ def _state_digest(model: nn.Module) -> str:
 def trained_weights(ws: DenseWorkspace, seed: int, progress: Progress) -> dict[str, torch.Tensor]:
     """The baseline detector of ``seed``'s weights after the default training: kept in the
     workspace, else from the cache file when there is one, else trained now and saved
-    atomically. Each seed has its own (the seed is part of the cache key)."""
+    atomically. Each seed has its own (the seed is part of the cache key). Under a launcher the
+    workspace has trained or loaded them before the process group started; training here, on
+    every rank at once, is refused."""
+    from vitbench.distributed import is_distributed
+
     if seed in ws._weights:
         return ws._weights[seed]
     path = ws.cache_dir / f"{ws.task}-{ws.model_name}-{ws.weights_key(seed)}.pth" if ws.cache_dir else None
@@ -113,6 +123,10 @@ def trained_weights(ws: DenseWorkspace, seed: int, progress: Progress) -> dict[s
         meta = path.with_suffix(".json")
         ws.training_infos[seed] = json.loads(meta.read_text()) if meta.is_file() else {"cached": str(path)}
         return ws._weights[seed]
+    if is_distributed():  # every rank would train its own: the workspace trains them, one rank at a time
+        raise VitbenchError(f"the {ws.task} detector of seed {seed} was not trained before the ranks started "
+                            f"(dense_workspace trains every seed of the plan under a launcher); seeds trained: "
+                            f"{sorted(ws._weights) or 'none'}")
     detector = build_detector(ws.task, copy.deepcopy(ws.model), ws.data.num_classes, width=ws.width)
     progress(f"training the {ws.task} detector ({ws.width} heads) for {ws.epochs} epoch(s) on "
              f"{ws.data.name}: the default training, once")
@@ -201,9 +215,11 @@ def dense_gmacs_counter(ws: DenseWorkspace, seed: int, progress: Progress) -> An
 def run_dense_spec(spec: Any, ws: DenseWorkspace, baseline: Optional[dict], progress: Progress,
                    params: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """Everything one det/seg spec measures (raises on failure; the executor records it).
-    ``params``: the method's parameters when they differ from the spec's (a matched knob)."""
+    ``params``: the method's parameters when they differ from the spec's (a matched knob).
+    Under a launcher every rank builds the detector and takes part in the mAP evaluation (a
+    collective); rank 0 alone counts and times it (:func:`_measure`)."""
+    from vitbench.distributed import is_distributed
     from vitbench.plan import CONTROL, REFERENCES
-    from vitbench.tasks.det.evaluate import evaluate_detector, first_val_images
     from vitbench.tasks.det.protocol import DEFAULT_PROTOCOL, dense_finetune_for
     from vitbench.tasks.det.train import finetune_control, finetune_method
 
@@ -217,6 +233,10 @@ def run_dense_spec(spec: Any, ws: DenseWorkspace, baseline: Optional[dict], prog
     detector = build_detector(ws.task, backbone, ws.data.num_classes, width=ws.width)
     load_detector_weights(detector, weights)
     ctx = reduction_context(backbone)
+    trains = spec.method == CONTROL or (ctx is not None and ctx.reduction is not None and bool(ctx.reduction.train))
+    if trains and is_distributed():  # dense_setup refuses learnable methods under a launcher first
+        raise VitbenchError(f"{spec.method} fine-tunes the detector, which does not run distributed yet; "
+                            f"run it with --launcher none")
     settings = dense_finetune_for(ws.task, spec.dense_finetune or DEFAULT_PROTOCOL)
     work_dir = ws.work_dir / spec.spec_id / "train" if ws.work_dir else None
     precision = spec.precision_name
@@ -225,9 +245,39 @@ def run_dense_spec(spec: Any, ws: DenseWorkspace, baseline: Optional[dict], prog
                     verbose=ws.verbose_training, progress=progress, work_dir=work_dir, precision=train_precision)
     if spec.method == CONTROL:  # the baseline detector, fine-tuned as the methods' detectors are
         out.update(finetune_control(detector, ws.data, **training), train_precision=train_precision)
-    elif ctx is not None and ctx.reduction is not None and ctx.reduction.train:
+    elif trains:
         out.update(finetune_method(detector, backbone, ws.data, **training), train_precision=train_precision)
     detector.eval()
+    out.update(_measure(spec, ws, detector, backbone, progress))
+    return out
+
+
+def _accuracy(spec: Any, ws: DenseWorkspace, detector: nn.Module, progress: Progress) -> dict[str, Any]:
+    """Box (and mask) mAP when ``accuracy`` is measured (a collective evaluation under a launcher:
+    every rank scores its part of the images, every rank gets the metrics)."""
+    if "accuracy" not in spec.metrics:
+        return {}
+    from vitbench.tasks.det.evaluate import evaluate_detector
+
+    progress("evaluating mAP")
+    return evaluate_detector(detector, ws.data, masks=ws.masks, limit=ws.eval_limit, device=spec.device,
+                             seed=spec.seed, precision=spec.precision_name,
+                             work_dir=ws.work_dir / spec.spec_id if ws.work_dir else None)
+
+
+def _measure(spec: Any, ws: DenseWorkspace, detector: nn.Module, backbone: nn.Module,
+             progress: Progress) -> dict[str, Any]:
+    """GMACs, parameters, mAP, throughput, latency and memory of the (eval-mode) detector. Under
+    a launcher the ranks other than 0 take part in the mAP evaluation only, then wait at the
+    executor's barrier while rank 0 times (the pattern of ``cls``,
+    :func:`vitbench.tasks.cls.run._measure`)."""
+    from vitbench.distributed import is_main
+    from vitbench.tasks.det.evaluate import first_val_images
+
+    if not is_main():
+        return _accuracy(spec, ws, detector.to(spec.device), progress)
+    out: dict[str, Any] = {}
+    precision = spec.precision_name
     forward = DetectorForward(detector)
     if "gmacs" in spec.metrics:
         progress("counting GMACs (detector and backbone)")
@@ -241,11 +291,7 @@ def run_dense_spec(spec: Any, ws: DenseWorkspace, baseline: Optional[dict], prog
         out["params_m"] = measure.count_params_m(detector)
         out["backbone_params_m"] = measure.count_params_m(backbone)
     detector.to(spec.device)
-    if "accuracy" in spec.metrics:
-        progress("evaluating mAP")
-        out.update(evaluate_detector(detector, ws.data, masks=ws.masks, limit=ws.eval_limit, device=spec.device,
-                                     seed=spec.seed, precision=precision,
-                                     work_dir=ws.work_dir / spec.spec_id if ws.work_dir else None))
+    out.update(_accuracy(spec, ws, detector, progress))
     timed = timed_model(spec, forward, ws.input_size, progress)  # the eager forward, or --compile's
     out.update(timed.record())
     if "throughput" in spec.metrics:

@@ -40,6 +40,7 @@ def dense_setup(args: argparse.Namespace, methods: Sequence[str]) -> TaskSetup:
     from vitbench.tasks.det.data import SHAPES
     from vitbench.tasks.det.run import DEFAULT_EPOCHS
 
+    _check_launcher_methods(args, methods)
     metrics = parse_list("metric", args.metrics, DENSE_METRICS) if args.metrics is not None else DENSE_METRICS
     protocol = _dense_protocol(args)
     epochs = DEFAULT_EPOCHS[args.task] if args.detector_epochs is None else args.detector_epochs
@@ -50,12 +51,39 @@ def dense_setup(args: argparse.Namespace, methods: Sequence[str]) -> TaskSetup:
                            "control": not args.no_control})
 
 
+def _check_launcher_methods(args: argparse.Namespace, methods: Sequence[str]) -> None:
+    """Under ``--launcher pytorch|slurm`` det/seg run training-free methods only: a learnable
+    method fine-tunes the detector (and brings the control row, the baseline detector fine-tuned
+    the same way), and that training is not distributed yet (:class:`DetMethodTrainer
+    <vitbench.tasks.det.train.DetMethodTrainer>` has no DDP step); refused before anything runs."""
+    launcher = getattr(args, "launcher", "none")
+    if launcher == "none":
+        return
+    from vitbench.plan import CONTROL
+    from vitbench.plugins import get_host
+
+    host = get_host()
+    learnable = [host.method(m).name for m in methods if host.method(m).needs_training]
+    if learnable:
+        free = [name for name in host.names("methods") if not host.method(name).needs_training]
+        raise VitbenchError(f"--launcher {launcher} runs --task {args.task} with training-free methods only so far; "
+                            f"{', '.join(learnable)} fine-tune{'s' if len(learnable) == 1 else ''} the detector "
+                            f"(with the {CONTROL} control row), which does not run distributed yet: run "
+                            f"{'it' if len(learnable) == 1 else 'them'} with --launcher none (training-free "
+                            f"methods: {', '.join(free)})")
+
+
 def dense_workspace(request: WorkspaceRequest) -> "DenseWorkspace":
     """Resolve the data, load the backbone, check every method applies; the baseline detector
-    is trained (or loaded from the cache) when the first run needs it."""
+    is trained (or loaded from the cache) when the first run needs it -- or here, for every seed
+    of the plan, under ``--launcher pytorch|slurm``: the workspace is built one rank at a time
+    before the process group starts (:func:`vitbench.distributed.one_rank_at_a_time`), so the
+    first rank trains and caches each detector and the others load the cache, instead of every
+    rank training its own once the runs start."""
     from vitbench.tasks.cls.default_model import cache_dir
     from vitbench.tasks.det.data import resolve_det_data
-    from vitbench.tasks.det.run import DEFAULT_EPOCHS, DenseWorkspace, check_model_name, load_backbone
+    from vitbench.tasks.det.run import (DEFAULT_EPOCHS, DenseWorkspace, check_model_name, load_backbone,
+                                        trained_weights)
 
     args, setup, plan = request.args, request.setup, request.plan
     check_model_name(setup.model)  # before the data: the default set takes seconds to generate
@@ -67,10 +95,14 @@ def dense_workspace(request: WorkspaceRequest) -> "DenseWorkspace":
     check_applies(plan, model)
     request.out.mkdir(parents=True, exist_ok=True)
     epochs = DEFAULT_EPOCHS[args.task] if args.detector_epochs is None else args.detector_epochs
-    return DenseWorkspace(task=args.task, model=model, model_name=setup.model, data=data,
-                          width=args.detector_width or ("light" if data.embedded else "full"), epochs=epochs,
-                          train_limit=args.train_limit, work_dir=request.out / "work", eval_limit=args.limit,
-                          cache_dir=cache_dir() / "detectors" if data.embedded else request.out / "checkpoints")
+    ws = DenseWorkspace(task=args.task, model=model, model_name=setup.model, data=data,
+                        width=args.detector_width or ("light" if data.embedded else "full"), epochs=epochs,
+                        train_limit=args.train_limit, work_dir=request.out / "work", eval_limit=args.limit,
+                        cache_dir=cache_dir() / "detectors" if data.embedded else request.out / "checkpoints")
+    if getattr(args, "launcher", "none") != "none":
+        for seed in sorted({spec.seed for spec in plan}):
+            trained_weights(ws, seed, request.note)
+    return ws
 
 
 def run_dense(spec: Any, ws: "DenseWorkspace", baseline: Optional[dict], progress: Progress,
