@@ -12,7 +12,7 @@ from vitbench.engine import reduction_context
 
 Progress = Callable[[str], None]
 
-__all__ = ["Progress", "TimedModels", "attention_kernel", "input_size_of", "timed_model"]
+__all__ = ["Progress", "TimedModels", "attention_kernel", "input_size_of", "measure_timings", "timed_model"]
 
 
 def input_size_of(model: nn.Module) -> tuple[int, int, int]:
@@ -90,4 +90,32 @@ def timed_model(spec: Any, model: nn.Module, input_size: tuple[int, int, int], p
             progress(graphed.fallback)
         out.module = graphed.module
         out.facts.update(graphed.record())
+    return out
+
+
+def measure_timings(spec: Any, model: Any, input_size: tuple[int, int, int], progress: Progress, *,
+                    throughput_repeats: int, latency_repeats: int) -> dict[str, Any]:
+    """The timing metrics ``spec`` asks for -- throughput at its batch size, batch-1 latency, peak
+    memory -- of ``model``'s forward, the same way for every task: on :func:`timed_model`'s
+    module (eager, ``--compile``d or a CUDA graph; memory never on the graph), in the spec's
+    precision; the record fields of each, and how the model was timed."""
+    from vitbench import measure
+
+    device, precision = spec.device, spec.precision_name
+    timed = timed_model(spec, model, input_size, progress)
+    out = timed.record()
+    if "throughput" in spec.metrics:
+        progress(f"timing throughput (batch {spec.batch_size})")
+        tp = measure.measure_throughput(timed.module, spec.batch_size, input_size, device=device,
+                                        repeats=throughput_repeats, precision=precision)
+        out.update(tp.fields())  # median, spread and the load/cores/threads it ran under
+    if "latency" in spec.metrics:
+        progress("timing latency (batch 1)")
+        lat = measure.measure_latency(timed.module, input_size, device=device, repeats=latency_repeats,
+                                      precision=precision)
+        out.update(lat.fields())
+    if "memory" in spec.metrics:
+        progress("measuring peak memory")
+        out["peak_mem_mb"] = measure.measure_peak_memory(timed.memory_module, spec.batch_size, input_size,
+                                                         device=device, precision=precision)
     return out

@@ -33,7 +33,7 @@ from vitbench.plan import (
     parse_list,
 )
 from vitbench.plugins import get_host
-from vitbench.tasks.common import Progress, attention_kernel, input_size_of, timed_model
+from vitbench.tasks.common import Progress, attention_kernel, input_size_of, measure_timings
 
 __all__ = ["CLS_ACCURACY", "ClsWorkspace", "cls_gmacs_counter", "cls_shared_fields", "cls_setup", "cls_workspace", "run_cls_spec"]
 
@@ -255,18 +255,6 @@ def _measure(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, baseline: Option
         out["params_m"] = measure.count_params_m(model)
     model.to(device)
     out.update(_accuracy(spec, ws, model, progress))
-    timed = timed_model(spec, model, ws.input_size, progress)  # the eager model, or --compile's
-    out.update(timed.record())
-    if "throughput" in spec.metrics:
-        progress(f"timing throughput (batch {spec.batch_size})")
-        tp = measure.measure_throughput(timed.module, spec.batch_size, ws.input_size, device=device,
-                                        repeats=ws.throughput_repeats, precision=precision)
-        out.update(tp.fields())  # median, spread and the load/cores/threads it ran under
-    if "latency" in spec.metrics:
-        progress("timing latency (batch 1)")
-        lat = measure.measure_latency(timed.module, ws.input_size, device=device, repeats=ws.latency_repeats,
-                                      precision=precision)
-        out.update(lat.fields())
     if "ib" in spec.metrics and ws.data is not None:
         progress("measuring IB loss and bound")
         from vitbench.measure.ib import measure_ib
@@ -275,10 +263,8 @@ def _measure(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, baseline: Option
             ib = measure_ib(model, _ib_batches(ws, model, device), ws.data.num_classes, device=device)
         out.update(ib_loss=float(ib.loss), ib_bound=float(ib.bound),
                    ib_input_constant=float(ib.input_constant))
-    if "memory" in spec.metrics:
-        progress("measuring peak memory")
-        out["peak_mem_mb"] = measure.measure_peak_memory(timed.memory_module, spec.batch_size, ws.input_size,
-                                                         device=device, precision=precision)
+    out.update(measure_timings(spec, model, ws.input_size, progress, throughput_repeats=ws.throughput_repeats,
+                               latency_repeats=ws.latency_repeats))  # eager, --compile's or --cuda-graph's
     return out
 
 

@@ -35,7 +35,7 @@ from vitbench import measure
 from vitbench.engine import apply, reduction_context
 from vitbench.measure.precision import trains_in
 from vitbench.errors import VitbenchError
-from vitbench.tasks.common import timed_model
+from vitbench.tasks.common import measure_timings
 from vitbench.tasks.det.data import DetData
 from vitbench.tasks.det.detectors import build_detector
 
@@ -277,7 +277,6 @@ def _measure(spec: Any, ws: DenseWorkspace, detector: nn.Module, backbone: nn.Mo
     if not is_main():
         return _accuracy(spec, ws, detector.to(spec.device), progress)
     out: dict[str, Any] = {}
-    precision = spec.precision_name
     forward = DetectorForward(detector)
     if "gmacs" in spec.metrics:
         progress("counting GMACs (detector and backbone)")
@@ -292,22 +291,8 @@ def _measure(spec: Any, ws: DenseWorkspace, detector: nn.Module, backbone: nn.Mo
         out["backbone_params_m"] = measure.count_params_m(backbone)
     detector.to(spec.device)
     out.update(_accuracy(spec, ws, detector, progress))
-    timed = timed_model(spec, forward, ws.input_size, progress)  # the eager forward, or --compile's
-    out.update(timed.record())
-    if "throughput" in spec.metrics:
-        progress(f"timing throughput (batch {spec.batch_size})")
-        tp = measure.measure_throughput(timed.module, spec.batch_size, ws.input_size, device=spec.device,
-                                        repeats=ws.throughput_repeats, precision=precision)
-        out.update(tp.fields())  # median, spread and the load/cores/threads it ran under
-    if "latency" in spec.metrics:
-        progress("timing latency (batch 1)")
-        lat = measure.measure_latency(timed.module, ws.input_size, device=spec.device, repeats=ws.latency_repeats,
-                                      precision=precision)
-        out.update(lat.fields())
-    if "memory" in spec.metrics:
-        progress("measuring peak memory")
-        out["peak_mem_mb"] = measure.measure_peak_memory(timed.memory_module, spec.batch_size, ws.input_size,
-                                                         device=spec.device, precision=precision)
+    out.update(measure_timings(spec, forward, ws.input_size, progress, throughput_repeats=ws.throughput_repeats,
+                               latency_repeats=ws.latency_repeats))  # eager, --compile's or --cuda-graph's
     return out
 
 
