@@ -245,6 +245,10 @@ def _measure(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, baseline: Option
         return _accuracy(spec, ws, model.to(spec.device), progress)
     out: dict[str, Any] = {"attention_kernel": attention_kernel(model), "batch_size": spec.batch_size}
     device, precision = spec.device, spec.precision_name
+    model.to(device)
+    # the collective evaluation first: whatever fails in rank 0's own measurements below then
+    # fails after every rank left the evaluation, and the executor's barrier still pairs up
+    out.update(_accuracy(spec, ws, model, progress))
     if "gmacs" in spec.metrics:
         progress("counting GMACs")
         images = _gmacs_images(spec, ws)
@@ -253,8 +257,6 @@ def _measure(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, baseline: Option
                    gmacs_on="evaluation images" if ws.data is not None else "random images")
     if "params" in spec.metrics:
         out["params_m"] = measure.count_params_m(model)
-    model.to(device)
-    out.update(_accuracy(spec, ws, model, progress))
     if "ib" in spec.metrics and ws.data is not None:
         progress("measuring IB loss and bound")
         from vitbench.measure.ib import measure_ib

@@ -11,11 +11,12 @@ alone at the detector's input size, on the first validation images; parameters; 
 latency and peak memory of the detector's tensor forward (backbone, neck and heads; without
 the NMS post-processing, which is the same for every method).
 
-Under ``--launcher pytorch|slurm`` (training-free methods only, :mod:`vitbench.tasks.det.task`)
-the baseline detector is trained or loaded while the workspace is built, one rank at a time
-(:func:`~vitbench.tasks.det.task.dense_workspace`); every rank then takes part in the mAP
-evaluation (sharded and collected, :mod:`vitbench.tasks.det.evaluate`) and rank 0 alone counts
-GMACs and parameters and times the detector, as ``cls`` does (:mod:`vitbench.distributed`).
+Under ``--launcher pytorch|slurm`` the baseline detector is trained or loaded while the
+workspace is built, one rank at a time (:func:`~vitbench.tasks.det.task.dense_workspace`); a
+learnable method's detector (and the control's) is then fine-tuned by every rank together with
+DDP (:mod:`vitbench.tasks.det.train`); every rank takes part in the mAP evaluation (sharded and
+collected, :mod:`vitbench.tasks.det.evaluate`) and rank 0 alone counts GMACs and parameters and
+times the detector, as ``cls`` does (:mod:`vitbench.distributed`).
 """
 from __future__ import annotations
 
@@ -216,9 +217,9 @@ def run_dense_spec(spec: Any, ws: DenseWorkspace, baseline: Optional[dict], prog
                    params: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """Everything one det/seg spec measures (raises on failure; the executor records it).
     ``params``: the method's parameters when they differ from the spec's (a matched knob).
-    Under a launcher every rank builds the detector and takes part in the mAP evaluation (a
-    collective); rank 0 alone counts and times it (:func:`_measure`)."""
-    from vitbench.distributed import is_distributed
+    Under a launcher every rank builds the detector, fine-tunes it with the others (DDP, a
+    learnable method or the control) and takes part in the mAP evaluation (a collective); rank 0
+    alone counts and times it (:func:`_measure`)."""
     from vitbench.plan import CONTROL, REFERENCES
     from vitbench.tasks.det.protocol import DEFAULT_PROTOCOL, dense_finetune_for
     from vitbench.tasks.det.train import finetune_control, finetune_method
@@ -234,9 +235,6 @@ def run_dense_spec(spec: Any, ws: DenseWorkspace, baseline: Optional[dict], prog
     load_detector_weights(detector, weights)
     ctx = reduction_context(backbone)
     trains = spec.method == CONTROL or (ctx is not None and ctx.reduction is not None and bool(ctx.reduction.train))
-    if trains and is_distributed():  # dense_setup refuses learnable methods under a launcher first
-        raise VitbenchError(f"{spec.method} fine-tunes the detector, which does not run distributed yet; "
-                            f"run it with --launcher none")
     settings = dense_finetune_for(ws.task, spec.dense_finetune or DEFAULT_PROTOCOL)
     work_dir = ws.work_dir / spec.spec_id / "train" if ws.work_dir else None
     precision = spec.precision_name
@@ -276,7 +274,10 @@ def _measure(spec: Any, ws: DenseWorkspace, detector: nn.Module, backbone: nn.Mo
 
     if not is_main():
         return _accuracy(spec, ws, detector.to(spec.device), progress)
-    out: dict[str, Any] = {}
+    detector.to(spec.device)
+    # the collective evaluation first: whatever fails in rank 0's own measurements below then
+    # fails after every rank left the evaluation, and the executor's barrier still pairs up
+    out: dict[str, Any] = _accuracy(spec, ws, detector, progress)
     forward = DetectorForward(detector)
     if "gmacs" in spec.metrics:
         progress("counting GMACs (detector and backbone)")
@@ -289,8 +290,6 @@ def _measure(spec: Any, ws: DenseWorkspace, detector: nn.Module, backbone: nn.Mo
     if "params" in spec.metrics:
         out["params_m"] = measure.count_params_m(detector)
         out["backbone_params_m"] = measure.count_params_m(backbone)
-    detector.to(spec.device)
-    out.update(_accuracy(spec, ws, detector, progress))
     out.update(measure_timings(spec, forward, ws.input_size, progress, throughput_repeats=ws.throughput_repeats,
                                latency_repeats=ws.latency_repeats))  # eager, --compile's or --cuda-graph's
     return out
