@@ -60,12 +60,9 @@ def _accuracy_metric(topk: tuple[int, ...], work_dir: Path | None) -> Any:
     (kept when there is no ``work_dir``: each rank's temporary folder would differ)."""
     from mmpretrain.evaluation import Accuracy
 
-    from vitbench.distributed import is_distributed
+    from vitbench.distributed import collect_in
 
-    metric = Accuracy(topk=topk)
-    if is_distributed() and work_dir is not None:
-        metric.collect_dir = str(work_dir / "collect")
-    return metric
+    return collect_in(Accuracy(topk=topk), work_dir)
 
 
 def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, device: str = "cpu",
