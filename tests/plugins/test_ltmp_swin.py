@@ -161,3 +161,17 @@ def test_swin_tiny_gmacs():
     assert base == pytest.approx(4.49, abs=0.01)
     assert count_gmacs_at(reduced).mean == pytest.approx(base, abs=0.05)
     assert swin_cost_model(reduced, [True] * 12).full / 1e9 == pytest.approx(base, abs=1e-6)
+
+
+def test_pruned_tokens_get_the_same_zero_update_inside_device_only():
+    """Under --cuda-graph (device_only) the MLP runs on every token and the removed ones' outputs
+    are zeroed instead of packing the kept ones: the same logits, with static shapes."""
+    from vitbench.engine.host_sync import device_only
+
+    model = _set(vitbench.apply(_swin(), "ltmp"), -1.0, 0.5)  # some tokens merged, some pruned
+    x = torch.randn(2, 3, SIZE, SIZE)
+    with torch.inference_mode():
+        packed = model(x)
+        with device_only():
+            static = model(x)
+    torch.testing.assert_close(static, packed, atol=1e-5, rtol=0)

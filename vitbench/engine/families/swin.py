@@ -99,6 +99,7 @@ from vitbench.engine.attention import AttnInfo, QKHook
 from vitbench.engine.block import ReductionContext, _add_wrapper_level, _drop_wrapper_level
 from vitbench.engine.families.checks import describe_for_patch
 from vitbench.engine.families.vit import _RememberInputs
+from vitbench.engine.host_sync import host_reads_allowed
 from vitbench.engine.token_state import TokenState
 from vitbench.errors import UnsupportedError
 
@@ -376,10 +377,20 @@ def _mlp_on_kept(blk: nn.Module, reduced: torch.Tensor, state: TokenState) -> tu
     """The MLP branch (:func:`mlp_branch`) on ``reduced`` ``[B*nT, n, C]`` and the tokens per
     tile it ran on (the most in any tile). Tokens of size 0 (removed but left in place, module
     doc) are left out -- the branch runs on the others packed into one sequence -- and get a
-    zero output (on V2 too: no ``norm2`` of zeros, which would be ``norm2.bias``)."""
+    zero output (on V2 too: no ``norm2`` of zeros, which would be ``norm2.bias``).
+
+    Where the forward may not read the device (``--cuda-graph``,
+    :func:`~vitbench.engine.host_sync.device_only`) the branch runs on every token and the removed
+    ones' outputs are zeroed instead: the same values (the branch is per token), with static
+    shapes, at the cost of the removed tokens' MLP."""
     size = state.size
     removed = size[..., 0] <= 0 if size is not None else None
-    if removed is None or not bool(removed.any()):
+    if removed is None:
+        return mlp_branch(blk, reduced), reduced.shape[1]
+    if not host_reads_allowed():
+        y = mlp_branch(blk, reduced)
+        return y.masked_fill(removed[..., None], 0.0), reduced.shape[1]
+    if not bool(removed.any()):
         return mlp_branch(blk, reduced), reduced.shape[1]
     kept = ~removed
     y = torch.zeros_like(reduced)
