@@ -14,14 +14,22 @@ mmengine does the distributed part:
   that keeps vitbench's own ``train_step``); each rank trains on its ``DefaultSampler`` shard
   with a batch of ``batch_size // world_size`` (:func:`rank_batch_size`), gradients are averaged
   by DDP, so every rank ends with the same weights; a non-finite loss on any rank stops every
-  rank at the same step; rank 0 alone writes the fine-tuned checkpoint.
+  rank at the same step; rank 0 alone writes the fine-tuned checkpoint. det/seg fine-tune a
+  learnable method's detector (and the ``baseline+ft`` control's) the same way
+  (:mod:`vitbench.tasks.det.train`: ``DetMethodTrainer`` in the same wrapper, at least 2 images
+  per rank) and check after each stage that every rank holds the same weights
+  (:func:`same_on_every_rank`). The detectors' BatchNorm layers normalise each rank's own images
+  (SyncBN is CUDA-only; rank 0's running statistics are broadcast after each stage) and mmdet
+  normalises some loss terms per rank, so a distributed detector fine-tuning lands close to one
+  process's mAP, not exactly on it.
 
 Everything else is rank 0's alone: GMACs, parameters, throughput, latency, memory and IB are
 measured there (the other ranks wait at a barrier, so they do not load the machine while it
 times), and only rank 0 appends records to the store and writes the report. A task says it can
-run this way (``TaskSpec.distributed``): the built-in ``cls``, ``det`` and ``seg`` tasks do (det/seg
-with training-free methods only: :mod:`vitbench.tasks.det.task` refuses learnable ones and the
-control row under a launcher, since their detector fine-tuning is not distributed yet).
+run this way (``TaskSpec.distributed``): the built-in ``cls``, ``det`` and ``seg`` tasks do. What
+one rank reads alone (GMACs images) or every rank reads whole (a stage's statistics passes) is
+read without a ``DefaultSampler``: its seed, when none is given, is agreed on by a broadcast, a
+collective that a rank reading alone would wait in forever.
 
 ``slurm``: the ranks come from ``SLURM_PROCID`` / ``SLURM_NTASKS`` / ``SLURM_LOCALID`` and the
 master address from the first host of ``SLURM_NODELIST`` (``MASTER_ADDR`` / ``MASTER_PORT``
@@ -41,12 +49,13 @@ from typing import TYPE_CHECKING, Optional
 
 from vitbench.errors import VitbenchError
 
-if TYPE_CHECKING:  # mmengine is imported when a run starts
+if TYPE_CHECKING:  # mmengine and torch are imported when a run starts
+    import torch
     from mmengine.evaluator import BaseMetric
 
 __all__ = ["LAUNCHERS", "SLURM_VARIABLES", "TORCHRUN_VARIABLES", "add_launcher_option", "all_ranks", "barrier",
            "check_launcher", "collect_in", "finish_launcher", "first_slurm_host", "init_launcher", "is_distributed", "is_main",
-           "launcher_rank", "one_rank_at_a_time", "rank_batch_size", "slurm_environment"]
+           "launcher_rank", "one_rank_at_a_time", "rank_batch_size", "same_on_every_rank", "slurm_environment"]
 
 #: the values ``--launcher`` takes
 LAUNCHERS = ("none", "pytorch", "slurm")
@@ -210,6 +219,31 @@ def all_ranks(flag: bool) -> bool:
     return bool(value.item())
 
 
+def same_on_every_rank(module: "torch.nn.Module", what: str) -> None:
+    """Raise unless every rank holds the same ``module`` state (parameters and buffers, bit for
+    bit; a collective: every rank calls it). What DDP training should leave -- the gradients are
+    averaged, so every rank takes the same step -- checked with one ``all_gather_object`` of a
+    digest per tensor. A difference means a parameter trained outside DDP (its gradient was not
+    averaged) or buffers not broadcast; every rank raises the same error. Nothing without a
+    process group of more than one rank."""
+    if not is_distributed():
+        return
+    import hashlib
+
+    import torch
+    from mmengine.dist import all_gather_object, get_rank
+
+    digests = {name: hashlib.sha1(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy()).hexdigest()
+               for name, tensor in module.state_dict().items()}
+    gathered = all_gather_object(digests)
+    differ = sorted({name for other in gathered[1:] for name in set(other) | set(gathered[0])
+                     if other.get(name) != gathered[0].get(name)})
+    if differ:
+        raise VitbenchError(f"{what}: the ranks hold different weights after training ({len(differ)} tensor(s) "
+                            f"differ from rank 0's, e.g. {', '.join(differ[:3])}; on rank {get_rank()}); a "
+                            f"parameter trained outside DDP or a buffer not broadcast")
+
+
 def collect_in(metric: "BaseMetric", work_dir: Optional[Path]) -> "BaseMetric":
     """``metric`` (an mmengine ``BaseMetric`` collecting on the CPU, the default) set to gather
     the ranks' per-sample results in ``work_dir/collect`` under a launcher: mmengine's
@@ -261,5 +295,6 @@ def add_launcher_option(p: argparse.ArgumentParser) -> None:
                    help="none (one process, the default), pytorch (one of the processes `torchrun "
                         "--nproc-per-node N -m vitbench run ...` starts) or slurm (one of the tasks `srun "
                         "--ntasks N vitbench run ...` starts): evaluation is sharded over the ranks, "
-                        "learnable methods fine-tune with DDP (cls only: det/seg run training-free methods), "
+                        "learnable methods fine-tune with DDP (det/seg: close to one process, not equal: "
+                        "BatchNorm keeps per-rank statistics), "
                         "timing and the store/report are rank 0's")

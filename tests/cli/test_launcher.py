@@ -4,7 +4,8 @@ collected by its ``Evaluator``, with the same top-1 (det: mAP) as one process, a
 writes the store and report;
 a learnable method fine-tunes with DDP (each rank half of each batch) and lands where one
 process does; ``--launcher slurm`` takes its ranks from srun's variables (simulated here with two
-processes); what cannot run distributed is refused before anything runs."""
+processes); det fine-tunes a learnable method's detector with DDP; what cannot run distributed is
+refused before anything runs."""
 from __future__ import annotations
 
 import json
@@ -118,28 +119,34 @@ def test_what_cannot_run_distributed_is_refused_before_anything_runs(tmp_path, c
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("task, methods, named", [
-    ("det", "tome,ltm", "ltm fine-tunes the detector"),
-    ("seg", "ltmp,tome,dcs", "ltmp, dcs fine-tune the detector"),
-])
-def test_learnable_dense_methods_are_refused_under_a_launcher(tmp_path, capsys, monkeypatch, task, methods, named):
-    """det/seg under a launcher: training-free methods only (the detector fine-tuning of a
-    learnable method, and the control row it brings, is not distributed yet); refused inside
-    torchrun's environment too, before any data is generated or anything is written."""
-    _outside_any_launcher(monkeypatch)
-    monkeypatch.setenv("VITBENCH_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setenv("WORLD_SIZE", "1")
-    monkeypatch.setenv("LOCAL_RANK", "0")
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
-    code = main(["run", "--task", task, "--methods", methods, "--launcher", "pytorch", "--out", str(tmp_path / "out")])
-    assert code == 2
-    err = capsys.readouterr().err
-    assert (f"--launcher pytorch runs --task {task} with training-free methods only so far; {named} "
-            f"(with the baseline+ft control row), which does not run distributed yet: run") in err
-    assert "with --launcher none (training-free methods: ats, average," in err and "tome" in err
-    assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()
+#: a learnable method on det at the det settings above: ltm (its statistics pass, IB loss and the
+#: baseline+ft control row) fine-tuning the detector with DDP, 2 images per rank per step
+DET_LEARNABLE = ["run", "--task", "det", "--methods", "ltm", "--param", "ltm.epochs=1", "--detector-epochs", "1",
+                 "--train-limit", "4", "--limit", "5", "--metrics", "accuracy"]
+
+
+@pytest.mark.slow
+def test_torchrun_two_ranks_fine_tune_a_det_method_with_ddp(tmp_path):
+    """det with a learnable method under ``torchrun --nproc-per-node 2``: the method's detector
+    and the control's fine-tune with DDP (each rank half of each batch); every rank ends each
+    stage with the same weights (``same_on_every_rank`` raises otherwise, failing the run); rank 0
+    writes one store and report with the mAP. Not compared with one process: BatchNorm keeps
+    per-rank statistics (README, ``--launcher``)."""
+    two = _vitbench(tmp_path, *_torchrun(), "--standalone", "--nproc-per-node", "2", "-m", "vitbench",
+                    args=[*DET_LEARNABLE, "--launcher", "pytorch", "--out", "D2"], VITBENCH_CACHE=str(tmp_path / "cache"))
+    assert two.returncode == 0, two.stderr[-4000:]
+    records = _records(tmp_path / "D2")
+    assert [r["method"] for r in records] == ["baseline", "baseline+ft", "ltm"]  # rank 0's records only, once
+    assert all(r["status"] == "ok" and r["num_images"] == 5 for r in records), records
+    assert all(isinstance(r["box_map"], float) and 0.0 <= r["box_map"] <= 1.0 for r in records)
+    for record in records[1:]:
+        (stage,) = record["train_stages"]
+        assert (stage["ranks"], stage["rank_batch_size"], stage["effective_batch_size"]) == (2, 4, 8)
+        assert stage["images"] == 4 and stage["iters"] >= 1 and "last_loss" in stage
+    assert "last_extra" in records[2]["train_stages"][0]  # ltm's IB loss went through DDP's forward
+    assert sorted(p.name for p in (tmp_path / "D2").glob("*.jsonl")) == ["runs.jsonl"]
+    assert (tmp_path / "D2" / "report.md").is_file() and two.stdout.count("| ltm") == 1
+    assert "the ranks hold different weights" not in two.stderr
 
 
 def test_an_unknown_launcher_is_refused_by_the_parser(capsys):

@@ -1,8 +1,8 @@
 """det/seg under ``--launcher pytorch|slurm``, one process standing in for a rank (the 2-rank
 torchrun run is tests/cli/test_launcher.py's): the baseline detector of every seed is trained
 while the workspace is built, never by every rank at once; CocoMetric gathers the ranks' results
-in the spec's work folder; the ranks other than 0 only evaluate; a detector fine-tuning under a
-process group is refused."""
+in the spec's work folder; the ranks other than 0 only evaluate (the detector fine-tuning under a
+process group: test_det_ddp.py)."""
 from __future__ import annotations
 
 import re
@@ -97,20 +97,3 @@ def test_ranks_other_than_0_only_evaluate(backbone_factory, det_data, tmp_path, 
     assert not {"gmacs", "backbone_gmacs", "params_m", "latency_ms"} & other.keys()
     fields = ("box_map", "box_ap50", "box_ap75", "num_images")
     assert {k: other[k] for k in fields} == {k: main[k] for k in fields}
-
-
-def test_a_detector_fine_tuning_is_refused_under_a_launcher(backbone_factory, det_data, tmp_path, monkeypatch):
-    """dense_setup refuses learnable methods first; run_dense_spec refuses too, before training."""
-    monkeypatch.setattr(det_run, "train_detector_weights", _fake_training([]))
-    plan = build_plan(task="det", model="mobilevit_xs", methods=["ltm"], data=str(det_data.root), overrides={},
-                      metrics=("accuracy",), batch_size=2, device="cpu", seed=0, train_limit=4)
-    ws = _workspace(backbone_factory, det_data, tmp_path)
-    trained_weights(ws, 0, lambda s: None)
-    monkeypatch.setattr(distributed, "is_distributed", lambda: True)
-    before = {k: v.clone() for k, v in ws._weights[0].items()}
-    assert [spec.method for spec in plan] == ["baseline", "baseline+ft", "ltm"]
-    for spec in plan[1:]:  # the control and ltm
-        with pytest.raises(VitbenchError, match=rf"^{re.escape(spec.method)} fine-tunes the detector, which does not run "
-                                                rf"distributed yet; run it with --launcher none$"):
-            run_dense_spec(spec, ws, None, lambda s: None)
-    assert all(torch.equal(before[k], v) for k, v in ws._weights[0].items())

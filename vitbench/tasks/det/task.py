@@ -40,7 +40,6 @@ def dense_setup(args: argparse.Namespace, methods: Sequence[str]) -> TaskSetup:
     from vitbench.tasks.det.data import SHAPES
     from vitbench.tasks.det.run import DEFAULT_EPOCHS
 
-    _check_launcher_methods(args, methods)
     metrics = parse_list("metric", args.metrics, DENSE_METRICS) if args.metrics is not None else DENSE_METRICS
     protocol = _dense_protocol(args)
     epochs = DEFAULT_EPOCHS[args.task] if args.detector_epochs is None else args.detector_epochs
@@ -49,28 +48,6 @@ def dense_setup(args: argparse.Namespace, methods: Sequence[str]) -> TaskSetup:
     return TaskSetup(model=args.model or DEFAULT_DENSE_MODEL, data=args.data or SHAPES, metrics=metrics,
                      plan={"train_limit": args.train_limit, "dense_finetune": protocol,
                            "control": not args.no_control})
-
-
-def _check_launcher_methods(args: argparse.Namespace, methods: Sequence[str]) -> None:
-    """Under ``--launcher pytorch|slurm`` det/seg run training-free methods only: a learnable
-    method fine-tunes the detector (and brings the control row, the baseline detector fine-tuned
-    the same way), and that training is not distributed yet (:class:`DetMethodTrainer
-    <vitbench.tasks.det.train.DetMethodTrainer>` has no DDP step); refused before anything runs."""
-    launcher = getattr(args, "launcher", "none")
-    if launcher == "none":
-        return
-    from vitbench.plan import CONTROL
-    from vitbench.plugins import get_host
-
-    host = get_host()
-    learnable = [host.method(m).name for m in methods if host.method(m).needs_training]
-    if learnable:
-        free = [name for name in host.names("methods") if not host.method(name).needs_training]
-        raise VitbenchError(f"--launcher {launcher} runs --task {args.task} with training-free methods only so far; "
-                            f"{', '.join(learnable)} fine-tune{'s' if len(learnable) == 1 else ''} the detector "
-                            f"(with the {CONTROL} control row), which does not run distributed yet: run "
-                            f"{'it' if len(learnable) == 1 else 'them'} with --launcher none (training-free "
-                            f"methods: {', '.join(free)})")
 
 
 def dense_workspace(request: WorkspaceRequest) -> "DenseWorkspace":

@@ -16,6 +16,19 @@
   image labels (LTM's IB step, DCS's IB bound) gets as the label of a detection image: the
   class of its largest object (a documented choice: the IB terms are defined for image
   classes, docs/methods.md §6, and the largest object is what the image is "of").
+
+Under ``--launcher pytorch|slurm`` (a process group of more than one rank) :func:`finetune_method`
+and :func:`finetune_control` fine-tune with DDP as the cls loop does: mmengine's Runner wraps
+:class:`DetMethodTrainer` in :class:`~vitbench.train.finetune.MethodDDP`, whose ``train_step``
+is the trainer's own with the wrapper as ``forward=`` (the detection losses and the method's
+extra loss go through DDP's forward, so their backward averages the gradients); each rank
+trains on its ``DefaultSampler`` shard with ``batch // world_size`` images per step (at least
+:data:`MIN_RANK_BATCH`, for the heads' BatchNorm); the loss guard is collective; after each stage
+every buffer (BatchNorm statistics included) is rank 0's. BatchNorm layers that train normalise
+each rank's own images and update their running statistics from them (SyncBN is CUDA-only and
+not used), and mmdet normalises some loss terms by each rank's own positive anchors, so a
+distributed fine-tuning lands close to one process's, not on it (README, ``--launcher``). The
+stages' callbacks (:func:`_image_batches`) read the whole training data on every rank.
 """
 from __future__ import annotations
 
@@ -31,13 +44,15 @@ from mmengine.model import BaseModel
 from mmengine.optim import OptimWrapper
 from torch import nn
 
+from vitbench.distributed import same_on_every_rank
 from vitbench.engine.block import reduction_context
 from vitbench.errors import VitbenchError
 from vitbench.measure.precision import autocast
 from vitbench.tasks.det.data import DetData
 from vitbench.tasks.det.protocol import CONTROL, DenseFinetune, detector_parameters, stage_for
 
-__all__ = ["DetMethodTrainer", "dominant_labels", "finetune_control", "finetune_method", "train_detector"]
+__all__ = ["MIN_RANK_BATCH", "DetMethodTrainer", "dominant_labels", "finetune_control", "finetune_method", "rank_share",
+           "train_detector"]
 
 
 #: the default training: AdamW, cosine to 1% of the rate, per iteration
@@ -65,11 +80,43 @@ def quiet_stdout() -> contextlib.AbstractContextManager:
     return contextlib.redirect_stdout(io.StringIO())
 
 
-def _loader(dataset: dict[str, Any], batch_size: int, shuffle: bool) -> dict[str, Any]:
-    return {"batch_size": batch_size, "num_workers": 0, "persistent_workers": False,
-            "sampler": {"type": "DefaultSampler", "shuffle": shuffle}, "dataset": dataset,
-            # mmdet's detectors take lists of samples, not stacked tensors
-            "collate_fn": {"type": "pseudo_collate"}}
+def _loader(dataset: dict[str, Any], batch_size: int, shuffle: bool, *, local: bool = False) -> dict[str, Any]:
+    """An mmengine dataloader config for a detection data set (no workers, mmdet's list
+    collation). ``DefaultSampler`` by default (under a launcher: each rank its shard, and a seed
+    agreed on by every rank when the Runner gives none -- a collective). ``local``: every index
+    in order on every rank, with no collective (:class:`~vitbench.tasks.cls.batches.LocalSampler`;
+    no shuffle): for what one rank reads alone or every rank reads whole."""
+    from vitbench.tasks.cls.batches import loader_cfg
+
+    cfg = loader_cfg(dataset, batch_size, shuffle, local=local)
+    cfg["collate_fn"] = {"type": "pseudo_collate"}  # mmdet's detectors take lists of samples, not stacked tensors
+    return cfg
+
+
+#: the fewest images a rank trains on per step under a launcher (the SSDLite head's BatchNorm
+#: needs more than one value per channel; :func:`train_detector` asks the same of one process)
+MIN_RANK_BATCH = 2
+
+
+def rank_share(batch_size: int, stage: str, progress: Optional[Callable[[str], None]] = None
+               ) -> tuple[int, dict[str, int]]:
+    """Each rank's batch of a detector fine-tuning stage and what the stage record says about it:
+    ``batch_size`` and ``{}`` without a process group; under a launcher
+    :func:`~vitbench.distributed.rank_batch_size` (at least :data:`MIN_RANK_BATCH`) and
+    ``ranks``/``rank_batch_size``/``effective_batch_size`` (``progress`` is told when the
+    effective batch differs from ``batch_size``)."""
+    from mmengine.dist import get_world_size
+
+    from vitbench.distributed import rank_batch_size
+
+    world = get_world_size()
+    if world <= 1:
+        return batch_size, {}
+    per_rank = max(MIN_RANK_BATCH, rank_batch_size(batch_size, world))
+    if progress and per_rank * world != batch_size:
+        progress(f"stage {stage!r}: batch {batch_size} over {world} ranks: {per_rank} per rank, an effective "
+                 f"batch of {per_rank * world}")
+    return per_rank, {"ranks": world, "rank_batch_size": per_rank, "effective_batch_size": per_rank * world}
 
 
 def _progress_hook(prefix: str, verbose: bool) -> dict[str, Any]:
@@ -115,7 +162,9 @@ def train_detector(detector: nn.Module, data: DetData, *, masks: bool, epochs: i
 
 class DetMethodTrainer(BaseModel):
     """The model the Runner trains while a method fine-tunes inside a detector: the detection
-    losses plus the method's ``extra_loss``, with the arch/weight alternation of the cls loop."""
+    losses plus the method's ``extra_loss``, with the arch/weight alternation of the cls loop
+    (:class:`~vitbench.train.finetune.MethodTrainer`); under a launcher the Runner wraps it in
+    :class:`~vitbench.train.finetune.MethodDDP`."""
 
     def __init__(self, detector: nn.Module, backbone: nn.Module, stage: Any, precision: str = "fp32") -> None:
         super().__init__(data_preprocessor=detector.data_preprocessor)
@@ -124,6 +173,7 @@ class DetMethodTrainer(BaseModel):
         self.backbone = backbone  # the reduced timm model inside the detector
         self.stage = stage
         self.steps = 0
+        self.position: Optional[tuple[int, int]] = None  # (epoch, iteration), set by PositionHook
         self.last: dict[str, float] = {}
 
     def init_weights(self) -> None:
@@ -140,34 +190,69 @@ class DetMethodTrainer(BaseModel):
                     module.eval()
         return self
 
-    def forward(self, inputs: torch.Tensor, data_samples: Any = None, mode: str = "tensor") -> Any:
+    def forward(self, inputs: torch.Tensor, data_samples: Any = None, mode: str = "tensor",
+                labels: Optional[torch.Tensor] = None) -> Any:
+        """The detector's forward in ``mode``; ``loss`` with ``labels`` (what :meth:`train_step`
+        runs, through :class:`~vitbench.train.finetune.MethodDDP`'s forward under a launcher):
+        :meth:`losses`."""
+        if mode == "loss" and labels is not None:
+            return self.losses(inputs, data_samples, labels)
         return self.detector(inputs, data_samples, mode=mode)
 
-    def train_step(self, data: Any, optim_wrapper: OptimWrapper) -> dict[str, torch.Tensor]:
-        from vitbench.guards import check_losses
-        from vitbench.train.finetune import guarded_update, step_wrapper, trainer_position
-
-        data = self.data_preprocessor(data, True)
-        inputs, samples = data["inputs"], data["data_samples"]
-        labels = dominant_labels(samples, inputs.device)
-        wrapper = step_wrapper(optim_wrapper, self.stage, self.steps)
+    def losses(self, inputs: torch.Tensor, data_samples: Any, labels: torch.Tensor) -> dict[str, Any]:
+        """The detector's raw loss terms of one batch plus, under ``extra``, the method's extra
+        loss (``labels``, the images' dominant classes, are in the reduction context meanwhile).
+        Both are computed here, inside the (DDP) forward: DDP finds the parameters a step used
+        from the forward's outputs, and a loss computed after it would reach parameters it had
+        already marked unused."""
         ctx = reduction_context(self.backbone)  # None: the control (no method)
         if ctx is not None:
             ctx.labels = labels
         try:
-            with wrapper.optim_context(self), autocast(self.precision, inputs.device):
-                loss, log_vars = self.detector.parse_losses(self.detector.loss(inputs, samples))
-                extra = self.stage.extra_loss(self.backbone, None, labels) if self.stage.extra_loss else None
+            out = dict(self.detector.loss(inputs, data_samples))
+            if "extra" in out:
+                raise VitbenchError(f"{type(self.detector).__name__}'s losses have a term 'extra', the name "
+                                    f"kept for the method's extra loss")
+            if self.stage.extra_loss:
+                extra = self.stage.extra_loss(self.backbone, None, labels)
+                if extra is not None:
+                    out["extra"] = extra
         finally:
             if ctx is not None:
                 ctx.labels = None
+        return out
+
+    def train_step(self, data: Any, optim_wrapper: OptimWrapper,
+                   forward: Optional[nn.Module] = None) -> dict[str, torch.Tensor]:
+        """One step: losses, the (collective) loss guard, backward, the gradient guard, the
+        update of this step's optimiser, the ``after_step`` callbacks. ``forward``: the
+        :class:`~vitbench.train.finetune.MethodDDP` around this trainer under a launcher (the
+        losses must go through its forward for DDP to average the gradients); ``None``: this
+        trainer."""
+        from vitbench.train.finetune import (
+            check_losses_on_every_rank,
+            guarded_update,
+            step_wrapper,
+            trainer_position,
+        )
+
+        run = self if forward is None else forward
+        data = self.data_preprocessor(data, True)
+        inputs, samples = data["inputs"], data["data_samples"]
+        labels = dominant_labels(samples, inputs.device)
+        wrapper = step_wrapper(optim_wrapper, self.stage, self.steps)
+        with wrapper.optim_context(run), autocast(self.precision, inputs.device):
+            raw = run(inputs, samples, mode="loss", labels=labels)
+            extra = raw.pop("extra", None)
+            loss, log_vars = self.detector.parse_losses(raw)
         if extra is not None:
             loss = loss + extra
             log_vars["extra"] = extra.detach()
         log_vars["loss"] = loss.detach()
+        ctx = reduction_context(self.backbone)  # None: the control (no method)
         who, where = ctx.method if ctx is not None else CONTROL, trainer_position(self, self.stage)
         # each detection loss term and the method's extra (not logged extras such as Mask R-CNN's acc)
-        check_losses({k: v for k, v in log_vars.items() if "loss" in k or k == "extra"}, who, where)
+        check_losses_on_every_rank({k: v for k, v in log_vars.items() if "loss" in k or k == "extra"}, who, where)
         optim_wrapper.zero_grad()
         guarded_update(wrapper, loss, self.detector, who, where)
         self.steps += 1
@@ -180,13 +265,16 @@ class DetMethodTrainer(BaseModel):
 def _image_batches(detector: nn.Module, data: DetData, masks: bool, limit: Optional[int],
                    device: torch.device) -> Callable[[], Iterator[tuple[torch.Tensor, torch.Tensor]]]:
     """``batches()`` for the stages' callbacks: the training split as (normalised images as the
-    backbone sees them, the dominant label of each image), in order."""
+    backbone sees them, the dominant label of each image), in order -- all of it on every rank
+    under a launcher (``LocalSampler``: the callbacks' statistics are then the same on every
+    rank, and reading involves no collective, as a ``DefaultSampler``'s seed would)."""
     from mmengine.registry import DefaultScope
     from mmengine.runner import Runner
 
     def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         with DefaultScope.overwrite_default_scope("mmdet"), quiet_stdout():  # the pipeline names mmdet transforms
-            loader = Runner.build_dataloader(_loader(data.dataset_cfg("train", masks=masks, limit=limit), 8, False))
+            loader = Runner.build_dataloader(_loader(data.dataset_cfg("train", masks=masks, limit=limit), 8, False,
+                                                     local=True))
         for batch in loader:
             out = detector.data_preprocessor(batch, False)
             yield out["inputs"].to(device), dominant_labels(out["data_samples"], device)
@@ -210,6 +298,8 @@ def finetune_method(detector: nn.Module, backbone: nn.Module, data: DetData, *, 
     from vitbench.train.finetune import (
         StageHook,
         _check_stage,
+        _mean_over_ranks,
+        broadcast_buffers,
         train_stage,
         trainable_parameters,
     )
@@ -247,17 +337,22 @@ def finetune_method(detector: nn.Module, backbone: nn.Module, data: DetData, *, 
             if stage.epochs == 0:
                 hook.before_train(None)
                 hook.after_train(None)
+                broadcast_buffers(detector)  # under a launcher: rank 0's buffers everywhere
                 stages_done.append({"name": stage.name, "epochs": 0, "iters": 0})
                 continue
             trainer = DetMethodTrainer(detector, backbone, stage, precision=precision).to(target)
-            loader = _loader(data.dataset_cfg("train", masks=masks, limit=limit), max(2, min(stage.batch_size, 8)), True)
+            per_rank, ranks = rank_share(max(2, min(stage.batch_size, 8)), stage.name, progress)
+            loader = _loader(data.dataset_cfg("train", masks=masks, limit=limit), per_rank, True)
             with work_dir_or_temp(work_dir) as wd:
                 iters, images = train_stage(
                     trainer, stage, params, loader,
                     [hook, _progress_hook(f"vitbench: {ctx.method} {stage.name}: ", verbose)],
                     work_dir=wd / stage.name, seed=seed, device=target, default_scope="mmdet")
+            broadcast_buffers(detector)  # under a launcher: rank 0's BatchNorm statistics everywhere
+            same_on_every_rank(detector, f"{ctx.method}: stage {stage.name!r}")
+            last = _mean_over_ranks(trainer.last)  # the last step's losses over the whole batch
             stages_done.append({"name": stage.name, "epochs": stage.epochs, "iters": iters, "images": images,
-                                **{f"last_{k}": v for k, v in trainer.last.items()},
+                                **ranks, **{f"last_{k}": v for k, v in last.items()},
                                 "seconds": round(time.perf_counter() - stage_start, 2)})
     finally:
         for n, p in detector.named_parameters():
@@ -295,7 +390,7 @@ def finetune_control(detector: nn.Module, data: DetData, *, masks: bool, setting
     schedule, BatchNorm handling -- with no method. Returns the record fields
     :func:`finetune_method` returns."""
     from vitbench.mm.runner import work_dir_or_temp
-    from vitbench.train.finetune import train_stage
+    from vitbench.train.finetune import _mean_over_ranks, broadcast_buffers, train_stage
 
     if not settings.trains_detector or settings.epochs < 1:
         raise VitbenchError(f"the {CONTROL} control fine-tunes detector weights: it needs the dense "
@@ -315,17 +410,20 @@ def finetune_control(detector: nn.Module, data: DetData, *, masks: bool, setting
         for p in detector.parameters():
             p.requires_grad_(id(p) in chosen)
         trainer = DetMethodTrainer(detector, detector.backbone, stage, precision=precision).to(target)
-        loader = _loader(data.dataset_cfg("train", masks=masks, limit=limit), CONTROL_BATCH, True)
+        per_rank, ranks = rank_share(CONTROL_BATCH, stage.name, progress)
+        loader = _loader(data.dataset_cfg("train", masks=masks, limit=limit), per_rank, True)
         with work_dir_or_temp(work_dir) as wd:
             iters, images = train_stage(trainer, stage, params, loader,
                                         [_progress_hook(f"vitbench: {CONTROL}: ", verbose)],
                                         work_dir=wd / stage.name, seed=seed, device=target, default_scope="mmdet")
+        broadcast_buffers(detector)  # under a launcher: rank 0's BatchNorm statistics everywhere
+        same_on_every_rank(detector, f"the {CONTROL} control")
     finally:
         for n, p in detector.named_parameters():
             p.requires_grad_(saved.get(n, True))
     detector.eval()
     seconds = round(time.perf_counter() - start, 2)
-    done = {"name": stage.name, "epochs": stage.epochs, "iters": iters, "images": images,
-            **{f"last_{k}": v for k, v in trainer.last.items()}, "seconds": seconds}
+    done = {"name": stage.name, "epochs": stage.epochs, "iters": iters, "images": images, **ranks,
+            **{f"last_{k}": v for k, v in _mean_over_ranks(trainer.last).items()}, "seconds": seconds}
     return {"trained": "fine-tuned", "train_s": seconds, "trainable_params": sum(p.numel() for p in params.values()),
             "train_stages": [done], "dense_finetune": settings.record(), "train_images": images}

@@ -1,0 +1,174 @@
+"""The pieces of det/seg's DDP fine-tuning that one process can check (the 2-rank torchrun run
+is tests/cli/test_launcher.py's): ``DetMethodTrainer.train_step``'s ``forward=`` path (the losses,
+the method's extra loss included, computed through the wrapper's forward) and its collective loss
+guard, each rank's batch, the stages' statistics passes reading the whole data on every rank
+without a collective, the check that every rank holds the same weights, and learnable methods
+accepted under a launcher."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from mmengine.optim import OptimWrapper
+from torch import nn
+
+import vitbench
+from vitbench import distributed
+from vitbench.cli.main import build_parser
+from vitbench.engine import reduction_context
+from vitbench.errors import VitbenchError
+from vitbench.tasks.det.detectors import build_detector
+from vitbench.tasks.det.run import load_detector_weights
+from vitbench.tasks.det.task import dense_setup
+from vitbench.tasks.det.train import DetMethodTrainer, _image_batches, _loader, rank_share
+
+LTM = {"ratio": 0.5, "epochs": 1, "batch_size": 2, "stats_images": 4}  # with its IB loss: an extra loss term
+
+
+def _ltm_detector(backbone_factory, det_data):  # type: ignore[no-untyped-def]
+    """A detector around an LTM-reduced backbone, its statistics pass done (the IB loss needs it)."""
+    from vitbench.train.finetune import StageHook
+
+    backbone = backbone_factory("mobilevit_xs")
+    baseline = build_detector("det", copy.deepcopy(backbone), 3, width="light")
+    baseline.init_weights()
+    reduced = vitbench.apply(backbone, "ltm", **LTM)
+    detector = build_detector("det", reduced, 3, width="light")
+    load_detector_weights(detector, baseline.state_dict())
+    stage = reduction_context(reduced).reduction.train[0]
+    StageHook(stage, reduced, _image_batches(detector, det_data, False, 4, torch.device("cpu"))).before_train(None)
+    return detector, stage
+
+
+def _batch(det_data):  # type: ignore[no-untyped-def]
+    from mmengine.registry import DefaultScope
+    from mmengine.runner import Runner
+
+    with DefaultScope.overwrite_default_scope("mmdet"):
+        loader = Runner.build_dataloader(_loader(det_data.dataset_cfg("train", masks=False, limit=2), 2, False,
+                                                 local=True))
+    return next(iter(loader))
+
+
+class _Wrapper(nn.Module):
+    """Stands in for MethodDDP: records the forward calls, runs the trainer's forward."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+        self.calls: list[dict] = []
+
+    def forward(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.calls.append({k: v for k, v in kwargs.items() if k != "labels"} | {"labels": "labels" in kwargs})
+        return self.module(*args, **kwargs)
+
+
+def _step(detector, stage, batch, forward=None):  # type: ignore[no-untyped-def]
+    trainer = DetMethodTrainer(detector, detector.backbone.model, stage)
+    params = [p for n, p in detector.named_parameters() if ".reducer." in n or n.startswith("bbox_head.")]
+    for p in detector.parameters():
+        p.requires_grad_(any(p is q for q in params))
+    trainer.train()
+    wrapper = None if forward is None else forward(trainer)
+    out = trainer.train_step(batch, OptimWrapper(torch.optim.SGD(params, lr=0.1)), forward=wrapper)
+    return out, {k: v.detach().clone() for k, v in detector.state_dict().items()}, wrapper
+
+
+def test_train_step_computes_every_loss_through_the_forward_it_is_given(backbone_factory, det_data):
+    detector, stage = _ltm_detector(backbone_factory, det_data)
+    batch = _batch(det_data)
+    torch.manual_seed(0)
+    plain, plain_state, _ = _step(copy.deepcopy(detector), stage, batch)
+    torch.manual_seed(0)
+    through, state, wrapper = _step(copy.deepcopy(detector), stage, batch, forward=_Wrapper)
+    assert wrapper.calls == [{"mode": "loss", "labels": True}]  # one forward: detection losses and the extra
+    assert "extra" in through and {"loss", "loss_cls", "loss_bbox"} <= through.keys()
+    assert through.keys() == plain.keys()
+    for key in plain:
+        torch.testing.assert_close(through[key], plain[key], msg=key)
+    for key in plain_state:  # the same update as without a wrapper
+        torch.testing.assert_close(state[key], plain_state[key], msg=key)
+    assert any(not torch.equal(state[k], v) for k, v in detector.state_dict().items() if ".reducer." in k)
+
+
+def test_train_step_guards_the_losses_on_every_rank(backbone_factory, det_data, monkeypatch):
+    import importlib
+
+    finetune = importlib.import_module("vitbench.train.finetune")  # the module (vitbench.train.finetune is a function too)
+    seen: list[tuple] = []
+    monkeypatch.setattr(finetune, "check_losses_on_every_rank",
+                        lambda losses, who, where: seen.append((sorted(losses), who, where)))
+    detector, stage = _ltm_detector(backbone_factory, det_data)
+    _step(detector, stage, _batch(det_data))
+    ((keys, who, where),) = seen  # the collective guard, once per step (a collective: every rank calls it)
+    assert who == "ltm" and "extra" in keys and "loss" in keys and "iteration 1" in where
+
+
+def test_a_detector_trainer_without_a_method_has_no_extra_loss(backbone_factory, det_data):
+    from vitbench.tasks.det.train import control_stage
+    from vitbench.tasks.det.protocol import dense_finetune_for
+
+    detector = build_detector("det", backbone_factory("mobilevit_xs"), 3, width="light")
+    trainer = DetMethodTrainer(detector, detector.backbone, control_stage(dense_finetune_for("det", "all")))
+    data = trainer.data_preprocessor(_batch(det_data), True)
+    out = trainer(data["inputs"], data["data_samples"], mode="loss", labels=torch.zeros(2, dtype=torch.long))
+    assert "extra" not in out and {"loss_cls", "loss_bbox"} <= out.keys()
+
+
+@pytest.mark.parametrize("world, per_rank, effective", [(1, 8, None), (2, 4, 8), (3, 2, 6), (8, 2, 16)])
+def test_each_rank_trains_its_share_of_the_batch(monkeypatch, world, per_rank, effective):
+    import mmengine.dist
+
+    monkeypatch.setattr(mmengine.dist, "get_world_size", lambda *a: world)
+    notes: list[str] = []
+    got, record = rank_share(8, "finetune", notes.append)
+    assert got == per_rank
+    if effective is None:
+        assert record == {} and notes == []
+    else:
+        assert record == {"ranks": world, "rank_batch_size": per_rank, "effective_batch_size": effective}
+        assert bool(notes) == (effective != 8)  # told when the effective batch is not the one asked
+        if notes:
+            assert notes[0] == (f"stage 'finetune': batch 8 over {world} ranks: {per_rank} per rank, "
+                                f"an effective batch of {effective}")
+
+
+def test_statistics_passes_read_the_whole_data_on_every_rank_without_a_collective(backbone_factory, det_data,
+                                                                                    monkeypatch):
+    """Under a launcher a DefaultSampler would give this rank half the images and agree on a seed
+    with the others (a broadcast): neither may happen in the stages' statistics passes."""
+    import mmengine.dataset.sampler as sampler
+
+    monkeypatch.setattr(sampler, "get_dist_info", lambda: (1, 2))  # rank 1 of 2
+
+    def no_collective():  # type: ignore[no-untyped-def]
+        raise AssertionError("a collective in a statistics pass")
+
+    monkeypatch.setattr(sampler, "sync_random_seed", no_collective)
+    detector = build_detector("det", backbone_factory("mobilevit_xs"), 3, width="light")
+    batches = list(_image_batches(detector, det_data, False, None, torch.device("cpu"))())
+    assert sum(len(labels) for _, labels in batches) == 4  # every training image, on this rank too
+    assert _loader({}, 2, True)["sampler"]["type"] == "DefaultSampler"  # the training loader still shards
+
+
+def test_ranks_holding_different_weights_are_named(monkeypatch):
+    import mmengine.dist
+
+    module = nn.BatchNorm2d(2)
+    distributed.same_on_every_rank(module, "x")  # no process group: nothing to compare
+    monkeypatch.setattr(distributed, "is_distributed", lambda: True)
+    monkeypatch.setattr(mmengine.dist, "all_gather_object", lambda obj: [obj, dict(obj)])
+    distributed.same_on_every_rank(module, "x")  # equal on both ranks
+    monkeypatch.setattr(mmengine.dist, "all_gather_object", lambda obj: [obj, {**obj, "running_mean": "other"}])
+    with pytest.raises(VitbenchError, match=r"^ltm: stage 'finetune': the ranks hold different weights after "
+                                            r"training \(1 tensor\(s\) differ from rank 0's, e\.g\. running_mean;"):
+        distributed.same_on_every_rank(module, "ltm: stage 'finetune'")
+
+
+@pytest.mark.parametrize("task, methods", [("det", "tome,ltm"), ("seg", "ltmp,tome,dcs")])
+def test_learnable_methods_are_accepted_under_a_launcher(shapes_root, task, methods):
+    args = build_parser().parse_args(["run", "--task", task, "--methods", methods, "--data", str(shapes_root),
+                                      "--launcher", "pytorch"])
+    setup = dense_setup(args, methods.split(","))
+    assert setup.plan["control"] is True  # the baseline+ft control row comes with them
