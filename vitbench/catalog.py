@@ -346,6 +346,10 @@ class TaskSpec:
     - ``counts``: whose GMACs a budget is matched on (:data:`COUNTED`).
     - ``control``: a learnable method fine-tunes more than its own parameters, so the plan adds
       the control row (:data:`vitbench.plan.CONTROL`: the baseline fine-tuned the same way).
+    - ``options(group)``: adds the task's own ``vitbench run``/``sweep`` options to ``group`` (an
+      ``argparse`` argument group titled with the tasks that share the function); ``setup``
+      reads them from ``args``. Given with another ``--task`` they are refused by name
+      (:func:`vitbench.cli.task_options.check_task_options`). ``None``: no options of its own.
     """
 
     name: str
@@ -362,6 +366,7 @@ class TaskSpec:
     #: its evaluation shards through mmengine's sampler and collects its metrics across ranks
     distributed: bool = False
     description: str = ""
+    options: Optional[Callable[["argparse._ArgumentGroup"], None]] = None
 
     def __post_init__(self) -> None:
         if self.counts not in COUNTED:

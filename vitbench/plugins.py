@@ -97,6 +97,12 @@ class PluginHost:
         self.plugins[name] = PluginInfo(name, distribution, version)
         self._catalogs = None
 
+    def plugin_failed(self, plugin: str, error: str) -> None:
+        """Record that ``plugin`` broke after loading (e.g. its task's ``options`` raised): a
+        warning naming it, or :class:`~vitbench.errors.PluginError` under ``VITBENCH_STRICT_PLUGINS``."""
+        info = self.plugins.get(plugin)
+        self._fail(plugin, info.distribution if info else None, error)
+
     def _fail(self, name: str, distribution: str | None, error: str) -> None:
         failure = PluginFailure(name, distribution, error)
         known = failure in self.failures  # a register hook fails again on every catalog rebuild

@@ -123,3 +123,51 @@ def test_a_task_spec_checks_what_it_counts():
         _task("x", metrics=(), counts="detector")
     column = ReportColumn("k", "K", "ΔK")
     assert column.axis == "K" and _task("y", metrics=(), counts="backbone").compute_key == "backbone_gmacs"
+
+
+def test_a_task_adds_its_own_options_and_other_tasks_refuse_them(tmp_path, capsys):
+    """``TaskSpec.options``: the example task's ``--agreement-top K`` reaches its run (with K
+    the number of classes every image agrees), is listed under its task in ``--help``, and is
+    refused by name with another task, as det/seg's own options are with cls."""
+    out = tmp_path / "out"
+    assert main(["run", "--task", "agreement", "--methods", "tome,random-drop", *FAST, "--param", "random-drop.keep=0.2",
+                 "--metrics", "accuracy", "--agreement-top", "1000", "--out", str(out)]) == 0
+    base, _, drop = _records(out)
+    assert base["agreement_top"] == drop["agreement_top"] == 1000
+    assert drop["agreement_pct"] == 100.0  # test_vit has 1000 classes: the reference is always in the top 1000
+    for task, flag, owners in (("cls", "--agreement-top", "agreement"), ("agreement", "--detector-width", "det, seg"),
+                               ("cls", "--no-control", "det, seg")):
+        value = [] if flag == "--no-control" else ["3" if flag == "--agreement-top" else "light"]
+        assert main(["run", "--task", task, "--methods", "tome", flag, *value, "--out", str(tmp_path / "no")]) == 2
+        assert f"{flag} is an option of --task {owners}; --task is '{task}'" in capsys.readouterr().err
+    assert not (tmp_path / "no").exists()
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = capsys.readouterr().out
+    assert "options of --task det, seg:" in text and "options of --task agreement:" in text
+
+
+def test_a_task_whose_options_break_is_a_plugin_failure_and_the_others_still_parse(monkeypatch, capsys):
+    """A plugin task whose ``options`` raises (or clashes with an option vitbench has) is reported
+    as a broken plugin; what it added is removed and every other option still parses."""
+    import vitbench.plugins
+    from vitbench.cli.main import build_parser
+
+    def clashing(group):
+        group.add_argument("--clash-extra", type=int, default=0)
+        group.add_argument("--limit", type=int)  # vitbench's own option: argparse refuses it
+
+    class Plugin:
+        @hookimpl
+        def vitbench_register_tasks(self, register):
+            register(_task("clashing-task", metrics=("gmacs",), options=clashing))
+
+    host = get_host()
+    host.add_plugin(Plugin(), "clashing_plugin")
+    monkeypatch.setattr(vitbench.plugins, "_HOST", host)
+    args = build_parser().parse_args(["run", "--methods", "tome", "--detector-width", "light", "--limit", "3"])
+    assert (args.detector_width, args.limit) == ("light", 3)
+    assert not hasattr(args, "clash_extra") and "clash_extra" not in args.task_options
+    err = capsys.readouterr().err
+    assert "plugin 'clashing_plugin'" in err and "the options of task(s) clashing-task could not be added" in err
+    assert "--limit" in err

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from vitbench.cli.task_options import add_task_options, check_task_options
 from vitbench.distributed import add_launcher_option
 from vitbench.errors import VitbenchError
 from vitbench.plan import (
@@ -41,7 +42,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def add_run_options(p: argparse.ArgumentParser) -> None:
     """The options ``vitbench run`` and ``vitbench sweep`` share."""
     p.add_argument("--task", default="cls",
-                   help="task: cls, det (SSDLite), seg (Mask R-CNN) or one a plugin adds (see `vitbench list tasks`)")
+                   help=f"task: {', '.join(get_host().names('tasks'))} (see `vitbench list tasks`; a plugin can "
+                        f"add more)")
     p.add_argument("--methods", required=True, help="comma-separated method names (see `vitbench list methods`)")
     p.add_argument("--model", default=None,
                    help=f"timm ViT/DeiT name; default: {DEFAULT_MODEL} (trained once on Fashion-MNIST)")
@@ -69,13 +71,6 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-limit", type=int, default=None,
                    help="learnable methods: fine-tune on the first N training images (default: all; "
                         f"{DEFAULT_MODEL_TRAIN_LIMIT} with the default model)")
-    p.add_argument("--detector-epochs", type=int, default=None,
-                   help="det/seg: epochs of the baseline detector's default training (trained once, cached; "
-                        "default: det 8, seg 4)")
-    p.add_argument("--dense-finetune", default=None, metavar="all|heads|method",
-                   help="det/seg: what fine-tunes beside a learnable method: all (default; the whole "
-                        "detector, as the papers), heads (neck and heads; backbone frozen) or method "
-                        "(the method's parameters only)")
     p.add_argument("--precision", default="fp32", metavar="fp32|fp16|bf16",
                    help="autocast dtype of the measured forward, evaluation and (bf16) fine-tuning; GMACs "
                         "are counted the same (default fp32; bf16 works on the CPU too)")
@@ -89,14 +84,8 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shard", default=None, metavar="I/N",
                    help="run the I-th of N disjoint parts of the plan (a job array; I from 1), appending to "
                         "OUT/runs-shard-I-of-N.jsonl; the report (and `vitbench report OUT`) merges every part")
-    p.add_argument("--no-control", action="store_true",
-                   help=f"det/seg: leave out the {CONTROL} row (the baseline detector fine-tuned like the "
-                        "learnable methods' detectors, without a method; added by default when a learnable "
-                        "method fine-tunes detector weights)")
-    p.add_argument("--detector-width", default=None, choices=("full", "light"),
-                   help="det/seg: the detector's neck/head widths (default: light on the embedded data, "
-                        "full with --data)")
     add_launcher_option(p)
+    add_task_options(p)  # each task's own, in a group per task (det/seg: --detector-epochs ...)
 
 
 def _seeds(args: argparse.Namespace) -> tuple[int, ...]:
@@ -196,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
     from vitbench.results import ResultStore
 
     task = get_host().task(args.task)  # unknown -> error listing the registered tasks
+    check_task_options(args, task.name)  # another task's option (--detector-epochs with cls) is refused
     methods = _methods(args)
     launcher = getattr(args, "launcher", "none")
     check_launcher(launcher, task.name, methods)

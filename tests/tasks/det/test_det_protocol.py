@@ -158,8 +158,8 @@ def test_bad_protocol_on_the_command_line_exits_2(tmp_path, monkeypatch, capsys)
 
 @pytest.mark.parametrize("argv, message", [
     (["--task", "det", "--train-backbone", "--dense-finetune", "heads"], "contradicts --dense-finetune heads"),
-    (["--task", "cls", "--dense-finetune", "all"], "--dense-finetune applies to the dense tasks (det, seg)"),
-    (["--task", "cls", "--no-control"], "--no-control applies to the dense tasks (det, seg)"),
+    (["--task", "cls", "--dense-finetune", "all"], "--dense-finetune is an option of --task det, seg; --task is 'cls'"),
+    (["--task", "cls", "--no-control"], "--no-control is an option of --task det, seg; --task is 'cls'"),
 ])
 def test_contradicting_options_exit_2(tmp_path, monkeypatch, capsys, argv, message):
     monkeypatch.setenv("VITBENCH_CACHE", str(tmp_path / "cache"))

@@ -86,14 +86,8 @@ def _metrics(args: argparse.Namespace, model: str) -> tuple[str, ...]:
 
 
 def cls_setup(args: argparse.Namespace, methods: Sequence[str]) -> TaskSetup:
-    """The model (default: the embedded Fashion-MNIST ViT), data and metrics of ``--task cls``;
-    the dense tasks' options are refused."""
-    host = get_host()
-    dense = ", ".join(name for name in host.names("tasks") if host.task(name).control)
-    if args.no_control:
-        raise VitbenchError(f"--no-control applies to the dense tasks ({dense}); --task is {args.task!r}")
-    if args.dense_finetune is not None:
-        raise VitbenchError(f"--dense-finetune applies to the dense tasks ({dense}); --task is {args.task!r}")
+    """The model (default: the embedded Fashion-MNIST ViT), data and metrics of ``--task cls``
+    (the dense tasks' options were refused by the CLI, :mod:`vitbench.cli.task_options`)."""
     model_name = args.model or DEFAULT_MODEL
     metrics = _metrics(args, model_name)
     data: Optional[str] = args.data
