@@ -181,10 +181,10 @@ def test_keep_1_drops_tokens_on_a_model():
     assert ctx.token_counts[-1] < 101 and torch.isfinite(out).all()
 
 
-@pytest.mark.parametrize("pool", ["token", "avg"])
+@pytest.mark.parametrize("pool", ["token", "avg", "max", "avgmax"])
 def test_padded_batch_gives_each_image_its_own_logits(pool):
-    """Images with different counts batched (padded) give the logits each gets alone; with
-    average pooling the pool ignores the padding (size 0)."""
+    """Images with different counts batched (padded) give the logits each gets alone; average,
+    max and avg+max pooling ignore the padding (size 0)."""
     model = sharpened_test_vit(global_pool=pool)
     x = images()
     out, ctx = run(model, x, keep=0.6, layers=(1, 3, 4))

@@ -87,7 +87,10 @@ class _RememberInputs:
 
 
 class _SizeWeightedPool:
-    """``VisionTransformer.pool`` with averages weighted by token size (docs/methods.md §0)."""
+    """``VisionTransformer.pool`` with averages weighted by token size (docs/methods.md §0), and
+    maxima over the tokens of size > 0 only: a padded slot (an image that kept fewer tokens than
+    its batch's largest count: ATS, LTMP at inference) holds zeros, which would otherwise win a
+    max over negative features, and the image would pool differently in a batch than alone."""
 
     def __init__(self, model: nn.Module, context: ReductionContext) -> None:
         self._pool = type(model).pool.__get__(model)
@@ -99,14 +102,16 @@ class _SizeWeightedPool:
     def __call__(self, x: torch.Tensor, pool_type: Optional[str] = None) -> torch.Tensor:
         pool_type = self._default if pool_type is None else pool_type
         state = self._context.state
-        if pool_type not in ("avg", "avgmax") or state is None or state.size is None:
+        if pool_type not in ("avg", "max", "avgmax") or state is None or state.size is None:
             return self._pool(x, pool_type=pool_type)
         start = 0 if self._include_prefix else self._model_prefix
         tokens, size = x[:, start:], state.size[:, start:]
-        avg = (tokens * size).sum(dim=1) / size.sum(dim=1)
-        if pool_type == "avg":
-            return avg
-        return 0.5 * (tokens.amax(dim=1) + avg)
+        if pool_type != "max":
+            avg = (tokens * size).sum(dim=1) / size.sum(dim=1)
+            if pool_type == "avg":
+                return avg
+        peak = tokens.masked_fill(size <= 0, float("-inf")).amax(dim=1)  # no host read: graph-safe
+        return peak if pool_type == "max" else 0.5 * (peak + avg)
 
 
 SPEC = FamilySpec(
