@@ -187,14 +187,35 @@ def _detector_lines(rows: list[Mapping[str, Any]]) -> list[str]:
                    f"protocol {_joined(protocols)}.")
     control = next((r for r in rows if r.get("method") == CONTROL), None)
     if control is not None:
-        out.append(f"{CONTROL}: the baseline detector fine-tuned exactly as the learnable methods' detectors "
-                   f"(the same protocol, epochs, learning rate and batch), with no method -- the control for "
-                   f"the extra detector training; \"vs +ft\" columns: a fine-tuned row's mAP minus the "
-                   f"control's (the fair delta of a learnable method; ΔBox mAP is against the baseline "
+        epochs, _ = _detector_epochs(control)
+        out.append(f"{CONTROL}: the baseline detector fine-tuned as the learnable methods' detectors are "
+                   f"(the same protocol, learning rate and batch; {epochs} epoch(s)), with no method -- the "
+                   f"control for the extra detector training; \"vs +ft\" columns: a fine-tuned row's mAP minus "
+                   f"the control's (the fair delta of a learnable method; ΔBox mAP is against the baseline "
                    f"detector, which trained less).")
+        differ = [(r, *_detector_epochs(r)) for r in rows
+                  if r is not control and r.get("trained") and _trains_detector(r)]
+        differ = [(r, n, how) for r, n, how in differ if n != epochs]
+        if differ:
+            listed = "; ".join(f"{r.get('label') or r.get('method')}: {n} ({how})" for r, n, how in differ)
+            out.append(f"Detector training that differs from the control's {epochs} epoch(s) -- {listed}: "
+                       f"their \"vs +ft\" delta includes that difference (a method's detector trains in "
+                       f"every stage of the method, its last stage at least the protocol's epochs).")
     notes = _distinct((r.get("detector_training") or {}).get("provenance") for r in rows)
     out += [f"Note on the trained detector: {n}." for n in notes]
     return [" ".join(out), ""]
+
+
+def _detector_epochs(rec: Mapping[str, Any]) -> tuple[int, str]:
+    """det/seg: the epochs in which a fine-tuned row's detector weights trained (every recorded
+    stage's), and per stage in words (``search 1, retrain 8``)."""
+    stages = [s for s in rec.get("train_stages") or [] if s.get("epochs")]
+    return sum(int(s["epochs"]) for s in stages), ", ".join(f"{s.get('name', '?')} {s['epochs']}" for s in stages)
+
+
+def _trains_detector(rec: Mapping[str, Any]) -> bool:
+    settings = rec.get("dense_finetune")
+    return isinstance(settings, Mapping) and settings.get("protocol") not in (None, "method")
 
 
 def _dense_protocol(settings: Any, with_method: bool = True) -> str:

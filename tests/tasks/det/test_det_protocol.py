@@ -254,7 +254,26 @@ def test_report_compares_fine_tuned_rows_with_the_control():
     assert list(df["ΔBox mAP"]) == ["0.000", "+0.130", "-0.010", "-0.040"]
     assert list(df["ΔBox mAP vs +ft"]) == ["n/a", "0.000", "n/a", "-0.170"]
     text = render_markdown(recs)
-    assert "ΔBox mAP vs +ft" in text and "baseline+ft: the baseline detector fine-tuned exactly as" in text
+    assert "ΔBox mAP vs +ft" in text and "baseline+ft: the baseline detector fine-tuned as" in text
+    assert "(the same protocol, learning rate and batch; 8 epoch(s))" in text
+    assert "differs from the control" not in text  # ltm's detector trained as long
     assert "trainable parameters (`all`: every detector weight (backbone, neck, heads)" in text  # the control's line
     # without a control the column is left out
     assert "ΔBox mAP vs +ft" not in comparison_table([recs[0], recs[3]], "det", "mobilevit_xs").columns
+
+
+def test_report_names_a_method_whose_detector_trained_longer_than_the_control():
+    """DCS's detector trains in its search stage too (1 + 8 epochs against the control's 8);
+    a raised ``ltm.epochs`` runs its last stage longer: the report says so beside "vs +ft"."""
+    def tuned(*stages):
+        return dict(trained="fine-tuned", train_s=10.0, train_images=200, trainable_params=1000,
+                    train_stages=[{"name": n, "epochs": e, "iters": 25 * e} for n, e in stages],
+                    dense_finetune=dense_finetune_for("det", "all").record())
+
+    recs = [_record("baseline", 0.44), _record(CONTROL, 0.57, **tuned(("control", 8))),
+            _record("dcs", 0.50, **tuned(("search", 1), ("retrain", 8))),
+            _record("ltm", 0.40, **tuned(("finetune", 8)))]
+    text = render_markdown(recs)
+    assert ("Detector training that differs from the control's 8 epoch(s) -- dcs: 9 (search 1, retrain 8): "
+            "their \"vs +ft\" delta includes that difference") in text
+    assert "ltm: 8" not in text

@@ -41,7 +41,7 @@ if TYPE_CHECKING:  # the report reads this module's words without importing torc
 __all__ = ["CONTROL", "DEFAULT_PROTOCOL", "DENSE_EPOCHS", "DETECTOR_LR", "PROTOCOLS", "DenseFinetune",
            "check_protocol", "dense_finetune_for", "detector_parameters"]
 
-#: the control row's method name: the baseline detector fine-tuned exactly as a learnable method's
+#: the control row's method name: the baseline detector fine-tuned as a learnable method's
 #: detector is (this protocol's weights, epochs and learning rate), with no method -- what a
 #: fine-tuned method's mAP is compared with at the same amount of detector training
 CONTROL = "baseline+ft"
