@@ -263,8 +263,9 @@ def test_report_compares_fine_tuned_rows_with_the_control():
 
 
 def test_report_names_a_method_whose_detector_trained_longer_than_the_control():
-    """DCS's detector trains in its search stage too (1 + 8 epochs against the control's 8);
-    a raised ``ltm.epochs`` runs its last stage longer: the report says so beside "vs +ft"."""
+    """DCS with ``arch=both`` trains its detector in the search stage too (1 + 8 epochs against
+    the control's 8); a raised ``ltm.epochs`` runs its last stage longer: the report says so
+    beside "vs +ft"."""
     def tuned(*stages):
         return dict(trained="fine-tuned", train_s=10.0, train_images=200, trainable_params=1000,
                     train_stages=[{"name": n, "epochs": e, "iters": 25 * e} for n, e in stages],
