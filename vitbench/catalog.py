@@ -375,6 +375,20 @@ class TaskSpec:
             raise UnknownNameError(f"unknown counted part {self.counts!r} of task {self.name!r}; valid counted "
                                    f"parts: {', '.join(COUNTED)}")
 
+    def option_flags(self) -> tuple[str, ...]:
+        """The flags :attr:`options` adds (``("--detector-epochs", ...)``; ``()`` when it has none
+        or they cannot be added: the CLI reports that as a broken plugin)."""
+        if self.options is None:
+            return ()
+        import argparse
+
+        group = argparse.ArgumentParser(add_help=False).add_argument_group()
+        try:
+            self.options(group)
+        except Exception:  # noqa: BLE001 - listed as none; `vitbench run` names the failure
+            return ()
+        return tuple(a.option_strings[0] for a in group._group_actions if a.option_strings)
+
     @property
     def compute_key(self) -> str:
         """The record field a budget is matched on and the sweep plots: ``gmacs`` or ``backbone_gmacs``."""

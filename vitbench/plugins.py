@@ -222,8 +222,8 @@ class PluginHost:
         self.catalogs  # noqa: B018
         return {
             "plugins": [vars(info) | {"registered": dict(info.registered)} for info in self.plugins.values()],
-            "tasks": [{"name": name, "plugin": self.owner("tasks", name),
-                       "description": self.task(name).description} for name in self.names("tasks")],
+            "tasks": [{"name": name, "plugin": self.owner("tasks", name), "description": self.task(name).description,
+                       "options": list(self.task(name).option_flags())} for name in self.names("tasks")],
             "failures": [vars(f) for f in self.failures],
             "skipped": list(self.skipped),
         }

@@ -45,8 +45,10 @@ def run(args: argparse.Namespace) -> int:
         for name in host.names("tasks"):
             spec = host.task(name)
             control = "; control row" if spec.control else ""
+            flags = spec.option_flags()
+            options = f"; options: {', '.join(flags)}" if flags else ""
             print(f"{name}  [plugin: {host.owner('tasks', name)}; metrics: {', '.join(spec.metrics)}; budgets "
-                  f"matched on the {spec.counts}'s GMACs{control}]  {spec.description}")
+                  f"matched on the {spec.counts}'s GMACs{control}{options}]  {spec.description}")
     else:
         import timm
 
