@@ -31,6 +31,24 @@ one rank reads alone (GMACs images) or every rank reads whole (a stage's statist
 read without a ``DefaultSampler``: its seed, when none is given, is agreed on by a broadcast, a
 collective that a rank reading alone would wait in forever.
 
+**A rank that fails** must not leave the others waiting in a collective until the process
+group's timeout. The evaluations run mmengine's test loop through :func:`collective_test`: a
+rank whose iterations raise (a finiteness guard that finds NaN logits in its shard, but any
+error there) stops iterating and, instead of raising alone, meets the others at an agreement
+point (:func:`raise_if_any_rank_failed`, one ``all_gather_object``) that every rank reaches just
+before the evaluator gathers the results; every rank then raises the same error, naming the
+failing rank(s) (``... in batch 1 on rank 1 of 2``; the error's type is kept, so a
+NonFiniteError reads as one). After each run the executor exchanges the ranks' outcomes
+(:func:`failure_on_any_rank`, in place of a barrier, and the same collective): rank 0's record
+is an error naming the rank(s) that failed even when rank 0 itself did not. A rank that failed
+earlier in a run, before the evaluation, is met by the agreement point an evaluation makes
+before building its Runner (whose constructor broadcasts): the others raise its error there,
+and every rank goes on with the next run in step. Not covered: a rank failing alone while the
+others enter a collective with no agreement point before it (a DDP fine-tuning step, a
+statistics pass's seed broadcast); ``VITBENCH_DIST_TIMEOUT`` (seconds, :func:`dist_timeout`)
+bounds that wait instead of torch's 30 minutes, and must exceed the longest stretch rank 0
+works alone while the others wait (its timings of a run).
+
 ``slurm``: the ranks come from ``SLURM_PROCID`` / ``SLURM_NTASKS`` / ``SLURM_LOCALID`` and the
 master address from the first host of ``SLURM_NODELIST`` (``MASTER_ADDR`` / ``MASTER_PORT``
 win when set; the port defaults to 29500, as mmengine's). On CUDA mmengine's
@@ -45,17 +63,20 @@ import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from vitbench.errors import VitbenchError
 
 if TYPE_CHECKING:  # mmengine and torch are imported when a run starts
     import torch
     from mmengine.evaluator import BaseMetric
+    from mmengine.runner import Runner
 
-__all__ = ["LAUNCHERS", "SLURM_VARIABLES", "TORCHRUN_VARIABLES", "add_launcher_option", "all_ranks", "barrier",
-           "check_launcher", "collect_in", "finish_launcher", "first_slurm_host", "init_launcher", "is_distributed", "is_main",
-           "launcher_rank", "one_rank_at_a_time", "rank_batch_size", "same_on_every_rank", "slurm_environment"]
+__all__ = ["LAUNCHERS", "SLURM_VARIABLES", "TIMEOUT_VARIABLE", "TORCHRUN_VARIABLES", "add_launcher_option", "all_ranks",
+           "barrier", "check_launcher", "collect_in", "collective_test", "dist_timeout", "failure_on_any_rank",
+           "finish_launcher", "first_slurm_host", "init_launcher", "is_distributed", "is_main", "launcher_rank",
+           "one_rank_at_a_time", "raise_if_any_rank_failed", "rank_batch_size", "same_on_every_rank",
+           "slurm_environment"]
 
 #: the values ``--launcher`` takes
 LAUNCHERS = ("none", "pytorch", "slurm")
@@ -65,6 +86,8 @@ TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER
 SLURM_VARIABLES = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_NODELIST")
 #: mmengine's default rendezvous port under slurm (``init_dist("slurm")``)
 SLURM_DEFAULT_PORT = "29500"
+#: how long (seconds) a rank waits in a collective (and at the rendezvous) before giving up
+TIMEOUT_VARIABLE = "VITBENCH_DIST_TIMEOUT"
 
 
 def check_launcher(launcher: str, task: str, methods: Sequence[str]) -> None:
@@ -97,6 +120,26 @@ def check_launcher(launcher: str, task: str, methods: Sequence[str]) -> None:
                                 f"missing); start it as `srun --ntasks N vitbench run ... --launcher slurm` "
                                 f"(inside an allocation: sbatch or salloc)")
         slurm_environment(os.environ)  # a malformed value is named before anything runs
+    dist_timeout(os.environ)  # so is a malformed timeout
+
+
+def dist_timeout(environ: Mapping[str, str]) -> Optional[float]:
+    """``VITBENCH_DIST_TIMEOUT``: how many seconds a rank waits for the others in a collective
+    (and at the rendezvous) before it fails, instead of torch's default of 30 minutes (the
+    process group's ``timeout``). ``None`` when unset or empty (torch's default). It must exceed
+    the longest stretch one rank works while the others wait: rank 0's timings of a run."""
+    raw = environ.get(TIMEOUT_VARIABLE, "").strip()
+    if not raw:
+        return None
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = float("nan")
+    if not (seconds > 0 and seconds != float("inf")):
+        raise VitbenchError(f"{TIMEOUT_VARIABLE}={environ[TIMEOUT_VARIABLE]!r} is not a number of seconds > 0 "
+                            f"(e.g. 600); it bounds how long a rank waits for the others (unset: torch's "
+                            f"default, 1800)")
+    return seconds
 
 
 def first_slurm_host(nodelist: str) -> str:
@@ -159,19 +202,25 @@ def init_launcher(launcher: str, device: str) -> None:
     :func:`slurm_environment`), since mmengine's ``init_dist`` calls ``torch.cuda.set_device``
     unconditionally and fails on a machine without CUDA. mmengine's ``mmengine.dist`` helpers
     (the sampler's ranks, the evaluator's ``collect_results``, the Runner's DDP) work on either
-    group. ``none`` (or a group already started) does nothing."""
+    group. ``none`` (or a group already started) does nothing. ``VITBENCH_DIST_TIMEOUT``
+    (:func:`dist_timeout`) is the group's timeout on either path (unset: torch's 30 minutes)."""
+    import datetime
+
     import torch.distributed as torch_dist
 
     if launcher == "none" or torch_dist.is_initialized():
         return
+    timeout = dist_timeout(os.environ)
     if device.startswith("cuda"):
         from mmengine.dist import init_dist
 
-        init_dist(launcher, backend="nccl")
+        # mmengine takes the timeout in seconds (and makes the timedelta)
+        init_dist(launcher, backend="nccl", **({} if timeout is None else {"timeout": timeout}))
         return
     if launcher == "slurm":
         os.environ.update(slurm_environment(os.environ))
-    torch_dist.init_process_group(backend="gloo")
+    torch_dist.init_process_group(backend="gloo", **({} if timeout is None else
+                                                     {"timeout": datetime.timedelta(seconds=timeout)}))
 
 
 def finish_launcher() -> None:
@@ -217,6 +266,157 @@ def all_ranks(flag: bool) -> bool:
     value = torch.tensor([1 if flag else 0], dtype=torch.int32)
     all_reduce(value, op="min")
     return bool(value.item())
+
+
+# --- a rank that fails: exchanging the ranks' errors ------------------------------------------
+#
+# Every exchange is one ``all_gather_object`` of ``(kind, failures, ...)``: ``kind`` is "check"
+# (an agreement point inside a run: :func:`raise_if_any_rank_failed`) or "outcome" (the end of a
+# run: :func:`failure_on_any_rank`); ``failures`` maps ranks that failed to their message and, for
+# a VitbenchError, its type. Since both are the same collective, a rank that failed early -- and
+# went straight to the end of the run -- meets the others at their next agreement point: they see
+# its "outcome", raise its error there and come to the end of the run too, where the exchange
+# repeats until every rank is there.
+
+_Failure = tuple[str, Optional[type]]  # (message as recorded, the VitbenchError subclass or None)
+
+#: the failures this rank has seen in the current run (rank -> failure), for the outcome's message
+_SEEN: dict[int, _Failure] = {}
+#: the message of the last error an agreement point raised on this rank in the current run
+_AGREED: list[str] = []
+
+
+def _on_ranks(ranks: Sequence[int], world_size: int) -> str:
+    return f"on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} of {world_size}"
+
+
+def _describe_failures(errors: Sequence[Optional[str]]) -> Optional[str]:
+    """One message for the ranks' errors (``None`` where a rank did fine): each distinct
+    message once, followed by the ranks it came from (``... in batch 1 on rank 1 of 2``;
+    ``A on ranks 0, 2 of 4; B on rank 3 of 4``). ``None`` when no rank failed."""
+    by_message: dict[str, list[int]] = {}
+    for rank, error in enumerate(errors):
+        if error is not None:
+            by_message.setdefault(error, []).append(rank)
+    if not by_message:
+        return None
+    return "; ".join(f"{message} {_on_ranks(ranks, len(errors))}" for message, ranks in by_message.items())
+
+
+def _error_text(error: BaseException) -> str:
+    """An error as the executor records it: a VitbenchError's message, else ``Type: message``."""
+    return str(error) if isinstance(error, VitbenchError) else f"{type(error).__name__}: {error}"
+
+
+def _message(failures: Mapping[int, _Failure], world_size: int) -> str:
+    return _describe_failures([failures[r][0] if r in failures else None for r in range(world_size)]) or ""
+
+
+def raise_if_any_rank_failed(error: Optional[BaseException]) -> None:
+    """An agreement point (a collective: every rank passes the error it met, ``None`` when it
+    did fine). When any rank's is not ``None`` -- or a rank has already left the run after
+    failing earlier (it waits in :func:`failure_on_any_rank`) -- every rank raises the same
+    error, naming the rank(s) and their messages (:func:`_describe_failures`): of the first
+    failing rank's type when that is a :class:`~vitbench.errors.VitbenchError` (a
+    NonFiniteError stays one), else a VitbenchError whose message starts with the original
+    type's name, as the executor records it. Place it before a collective that a failed rank
+    would not reach. One ``all_gather_object``. Without a process group of more than one rank:
+    ``error`` is raised as it is (nothing when ``None``)."""
+    if not is_distributed():
+        if error is not None:
+            raise error
+        return
+    from mmengine.dist import all_gather_object, get_rank, get_world_size
+
+    mine: dict[int, _Failure] = {}
+    if error is not None:
+        mine[get_rank()] = (_error_text(error), type(error) if isinstance(error, VitbenchError) else None)
+    failures: dict[int, _Failure] = {}
+    for rank, (kind, theirs, *_) in enumerate(all_gather_object(("check", mine))):
+        failures.update(theirs)
+        if kind == "outcome" and not theirs:  # at the end of the run without an error: a bug, named all the same
+            failures[rank] = ("it ended the run before an agreement point the others reached", None)
+    if not failures:
+        return
+    _SEEN.update(failures)
+    error_type = next(failures[r][1] for r in sorted(failures)) or VitbenchError
+    message = _message(failures, get_world_size())
+    try:
+        agreed = error_type(message)
+    except Exception:  # noqa: BLE001 - an error class that does not take one message
+        agreed = VitbenchError(message)
+    _AGREED[:] = [str(agreed)]
+    raise agreed from error
+
+
+def failure_on_any_rank(error: Optional[str]) -> Optional[str]:
+    """The end of a run (a collective: every rank calls it, like a barrier): every rank passes
+    its run's error message (``None`` when the run succeeded) and gets the run's outcome over
+    all ranks: ``None`` when every rank succeeded, the message itself when every rank failed
+    with the same one of its own, else the ranks' messages naming the rank(s) each came from
+    (``RuntimeError: ... on rank 1 of 2``), so that rank 0's record says a run failed even
+    where rank 0 did not. An error that an agreement point raised on every rank
+    (:func:`raise_if_any_rank_failed`) reads as it was raised. A rank that failed early waits
+    here for the others: they meet it at their next agreement point, raise its error and come
+    here too. Without a process group of more than one rank: ``error`` as it is."""
+    if not is_distributed():
+        return error
+    from mmengine.dist import all_gather_object, get_rank, get_world_size
+
+    try:
+        own = error if error is not None and error not in _AGREED else None  # not one an agreement raised
+        if own is not None:
+            _SEEN[get_rank()] = (own, None)
+        while True:
+            gathered = all_gather_object(("outcome", dict(_SEEN), error is not None, own))
+            for _, theirs, *_ in gathered:
+                _SEEN.update(theirs)
+            if all(kind == "outcome" for kind, *_ in gathered):
+                break  # else a rank is still in the run: it raises at its next agreement point and comes here
+        if not any(failed for _, _, failed, _ in gathered):
+            return None
+        owns = [theirs for *_, theirs in gathered]
+        if owns[0] is not None and all(o == owns[0] for o in owns):
+            return owns[0]  # the same error on every rank, each its own (not one an agreement raised)
+        return _message(_SEEN, get_world_size()) or error
+    finally:
+        _SEEN.clear()
+        _AGREED.clear()
+
+
+def collective_test(runner: "Runner") -> dict[str, Any]:
+    """``runner.test()`` (mmengine's ``TestLoop``: the iterations over this rank's shard, then
+    ``evaluator.evaluate``, which gathers every rank's results) such that a rank that fails
+    does not leave the others waiting in the gathering. The iterations run no collective, so
+    a rank whose iterations raise stops there and joins the others at the agreement point each
+    rank reaches just before the evaluator gathers (:func:`raise_if_any_rank_failed`); every
+    rank then raises the same error naming the failing rank(s). (A rank that failed before the
+    evaluation is met by an agreement point before the ``Runner`` is built -- its constructor
+    broadcasts a timestamp: ``raise_if_any_rank_failed(None)`` there.) Without a process group
+    of more than one rank: ``runner.test()`` itself (an error raised where it happens)."""
+    if not is_distributed():
+        return runner.test()
+    evaluator = runner.test_loop.evaluator  # builds the loop (runner.test() keeps a built one)
+    evaluate = evaluator.evaluate
+    exchanged = False
+
+    def agreed_evaluate(size: int) -> dict:
+        nonlocal exchanged
+        exchanged = True
+        raise_if_any_rank_failed(None)  # raises here when another rank failed
+        return evaluate(size)
+
+    evaluator.evaluate = agreed_evaluate
+    try:
+        return runner.test()
+    except Exception as exc:
+        if exchanged:  # raised by the exchange, or after it (the gathering itself)
+            raise
+        exchanged = True
+        raise_if_any_rank_failed(exc)  # this rank failed in its iterations: always raises
+        raise
+    finally:
+        del evaluator.evaluate  # the instance attribute: the method again
 
 
 def same_on_every_rank(module: "torch.nn.Module", what: str) -> None:
@@ -297,4 +497,5 @@ def add_launcher_option(p: argparse.ArgumentParser) -> None:
                         "--ntasks N vitbench run ...` starts): evaluation is sharded over the ranks, "
                         "learnable methods fine-tune with DDP (det/seg: close to one process, not equal: "
                         "BatchNorm keeps per-rank statistics), "
-                        "timing and the store/report are rank 0's")
+                        "timing and the store/report are rank 0's; VITBENCH_DIST_TIMEOUT=SECONDS bounds "
+                        "how long a rank waits for the others (default 1800)")

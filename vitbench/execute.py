@@ -7,7 +7,9 @@ with its seed's baseline and writes the records. A run that fails is recorded as
 with its message and the other runs go on; records are appended whole, so an interrupted plan
 never leaves a half-written result, and ``--resume`` skips finished specs and retries failed ones.
 Under ``--launcher pytorch|slurm`` every rank runs every spec (evaluation and fine-tuning are
-collective) and only rank 0 appends records (:mod:`vitbench.distributed`).
+collective) and only rank 0 appends records (:mod:`vitbench.distributed`); after each run the
+ranks exchange their outcomes, so that a run that failed on any rank is an ``error`` record
+naming the rank(s), even where rank 0 itself succeeded.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import torch
 from vitbench import measure
 from vitbench.calibrate import Calibration, calibrate, not_matchable, off_pct
 from vitbench.catalog import TaskSpec
-from vitbench.distributed import barrier, is_main
+from vitbench.distributed import failure_on_any_rank, is_main
 from vitbench.errors import BudgetError, VitbenchError
 from vitbench.plan import BASELINE, REFERENCES, RunSpec
 from vitbench.plugins import get_host
@@ -147,7 +149,11 @@ def execute_plan(plan: list[RunSpec], ws: Any, store: ResultStore, *, resume: bo
             host.run_started(spec)
         record = run_spec(spec, ws, baselines.get(spec.seed), env,
                           lambda what: progress(i, len(plan), spec.label, what))
-        barrier()  # the other ranks wait while rank 0 measures (no load beside its timings)
+        # a collective, like the barrier it replaces: the other ranks wait here while rank 0
+        # measures (no load beside its timings), then every rank learns whether any failed
+        failure = failure_on_any_rank(record["error"] if record["status"] == "error" else None)
+        if failure is not None and failure != record["error"]:
+            record.update(status="error", error=failure)
         if main:
             store.append(record)
             host.run_finished(spec, record)

@@ -7,6 +7,11 @@ Two guards keep a broken setup from reading as a bad method (issue 9): every bat
 must be finite (a NaN logit is scored as a wrong answer, and a diverged model would show a
 0.00 % row), and the model must predict exactly the data's classes (a 1000-way head scored
 against a 10-class folder's labels 0-9 also gives 0.00 %).
+
+Under a launcher the logits guard of one rank finds NaN in that rank's shard only: that rank
+stops, and every rank raises the same error naming it (``... in batch 1 on rank 1 of 2``) where
+they would otherwise gather the results (:func:`vitbench.distributed.collective_test`), instead
+of the others waiting there for it until the process group's timeout.
 """
 from __future__ import annotations
 
@@ -80,11 +85,13 @@ def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, devi
     (:mod:`vitbench.measure.precision`). Under ``--launcher pytorch`` (a process group is
     running) every rank must call this with the same model: mmengine's ``DefaultSampler`` gives
     each rank its part of the images and the metrics are gathered over all of them, each image
-    counted once (:mod:`vitbench.distributed`).
+    counted once (:mod:`vitbench.distributed`); an error on one rank (non-finite logits in its
+    shard) is raised on every rank, naming that rank.
     """
     from vitbench.measure.precision import autocast_method
     from mmengine.runner import Runner
 
+    from vitbench.distributed import collective_test, raise_if_any_rank_failed
     from vitbench.mm.classifier import build_classifier
     from vitbench.mm.runner import release, runner_kwargs, work_dir_or_temp
 
@@ -103,6 +110,7 @@ def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, devi
                                   to_rgb=data.bgr and cfg.in_chans == 3)
     n_out = getattr(model, "num_classes", None)
     topk = (1, 5) if not isinstance(n_out, int) or n_out > 5 else (1,)
+    raise_if_any_rank_failed(None)  # meets a rank that failed earlier in the run (the Runner broadcasts)
     with work_dir_or_temp(work_dir) as wd:
         runner = Runner(**runner_kwargs(
             work_dir=wd, seed=seed, model=classifier,
@@ -116,7 +124,7 @@ def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, devi
         try:
             runner.model.to(target)  # the Runner puts the model on its own choice (cuda if any)
             with autocast_method(runner.model, "test_step", precision, target):  # the loop resets an outer one
-                metrics = runner.test()
+                metrics = collective_test(runner)  # a rank's error is every rank's
             num_images = len(runner.test_dataloader.dataset)
         finally:
             guard.remove()

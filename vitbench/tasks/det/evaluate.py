@@ -9,7 +9,10 @@ broadcasts the metrics, so every rank returns what a single process would.
 
 Guarded (issue 9): NaN features drop every box at NMS's score threshold and read as an mAP
 near 0 with no sign of why, so the outputs of the backbone, neck and heads and the final
-predictions must be finite in every batch, and so must the metrics.
+predictions must be finite in every batch, and so must the metrics. Under a launcher a rank
+whose shard trips a guard stops, and every rank raises the same error naming it (``... in batch
+2 on rank 1 of 2``) where they would otherwise gather the predictions
+(:func:`vitbench.distributed.collective_test`), instead of the others waiting there for it.
 """
 from __future__ import annotations
 
@@ -89,13 +92,15 @@ def evaluate_detector(detector: nn.Module, data: DetData, *, masks: bool, batch_
     :class:`~vitbench.errors.NonFiniteError`. ``precision``: the forward's autocast
     (:mod:`vitbench.measure.precision`). Under a launcher every rank must call this with the
     same detector and ``work_dir`` (a collective: each rank scores its part of the images, every
-    rank gets the metrics of all of them, each image counted once)."""
+    rank gets the metrics of all of them, each image counted once; an error on one rank is
+    raised on every rank, naming that rank)."""
     from mmengine.runner import Runner
 
+    from vitbench.distributed import collective_test, raise_if_any_rank_failed
     from vitbench.measure.precision import autocast_method
-
     from vitbench.mm.runner import release, runner_kwargs, work_dir_or_temp
 
+    raise_if_any_rank_failed(None)  # meets a rank that failed earlier in the run (the Runner broadcasts)
     guard = _FiniteOutputs(detector)
     with work_dir_or_temp(work_dir) as wd:
         runner = Runner(**runner_kwargs(
@@ -109,7 +114,7 @@ def evaluate_detector(detector: nn.Module, data: DetData, *, masks: bool, batch_
             runner.model.to(torch.device(device))
             # backbone and neck in ``precision``; heads and NMS in fp32 (mmcv's NMS has no half kernel)
             with quiet_stdout(), autocast_method(runner.model, "extract_feat", precision, device, to_float=True):
-                metrics = runner.test()
+                metrics = collective_test(runner)  # a rank's error is every rank's
             num_images = len(runner.test_dataloader.dataset)
         finally:
             guard.remove()
