@@ -14,7 +14,9 @@ mmengine does the distributed part:
   that keeps vitbench's own ``train_step``); each rank trains on its ``DefaultSampler`` shard
   with a batch of ``batch_size // world_size`` (:func:`rank_batch_size`), gradients are averaged
   by DDP, so every rank ends with the same weights; a non-finite loss on any rank stops every
-  rank at the same step; rank 0 alone writes the fine-tuned checkpoint. det/seg fine-tune a
+  rank at the same step; rank 0 alone writes the fine-tuned checkpoint. det/seg train the
+  baseline detector this way too (the default training, :func:`vitbench.tasks.det.train.train_detector`,
+  by the first run that needs it), cached under a key holding the number of ranks. det/seg fine-tune a
   learnable method's detector (and the ``baseline+ft`` control's) the same way
   (:mod:`vitbench.tasks.det.train`: ``DetMethodTrainer`` in the same wrapper, at least 2 images
   per rank) and check after each stage that every rank holds the same weights
@@ -495,7 +497,7 @@ def add_launcher_option(p: argparse.ArgumentParser) -> None:
                    help="none (one process, the default), pytorch (one of the processes `torchrun "
                         "--nproc-per-node N -m vitbench run ...` starts) or slurm (one of the tasks `srun "
                         "--ntasks N vitbench run ...` starts): evaluation is sharded over the ranks, "
-                        "learnable methods fine-tune with DDP (det/seg: close to one process, not equal: "
-                        "BatchNorm keeps per-rank statistics), "
+                        "learnable methods fine-tune and det/seg's baseline detector trains with DDP "
+                        "(det/seg: close to one process, not equal: BatchNorm keeps per-rank statistics), "
                         "timing and the store/report are rank 0's; VITBENCH_DIST_TIMEOUT=SECONDS bounds "
                         "how long a rank waits for the others (default 1800)")

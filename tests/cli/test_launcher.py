@@ -4,8 +4,8 @@ collected by its ``Evaluator``, with the same top-1 (det: mAP) as one process, a
 writes the store and report;
 a learnable method fine-tunes with DDP (each rank half of each batch) and lands where one
 process does; ``--launcher slurm`` takes its ranks from srun's variables (simulated here with two
-processes); det fine-tunes a learnable method's detector with DDP; what cannot run distributed is
-refused before anything runs."""
+processes); det trains its baseline detector and fine-tunes a learnable method's detector with
+DDP; what cannot run distributed is refused before anything runs."""
 from __future__ import annotations
 
 import json
@@ -65,6 +65,93 @@ def test_torchrun_two_ranks_give_the_single_process_top1_and_one_store(tmp_path)
     assert not (tmp_path / ".dist_test").exists()  # results gathered in the spec's work folder
 
 
+#: test-only methods for the ranks' failures, loaded by the torchrun-started processes as an
+#: installed plugin would be: a ``*.dist-info`` with the ``vitbench`` entry point on PYTHONPATH
+_RANK_FAILURES_PLUGIN = '''"""test-rank-nan: block 1 turns rank 1's tokens into NaN (rank 0's pass unchanged);
+test-rank-raise: building the method fails on rank 1 (before the evaluation) and works on rank 0."""
+from dataclasses import dataclass
+
+from vitbench.hookspecs import hookimpl
+
+
+@dataclass(frozen=True)
+class NoParams:
+    pass
+
+
+def _rank():
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def poison(x, state, info):
+    return x * float("nan") if _rank() == 1 else x
+
+
+poison.needs = frozenset()
+
+
+def refuse(params, info):
+    from vitbench.catalog import Reduction
+
+    if _rank() == 1:
+        raise RuntimeError("cannot build it here")
+    return Reduction([None] * info.depth)
+
+
+@hookimpl
+def vitbench_register_methods(register):
+    from vitbench.catalog import MethodSpec, Reduction
+
+    register(MethodSpec("test-rank-nan", NoParams,
+                        lambda p, info: Reduction([poison if i == 1 else None for i in range(info.depth)])))
+    register(MethodSpec("test-rank-raise", NoParams, refuse))
+'''
+
+
+def _rank_failures_plugin(root: Path) -> Path:
+    root.mkdir()
+    (root / "vitbench_rank_failures.py").write_text(_RANK_FAILURES_PLUGIN)
+    info = root / "vitbench_rank_failures-0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vitbench-rank-failures\nVersion: 0\n")
+    (info / "entry_points.txt").write_text("[vitbench]\nrank-failures = vitbench_rank_failures\n")
+    return root
+
+
+@pytest.mark.slow
+def test_a_rank_that_fails_alone_fails_the_run_on_every_rank_promptly(tmp_path):
+    """Issue 13: under ``torchrun --nproc-per-node 2`` rank 1's evaluation shard holds NaN logits
+    (test-rank-nan) or rank 1 fails before the evaluation (test-rank-raise) while rank 0 does
+    fine. Neither leaves rank 0 waiting in the evaluator's gathering (gloo's default: 30 minutes):
+    every rank raises the same error naming rank 1, rank 0's store holds it as the run's error
+    record, and the ranks stay in step for the next run (tome)."""
+    import time
+
+    plugin = _rank_failures_plugin(tmp_path / "plugin")
+    path = os.pathsep.join(p for p in (str(plugin), os.environ.get("PYTHONPATH", "")) if p)
+    args = ["run", "--task", "cls", "--methods", "test-rank-nan,test-rank-raise,tome", "--metrics", "accuracy",
+            "--limit", "32", "--launcher", "pytorch", "--out", "D2"]
+    started = time.perf_counter()
+    two = _vitbench(tmp_path, *_torchrun(), "--standalone", "--nproc-per-node", "2", "-m", "vitbench", args=args,
+                    PYTHONPATH=path, VITBENCH_STRICT_PLUGINS="1", VITBENCH_DIST_TIMEOUT="600")
+    took = time.perf_counter() - started
+    assert two.returncode == 1, two.stderr[-4000:]
+    assert took < 90, took  # about 15 s on a 2-core CPU; a rank left waiting would hit the 240 s limit
+    records = {r["method"]: r for r in _records(tmp_path / "D2")}
+    assert list(records) == ["baseline", "test-rank-nan", "test-rank-raise", "tome"]  # rank 0's, once
+    assert (records["baseline"]["status"], records["tome"]["status"]) == ("ok", "ok")
+    assert records["baseline"]["num_images"] == records["tome"]["num_images"] == 32
+    nan, raised = records["test-rank-nan"], records["test-rank-raise"]
+    assert nan["status"] == "error" and nan["error"].startswith("evaluation: the logits hold non-finite values (")
+    assert nan["error"].endswith(") in batch 1 on rank 1 of 2")  # NonFiniteError's message, naming the rank
+    assert (raised["status"], raised["error"]) == ("error", "RuntimeError: cannot build it here on rank 1 of 2")
+    failed = (tmp_path / "D2" / "report.md").read_text().split("Failed runs:")[1]
+    assert "on rank 1 of 2" in failed
+    assert "[rank0]: Traceback" not in two.stderr and "[rank1]: Traceback" not in two.stderr  # recorded, not crashed
+
+
 #: det as short as the det CLI tests run it (tests/tasks/det/test_det_cli.py): the baseline
 #: detector trained 1 epoch on 4 images, light heads (the embedded set's default); an odd --limit
 #: so that DefaultSampler pads rank 1's part
@@ -74,32 +161,53 @@ _DET_FIELDS = ("box_map", "box_ap50", "box_ap75", "num_images", "gmacs", "backbo
 
 
 @pytest.mark.slow
-def test_torchrun_two_ranks_run_det_like_one_process_with_the_detector_trained_once(tmp_path):
-    """det under ``torchrun --nproc-per-node 2``: the baseline detector is trained once (by the
-    first rank through the workspace lock; the other loads the cache), mAP is evaluated on both
-    ranks' shards and collected in the spec's work folder, GMACs/params are rank 0's, and the
-    records equal one process's on the same cached detector. (With these short settings the
-    detector is barely trained and the mAPs are near 0; the README has the comparison on the
-    default 8-epoch detector, all 50 images, 0.436 box mAP.)"""
+def test_torchrun_two_ranks_train_the_det_detector_with_ddp_and_evaluate_like_one_process(tmp_path):
+    """det under ``torchrun --nproc-per-node 2``: the baseline detector is trained by both ranks
+    together with DDP (each rank 4 of the 8 images a step), by the first run that needs it, and
+    cached apart from the single-process detector (its key holds the 2 ranks: per-rank BatchNorm
+    and loss normalisation make it another detector); a later 2-rank run loads it. mAP is
+    evaluated on both ranks' shards and collected in the spec's work folder, GMACs/params are
+    rank 0's, and on the same detector (one process's, copied over the 2-rank cache file) the
+    records equal one process's. (With these short settings the detector is barely trained and
+    the mAPs are near 0; the README has the comparison on the default 8-epoch detector.)"""
     cache = str(tmp_path / "cache")
+    detectors = tmp_path / "cache" / "detectors"
+    one = _vitbench(tmp_path, sys.executable, "-m", "vitbench", args=[*DET, "--out", "D1"], VITBENCH_CACHE=cache)
+    assert one.returncode == 0, one.stderr[-4000:]
+    (single,) = detectors.glob("det-mobilevit_xs-*.pth")  # one process's detector
     two = _vitbench(tmp_path, *_torchrun(), "--standalone", "--nproc-per-node", "2", "-m", "vitbench",
                     args=[*DET, "--launcher", "pytorch", "--out", "D2"], VITBENCH_CACHE=cache)
     assert two.returncode == 0, two.stderr[-4000:]
-    assert two.stderr.count("detector training: epoch 1/1") == 1  # by one rank (whichever took the lock first)
-    (trained,) = (tmp_path / "cache" / "detectors").glob("det-mobilevit_xs-*.pth")  # trained once, cached
-    one = _vitbench(tmp_path, sys.executable, "-m", "vitbench", args=[*DET, "--out", "D1"], VITBENCH_CACHE=cache)
-    assert one.returncode == 0, one.stderr[-4000:]
-    assert f"loading the trained det detector {trained}" in one.stderr  # the same detector
-    ones, twos = _records(tmp_path / "D1"), _records(tmp_path / "D2")
+    assert "with DDP on 2 ranks" in two.stderr and two.stderr.count("detector training: epoch 1/1") == 1  # rank 0's
+    (ddp,) = set(detectors.glob("det-mobilevit_xs-*.pth")) - {single}  # its own cache file
+    info = json.loads(ddp.with_suffix(".json").read_text())
+    assert (info["ranks"], info["rank_batch_size"], info["effective_batch_size"], info["batch_size"]) == (2, 4, 8, 8)
+    assert info["images"] == 4 and info["iters"] == 1
+    assert "ranks" not in json.loads(single.with_suffix(".json").read_text())
+    twos = _records(tmp_path / "D2")
     assert [r["method"] for r in twos] == ["baseline", "tome"]  # rank 0's records only, once
-    assert all(r["status"] == "ok" and r["num_images"] == 5 for r in twos)
-    for a, b in zip(ones, twos):
+    assert all(r["status"] == "ok" and r["num_images"] == 5 and r["detector_training"] == info for r in twos)
+    weights, single_weights = torch.load(ddp, weights_only=True), torch.load(single, weights_only=True)
+    assert weights.keys() == single_weights.keys()
+    assert any(not torch.equal(weights[k], single_weights[k]) for k in weights)  # not one process's detector
+    # the sharded evaluation on one process's detector, put where 2 ranks look for theirs
+    shutil.copyfile(single, ddp)
+    shutil.copyfile(single.with_suffix(".json"), ddp.with_suffix(".json"))
+    same = _vitbench(tmp_path, *_torchrun(), "--standalone", "--nproc-per-node", "2", "-m", "vitbench",
+                     args=[*DET, "--launcher", "pytorch", "--out", "D3"], VITBENCH_CACHE=cache)
+    assert same.returncode == 0, same.stderr[-4000:]
+    assert f"loading the trained det detector {ddp}" in same.stderr and "detector training" not in same.stderr
+    ones, threes = _records(tmp_path / "D1"), _records(tmp_path / "D3")
+    assert [r["method"] for r in threes] == ["baseline", "tome"]
+    assert all(r["status"] == "ok" and r["num_images"] == 5 for r in threes)
+    for a, b in zip(ones, threes):
         assert {k: a[k] for k in _DET_FIELDS} == {k: b[k] for k in _DET_FIELDS}, (a["method"], a, b)
         assert a["detector_training"] == b["detector_training"]
-    assert sorted(p.name for p in (tmp_path / "D2").glob("*.jsonl")) == ["runs.jsonl"]
-    assert (tmp_path / "D2" / "report.md").is_file() and two.stdout.count("| tome") == 1
+    for out, run in (("D2", two), ("D3", same)):
+        assert sorted(p.name for p in (tmp_path / out).glob("*.jsonl")) == ["runs.jsonl"]
+        assert (tmp_path / out / "report.md").is_file() and run.stdout.count("| tome") == 1
+        assert not list((tmp_path / out / "work").glob("*/collect"))  # gathered there, removed by rank 0
     assert not (tmp_path / ".dist_test").exists()  # results gathered in the spec's work folder
-    assert not list((tmp_path / "D2" / "work").glob("*/collect"))  # and removed by rank 0
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -147,6 +255,16 @@ def test_torchrun_two_ranks_fine_tune_a_det_method_with_ddp(tmp_path):
     assert sorted(p.name for p in (tmp_path / "D2").glob("*.jsonl")) == ["runs.jsonl"]
     assert (tmp_path / "D2" / "report.md").is_file() and two.stdout.count("| ltm") == 1
     assert "the ranks hold different weights" not in two.stderr
+
+
+def test_a_malformed_timeout_is_refused_before_anything_runs(tmp_path, capsys, monkeypatch):
+    for name, value in zip(TORCHRUN_VARIABLES, ("0", "2", "0", "127.0.0.1", "29500")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("VITBENCH_DIST_TIMEOUT", "ten minutes")
+    assert main(["run", "--methods", "tome", "--launcher", "pytorch", "--out", str(tmp_path / "out")]) == 2
+    assert ("VITBENCH_DIST_TIMEOUT='ten minutes' is not a number of seconds > 0 (e.g. 600)"
+            in capsys.readouterr().err)
+    assert not (tmp_path / "out").exists()
 
 
 def test_an_unknown_launcher_is_refused_by_the_parser(capsys):

@@ -325,10 +325,16 @@ def train_stage(trainer: BaseModel, stage: TrainStage, params: dict[str, nn.Para
     ``params``, its cosine or constant schedule, ``hooks``); returns (iterations, images).
     Under a launcher (a process group of more than one rank) the Runner wraps ``trainer`` in
     :class:`MethodDDP`; ``train_dataloader``'s ``DefaultSampler`` then gives each rank its
-    shard and its batch size is each rank's."""
+    shard and its batch size is each rank's. Before the Runner is built (its constructor
+    broadcasts) the ranks meet at an agreement point, so a rank that failed earlier in the run
+    makes every rank raise its error here instead of leaving them in DDP's first all-reduce
+    (:func:`vitbench.distributed.raise_if_any_rank_failed`)."""
     from mmengine.runner import Runner
 
+    from vitbench.distributed import raise_if_any_rank_failed
     from vitbench.mm.runner import release, runner_kwargs
+
+    raise_if_any_rank_failed(None)
 
     schedulers = None if stage.schedule == "constant" else [{
         "type": "CosineAnnealingLR", "by_epoch": True, "T_max": stage.epochs,

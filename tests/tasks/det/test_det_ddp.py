@@ -172,3 +172,68 @@ def test_learnable_methods_are_accepted_under_a_launcher(shapes_root, task, meth
                                       "--launcher", "pytorch"])
     setup = dense_setup(args, methods.split(","))
     assert setup.plan["control"] is True  # the baseline+ft control row comes with them
+
+
+def _initialised(backbone_factory):  # type: ignore[no-untyped-def]
+    detector = build_detector("det", backbone_factory("mobilevit_xs"), 3, width="light")
+    detector.init_weights()
+    return detector.train()
+
+
+def test_the_default_trainings_step_under_a_launcher_is_mmengines_step_through_the_wrapper(backbone_factory,
+                                                                                             det_data):
+    """DetectorTrainer (the default training under a launcher) takes the step mmengine's own
+    ``train_step`` takes on the detector (what one process trains with), its losses computed
+    through the forward it is given (DDP's, so that their backward averages the gradients)."""
+    from vitbench.tasks.det.train import DetectorTrainer
+
+    batch = _batch(det_data)
+    detector = _initialised(backbone_factory)
+    plain, through = copy.deepcopy(detector), copy.deepcopy(detector)
+
+    def optimiser(model):  # type: ignore[no-untyped-def]
+        return OptimWrapper(torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.05),
+                            clip_grad={"max_norm": 10.0})
+
+    torch.manual_seed(0)
+    expected = plain.train_step(copy.deepcopy(batch), optimiser(plain))
+    trainer = DetectorTrainer(through)
+    wrapper = _Wrapper(trainer)
+    torch.manual_seed(0)
+    got = trainer.train_step(copy.deepcopy(batch), optimiser(through), forward=wrapper)
+    assert wrapper.calls == [{"mode": "loss", "labels": False}] and trainer.steps == 1
+    assert got.keys() == expected.keys() and {"loss", "loss_cls", "loss_bbox"} <= got.keys()
+    for key in expected:
+        torch.testing.assert_close(got[key], expected[key], msg=key)
+    for key, value in plain.state_dict().items():
+        torch.testing.assert_close(through.state_dict()[key], value, msg=key)
+
+
+def test_the_default_training_guards_its_losses_on_every_rank_before_the_update(backbone_factory, det_data,
+                                                                                monkeypatch):
+    import importlib
+
+    from vitbench.errors import NonFiniteError
+    from vitbench.tasks.det.train import DetectorTrainer
+
+    finetune = importlib.import_module("vitbench.train.finetune")
+    seen: list[tuple] = []
+    check = finetune.check_losses_on_every_rank
+
+    def recorded(losses, who, where):  # type: ignore[no-untyped-def]
+        seen.append((sorted(losses), who, where))
+        check(losses, who, where)
+
+    monkeypatch.setattr(finetune, "check_losses_on_every_rank", recorded)
+    detector = _initialised(backbone_factory)
+    loss = detector.loss
+    detector.loss = lambda *a, **k: {**loss(*a, **k), "loss_bbox": torch.tensor(float("nan"))}
+    before = {k: v.detach().clone() for k, v in detector.named_parameters()}
+    trainer = DetectorTrainer(detector)
+    trainer.position = (2, 3)
+    with pytest.raises(NonFiniteError, match=r"^detector training: the loss became non-finite \(loss_bbox = nan\) "
+                                             r"in stage 'default training', epoch 2, iteration 3$"):
+        trainer.train_step(_batch(det_data), OptimWrapper(torch.optim.SGD(detector.parameters(), lr=0.1)))
+    ((keys, who, _),) = seen  # the collective guard (every rank calls it, every step)
+    assert who == "detector training" and "loss" in keys and "loss_bbox" in keys
+    assert all(torch.equal(before[k], v) for k, v in detector.named_parameters())  # no weight was updated

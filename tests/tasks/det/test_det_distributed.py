@@ -1,8 +1,9 @@
 """det/seg under ``--launcher pytorch|slurm``, one process standing in for a rank (the 2-rank
-torchrun run is tests/cli/test_launcher.py's): the baseline detector of every seed is trained
-while the workspace is built, never by every rank at once; CocoMetric gathers the ranks' results
-in the spec's work folder; the ranks other than 0 only evaluate (the detector fine-tuning under a
-process group: test_det_ddp.py)."""
+torchrun run is tests/cli/test_launcher.py's): the baseline detector is loaded or trained by the
+first run that needs it, the ranks deciding together (the cache only when every rank has it),
+cached under a key with the number of ranks, never while the workspace is built (a --resume with
+nothing left trains nothing); CocoMetric gathers the ranks' results in the spec's work folder; the
+ranks other than 0 only evaluate (the detector training under a process group: test_det_ddp.py)."""
 from __future__ import annotations
 
 import re
@@ -51,35 +52,99 @@ def _workspace(backbone_factory, det_data, cache: Path, **kwargs) -> DenseWorksp
                           data=det_data, width="light", epochs=1, cache_dir=cache, verbose_training=False, **kwargs)
 
 
-def test_no_rank_trains_the_detector_once_the_ranks_have_started(backbone_factory, det_data, tmp_path, monkeypatch):
+def test_the_ranks_decide_together_whether_to_load_the_cached_detector(backbone_factory, det_data, tmp_path,
+                                                                        monkeypatch):
+    """Under a launcher the cache is loaded only when every rank finds it (``all_ranks``, a
+    collective); otherwise every rank trains (with DDP, together) and rank 0 alone writes."""
     calls: list[int] = []
     monkeypatch.setattr(det_run, "train_detector_weights", _fake_training(calls))
     trained_weights(_workspace(backbone_factory, det_data, tmp_path), 0, lambda s: None)  # cached, seed 0
-    monkeypatch.setattr(distributed, "is_distributed", lambda: True)
-    ws = _workspace(backbone_factory, det_data, tmp_path)
-    assert trained_weights(ws, 0, lambda s: None)  # from the cache: every rank may load it
-    with pytest.raises(VitbenchError, match=r"^the det detector of seed 1 was not trained before the ranks "
-                                            r"started .* seeds trained: \[0\]$"):
-        trained_weights(ws, 1, lambda s: None)
     assert calls == [0]
+    asked: list[bool] = []
+
+    def another_rank_lacks_the_file(flag: bool) -> bool:  # the load decision first, then rank 0's write
+        asked.append(flag)
+        return flag and len(asked) > 1
+
+    monkeypatch.setattr(distributed, "is_distributed", lambda: True)
+    monkeypatch.setattr(distributed, "all_ranks", another_rank_lacks_the_file)
+    monkeypatch.setattr(distributed, "is_main", lambda: False)  # rank 1: trains, does not write
+    (cached,) = tmp_path.glob("det-mobilevit_xs-*.pth")
+    stamp = cached.stat().st_mtime_ns
+    ws = _workspace(backbone_factory, det_data, tmp_path)
+    said: list[str] = []
+    assert trained_weights(ws, 0, said.append)
+    assert calls == [0, 0] and asked == [True, True]  # this rank had the file; the ranks trained together
+    assert not any(s.startswith("loading") for s in said)
+    assert cached.stat().st_mtime_ns == stamp and len(list(tmp_path.glob("*.pth"))) == 1  # rank 0 writes
 
 
-def test_the_workspace_trains_every_seed_of_the_plan_under_a_launcher(shapes_root, tmp_path, monkeypatch):
+def test_every_rank_fails_when_rank_0_cannot_write_the_detector(backbone_factory, det_data, tmp_path, monkeypatch):
+    monkeypatch.setattr(det_run, "train_detector_weights", _fake_training([]))
+    monkeypatch.setattr(distributed, "is_distributed", lambda: True)
+    monkeypatch.setattr(distributed, "is_main", lambda: False)
+    monkeypatch.setattr(distributed, "all_ranks", lambda flag: False)  # rank 0 failed to write
+    with pytest.raises(VitbenchError, match=r"^rank 0 could not write the trained detector to .*\.pth$"):
+        trained_weights(_workspace(backbone_factory, det_data, tmp_path), 0, lambda s: None)
+
+
+def _det_key_fields(ws: DenseWorkspace, seed: int) -> dict:
+    """What the cache key hashed before launchers trained detectors (the single-process key)."""
+    import mmdet
+    import timm
+
+    return {"task": ws.task, "model": ws.model_name, "data": ws.data.name, "width": ws.width,
+            "classes": list(ws.data.classes), "epochs": ws.epochs, "limit": ws.train_limit, "batch": 8,
+            "seed": seed, "input": ws.data.input_size, "timm": timm.__version__, "mmdet": mmdet.__version__,
+            "backbone": det_run._state_digest(ws.model)}
+
+
+def test_the_cache_key_holds_the_number_of_ranks_only_when_there_are_several(backbone_factory, det_data, tmp_path,
+                                                                              monkeypatch):
+    import hashlib
+    import json
+
+    ws = _workspace(backbone_factory, det_data, tmp_path)
+    fields = _det_key_fields(ws, 0)
+    single = hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
+    assert ws.weights_key(0) == single  # one process: the key of the caches written so far
+    monkeypatch.setattr(det_run, "_world_size", lambda: 1)
+    assert ws.weights_key(0) == single
+    monkeypatch.setattr(det_run, "_world_size", lambda: 2)
+    two = ws.weights_key(0)
+    assert two == hashlib.sha1(json.dumps({**fields, "ranks": 2}, sort_keys=True).encode()).hexdigest()[:12]
+    monkeypatch.setattr(det_run, "_world_size", lambda: 4)
+    assert len({single, two, ws.weights_key(0)}) == 3  # a DDP-trained detector per number of ranks
+
+
+def test_the_workspace_trains_nothing_and_a_resume_with_nothing_left_trains_nothing(shapes_root, tmp_path,
+                                                                                   monkeypatch):
+    """Under a launcher too, the detectors are trained by the first run that needs them (every rank
+    together), not while the workspace is built: a --resume whose runs are all finished trains none."""
+    from vitbench.execute import execute_plan
+    from vitbench.results import ResultStore
+
     calls: list[int] = []
     monkeypatch.setattr(det_run, "train_detector_weights", _fake_training(calls))
     args = build_parser().parse_args(["run", "--task", "det", "--methods", "tome", "--data", str(shapes_root),
-                                      "--detector-epochs", "1", "--launcher", "pytorch"])
+                                      "--detector-epochs", "1", "--launcher", "pytorch", "--resume"])
     plan = [spec for seed in (0, 1) for spec in build_plan(
         task="det", model="mobilevit_xs", methods=["tome"], data=str(shapes_root), overrides={},
         metrics=("accuracy",), batch_size=2, device="cpu", seed=seed)]
+    out = tmp_path / "out"
     request = WorkspaceRequest(args=args, setup=TaskSetup(model="mobilevit_xs", data=str(shapes_root),
                                                           metrics=("accuracy",)),
-                               plan=plan, out=tmp_path / "out", resume=False, note=lambda s: None)
+                               plan=plan, out=out, resume=True, note=lambda s: None)
     ws = dense_workspace(request)
-    assert calls == [0, 1] and sorted(ws._weights) == [0, 1]  # before any run starts
-    assert len(list((tmp_path / "out" / "checkpoints").glob("det-mobilevit_xs-*.pth"))) == 2  # for the other ranks
-    args.launcher = "none"
-    assert not dense_workspace(request)._weights  # one process: trained when the first run needs it
+    assert calls == [] and not ws._weights
+    store = ResultStore(out)
+    for spec in plan:  # every run finished before
+        store.append({"spec_id": spec.spec_id, "task": "det", "model": spec.model, "data": spec.data,
+                      "method": spec.method, "label": spec.label, "params": spec.params, "seed": spec.seed,
+                      "status": "ok", "error": None, "box_map": 0.5})
+    records = execute_plan(plan, ws, store, resume=True, env={}, progress=lambda *a: None)
+    assert [r["box_map"] for r in records] == [0.5] * len(plan)
+    assert calls == [] and not ws._weights and not list((out / "checkpoints").glob("*.pth"))
 
 
 def test_ranks_other_than_0_only_evaluate(backbone_factory, det_data, tmp_path, monkeypatch):

@@ -11,12 +11,16 @@ alone at the detector's input size, on the first validation images; parameters; 
 latency and peak memory of the detector's tensor forward (backbone, neck and heads; without
 the NMS post-processing, which is the same for every method).
 
-Under ``--launcher pytorch|slurm`` the baseline detector is trained or loaded while the
-workspace is built, one rank at a time (:func:`~vitbench.tasks.det.task.dense_workspace`); a
-learnable method's detector (and the control's) is then fine-tuned by every rank together with
-DDP (:mod:`vitbench.tasks.det.train`); every rank takes part in the mAP evaluation (sharded and
-collected, :mod:`vitbench.tasks.det.evaluate`) and rank 0 alone counts GMACs and parameters and
-times the detector, as ``cls`` does (:mod:`vitbench.distributed`).
+Under ``--launcher pytorch|slurm`` the baseline detector is loaded or trained by the first run
+that needs it, as in one process, but by every rank together: the ranks agree to load the cache
+only when every rank finds it, else they train the detector with DDP
+(:func:`~vitbench.tasks.det.train.train_detector`; rank 0 writes the cache). A detector trained
+on N > 1 ranks is cached under its own key, apart from the single-process one
+(:meth:`DenseWorkspace.weights_key`). A learnable method's detector (and the control's) is
+fine-tuned by every rank together with DDP too (:mod:`vitbench.tasks.det.train`); every rank
+takes part in the mAP evaluation (sharded and collected, :mod:`vitbench.tasks.det.evaluate`) and
+rank 0 alone counts GMACs and parameters and times the detector, as ``cls`` does
+(:mod:`vitbench.distributed`).
 """
 from __future__ import annotations
 
@@ -86,7 +90,12 @@ class DenseWorkspace:
         return (3, self.data.input_size, self.data.input_size)
 
     def weights_key(self, seed: int) -> str:
-        """What the trained detector depends on, hashed (its cache file name)."""
+        """What the trained detector depends on, hashed (its cache file name). Under a launcher
+        with N > 1 ranks the key holds ``ranks``: a detector trained with DDP on N ranks is not
+        the single-process one (each rank's BatchNorm normalises its own share of the batch, and
+        mmdet normalises some loss terms by each rank's own positive anchors), so it is cached
+        apart; one process's key has no ``ranks`` (the key of caches written before launchers
+        trained detectors)."""
         import mmdet
         import timm
 
@@ -95,6 +104,9 @@ class DenseWorkspace:
                   "epochs": self.epochs, "limit": self.train_limit, "batch": TRAIN_BATCH, "seed": seed,
                   "input": self.data.input_size, "timm": timm.__version__, "mmdet": mmdet.__version__,
                   "backbone": _state_digest(self.model)}
+        ranks = _world_size()
+        if ranks > 1:
+            fields["ranks"] = ranks
         return hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -110,44 +122,75 @@ def _state_digest(model: nn.Module) -> str:
 def trained_weights(ws: DenseWorkspace, seed: int, progress: Progress) -> dict[str, torch.Tensor]:
     """The baseline detector of ``seed``'s weights after the default training: kept in the
     workspace, else from the cache file when there is one, else trained now and saved
-    atomically. Each seed has its own (the seed is part of the cache key). Under a launcher the
-    workspace has trained or loaded them before the process group started; training here, on
-    every rank at once, is refused."""
-    from vitbench.distributed import is_distributed
+    atomically. Each seed has its own (the seed is part of the cache key).
+
+    Under a launcher (a process group of more than one rank) every rank calls this at the same
+    point -- the first run of the seed that needs the detector, every rank running every spec in
+    the same order -- and the ranks decide together whether to load the cache (only when every
+    rank finds the file, :func:`~vitbench.distributed.all_ranks`) or to train the detector
+    together with DDP (:func:`~vitbench.tasks.det.train.train_detector`); rank 0 alone writes the
+    cache file and its ``.json``, and the others wait for it. A detector trained on N > 1 ranks
+    has its own cache key (:meth:`DenseWorkspace.weights_key`): it is not the single-process one."""
+    from vitbench.distributed import all_ranks, is_main
 
     if seed in ws._weights:
         return ws._weights[seed]
     path = ws.cache_dir / f"{ws.task}-{ws.model_name}-{ws.weights_key(seed)}.pth" if ws.cache_dir else None
-    if path is not None and path.is_file():
+    if all_ranks(path is not None and path.is_file()):  # a collective under a launcher: load or train together
         progress(f"loading the trained {ws.task} detector {path}")
         ws._weights[seed] = torch.load(path, map_location="cpu", weights_only=True)
         meta = path.with_suffix(".json")
         ws.training_infos[seed] = json.loads(meta.read_text()) if meta.is_file() else {"cached": str(path)}
         return ws._weights[seed]
-    if is_distributed():  # every rank would train its own: the workspace trains them, one rank at a time
-        raise VitbenchError(f"the {ws.task} detector of seed {seed} was not trained before the ranks started "
-                            f"(dense_workspace trains every seed of the plan under a launcher); seeds trained: "
-                            f"{sorted(ws._weights) or 'none'}")
     detector = build_detector(ws.task, copy.deepcopy(ws.model), ws.data.num_classes, width=ws.width)
+    ranks = _world_size()
     progress(f"training the {ws.task} detector ({ws.width} heads) for {ws.epochs} epoch(s) on "
-             f"{ws.data.name}: the default training, once")
+             f"{ws.data.name}: the default training, once"
+             + (f", with DDP on {ranks} ranks" if ranks > 1 else ""))
     info = train_detector_weights(ws, detector, seed)
     weights = {k: v.detach().cpu().clone() for k, v in detector.state_dict().items()}
     ws._weights[seed] = weights
     ws.training_infos[seed] = info
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        os.close(fd)
-        try:
-            torch.save(weights, tmp)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        path.with_suffix(".json").write_text(json.dumps(info, indent=1))
-    progress(f"detector trained in {info['seconds']:.0f} s ({info['iters']} iterations)")
+        _save_on_rank_0(weights, info, path, is_main())
+    progress(f"detector trained in {info['seconds']:.0f} s ({info['iters']} iterations"
+             + (f"; {ranks} ranks x {info['rank_batch_size']} images a step" if "rank_batch_size" in info else "")
+             + ")")
     return weights
+
+
+def _world_size() -> int:
+    from mmengine.dist import get_world_size
+
+    return get_world_size()
+
+
+def _save_on_rank_0(weights: dict[str, torch.Tensor], info: dict[str, Any], path: Path, main: bool) -> None:
+    """Rank 0 (or the one process) writes the trained detector to ``path``, atomically, and its
+    training facts beside it; under a launcher the others wait until it has (the outcome is
+    shared, :func:`~vitbench.distributed.all_ranks`, so a failed write fails every rank)."""
+    from vitbench.distributed import all_ranks
+
+    failure: Optional[BaseException] = None
+    if main:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+            os.close(fd)
+            try:
+                torch.save(weights, tmp)
+                os.replace(tmp, path)
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+            path.with_suffix(".json").write_text(json.dumps(info, indent=1))
+        except Exception as exc:  # noqa: BLE001 - re-raised below, after the other ranks know
+            failure = exc
+    written = all_ranks(failure is None)  # the barrier after rank 0's write (a collective under a launcher)
+    if failure is not None:
+        raise failure
+    if not written:
+        raise VitbenchError(f"rank 0 could not write the trained detector to {path}")
 
 
 def train_detector_weights(ws: DenseWorkspace, detector: nn.Module, seed: int) -> dict[str, Any]:

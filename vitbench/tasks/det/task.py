@@ -1,7 +1,8 @@
 """The ``det`` and ``seg`` tasks as the command line sets them up (:class:`~vitbench.catalog.TaskSpec`
 callables; the built-in plugin ``dense_tasks`` registers them): the backbone and COCO-format
-data, the dense fine-tuning protocol, and the workspace whose baseline detector is trained once
-(:mod:`vitbench.tasks.det.run`).
+data, the dense fine-tuning protocol, and the workspace whose baseline detector is trained once,
+by the first run that needs it (:mod:`vitbench.tasks.det.run`; under a launcher by every rank
+together, with DDP).
 """
 from __future__ import annotations
 
@@ -51,16 +52,14 @@ def dense_setup(args: argparse.Namespace, methods: Sequence[str]) -> TaskSetup:
 
 
 def dense_workspace(request: WorkspaceRequest) -> "DenseWorkspace":
-    """Resolve the data, load the backbone, check every method applies; the baseline detector
-    is trained (or loaded from the cache) when the first run needs it -- or here, for every seed
-    of the plan, under ``--launcher pytorch|slurm``: the workspace is built one rank at a time
-    before the process group starts (:func:`vitbench.distributed.one_rank_at_a_time`), so the
-    first rank trains and caches each detector and the others load the cache, instead of every
-    rank training its own once the runs start."""
+    """Resolve the data, load the backbone, check every method applies. Nothing is trained here:
+    each seed's baseline detector is trained (or loaded from the cache) when the first run of
+    that seed needs it (:func:`~vitbench.tasks.det.run.trained_weights`) -- under
+    ``--launcher pytorch|slurm`` by every rank together, with DDP, once the process group runs --
+    so a ``--resume`` with every run finished trains nothing."""
     from vitbench.tasks.cls.default_model import cache_dir
     from vitbench.tasks.det.data import resolve_det_data
-    from vitbench.tasks.det.run import (DEFAULT_EPOCHS, DenseWorkspace, check_model_name, load_backbone,
-                                        trained_weights)
+    from vitbench.tasks.det.run import DEFAULT_EPOCHS, DenseWorkspace, check_model_name, load_backbone
 
     args, setup, plan = request.args, request.setup, request.plan
     check_model_name(setup.model)  # before the data: the default set takes seconds to generate
@@ -72,14 +71,10 @@ def dense_workspace(request: WorkspaceRequest) -> "DenseWorkspace":
     check_applies(plan, model)
     request.out.mkdir(parents=True, exist_ok=True)
     epochs = DEFAULT_EPOCHS[args.task] if args.detector_epochs is None else args.detector_epochs
-    ws = DenseWorkspace(task=args.task, model=model, model_name=setup.model, data=data,
-                        width=args.detector_width or ("light" if data.embedded else "full"), epochs=epochs,
-                        train_limit=args.train_limit, work_dir=request.out / "work", eval_limit=args.limit,
-                        cache_dir=cache_dir() / "detectors" if data.embedded else request.out / "checkpoints")
-    if getattr(args, "launcher", "none") != "none":
-        for seed in sorted({spec.seed for spec in plan}):
-            trained_weights(ws, seed, request.note)
-    return ws
+    return DenseWorkspace(task=args.task, model=model, model_name=setup.model, data=data,
+                          width=args.detector_width or ("light" if data.embedded else "full"), epochs=epochs,
+                          train_limit=args.train_limit, work_dir=request.out / "work", eval_limit=args.limit,
+                          cache_dir=cache_dir() / "detectors" if data.embedded else request.out / "checkpoints")
 
 
 def run_dense(spec: Any, ws: "DenseWorkspace", baseline: Optional[dict], progress: Progress,

@@ -3,7 +3,7 @@
 - :func:`train_detector`: the *default training* -- the whole detector (backbone, neck, heads)
   trains on the training split with AdamW and a cosine schedule. This is the baseline every
   method is applied to, as the fine-tuned classifier is in ``cls``: vitbench trains it once per
-  (task, model, data, schedule) and caches the weights.
+  (task, model, data, schedule, seed; number of ranks under a launcher) and caches the weights.
 - :func:`finetune_control`: the *control* -- the baseline detector fine-tuned with the detector
   weights, epochs, learning rate, optimiser and batch size a learnable method's detector gets
   under the same protocol, with no method: what a fine-tuned method's mAP is compared with, so
@@ -17,24 +17,29 @@
   class of its largest object (a documented choice: the IB terms are defined for image
   classes, docs/methods.md §6, and the largest object is what the image is "of").
 
-Under ``--launcher pytorch|slurm`` (a process group of more than one rank) :func:`finetune_method`
-and :func:`finetune_control` fine-tune with DDP as the cls loop does: mmengine's Runner wraps
-:class:`DetMethodTrainer` in :class:`~vitbench.train.finetune.MethodDDP`, whose ``train_step``
-is the trainer's own with the wrapper as ``forward=`` (the detection losses and the method's
-extra loss go through DDP's forward, so their backward averages the gradients); each rank
-trains on its ``DefaultSampler`` shard with ``batch // world_size`` images per step (at least
-:data:`MIN_RANK_BATCH`, for the heads' BatchNorm); the loss guard is collective; after each stage
-every buffer (BatchNorm statistics included) is rank 0's. BatchNorm layers that train normalise
-each rank's own images and update their running statistics from them (SyncBN is CUDA-only and
-not used), and mmdet normalises some loss terms by each rank's own positive anchors, so a
-distributed fine-tuning lands close to one process's, not on it (README, ``--launcher``). The
-stages' callbacks (:func:`_image_batches`) read the whole training data on every rank.
+Under ``--launcher pytorch|slurm`` (a process group of more than one rank) all three train with
+DDP as the cls loop does: mmengine's Runner wraps the trainer -- :class:`DetMethodTrainer` for
+:func:`finetune_method` and :func:`finetune_control`, :class:`DetectorTrainer` for the default
+training -- in :class:`~vitbench.train.finetune.MethodDDP`, whose ``train_step`` is the trainer's
+own with the wrapper as ``forward=`` (the detection losses and the method's extra loss go through
+DDP's forward, so their backward averages the gradients); each rank trains on its
+``DefaultSampler`` shard with ``batch // world_size`` images per step (at least
+:data:`MIN_RANK_BATCH`, for the heads' BatchNorm; :func:`rank_share`); the loss guard is
+collective; after each stage (and after the default training) every buffer (BatchNorm statistics
+included) is rank 0's and every rank is checked to hold the same weights. BatchNorm layers that
+train normalise each rank's own images and update their running statistics from them (SyncBN is
+CUDA-only and not used), and mmdet normalises some loss terms by each rank's own positive
+anchors, so a distributed training lands close to one process's, not on it (README,
+``--launcher``): a baseline detector trained on N ranks is therefore cached apart from the
+single-process one (:meth:`~vitbench.tasks.det.run.DenseWorkspace.weights_key`). The stages'
+callbacks (:func:`_image_batches`) read the whole training data on every rank.
 """
 from __future__ import annotations
 
 import contextlib
 import io
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Optional
@@ -51,8 +56,8 @@ from vitbench.measure.precision import autocast
 from vitbench.tasks.det.data import DetData
 from vitbench.tasks.det.protocol import CONTROL, DenseFinetune, detector_parameters, stage_for
 
-__all__ = ["MIN_RANK_BATCH", "DetMethodTrainer", "dominant_labels", "finetune_control", "finetune_method", "rank_share",
-           "train_detector"]
+__all__ = ["MIN_RANK_BATCH", "DetMethodTrainer", "DetectorTrainer", "dominant_labels", "finetune_control",
+           "finetune_method", "rank_share", "train_detector"]
 
 
 #: the default training: AdamW, cosine to 1% of the rate, per iteration
@@ -125,39 +130,119 @@ def _progress_hook(prefix: str, verbose: bool) -> dict[str, Any]:
 
 def train_detector(detector: nn.Module, data: DetData, *, masks: bool, epochs: int, batch_size: int = 8,
                    lr: float = DEFAULT_LR, limit: Optional[int] = None, device: str = "cpu", seed: int = 0,
-                   work_dir: str | Path | None = None, verbose: bool = True) -> dict[str, Any]:
-    """Train every weight of ``detector`` for ``epochs`` epochs (the default training)."""
+                   work_dir: str | Path | None = None, verbose: bool = True,
+                   progress: Optional[Callable[[str], None]] = None) -> dict[str, Any]:
+    """Train every weight of ``detector`` for ``epochs`` epochs (the default training).
+
+    Under a launcher (a process group of more than one rank; every rank calls this at the same
+    point with the same detector) the ranks train it together with DDP, as the fine-tunings do:
+    the Runner wraps :class:`DetectorTrainer` in :class:`~vitbench.train.finetune.MethodDDP`,
+    each rank trains on its ``DefaultSampler`` shard with :func:`rank_share`'s batch
+    (``batch_size // world``, at least :data:`MIN_RANK_BATCH`), the loss guard is collective,
+    and afterwards every rank holds rank 0's BatchNorm statistics (checked with
+    :func:`~vitbench.distributed.same_on_every_rank`); the returned facts then say
+    ``ranks``, ``rank_batch_size`` and ``effective_batch_size``. Without one: mmengine's own
+    ``train_step`` on the detector, with :class:`~vitbench.train.finetune.FiniteLossHook`."""
     from mmengine.runner import Runner
 
+    from vitbench.distributed import is_distributed, is_main
     from vitbench.mm.runner import release, runner_kwargs, work_dir_or_temp
-    from vitbench.train.finetune import FiniteLossHook
+    from vitbench.train.finetune import FiniteLossHook, PositionHook, _distributed_runner, broadcast_buffers
 
     if epochs < 1 or batch_size < 2:
         raise VitbenchError(f"detector training needs epochs >= 1 and batch size >= 2 (BatchNorm in the "
                             f"SSDLite head); got epochs={epochs}, batch size={batch_size}")
     start = time.perf_counter()
+    target = torch.device(device)
+    distributed = is_distributed()
+    per_rank, ranks = rank_share(batch_size, DEFAULT_STAGE, progress)
+    if distributed:  # every rank trains its shard; the losses go through DDP's forward
+        from vitbench.distributed import raise_if_any_rank_failed
+
+        raise_if_any_rank_failed(None)  # the agreement point before a Runner, as train_stage's
+        model: nn.Module = DetectorTrainer(detector)
+        hooks: list[Any] = [_progress_hook("vitbench: detector training: ", verbose and is_main()),
+                            PositionHook(model)]  # the loss guard is the trainer's (collective)
+        extra = _distributed_runner(model, target)
+    else:  # one process: exactly the training of vitbench before launchers trained detectors
+        model = detector
+        hooks = [_progress_hook("vitbench: detector training: ", verbose),
+                 FiniteLossHook(DETECTOR_TRAINING, DEFAULT_STAGE)]
+        extra = {}
     with work_dir_or_temp(work_dir) as wd:
-        runner = Runner(**runner_kwargs(
-            work_dir=wd, seed=seed, default_scope="mmdet", model=detector,
-            train_dataloader=_loader(data.dataset_cfg("train", masks=masks, limit=limit), batch_size, True),
-            train_cfg={"by_epoch": True, "max_epochs": epochs, "val_interval": epochs + 1},
-            optim_wrapper={"optimizer": {"type": "AdamW", "lr": lr, "weight_decay": DEFAULT_WEIGHT_DECAY},
-                           "clip_grad": {"max_norm": 10.0}},
-            param_scheduler=[{"type": "CosineAnnealingLR", "by_epoch": True, "T_max": epochs,
-                              "convert_to_iter_based": True, "eta_min_ratio": 0.01}],
-            custom_hooks=[_progress_hook("vitbench: detector training: ", verbose),
-                          FiniteLossHook("detector training", "default training")],
-        ))
+        with warnings.catch_warnings():  # a distributed Runner's note that it sets OMP/MKL_NUM_THREADS
+            warnings.filterwarnings("ignore", message=r"Setting (OMP|MKL)_NUM_THREADS", category=UserWarning)
+            runner = Runner(**runner_kwargs(
+                work_dir=wd, seed=seed, default_scope="mmdet", model=model,
+                train_dataloader=_loader(data.dataset_cfg("train", masks=masks, limit=limit), per_rank, True),
+                train_cfg={"by_epoch": True, "max_epochs": epochs, "val_interval": epochs + 1},
+                optim_wrapper={"optimizer": {"type": "AdamW", "lr": lr, "weight_decay": DEFAULT_WEIGHT_DECAY},
+                               "clip_grad": {"max_norm": 10.0}},
+                param_scheduler=[{"type": "CosineAnnealingLR", "by_epoch": True, "T_max": epochs,
+                                  "convert_to_iter_based": True, "eta_min_ratio": 0.01}],
+                custom_hooks=hooks, **extra,
+            ))
         try:
-            runner.model.to(torch.device(device))
+            runner.model.to(target)
             with quiet_stdout():
                 runner.train()
             images, iters = len(runner.train_dataloader.dataset), runner.iter
         finally:
             release(runner)
+    if distributed:
+        broadcast_buffers(detector)  # rank 0's BatchNorm statistics on every rank
+        same_on_every_rank(detector, "the detector's default training")
     detector.eval()
-    return {"epochs": epochs, "iters": iters, "images": images, "batch_size": batch_size, "lr": lr,
+    return {"epochs": epochs, "iters": iters, "images": images, "batch_size": batch_size, "lr": lr, **ranks,
             "seconds": round(time.perf_counter() - start, 2)}
+
+
+#: who and which stage a non-finite loss of the default training is reported as
+DETECTOR_TRAINING = "detector training"
+DEFAULT_STAGE = "default training"
+
+
+class DetectorTrainer(BaseModel):
+    """The model the Runner trains in the default training under a launcher (wrapped in
+    :class:`~vitbench.train.finetune.MethodDDP`): the detector's own step -- mmengine's
+    ``BaseModel.train_step``, with the detector's optimiser wrapper (AdamW, gradient clipping) --
+    with the losses computed through the wrapper's forward (so their backward averages the
+    gradients over the ranks) and the collective loss guard
+    (:func:`~vitbench.train.finetune.check_losses_on_every_rank`) before the update, so that a
+    non-finite loss stops every rank at the same step."""
+
+    def __init__(self, detector: nn.Module) -> None:
+        super().__init__(data_preprocessor=detector.data_preprocessor)
+        self.detector = detector
+        self.steps = 0
+        self.position: Optional[tuple[int, int]] = None  # (epoch, iteration), set by PositionHook
+
+    def init_weights(self) -> None:
+        """The detector's initialisation, as the Runner gives a detector trained without a
+        launcher (the Runner then broadcasts rank 0's weights)."""
+        self.detector.init_weights()
+
+    def forward(self, inputs: torch.Tensor, data_samples: Any = None, mode: str = "tensor") -> Any:
+        return self.detector(inputs, data_samples, mode=mode)
+
+    def train_step(self, data: Any, optim_wrapper: OptimWrapper,
+                   forward: Optional[nn.Module] = None) -> dict[str, torch.Tensor]:
+        """One step: the losses through ``forward`` (the DDP wrapper; ``None``: this trainer),
+        the collective loss guard, the update."""
+        from vitbench.guards import train_position
+        from vitbench.train.finetune import check_losses_on_every_rank
+
+        run = self if forward is None else forward
+        with optim_wrapper.optim_context(run):
+            data = self.data_preprocessor(data, True)
+            losses = run(data["inputs"], data["data_samples"], mode="loss")
+        loss, log_vars = self.detector.parse_losses(losses)
+        epoch, iteration = self.position or (None, self.steps + 1)
+        check_losses_on_every_rank({k: v for k, v in log_vars.items() if "loss" in k}, DETECTOR_TRAINING,
+                                   train_position(DEFAULT_STAGE, epoch, iteration))
+        optim_wrapper.update_params(loss)
+        self.steps += 1
+        return log_vars
 
 
 class DetMethodTrainer(BaseModel):
