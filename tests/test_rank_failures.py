@@ -9,13 +9,12 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import socket
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from ranks_support import free_port, run_ranks  # tests/ranks_support.py
 
 from vitbench.distributed import (TIMEOUT_VARIABLE, _describe_failures, collective_test, dist_timeout,
                                   failure_on_any_rank, init_launcher, raise_if_any_rank_failed)
@@ -160,29 +159,17 @@ _RANK = textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _two_ranks(tmp_path: Path, **env: str) -> list[dict]:
     script = tmp_path / "rank.py"
     script.write_text(_RANK)
     base = {**os.environ, "OMP_NUM_THREADS": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), TIMEOUT_VARIABLE: "30", **env}
-    procs = [subprocess.Popen([sys.executable, str(script)], env={**base, "RANK": str(r), "LOCAL_RANK": str(r)},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
-    try:
-        outputs = [p.communicate(timeout=120) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), TIMEOUT_VARIABLE: "30", **env}
+    ranks = run_ranks([sys.executable, str(script)], [{**base, "RANK": str(r), "LOCAL_RANK": str(r)} for r in (0, 1)],
+                      timeout=120)
     results = []
-    for (stdout, stderr), p in zip(outputs, procs):
+    for code, stdout, stderr in ranks:
         lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
-        assert p.returncode == 0 and lines, stderr[-3000:]
+        assert code == 0 and lines, stderr[-3000:]
         results.append(json.loads(lines[0][len("RESULT "):]))
     return results
 

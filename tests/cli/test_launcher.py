@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from ranks_support import free_port, run_ranks  # tests/ranks_support.py
 import torch
 
 from vitbench.cli.main import main
@@ -338,30 +338,18 @@ def test_torchrun_two_ranks_fine_tune_a_learnable_method_like_one_process(tmp_pa
 
 # --- --launcher slurm -------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_slurm_two_tasks_run_like_srun_started_them(tmp_path, single_ltmp):
     """Two processes with the variables ``srun --ntasks 2`` sets on one node (and a free
     MASTER_PORT, so parallel test runs do not collide on mmengine's default 29500)."""
     base = {k: v for k, v in os.environ.items() if k not in (*TORCHRUN_VARIABLES, "LOCAL_WORLD_SIZE")}
-    base.update(OMP_NUM_THREADS="1", SLURM_NTASKS="2", SLURM_NODELIST="localhost", MASTER_PORT=str(_free_port()))
-    procs = [subprocess.Popen([sys.executable, "-m", "vitbench", *LEARNABLE, "--launcher", "slurm", "--out", "D2"],
-                              cwd=tmp_path, env={**base, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank)},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
-    try:
-        outputs = [p.communicate(timeout=240) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    assert [p.returncode for p in procs] == [0, 0], outputs[0][1][-3000:] + outputs[1][1][-3000:]
+    base.update(OMP_NUM_THREADS="1", SLURM_NTASKS="2", SLURM_NODELIST="localhost", MASTER_PORT=str(free_port()))
+    (code0, out0, err0), (code1, out1, err1) = run_ranks(
+        [sys.executable, "-m", "vitbench", *LEARNABLE, "--launcher", "slurm", "--out", "D2"],
+        [{**base, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank)} for rank in (0, 1)], cwd=tmp_path)
+    assert (code0, code1) == (0, 0), err0[-3000:] + err1[-3000:]
     _like_single_process(tmp_path / "D2", single_ltmp)
-    assert "| ltmp" in outputs[0][0] and outputs[1][0] == ""  # rank 1 prints nothing
+    assert "| ltmp" in out0 and out1 == ""  # rank 1 prints nothing
 
 
 def test_srun_variables_become_torch_rendezvous_variables():
