@@ -11,9 +11,12 @@ from typing import Any, Iterable, Mapping, Optional
 from vitbench.errors import ParamError, VitbenchError, choices_error
 from vitbench.params import make_params, params_dict
 from vitbench.plugins import get_host
-from vitbench.tasks.det.protocol import CONTROL  # det/seg: the fine-tuned baseline detector (no method)
 
 BASELINE = "baseline"
+#: the control row of tasks with ``TaskSpec.control`` (det/seg): the baseline fine-tuned as a
+#: learnable method's model is, with no method -- what a fine-tuned method's accuracy is compared
+#: with at the same amount of extra training
+CONTROL = "baseline+ft"
 #: the two rows that are no method (no plugin, no parameters)
 REFERENCES = (BASELINE, CONTROL)
 METRICS = ("accuracy", "gmacs", "params", "throughput", "latency", "memory", "ib")

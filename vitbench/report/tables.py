@@ -20,8 +20,8 @@ import pandas as pd
 from vitbench.report.doubts import MARK, row_doubts
 from vitbench.report.seeds import aggregate_over_seeds
 from vitbench.report.task_shape import accuracy_columns
+from vitbench.plan import CONTROL
 from vitbench.results.store import latest_records
-from vitbench.tasks.det.protocol import CONTROL
 
 __all__ = [
     "NA", "accuracy_key", "drop_unmeasured", "gmacs_spec", "metric", "comparison_table", "group_records", "groups", "method_label",

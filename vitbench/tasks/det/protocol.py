@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
 from vitbench.errors import choices_error
+from vitbench.plan import CONTROL  # the control row: here the baseline detector fine-tuned as a method's is
 
 if TYPE_CHECKING:  # the report reads this module's words without importing torch
     from torch import nn
@@ -41,10 +42,6 @@ if TYPE_CHECKING:  # the report reads this module's words without importing torc
 __all__ = ["CONTROL", "DEFAULT_PROTOCOL", "DENSE_EPOCHS", "DETECTOR_LR", "PROTOCOLS", "DenseFinetune",
            "check_protocol", "dense_finetune_for", "detector_parameters"]
 
-#: the control row's method name: the baseline detector fine-tuned as a learnable method's
-#: detector is (this protocol's weights, epochs and learning rate), with no method -- what a
-#: fine-tuned method's mAP is compared with at the same amount of detector training
-CONTROL = "baseline+ft"
 #: what trains besides the method: everything, neck + heads, nothing
 PROTOCOLS = ("all", "heads", "method")
 DEFAULT_PROTOCOL = "all"
