@@ -89,7 +89,7 @@ def test_the_timeout_reaches_the_process_group_on_either_path(monkeypatch):
 #: rank 1 failing in some; each outcome printed as JSON
 _RANK = textwrap.dedent("""
     import json, os, sys, time
-    from vitbench.distributed import (barrier, collective_test, failure_on_any_rank, init_launcher,
+    from vitbench.distributed import (all_ranks, barrier, collective_test, failure_on_any_rank, init_launcher,
                                       raise_if_any_rank_failed)
     from vitbench.errors import NonFiniteError, VitbenchError
 
@@ -143,6 +143,14 @@ _RANK = textwrap.dedent("""
     out["loop"] = run(lambda: collective_test(Runner(2 if rank == 1 else 0)))
     out["early"] = run(early)
     out["loop again"] = run(lambda: collective_test(Runner(0)))  # the evaluator is its own again
+
+    def decide():  # rank 1 fails before a decision the ranks take together (a checkpoint reload)
+        if rank == 1:
+            raise RuntimeError("before the decision")
+        return all_ranks(True)
+
+    out["all ranks"] = run(lambda: [all_ranks(True), all_ranks(rank == 0)])
+    out["decision"] = run(decide)
     out["plain evaluate"] = run(lambda: Loop.evaluator.evaluate(6))
     if os.environ.get("HANG") and rank == 1:
         time.sleep(8)  # rank 0 waits alone at the barrier: the timeout ends its wait
@@ -177,7 +185,7 @@ def _two_ranks(tmp_path: Path, **env: str) -> list[dict]:
 def test_two_ranks_raise_and_record_the_same_error_naming_the_failing_rank(tmp_path):
     """Each entry: what the run raised on the rank, then the outcome its record gets."""
     rank0, rank1 = _two_ranks(tmp_path)
-    for key in ("raise", "none", "other type", "same outcome", "loop", "loop again", "plain evaluate"):
+    for key in ("raise", "none", "other type", "same outcome", "loop", "loop again", "all ranks", "plain evaluate"):
         assert rank0[key] == rank1[key], (key, rank0[key], rank1[key])
     nan = "evaluation: the logits hold non-finite values (4 of 40) in batch 3 on rank 1 of 2"
     assert rank0["raise"] == ["NonFiniteError", nan, nan]  # every rank raises rank 1's error, named
@@ -195,6 +203,11 @@ def test_two_ranks_raise_and_record_the_same_error_naming_the_failing_rank(tmp_p
     early = "RuntimeError: early on rank 1 of 2"
     assert rank0["early"] == ["VitbenchError", early, early] and rank1["early"] == ["RuntimeError", "early", early]
     assert rank0["loop again"] == ["ok", {"gathered": [0, 1]}, None]  # in step again
+    assert rank0["all ranks"] == rank1["all ranks"] == ["ok", [True, False], None]
+    # all_ranks is an agreement point: rank 0 raises rank 1's earlier error there, in step
+    before = "RuntimeError: before the decision on rank 1 of 2"
+    assert rank0["decision"] == ["VitbenchError", before, before]
+    assert rank1["decision"] == ["RuntimeError", "before the decision", before]
     assert rank0["plain evaluate"] == ["ok", {"gathered": [0, 1]}, None]  # the wrapper is gone afterwards
 
 

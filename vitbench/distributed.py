@@ -43,9 +43,10 @@ failing rank(s) (``... in batch 1 on rank 1 of 2``; the error's type is kept, so
 NonFiniteError reads as one). After each run the executor exchanges the ranks' outcomes
 (:func:`failure_on_any_rank`, in place of a barrier, and the same collective): rank 0's record
 is an error naming the rank(s) that failed even when rank 0 itself did not. A rank that failed
-earlier in a run, before the evaluation, is met by the agreement point an evaluation makes
-before building its Runner (whose constructor broadcasts): the others raise its error there,
-and every rank goes on with the next run in step. Not covered: a rank failing alone while the
+earlier in a run, before the evaluation, is met by the agreement point an evaluation or a
+training stage makes before building its Runner (whose constructor broadcasts), or by a
+decision the ranks take together (:func:`all_ranks`, itself an agreement point): the others
+raise its error there, and every rank goes on with the next run in step. Not covered: a rank failing alone while the
 others enter a collective with no agreement point before it (a DDP fine-tuning step, a
 statistics pass's seed broadcast); ``VITBENCH_DIST_TIMEOUT`` (seconds, :func:`dist_timeout`)
 bounds that wait instead of torch's 30 minutes, and must exceed the longest stretch rank 0
@@ -259,15 +260,12 @@ def all_ranks(flag: bool) -> bool:
     """Whether ``flag`` holds on every rank (a collective: every rank must call it; ``flag``
     itself without a process group). For decisions the ranks must take together, such as
     reloading a checkpoint instead of training (a rank that trains alone would wait forever for
-    the others' gradients)."""
+    the others' gradients). It is an agreement point too (:func:`raise_if_any_rank_failed`): a
+    rank that failed earlier in the run waits in the end-of-run exchange, which this meets, and
+    every rank raises its error here instead of pairing a different collective with it."""
     if not is_distributed():
         return flag
-    import torch
-    from mmengine.dist import all_reduce
-
-    value = torch.tensor([1 if flag else 0], dtype=torch.int32)
-    all_reduce(value, op="min")
-    return bool(value.item())
+    return all(_check(None, bool(flag)))
 
 
 # --- a rank that fails: exchanging the ranks' errors ------------------------------------------
@@ -328,18 +326,26 @@ def raise_if_any_rank_failed(error: Optional[BaseException]) -> None:
         if error is not None:
             raise error
         return
+    _check(error)
+
+
+def _check(error: Optional[BaseException], value: Any = None) -> list[Any]:
+    """The agreement point's exchange (one ``all_gather_object`` of ``("check", failures,
+    value)``): raises the agreed error when any rank failed (or waits at the end of the run),
+    else returns every rank's ``value``."""
     from mmengine.dist import all_gather_object, get_rank, get_world_size
 
     mine: dict[int, _Failure] = {}
     if error is not None:
         mine[get_rank()] = (_error_text(error), type(error) if isinstance(error, VitbenchError) else None)
     failures: dict[int, _Failure] = {}
-    for rank, (kind, theirs, *_) in enumerate(all_gather_object(("check", mine))):
+    gathered = all_gather_object(("check", mine, value))
+    for rank, (kind, theirs, *_) in enumerate(gathered):
         failures.update(theirs)
         if kind == "outcome" and not theirs:  # at the end of the run without an error: a bug, named all the same
             failures[rank] = ("it ended the run before an agreement point the others reached", None)
     if not failures:
-        return
+        return [entry[2] for entry in gathered]
     _SEEN.update(failures)
     error_type = next(failures[r][1] for r in sorted(failures)) or VitbenchError
     message = _message(failures, get_world_size())
