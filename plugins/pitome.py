@@ -22,17 +22,34 @@ Choices the paper leaves open (or where we follow the official code's behaviour,
 no code used):
 
 - **Budget.** The paper's knob is a keep ratio per block (``N_p`` times ``1 - ratio`` tokens
-  merged in each block). vitbench's knob is ToMe's: ``r`` tokens merged in each block (an int or
-  one int per block), capped at ``(N - prefix) // 2``, so ``--match-gmacs`` and the token
-  schedules compare directly with ``tome``. :func:`ratio_schedule` turns a paper ratio into the
-  per-block list (``r=ratio_schedule(0.9, 196, 12)``).
+  merged in each block; the official code computes ``floor(N - N * ratio)`` in floating point,
+  we ``floor(N * (1 - ratio))`` rounded to 9 decimals first, so an exact product is not lost:
+  175 tokens at 0.68 merge 56 here, 55 there). vitbench's knob is ToMe's: ``r`` tokens merged
+  in each block (an int or one int per block), capped at ``(N - prefix) // 2``, so
+  ``--match-gmacs`` and the token schedules compare directly with ``tome``.
+  :func:`ratio_schedule` turns a paper ratio into the per-block list
+  (``r=ratio_schedule(0.9, 196, 12)``).
 - **The energy function** (``energy``): ``"paper"`` is the equation above. The official code
-  computes ``ELU(x - m, alpha)`` instead, i.e. ``x - m`` above the margin: ``"elu"``. The two
-  differ above the margin by ``m`` per neighbour, so they can rank tokens differently.
+  computes ``ELU(x - m, alpha)`` instead, i.e. ``x - m`` above the margin: ``"elu"``. Every
+  official version since February 2024 uses an ELU of ``x - m`` (until 2024-11-05 divided by
+  0.1 or 0.01); none we found uses ``x`` above the margin. The two forms differ above the
+  margin by ``m`` per neighbour, so they can rank tokens differently.
 - **The mean includes ``j = i``** (``f_m(1)``, the same for every token: it shifts all energies
   alike and never changes the ranking), over the patch tokens only; sizes do not weight it.
 - **Block index.** ``l`` counts from 0 (the first block uses ``m = margin``), as the official
-  code; the official code's current default is ``margin_decay = 0.8``, the paper's 0.9 (ours).
+  code. The official timm/DeiT patch (github.com/hchautran/PiToMe, ``algo/pitome/patch/deit.py``)
+  used ``0.9 - 0.9 * l / L`` (ours) up to 2024-11-30 and ``0.75 - 0.75 * l / L`` since
+  (commit 8170492); ``0.9 - 0.8 * l / L`` stood only from 2024-03-30 to 2024-04-01.
+- **What the official code does and we do not** (facts, checked at commit 550b5de): it runs an
+  energy-ordered ToMe-style matching without a protected set (``pitome_bsm``: A/B alternate
+  over *all* tokens by energy, the ``r`` best A-B edges merge) in the first ``ceil(L/2)``
+  blocks and the protected-set algorithm above only in the rest; most versions from March to
+  October 2024 ran plain ToMe matching in every block whose margin was ``>= 0.45`` and scaled
+  the ELU argument by ``1/0.01``. Since 2024-12-01 it applies no proportional attention (the
+  block calls the attention without sizes); before, ``prop_attn`` defaulted to True (ours).
+  We run the protected-set algorithm of the paper in every block. With ``energy="elu"`` one
+  block of ours equals the official ``pitome`` merge (non-BSM path) on the same input, up to
+  the token order (checked on random tensors: the same merged tokens and sizes, within 3e-7).
 - **Ties.** Equal energies keep the lower position first (stable sort); an A token equally
   similar to two B tokens goes to the one of higher energy.
 - **Layout.** The surviving patch tokens (protected and B) keep their original relative order

@@ -130,7 +130,8 @@ def test_the_reducer_keeps_isolated_tokens_untouched_and_sizes_add_up():
 
 # -- schedules -------------------------------------------------------------------------------
 def test_margin_falls_linearly_with_depth():
-    """The paper: m = 0.9 - 0.9 * l / L, l from 0; the official code's 0.9 - 0.8 * l / L too."""
+    """The paper: m = 0.9 - 0.9 * l / L, l from 0 (the official timm/DeiT patch until 2024-11-30);
+    other decays work alike, e.g. 0.9 - 0.8 * l / L."""
     assert margin_schedule(0.9, 0.9, 12) == pytest.approx([0.9 - 0.075 * i for i in range(12)])
     assert margin_schedule(0.9, 0.8, 4) == pytest.approx([0.9, 0.7, 0.5, 0.3])
     reduction = build(PiToMeParams(r=4), _info(depth=6))
@@ -145,6 +146,19 @@ def test_ratio_schedule_maps_the_papers_keep_ratio_onto_r():
     assert ratio_schedule(0.1, 10, 3) == [5, 2, 1]  # capped at half: 10 -> 5 -> 3 -> 2
     with pytest.raises(ParamError, match=r"pitome ratio=0.0 is out of range"):
         ratio_schedule(0.0, 196, 12)
+
+
+def test_ratio_schedule_keeps_an_exact_product():
+    """Ratio 0.68 on 256: floor(256 * 0.32) = 81 -> 175; 175 * 0.32 = 56 exactly, so 56 merge
+    (the official code's floor(175 - 175 * 0.68) is 55 in floating point) -> 119 -> 38."""
+    assert ratio_schedule(0.68, 256, 3) == [81, 56, 38]
+    assert math.floor(175 - 175 * 0.68) == 55  # the float artefact the schedule avoids
+
+
+def test_defaults_are_the_papers():
+    """m = 0.9 - 0.9 * l / L, alpha = 1, the paper's energy form, proportional attention on."""
+    p = PiToMeParams()
+    assert (p.margin, p.margin_decay, p.alpha, p.energy, p.prop_attn) == (0.9, 0.9, 1.0, "paper", True)
 
 
 def _info(depth: int):
