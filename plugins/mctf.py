@@ -42,19 +42,33 @@ patch tokens are fused away (ToMe's schedule and cap, docs/methods.md §1):
 
 Choices where the paper (or its setting) and this hook point differ:
 
-- **One-step-ahead attention is not available here; the block's own attention is used.** The
-  paper fuses the tokens entering block ``l+1`` by the attention block ``l+1`` computes on them
-  (§3.3; the official code fuses at the start of a block, with that block's attention on its
-  input tokens, and approximates the block's attention after fusion by merging the attention
-  map). A reducer runs after the attention residual of block ``l``; the attention available is
-  block ``l``'s, computed on the tokens that are being fused (before their attention update).
-  So informativeness is the *current* block's attention, and the attention sub-layer of a
-  block always runs on the unfused tokens (as in ToMe); only the MLP and later blocks see the
-  fused ones.
+- **One-step-ahead attention: the same attention map, the fusion half a block later.** The
+  paper measures informativeness by the attention of the block the fused tokens enter next
+  rather than of the block just run (§3.3). The official code (mlvlab/MCTF,
+  ``models/modules/blocks.py``, ``one_step_ahead=1`` in every published script) does it at the
+  start of block ``l``: it computes block ``l``'s attention probabilities on the incoming
+  tokens (proportional attention included), fuses the tokens with them (informativeness and
+  fusion weights), then runs block ``l``'s attention sub-layer on the fused tokens with that
+  map merged (keys: the sum over each group; queries: the ``a s``-weighted mean of the
+  members' rows; values from the fused tokens) and the MLP on the fused tokens. A reducer
+  here runs after the attention residual of block ``l`` and sees the same map -- block ``l``'s
+  attention on block ``l``'s input tokens -- so informativeness is the paper's; what differs
+  is where the fusion happens: the tokens fused are ``x + attn(x)`` instead of ``x``, and block
+  ``l``'s attention sub-layer runs on the unfused tokens with its exact attention (as in
+  ToMe), so no merged attention map is needed; only the MLP and later blocks see the fused
+  tokens. (The official ablation without one-step-ahead fuses after the MLP of block ``l``
+  with block ``l``'s attention; this hook lies between the two.)
 - **Schedule**: ``r`` per block as ToMe (an int, a per-block list, or ``(r, inflect)``),
-  every block, capped at ``(N - prefix) // 2``. The official DeiT-S setting fuses 16 tokens at
-  the start of blocks 1-11 and also caps so that at least 10 tokens remain; neither is copied
-  (a per-block list such as ``[16] * 11 + [0]`` comes close in compute).
+  every block, capped at ``(N - prefix) // 2``. The official DeiT-S/DeiT-T setting fuses 16
+  tokens at the start of blocks 1-11 (``--activate_layer [1,...,11]``, none in block 0) and also
+  caps so that at least 10 tokens remain; the cap is not copied. Because a block's fusion here
+  uses that block's attention, the official setting is ``r=[0] + [16] * 11`` (197 tokens in
+  block 0, then 181 ... 21, as the official code; DeiT-S 2.66 GMACs against the official
+  fvcore count of 2.60 G, which also runs attention @ V and the value and output projections
+  on the fused tokens). The default ``r=16`` fuses in all 12 blocks (181 ... 21, 11; 2.31
+  GMACs): more reduction than the paper's setting. The official "MCTF-Fast" fuses 35 % of
+  the patch tokens at the start of blocks 3, 6, 9 (``r=0.35``); on DeiT-S that is
+  ``r=[0, 0, 0, 68, 0, 0, 44, 0, 0, 29, 0, 0]`` here (2.81 GMACs; official count 2.76 G).
 - **Prefix tokens** (cls, dist, registers) take no part at all: they are neither in A nor in B
   and are excluded from the normalisations (the official code puts the class token in A with
   a ``-inf`` row).
