@@ -5,37 +5,52 @@ ToFu keeps ToMe's bipartite soft matching (docs/methods.md §1: head-averaged ke
 similarity, sets A/B alternating by position, ``r`` tokens per block with ToMe's schedule forms
 and its cap ``(N - prefix) // 2``) and changes only what a matched group becomes:
 
-- **Prune blocks** (the first ``prune_layers`` blocks; the paper's method section,
-  "merge-by-prune"). The paper finds the early blocks far from linear in their input (the
-  output for an interpolated input is not the interpolation of the outputs), so an averaged
-  token is an input they were never trained on. There the matched A tokens are *pruned into*
-  their partners: each destination B token keeps its own value, unchanged. The sizes (and,
-  when tracing, the sources) of the pruned A tokens still add to their destination's, so
-  proportional attention counts the destination as all the patches it now stands for and
-  unmerge maps the pruned patches to it.
-- **Merge blocks** (all later blocks; the method section, "MLERP merging"). Averaging shrinks
-  the norm of a group of tokens that do not point the same way, a shift of the feature-norm
-  distribution the later blocks have not seen. MLERP, the paper's generalisation of SLERP to
-  several tokens, keeps the direction of the average and restores the norm::
+- **Prune blocks** (the first ``prune_layers`` blocks; the paper's "pruned merging"). The
+  paper measures the *functional linearity* of each block (how far the output of an
+  interpolated input is from the interpolation of the outputs) and finds the early blocks far
+  from linear, so an averaged token is an input they were never trained on. There the matched
+  A tokens are *pruned into* their partners: each destination B token keeps its own value,
+  unchanged. The sizes (and, when tracing, the sources) of the pruned A tokens still add to
+  their destination's, so proportional attention counts the destination as all the patches it
+  now stands for and unmerge maps the pruned patches to it.
+- **Merge blocks** (all later blocks; "MLERP merging"). Averaging shrinks the norm of a group
+  of tokens that do not point the same way, a shift of the feature-norm distribution the later
+  blocks have not seen. MLERP ("maximum-norm linear interpolation", the paper's generalisation
+  of SLERP to several tokens) keeps the direction of the average and gives it the largest
+  member norm::
 
       MLERP(x_1..x_n) = (xbar / ||xbar||) * max_i ||x_i||,   xbar = sum_i s_i x_i / sum_i s_i
 
   with ``s_i`` the sizes (the direction is ToMe's size-weighted average). Tokens that merge
   with nothing are left as ToMe leaves them.
+- **The boundary** (the paper's hybrid rule "PRUNE if l < d, else MLERP"): ``prune_layers``
+  is ``d``. The paper's ablation finds ``d = 6`` best for the 12-block ViT-B (and that the
+  order matters: prune-then-merge beats merge-then-prune); the default ``prune_layers=None``
+  is half the blocks, ``depth // 2`` -- ``d = 6`` on 12-block models (DeiT/ViT-S/B).
 
-Choices where the paper is silent, or where we could not confirm it (written down here):
+Sources (checked 2026-11): the paper's equations as reproduced by a reading note of it
+(Dayoung-Kil/Dayoung-Kil.github.io ``_posts/2023-08-01-tofu.md``: functional linearity, the
+hybrid rule, MLERP with ``xbar = (1/K) sum_k x_k`` and ``max_k ||x_k||``, the ``d = 6``
+ablation); the PDF itself could not be read from here. No official code is published. Two
+re-implementations (hchautran/PiToMe ``algo/tofu/merge.py``; Westlake-AI/OpenToMe
+``opentome/tome/tome.py``, the same code) were run side by side with this module: same
+matching, bit-identical prune blocks; their MLERP divides the average by the norm of the
+*destination's own input* instead of the average's, so their fused token does not get the
+largest member norm (it can exceed it) -- we follow the paper's formula. Their split is
+``prune if i <= depth // 2`` (7 of 12 blocks; the paper's ``l < d`` gives 6).
 
-- **The norm rule: the max of the members' norms, unweighted** -- as we read the paper's MLERP
-  (SLERP between two tokens of equal norm keeps that norm; for several tokens of different
-  norms the paper takes the largest). We could not check the equation against the paper's
-  text from here; if it turns out to weight the norms, only :func:`mlerp_norm` changes.
-  For identical tokens MLERP returns that token (tested).
-- **The boundary**: ``prune_layers=3``, the first 3 blocks prune and blocks 3.. merge. The
-  paper motivates the split by the early blocks' non-linearity but we found no DeiT value we
-  could confirm; three of twelve blocks is our choice (set ``prune_layers`` per model;
-  ``0`` is MLERP everywhere, ``depth`` prune-by-merge everywhere).
+Choices where the paper is silent, or where we differ from it (written down here):
+
+- **The norm rule: the max of the members' norms, unweighted** -- the paper's MLERP (and
+  blester125/git-theta's MLERP for model merging, ``merges/slerp.py``). For identical tokens
+  MLERP returns that token (tested).
+- **The direction is size-weighted** (ToMe's average, ``s_i``), where the paper writes the
+  plain mean ``1/K`` and the re-implementations use an unweighted ``scatter_reduce("mean")``;
+  the two agree whenever the members of a group have equal sizes.
 - **Sizes add in prune blocks** (the pruned patch is represented by its destination);
-  proportional attention is on by default as in ToMe (``prop_attn=True``).
+  proportional attention is on by default as in ToMe (``prop_attn=True``). The paper does not
+  say; the re-implementations never update sizes in ToFu blocks (so their proportional
+  attention is a no-op).
 - **Degenerate groups**: a group whose average is the zero vector (members that cancel
   exactly) has no direction; it stays zero (the norm is clamped to the dtype's ``tiny``
   before dividing, so nothing becomes NaN).
@@ -70,19 +85,22 @@ Fusion = Literal["prune", "mlerp"]
 class ToFuParams:
     """``r``: tokens removed per block (ToMe's forms: an int, a per-block list, or
     ``(r, inflect)``); ``prune_layers``: how many leading blocks prune-by-merge, the rest merge
-    with MLERP; ``prop_attn``: proportional attention; ``trace_source``: keep sources (unmerge)."""
+    with MLERP (the paper's ``d``; ``None``: half the blocks, ``depth // 2``, the paper's
+    ``d = 6`` on 12 blocks); ``prop_attn``: proportional attention; ``trace_source``: keep
+    sources (unmerge)."""
 
     r: Union[int, list[int], tuple[int, float]] = 16
-    prune_layers: int = 3
+    prune_layers: Optional[int] = None
     prop_attn: bool = True
     trace_source: bool = False
 
     def __post_init__(self) -> None:
         check_r(self.r)
         layers = self.prune_layers
-        if isinstance(layers, bool) or not isinstance(layers, int) or layers < 0:
+        if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) or layers < 0):
             raise ParamError(f"tofu.prune_layers={self.prune_layers!r} is out of range; it must be an "
-                             f"integer >= 0 (the number of leading blocks that prune; 0: MLERP everywhere)")
+                             f"integer >= 0 (the number of leading blocks that prune; 0: MLERP everywhere) "
+                             f"or None (half the blocks)")
 
 
 def check_r(r: object) -> None:
@@ -98,15 +116,23 @@ def check_r(r: object) -> None:
                          f"(or a list of them, one per block, or (r, inflect))")
 
 
-def block_schedule(params: ToFuParams, depth: int) -> list[tuple[int, Fusion]]:
-    """``(r, fusion)`` for each of ``depth`` blocks."""
-    if isinstance(params.r, list) and len(params.r) != depth:
-        raise ParamError(f"tofu.r has {len(params.r)} entries; the model has {depth} blocks")
+def prune_boundary(params: ToFuParams, depth: int) -> int:
+    """The paper's ``d``: blocks ``0..d-1`` prune, ``d..`` merge with MLERP. ``prune_layers``,
+    or half the blocks when it is None (``depth // 2``: the paper's ``d = 6`` for 12 blocks)."""
+    if params.prune_layers is None:
+        return depth // 2
     if params.prune_layers > depth:
         raise ParamError(f"tofu.prune_layers={params.prune_layers} is out of range; it must be in "
                          f"0..{depth} for this model's {depth} blocks")
-    return [(r, "prune" if i < params.prune_layers else "mlerp")
-            for i, r in enumerate(schedule(params.r, depth))]
+    return params.prune_layers
+
+
+def block_schedule(params: ToFuParams, depth: int) -> list[tuple[int, Fusion]]:
+    """``(r, fusion)`` for each of ``depth`` blocks: "prune" if ``l < d`` else "mlerp"."""
+    if isinstance(params.r, list) and len(params.r) != depth:
+        raise ParamError(f"tofu.r has {len(params.r)} entries; the model has {depth} blocks")
+    d = prune_boundary(params, depth)
+    return [(r, "prune" if i < d else "mlerp") for i, r in enumerate(schedule(params.r, depth))]
 
 
 # -- the fusion rules ------------------------------------------------------------------------

@@ -3,57 +3,82 @@ Jha, "Zero-TPrune: Zero-Shot Token Pruning through Leveraging of the Attention G
 Pre-Trained Transformers", CVPR 2024, §3; docs/methods.md, Zero-TPrune).
 
 Each pruning block (after the attention residual, docs/methods.md §0) removes ``r`` patch
-tokens in two stages:
+tokens with two pruning stages, run in the paper's order I' -> S -> I (``order="s_first"``):
 
-1. **I-stage** (importance). The block's attention probabilities ``A [h, N, N]`` (rows:
+0. **I'-stage** (pre-ranking; prunes nothing). One step of the Weighted Page Rank below ranks
+   the patch tokens, to partition them for the S-stage. The paper puts the S-stage before the
+   I-stage because a large group of similar unimportant tokens (background) votes for itself in
+   the WPR and can outrank the object ("overwhelming of the major group"); pruning duplicates
+   first weakens it.
+1. **S-stage** (similarity). The patch tokens, sorted by the I' scores, are partitioned into
+   *sources* ``S`` (candidates for pruning) and *targets* ``T``; each source takes its most
+   similar target (cosine similarity of the block's keys) and the ``r_S`` sources with the
+   highest similarity are pruned -- a duplicate of a more important token carries nothing the
+   target does not. Pruned, not merged: sizes carry.
+2. **I-stage** (importance). The block's attention probabilities ``A [h, N, N]`` (rows:
    queries, each row sums to 1) are the weighted adjacency matrix of a directed graph on the
    tokens, and a token is important when important tokens attend to it. The *Weighted Page
-   Rank* (the paper's Algorithm 1) starts from ``s_0 = 1/N`` for every token and iterates
-   ``s_{t+1} = A^T s_t``, i.e. ``s_{t+1}(j) = sum_i A(i, j) s_t(i)``, ``iters`` times. Softmax
-   rows are strictly positive, so the chain is irreducible and aperiodic: ``s_t`` stays a
-   distribution and converges to the stationary distribution of ``A`` (the left eigenvector of
-   eigenvalue 1; no damping factor is needed). The ``r_I`` patch tokens with the lowest score
-   are pruned. All ``N`` tokens, prefix tokens included, take part in the graph (the class token
-   passes importance on to the patches it attends to); prefix tokens are never pruned.
-2. **S-stage** (similarity). The surviving patch tokens are partitioned by their WPR
-   importance into *sources* ``S`` (candidates for pruning) and *targets* ``T``; each source
-   takes its most similar target (cosine similarity of the block's keys averaged over heads,
-   as ToMe) and the ``r_S`` sources with the highest similarity are pruned -- a duplicate of a
-   more important token carries nothing the target does not. Pruned, not merged: sizes carry.
+   Rank* (the paper's Algorithm 1) starts from ``s_0`` and iterates ``s_{t+1} = A^T s_t``, i.e.
+   ``s_{t+1}(j) = sum_i A(i, j) s_t(i)``, ``iters`` times. Softmax rows are strictly positive,
+   so the chain is irreducible and aperiodic: ``s_t`` stays a distribution and converges to the
+   stationary distribution of ``A`` (the left eigenvector of eigenvalue 1; no damping factor is
+   needed). After the S-stage the graph is that of the tokens left: ``A`` restricted to them,
+   each row renormalised to sum 1 (the softmax over the kept keys). The ``r_I`` patch tokens
+   with the lowest score are pruned. The prefix tokens take part in the graph (the class token
+   passes importance on to the patches it attends to) and are never pruned.
 
-Only the paper's abstract and summaries of §3 were at hand while this module was written (not
-its full text), so the choices below are ours, and each one the paper may settle differently is
-a parameter; docs/methods.md lists them:
+Sources (docs/methods.md, Zero-TPrune, lists them). The official code is not public (no
+repository linked from the project page jha-lab.github.io/zerotprune; Papers with Code: "no
+code"), and the paper's full text was not at hand either: the facts below are from its
+abstract and project page and from detailed summaries of §3 and the appendix that quote its
+equations and settings. They give: Algorithm 1 (``s_0`` uniform, ``s <- A^T s``); the class
+token starting at ``sqrt(N)`` times the others for classification ("Zero-TPrune"; uniform is
+"Zero-TPrune-uni"); the EIR aggregation as the root mean square over heads; the VHF range
+``[0.01, 0.7]``; 30-50 iterations in the first three blocks, 5-10 in the middle ones, 1 in the
+last three; the order I' (one vote) -> S -> I; the partition Sequential-U (the less important
+half are the sources), keys and cosine similarity, the source pruned, not merged. Each choice
+below the paper does not settle is ours and a parameter:
 
 - **Budget.** ``r`` tokens per pruning block, as ToMe (an int, or a list with one value per
   block of the model), capped at ``(N - prefix) // 2`` per block exactly as ToMe: at the same
   ``r`` the token counts (and so the counted GMACs, up to the scoring cost) equal ToMe's. The
-  default ``r=11`` at every block puts DeiT-S at 0.659 x its GMACs (4.599 -> 3.033), next to
+  default ``r=11`` at every block puts DeiT-S at 0.659 x its GMACs (4.599 -> 3.032), next to
   the paper's headline budget (DeiT-S FLOPs -34.7 %, i.e. 0.653 x). ``layers`` restricts
   pruning to some blocks (``None``: every block; a list entry of ``r`` at a block outside
-  ``layers`` is ignored).
+  ``layers`` is ignored). The paper's own per-block schedules were not available.
 - **I/S split.** ``r_I = floor(i_share * r + 1/2)`` tokens go in the I-stage, ``r_S = r - r_I``
   in the S-stage (after the cap); ``i_share=0.5`` by default, ``1`` is importance-only pruning,
-  ``0`` similarity-only. The I-stage runs first; the S-stage partitions by the same scores.
-- **Partition** (``partition``). ``"sequential"`` (default): the surviving patches sorted by
-  importance, the more important ``ceil(M/2)`` are targets, the less important ``floor(M/2)``
-  sources. ``"alternate"``: in importance order, ranks 0, 2, 4, ... are targets and 1, 3, 5, ...
-  sources (every source has a target just above it in importance).
-- **Heads** (``heads``). ``"eir"`` (default): WPR on every head's graph, then the scores are
-  aggregated by their root mean square over heads, which weighs a head's concentrated (large)
-  scores more than a plain mean -- our reading of the paper's "Emphasizing Informative Region"
-  aggregation. ``"mean"``: one WPR on the head-averaged attention. The paper's Variance-based
-  Head Filter (dropping heads whose score variance is out of a tuned range) is not implemented:
-  its thresholds are tuned per model.
-- **Iterations.** A fixed ``iters=30`` (no convergence test, so no host synchronisation and
-  every image costs the same); the scores are computed in fp32.
+  ``0`` similarity-only.
+- **Order** (``order``). ``"s_first"`` (default, the paper): I' -> S -> I as above; the
+  restricted graph of the I-stage is renormalised row by row (our reading). ``"i_first"``: the
+  I-stage on the whole graph first, then the S-stage partitions the survivors by the same
+  scores (this module's order before it was checked against the paper).
+- **Initialisation** (``init``). ``"cls"`` (default, the paper's "Zero-TPrune"): ``s_0`` gives
+  token 0 ``sqrt(N)`` times the weight of every other token (``N`` the tokens of the graph);
+  ``"uniform"``: ``1/N`` each ("Zero-TPrune-uni"). A model without a prefix token starts
+  uniform. Only unconverged scores depend on it: the one-step I'-stage, or a small ``iters``.
+- **Partition** (``partition``). ``"sequential"`` (default, the paper's Sequential-U): the
+  patches sorted by importance, the more important ``ceil(M/2)`` are targets, the less
+  important ``floor(M/2)`` sources. ``"alternate"``: in importance order, ranks 0, 2, 4, ... are
+  targets and 1, 3, 5, ... sources.
+- **Keys.** The block's keys averaged over heads (``info.keys``, as ToMe); whether the paper
+  concatenates the heads instead is not known to us.
+- **Heads** (``heads``). ``"eir"`` (default, the paper's EIR): WPR on every head's graph, then
+  the root mean square of the scores over heads. ``"mean"``: one WPR on the head-averaged
+  attention. The paper's Variance-based Head Filter (heads whose score variance is outside
+  ``[0.01, 0.7]`` left out of the mean) is not implemented: the sources do not say on what
+  scale the variance is taken (WPR scores sum to 1, so their variance is ~1e-5 at N=197).
+- **Iterations** (``iters``). A fixed ``iters=30`` in every block (no convergence test, so no
+  host synchronisation and every image costs the same). The paper uses 30-50 / 5-10 / 1 by
+  depth, chosen so that the scores converge; 30 in every block reaches the same converged
+  ranking at a higher (counted) cost. The scores are computed in fp32.
 - **Ties** (equal importance or similarity): the lower position first (stable sorts), so the
   method is deterministic. The kept patches stay in their original order after the prefix
   (nothing downstream depends on positions: no later step pairs tokens by position).
 
-Cost per pruning block: the unfused attention (the full matrix is needed), ``iters * h * N^2``
-MACs for the WPR (``iters * N^2`` with ``heads="mean"``), and the ``|S| x |T| x d`` similarity
-matmul; the counter sees all of them.
+Cost per pruning block: the unfused attention (the full matrix is needed), ``h * N^2`` MACs for
+the I' step, ``iters * h * N'^2`` for the WPR on the ``N' = N - r_S`` tokens left (``/h`` with
+``heads="mean"``), and the ``|S| x |T| x d`` similarity matmul; the counter sees all of them.
 """
 from __future__ import annotations
 
@@ -74,13 +99,18 @@ from vitbench_plugins.ppt import check_layers
 HEAD_MODES = ("eir", "mean")
 #: how the surviving tokens are split into sources and targets (module docstring, "Partition")
 PARTITIONS = ("sequential", "alternate")
+#: the WPR's starting scores (module docstring, "Initialisation")
+INITS = ("cls", "uniform")
+#: the order of the stages in a pruning block (module docstring, "Order")
+ORDERS = ("s_first", "i_first")
 
 
 @dataclass(frozen=True)
 class ZeroTPruneParams:
     """``r`` tokens pruned per pruning block (an int, or one value per block), ``i_share`` of
-    them by importance and the rest by similarity; ``iters`` WPR iterations; ``heads`` and
-    ``partition`` as in the module docstring; ``layers`` the pruning blocks (``None``: all)."""
+    them by importance and the rest by similarity; ``iters`` WPR iterations; ``heads``,
+    ``partition``, ``init`` and ``order`` as in the module docstring; ``layers`` the pruning
+    blocks (``None``: all)."""
 
     r: Union[int, list[int]] = 11
     i_share: float = 0.5
@@ -88,6 +118,8 @@ class ZeroTPruneParams:
     heads: str = "eir"
     partition: str = "sequential"
     layers: Optional[tuple[int, ...]] = None
+    init: str = "cls"
+    order: str = "s_first"
 
     def __post_init__(self) -> None:
         values = [self.r] if isinstance(self.r, int) else list(self.r)
@@ -102,31 +134,62 @@ class ZeroTPruneParams:
             raise ParamError(f"zero-tprune.heads={self.heads!r}; valid: {', '.join(HEAD_MODES)}")
         if self.partition not in PARTITIONS:
             raise ParamError(f"zero-tprune.partition={self.partition!r}; valid: {', '.join(PARTITIONS)}")
+        if self.init not in INITS:
+            raise ParamError(f"zero-tprune.init={self.init!r}; valid: {', '.join(INITS)}")
+        if self.order not in ORDERS:
+            raise ParamError(f"zero-tprune.order={self.order!r}; valid: {', '.join(ORDERS)}")
         if self.layers is not None and any(layer < 0 for layer in self.layers):
             raise ParamError(f"zero-tprune.layers={list(self.layers)}: block indices are >= 0")
 
 
-def weighted_page_rank(attn: torch.Tensor, iters: int) -> torch.Tensor:
+def initial_scores(n: int, init: str = "uniform", device: Optional[torch.device] = None,
+                   dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The WPR's start ``s_0 [n]``, a distribution: ``"uniform"`` ``1/n`` each; ``"cls"`` token 0
+    (the class token) ``sqrt(n)`` times the weight of every other token (the paper's default
+    initialisation; its uniform variant is "Zero-TPrune-uni")."""
+    if init not in INITS:
+        raise ValueError(f"init={init!r}; valid: {', '.join(INITS)}")
+    s = torch.ones(n, device=device, dtype=dtype)
+    if init == "cls":
+        s[0] = math.sqrt(n)
+    return s / s.sum()
+
+
+def weighted_page_rank(attn: torch.Tensor, iters: int, start: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The WPR scores of attention graphs ``attn [..., N, N]`` (row ``i``: query ``i``'s
-    attention over the keys): ``iters`` steps of ``s <- A^T s`` from ``s = 1/N``; ``[..., N]``,
-    each a distribution over the tokens."""
+    attention over the keys): ``iters`` steps of ``s <- A^T s`` (the paper's Algorithm 1) from
+    ``start [N]`` (default ``1/N`` each); ``[..., N]``, each a distribution over the tokens."""
     n = attn.shape[-1]
-    s = attn.new_full((*attn.shape[:-2], 1, n), 1.0 / n)
+    s = attn.new_full((1, n), 1.0 / n) if start is None else start.to(attn).reshape(1, n)
+    s = s.expand(*attn.shape[:-2], 1, n)
     for _ in range(iters):
         s = s @ attn  # s_new[j] = sum_i s[i] A[i, j]
     return s.squeeze(-2)
 
 
-def token_importance(attn: torch.Tensor, iters: int, heads: str = "eir") -> torch.Tensor:
-    """Importance ``[B, N]`` of every token from one block's attention ``[B, h, N, N]``: WPR per
-    head aggregated by the root mean square over heads (``"eir"``), or WPR on the head mean
-    (``"mean"``). Computed in fp32."""
+def token_importance(attn: torch.Tensor, iters: int, heads: str = "eir",
+                     init: str = "uniform") -> torch.Tensor:
+    """Importance ``[B, N]`` of every token from one block's attention ``[B, h, N, N]``: WPR
+    (started as ``init`` says, :func:`initial_scores`) per head aggregated by the root mean
+    square over heads (``"eir"``), or WPR on the head mean (``"mean"``). Computed in fp32."""
     attn = attn.float()
+    start = initial_scores(attn.shape[-1], init, attn.device, attn.dtype)
     if heads == "mean":
-        return weighted_page_rank(attn.mean(dim=1), iters)
+        return weighted_page_rank(attn.mean(dim=1), iters, start)
     if heads == "eir":
-        return weighted_page_rank(attn, iters).square().mean(dim=1).sqrt()
+        return weighted_page_rank(attn, iters, start).square().mean(dim=1).sqrt()
     raise ValueError(f"heads={heads!r}; valid: {', '.join(HEAD_MODES)}")
+
+
+def sub_graph(attn: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """The attention graph ``attn [B, h, N, N]`` restricted to ``tokens [B, M]`` (indices, in
+    the order given), each row renormalised to sum 1 -- the softmax over the kept keys only:
+    ``[B, h, M, M]``."""
+    b, h, n, _ = attn.shape
+    m = tokens.shape[1]
+    rows = attn.gather(2, tokens[:, None, :, None].expand(b, h, m, n))
+    sub = rows.gather(3, tokens[:, None, None, :].expand(b, h, m, m))
+    return sub / sub.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(sub.dtype).tiny)
 
 
 def split_budget(r: int, i_share: float) -> tuple[int, int]:
@@ -179,6 +242,37 @@ def kept_patches(importance: torch.Tensor, keys: torch.Tensor, r_i: int, r_s: in
     return survivors.sort(dim=-1).values
 
 
+def kept_patches_s_first(attn: torch.Tensor, keys: torch.Tensor, prefix: int, r_i: int, r_s: int,
+                         iters: int, heads: str = "eir", init: str = "cls",
+                         partition: str = "sequential") -> torch.Tensor:
+    """The patch tokens a pruning block keeps in the paper's order I' -> S -> I, ``[B, N_p - r_i
+    - r_s]`` in ascending order (patch indices, ``0`` = the first token after the prefix).
+
+    ``attn [B, h, N, N]`` and ``keys [B, N, d]`` of all tokens. I'-stage: one WPR step ranks the
+    patches (nothing pruned). S-stage: partitioned by that ranking, the ``r_s`` sources most
+    similar to a target go. I-stage: WPR (``iters`` steps) on the graph of the tokens left
+    (prefix included, rows renormalised, :func:`sub_graph`), and the ``r_i`` least important
+    patches go.
+    """
+    b, n_p = keys.shape[0], keys.shape[1] - prefix
+    survivors = torch.arange(n_p, device=keys.device).expand(b, n_p)
+    if r_s > 0:
+        pre = token_importance(attn, 1, heads, init)[:, prefix:]  # I'-stage: one vote
+        order = pre.argsort(dim=-1, descending=True, stable=True)
+        sources, targets = partition_by_importance(order, partition)
+        if r_s > sources.shape[1]:
+            raise ValueError(f"the S-stage cannot prune {r_s} of {sources.shape[1]} sources")
+        dropped = most_similar_sources(keys[:, prefix:], sources, targets, r_s)
+        survivors = _without(survivors, dropped, n_p)
+    if r_i > 0:
+        head = torch.arange(prefix, device=keys.device).expand(b, prefix)
+        graph = sub_graph(attn.float(), torch.cat([head, survivors + prefix], dim=1))
+        importance = token_importance(graph, iters, heads, init)[:, prefix:]
+        keep = importance.argsort(dim=-1, descending=True, stable=True)[:, : survivors.shape[1] - r_i]
+        survivors = survivors.gather(1, keep)
+    return survivors.sort(dim=-1).values
+
+
 def _without(index: torch.Tensor, dropped: torch.Tensor, n: int) -> torch.Tensor:
     """The entries of ``index [B, M]`` (token indices below ``n``) not in ``dropped [B, k]`` (a
     subset of them), ``[B, M - k]`` in their order; no host synchronisation (a stable sort moves
@@ -194,12 +288,15 @@ class ZeroTPruneReducer:
 
     needs: frozenset[str] = frozenset({"attn", "keys"})
 
-    def __init__(self, r: int, i_share: float, iters: int, heads: str, partition: str) -> None:
+    def __init__(self, r: int, i_share: float, iters: int, heads: str, partition: str,
+                 init: str = "cls", order: str = "s_first") -> None:
         self.r = r
         self.i_share = i_share
         self.iters = iters
         self.heads = heads
         self.partition = partition
+        self.init = init
+        self.order = order
 
     def __call__(self, x: torch.Tensor, state: TokenState, info: AttnInfo) -> torch.Tensor:
         prefix = state.prefix
@@ -207,9 +304,14 @@ class ZeroTPruneReducer:
         if r <= 0:
             return x
         r_i, r_s = split_budget(r, self.i_share)
+        init = self.init if prefix > 0 else "uniform"  # no class token to start from
         with torch.no_grad():  # the choice of tokens; gradients flow through the kept ones
-            importance = token_importance(info.attn, self.iters, self.heads)[:, prefix:]
-            patches = kept_patches(importance, info.keys[:, prefix:], r_i, r_s, self.partition)
+            if self.order == "s_first":
+                patches = kept_patches_s_first(info.attn, info.keys, prefix, r_i, r_s, self.iters,
+                                               self.heads, init, self.partition)
+            else:
+                importance = token_importance(info.attn, self.iters, self.heads, init)[:, prefix:]
+                patches = kept_patches(importance, info.keys[:, prefix:], r_i, r_s, self.partition)
         head = torch.arange(prefix, device=x.device).expand(x.shape[0], prefix)
         return state.keep(x, torch.cat([head, patches + prefix], dim=1))
 
@@ -229,7 +331,8 @@ def schedule(r: Union[int, list[int]], layers: Optional[tuple[int, ...]], depth:
 
 
 def build(params: ZeroTPruneParams, info: ModelInfo) -> Reduction:
-    reducers = [ZeroTPruneReducer(r, params.i_share, params.iters, params.heads, params.partition)
+    reducers = [ZeroTPruneReducer(r, params.i_share, params.iters, params.heads, params.partition,
+                                  params.init, params.order)
                 if r > 0 else None for r in schedule(params.r, params.layers, info.depth)]
     return Reduction(reducers, prop_attn=True)
 

@@ -67,6 +67,20 @@ def test_a_merge_block_gives_the_average_direction_at_the_largest_member_norm():
     assert torch.equal(out[0, [0, 1, 3]], X[0, [0, 4, 3]])
 
 
+def test_the_fused_norm_is_the_largest_members_when_the_destination_is_the_smaller_token():
+    """MLERP divides the *average* by its own norm (the paper's formula). Here the destination
+    (token 1, norm 1) is smaller than its source (token 2, norm 3): the average (1.5, 0.5) is
+    rescaled to norm 3, giving (9, 3) / sqrt(10). Dividing by the destination's own norm
+    instead (what two public re-implementations do) would give (4.5, 1.5), of norm 4.74 > 3."""
+    x = X.clone()
+    x[0, 1] = torch.tensor([0.0, 1, 0, 0])
+    state = TokenState(prefix=1, size=torch.ones(1, 7, 1))
+    out = ToFuReducer(2, "mlerp")(x, state, AttnInfo(keys=KEYS))
+    expected = torch.tensor([9.0, 3.0, 0, 0]) / 10 ** 0.5
+    assert torch.allclose(out[0, 2], expected, atol=1e-6)
+    assert torch.isclose(out[0, 2].norm(), torch.tensor(3.0))
+
+
 def test_plain_averaging_would_shrink_the_norm_that_mlerp_keeps():
     out, _ = _run_block("mlerp")
     average = (X[0, 1] + X[0, 2]) / 2
@@ -193,6 +207,23 @@ def test_schedule_forms_and_boundary():
     assert block_schedule(params, 4) == [(15, "prune"), (11, "prune"), (8, "mlerp"), (5, "mlerp")]
     assert [f for _, f in block_schedule(ToFuParams(prune_layers=0), 3)] == ["mlerp"] * 3
     assert [f for _, f in block_schedule(ToFuParams(prune_layers=3), 3)] == ["prune"] * 3
+
+
+@pytest.mark.parametrize("depth, prune", [(12, 6), (24, 12), (6, 3), (4, 2), (1, 0)])
+def test_the_default_boundary_is_half_the_blocks(depth, prune):
+    """The paper's rule "prune if l < d, else MLERP" with its ablation's d = 6 for the 12-block
+    ViT-B; the default prune_layers=None generalises it to d = depth // 2."""
+    fusions = [f for _, f in block_schedule(ToFuParams(), depth)]
+    assert fusions == ["prune"] * prune + ["mlerp"] * (depth - prune)
+
+
+def test_the_default_boundary_on_a_patched_model():
+    model = vitbench.apply(tiny_vit(depth=4), "tofu", r=4)
+    assert [block.reducer.fusion for block in model.blocks] == ["prune", "prune", "mlerp", "mlerp"]
+    model = vitbench.apply(tiny_vit(depth=4), "tofu", r=4, prune_layers="none")  # as the CLI writes it
+    assert [block.reducer.fusion for block in model.blocks] == ["prune", "prune", "mlerp", "mlerp"]
+    model = vitbench.apply(tiny_vit(depth=4), "tofu", r=4, prune_layers="1")
+    assert [block.reducer.fusion for block in model.blocks] == ["prune", "mlerp", "mlerp", "mlerp"]
 
 
 def test_gradients_flow_through_both_fusions():

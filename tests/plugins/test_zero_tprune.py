@@ -1,7 +1,8 @@
 """Zero-TPrune (plugins/zero_tprune.py, docs/methods.md): the Weighted PageRank against the
-stationary distribution and a hand computation, the I-stage and S-stage choices on hand-made
-graphs and keys, the prefix rule, token counts, equality with the unpatched model when off,
-bad parameters, and the conformance check."""
+stationary distribution and a hand computation (uniform and class-token starts), the I-stage and
+S-stage choices on hand-made graphs and keys in both stage orders (the paper's I' -> S -> I and
+I -> S), the paper's order against a loop oracle, the prefix rule, token counts, equality with
+the unpatched model when off, bad parameters, and the conformance check."""
 from __future__ import annotations
 
 import copy
@@ -15,7 +16,8 @@ from vitbench.engine import AttnInfo, TokenState, reduction_context
 from vitbench.errors import ParamError
 from vitbench.testing import check_method, tiny_deit_distilled, tiny_vit
 from vitbench_plugins.zero_tprune import (
-    ZeroTPruneParams, ZeroTPruneReducer, kept_patches, split_budget, token_importance, weighted_page_rank,
+    ZeroTPruneParams, ZeroTPruneReducer, initial_scores, kept_patches, kept_patches_s_first, split_budget,
+    sub_graph, token_importance, weighted_page_rank,
 )
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -77,7 +79,7 @@ def test_eir_is_the_rms_over_heads_and_mean_is_wpr_of_the_head_mean():
 def _reduce(x: torch.Tensor, attn: torch.Tensor, keys: torch.Tensor, prefix: int = 1, **params):
     p = ZeroTPruneParams(**params)
     reducer = ZeroTPruneReducer(p.r if isinstance(p.r, int) else p.r[0], p.i_share, p.iters, p.heads,
-                                p.partition)
+                                p.partition, p.init, p.order)
     state = TokenState(prefix=prefix)
     out = reducer(x, state, AttnInfo(attn=attn, keys=keys))
     return out, state
@@ -91,18 +93,123 @@ def _match(out: torch.Tensor, x: torch.Tensor) -> list[int]:
 def test_i_stage_prunes_the_least_important_token_of_the_graph():
     x = torch.randn(1, 5, 8, generator=torch.Generator().manual_seed(0))
     attn, keys = GRAPH.float()[None, None], torch.randn(1, 5, 4)
-    out, _ = _reduce(x, attn, keys, r=1, i_share=1.0)
+    out, _ = _reduce(x, attn, keys, r=1, i_share=1.0, init="uniform", order="i_first")
     assert _match(out, x) == [0, 1, 2, 4]  # token 3 pruned; the cls token, least important, kept
-    out, _ = _reduce(x, attn, keys, r=1, i_share=1.0, iters=1)
+    out, _ = _reduce(x, attn, keys, r=1, i_share=1.0, iters=1, init="uniform", order="i_first")
     assert _match(out, x) == [0, 1, 3, 4]  # one step only counts the attention received
+    # with no S-stage the paper's order is the I-stage on the whole graph: the same choice
+    out, _ = _reduce(x, attn, keys, r=1, i_share=1.0, init="uniform")
+    assert _match(out, x) == [0, 1, 2, 4]
 
 
 def test_i_then_s_stage_on_the_graph():
-    """r=2 split 1 + 1: the I-stage drops token 3; the survivors by importance are 1, 2, 4, so
-    (sequential) 1 and 2 are targets and 4 the only source, which the S-stage drops."""
+    """order=i_first, r=2 split 1 + 1: the I-stage drops token 3; the survivors by importance
+    are 1, 2, 4, so (sequential) 1 and 2 are targets and 4 the only source, which the S-stage
+    drops."""
     x = torch.randn(1, 5, 8, generator=torch.Generator().manual_seed(0))
-    out, _ = _reduce(x, GRAPH.float()[None, None], torch.randn(1, 5, 4), r=2, i_share=0.5)
+    out, _ = _reduce(x, GRAPH.float()[None, None], torch.randn(1, 5, 4), r=2, i_share=0.5,
+                     init="uniform", order="i_first")
     assert _match(out, x) == [0, 1, 2]
+
+
+# -- the paper's initialisation and stage order (I' -> S -> I) ----------------------------------
+def test_cls_start_is_sqrt_n_times_the_others():
+    s = initial_scores(5, "cls")
+    assert torch.allclose(s, torch.tensor([5 ** 0.5, 1, 1, 1, 1]) / (4 + 5 ** 0.5))
+    assert torch.allclose(initial_scores(4, "uniform"), torch.full((4,), 0.25))
+
+
+def test_one_wpr_step_from_the_cls_start_by_hand():
+    """s_1(j) = (sqrt(5) A(0, j) + sum_{i>=1} A(i, j)) / (4 + sqrt(5)); the column sums of
+    GRAPH without row 0 are 0.25, 1.45, 0.76, 0.76, 0.78. From this start one step ranks token
+    2 last among the patches (0.805 against 0.939 for token 3)."""
+    rest = torch.tensor([0.25, 1.45, 0.76, 0.76, 0.78], dtype=torch.float64)
+    expected = (5 ** 0.5 * GRAPH[0] + rest) / (4 + 5 ** 0.5)
+    got = token_importance(GRAPH[None, None], 1, "eir", "cls")[0]
+    assert torch.allclose(got.double(), expected, atol=1e-6)
+    assert int(got[1:].argmin()) + 1 == 2
+    # converged, the start does not matter (the chain is irreducible and aperiodic)
+    assert torch.allclose(token_importance(GRAPH[None, None], 200, "eir", "cls"),
+                          token_importance(GRAPH[None, None], 200, "eir", "uniform"), atol=1e-6)
+
+
+def test_sub_graph_renormalises_the_kept_rows_by_hand():
+    sub = sub_graph(GRAPH[None, None], torch.tensor([[0, 1, 3, 4]]))[0, 0]
+    assert torch.allclose(sub[1], torch.tensor([1 / 6, 1 / 2, 1 / 6, 1 / 6], dtype=torch.float64))
+    assert torch.allclose(sub[0], torch.tensor([0.20, 0.60, 0.08, 0.10], dtype=torch.float64) / 0.98)
+    assert torch.allclose(sub.sum(-1), torch.ones(4, dtype=torch.float64))
+
+
+def test_s_first_order_on_the_graph_by_hand():
+    """order=s_first (the paper's I' -> S -> I), r=2 split 1 + 1, cls start. I': one step
+    ranks the patches 1 (2.79), 4 (1.00), 3 (0.94), 2 (0.80) (numerators of s_1 above), so
+    targets {1, 4}, sources {3, 2}; the key of 2 duplicates the key of target 4, so the S-stage
+    drops 2. I-stage on the graph of {0, 1, 3, 4}: token 3 is its least important patch. The
+    I -> S order keeps 2 and drops 4 instead."""
+    x = torch.randn(1, 5, 8, generator=torch.Generator().manual_seed(0))
+    keys = torch.eye(5)[None].clone()
+    keys[0, 2] = keys[0, 4]
+    attn = GRAPH.float()[None, None]
+    stationary = _stationary(sub_graph(GRAPH[None, None], torch.tensor([[0, 1, 3, 4]]))[0, 0])
+    assert int(stationary[1:].argmin()) == 1  # token 3 of {0, 1, 3, 4}
+    out, _ = _reduce(x, attn, keys, r=2, i_share=0.5)
+    assert _match(out, x) == [0, 1, 4]
+    out, _ = _reduce(x, attn, keys, r=2, i_share=0.5, order="i_first")
+    assert _match(out, x) == [0, 1, 2]
+
+
+def _oracle_s_first(attn, keys, prefix, r_i, r_s, iters, init, partition):
+    """The paper's order for one image, written out in float64 with Python lists."""
+    a, k = attn.double(), torch.nn.functional.normalize(keys.double(), dim=-1)
+    n = a.shape[-1]
+
+    def scores(graph, steps):  # EIR of the per-head WPR from the start vector
+        m = graph.shape[-1]
+        s0 = torch.ones(m, dtype=torch.float64)
+        if init == "cls":
+            s0[0] = m ** 0.5
+        s0 = s0 / s0.sum()
+        per_head = []
+        for g in graph:
+            s = s0.clone()
+            for _ in range(steps):
+                s = g.T @ s
+            per_head.append(s)
+        return torch.stack(per_head).pow(2).mean(0).sqrt()
+
+    patches = list(range(prefix, n))
+    pre = scores(a, 1)
+    ranked = sorted(patches, key=lambda t: (-float(pre[t]), t))
+    half = (len(ranked) + 1) // 2
+    if partition == "sequential":
+        targets, sources = ranked[:half], ranked[half:]
+    else:
+        targets, sources = ranked[0::2], ranked[1::2]
+    best = {t: max(float(k[t] @ k[u]) for u in targets) for t in sources}
+    dropped = sorted(sources, key=lambda t: (-best[t], sources.index(t)))[:r_s]
+    kept = [t for t in patches if t not in dropped]
+    if r_i:
+        tokens = list(range(prefix)) + kept
+        sub = a[:, tokens][:, :, tokens]
+        sub = sub / sub.sum(-1, keepdim=True)
+        imp = scores(sub, iters)
+        order = sorted(range(prefix, len(tokens)), key=lambda j: (-float(imp[j]), j))
+        kept = sorted(tokens[j] for j in order[: len(kept) - r_i])
+    return [t - prefix for t in kept]
+
+
+@pytest.mark.parametrize("prefix, r_i, r_s, init, partition", [
+    (1, 2, 3, "cls", "sequential"), (2, 3, 2, "uniform", "sequential"), (1, 0, 4, "cls", "alternate"),
+    (1, 4, 0, "cls", "sequential"), (0, 2, 2, "uniform", "alternate"),
+])
+def test_s_first_equals_a_loop_oracle(prefix, r_i, r_s, init, partition):
+    g = torch.Generator().manual_seed(7)
+    b, h, n = 3, 3, 13
+    attn = torch.softmax(3 * torch.randn(b, h, n, n, generator=g, dtype=torch.float64), dim=-1)
+    keys = torch.randn(b, n, 6, generator=g, dtype=torch.float64)
+    got = kept_patches_s_first(attn, keys, prefix, r_i, r_s, 5, "eir", init, partition)
+    for i in range(b):
+        assert got[i].tolist() == _oracle_s_first(attn[i], keys[i], prefix, r_i, r_s, 5, init, partition)
 
 
 def _uniform(n: int) -> torch.Tensor:
@@ -184,6 +291,7 @@ def test_token_counts_on_test_vit():
 
 @pytest.mark.parametrize("params", [
     {"heads": "mean"}, {"partition": "alternate"}, {"i_share": 0.0}, {"i_share": 1.0}, {"iters": 1},
+    {"order": "i_first"}, {"init": "uniform"}, {"order": "i_first", "init": "uniform"},
 ])
 def test_variants_are_finite_and_remove_r(params):
     assert _counts(_test_vit(), "zero-tprune", **params) == [90, 79, 68, 57, 46, 35]
@@ -221,6 +329,8 @@ def test_only_the_pruning_blocks_give_up_the_fused_kernel():
     ({"heads": "max"}, r"zero-tprune.heads='max'; valid: eir, mean"),
     ({"partition": "random"}, r"zero-tprune.partition='random'; valid: sequential, alternate"),
     ({"layers": (-1,)}, r"zero-tprune.layers=\[-1\]: block indices are >= 0"),
+    ({"init": "zeros"}, r"zero-tprune.init='zeros'; valid: cls, uniform"),
+    ({"order": "is"}, r"zero-tprune.order='is'; valid: s_first, i_first"),
 ])
 def test_bad_parameters(kwargs, message):
     with pytest.raises(ParamError, match=message):
