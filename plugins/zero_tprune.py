@@ -348,6 +348,6 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
         needs_attention_probs=True,
         # r tokens pruned per block: more r, fewer GMACs; a per-block list lands between integers
         budget=BudgetKnob("r", larger_means="less", low=0, high=patch_count, integer=True, per_block=True),
-        description="Zero-TPrune: prune r tokens per block by Weighted PageRank importance on the "
-                    "attention graph, then by key similarity to more important tokens (training-free)",
+        description="Zero-TPrune: prune r tokens per block, first by key similarity to more important "
+                    "tokens, then by Weighted PageRank importance on the attention graph left (training-free)",
     ))
