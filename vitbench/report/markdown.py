@@ -15,7 +15,7 @@ from vitbench.report.doubts import row_doubts, timing_notes
 from vitbench.report.timed_how import timed_how_notes
 from vitbench.report.tables import (
     CONTROL,
-    comparison_table, group_records, groups, metric, ok_rows, pick_control, row_labels,
+    comparison_table, finetunes_detector, group_records, groups, metric, ok_rows, pick_control, row_labels,
 )
 from vitbench.results.store import latest_records
 
@@ -194,7 +194,7 @@ def _detector_lines(rows: list[Mapping[str, Any]]) -> list[str]:
                    f"the control's (the fair delta of a learnable method; ΔBox mAP is against the baseline "
                    f"detector, which trained less).")
         differ = [(r, *_detector_epochs(r)) for r in rows
-                  if r is not control and r.get("trained") and _trains_detector(r)]
+                  if r is not control and finetunes_detector(r)]
         differ = [(r, n, how) for r, n, how in differ if n != epochs]
         if differ:
             listed = "; ".join(f"{r.get('label') or r.get('method')}: {n} ({how})" for r, n, how in differ)
@@ -211,11 +211,6 @@ def _detector_epochs(rec: Mapping[str, Any]) -> tuple[int, str]:
     stage's), and per stage in words (``search 1, retrain 8``)."""
     stages = [s for s in rec.get("train_stages") or [] if s.get("epochs")]
     return sum(int(s["epochs"]) for s in stages), ", ".join(f"{s.get('name', '?')} {s['epochs']}" for s in stages)
-
-
-def _trains_detector(rec: Mapping[str, Any]) -> bool:
-    settings = rec.get("dense_finetune")
-    return isinstance(settings, Mapping) and settings.get("protocol") not in (None, "method")
 
 
 def _dense_protocol(settings: Any, with_method: bool = True) -> str:
