@@ -9,14 +9,14 @@ import torch
 from torch import nn
 
 from vitbench.catalog import MethodSpec, Reduction, TrainStage
-from vitbench.engine import reduction_context
+from vitbench.engine import Reducer, reduction_context
 from vitbench.hookspecs import hookimpl
 from vitbench.plugins import get_host
 
 CALLS: list[tuple] = []
 
 
-class Gate(nn.Module):
+class Gate(nn.Module, Reducer):
     """Scales the tokens by a learnable factor (starts at 1: the model is unchanged)."""
 
     def __init__(self, dim: int) -> None:

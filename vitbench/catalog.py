@@ -12,12 +12,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
 if TYPE_CHECKING:  # pragma: no cover
-    import argparse
-
     import torch
     from torch import nn
 
-    from vitbench.engine.attention import AttnInfo
+    from vitbench.options import RunOptions
 
 
 @dataclass(frozen=True)
@@ -65,8 +63,7 @@ class ModelInfo:
         return max([self.num_patches, *(blk.num_patches for blk in self.blocks)])
 
 
-#: ``callback(model, batches)``: ``batches()`` iterates the training data once as
-#: ``(images [B,C,H,W] normalised like the model's input, labels [B])`` (no grad, eval mode).
+#: ``callback(model, batches)``; ``batches()`` yields ``(images, labels)`` once, no grad, eval mode
 StatsCallback = Callable[["nn.Module", Callable[[], Any]], None]
 
 
@@ -80,7 +77,9 @@ class TrainStage:
     backbone's too. ``lr_groups`` gives parameter-name substrings their own learning rate (LTMP:
     merge 5e-3, prune 5e-6). ``arch_keys``/``arch_fraction``: parameters whose names contain one
     of ``arch_keys`` are updated on a share ``arch_fraction`` of the steps, the others on the
-    rest (DCS's alternating search).
+    rest (DCS's alternating search). ``extra_loss`` reads per-forward values from
+    ``reduction_context(model).extras``; its terms are logged separately. The callbacks'
+    ``batches()`` yields ``(images [B, C, H, W] normalised like the model's input, labels [B])``.
     """
 
     name: str = "finetune"
@@ -96,9 +95,7 @@ class TrainStage:
     arch_fraction: float = 0.0
     batch_size: int = 64
     trainable: Optional[tuple[str, ...]] = None
-    #: ``extra_loss(model, logits, labels) -> scalar | None`` added to the CE loss after each
-    #: training forward (LTMP's FLOPs penalty, the IB bound); per-forward values come from
-    #: ``reduction_context(model).extras``. Its terms are logged separately.
+    #: ``(model, logits, labels) -> scalar | None`` added to CE (LTMP's penalty, the IB bound)
     extra_loss: Optional[Callable[["nn.Module", "torch.Tensor", "torch.Tensor"], Optional["torch.Tensor"]]] = None
     #: ``callback(model, batches)`` once before the first epoch (LTM's statistics pass)
     before: tuple[StatsCallback, ...] = ()
@@ -114,10 +111,10 @@ class TrainStage:
 class Reduction:
     """What a method contributes to one model: one reducer (or ``None``) per block.
 
-    A reducer is a callable ``reducer(x, state, info) -> x`` with an attribute ``needs``
-    (a subset of ``{"keys", "cls_attn", "attn", "values"}``) saying what the attention of its
-    block must hand over (docs/methods.md §0). Blocks whose reducer is ``None`` only apply
-    proportional attention (when ``prop_attn``) and keep the fused kernel.
+    Each reducer is a ``vitbench.engine.Reducer`` (docs/token-state.md, "The reducer
+    contract"): its token step ``reducer(x, state, info) -> x`` and its ``needs`` (what the
+    attention of its block must hand over, docs/methods.md §0). Blocks whose reducer is ``None``
+    only apply proportional attention (when ``prop_attn``) and keep the fused kernel.
     """
 
     reducers: Sequence[Optional[Callable[..., "torch.Tensor"]]]
@@ -126,8 +123,7 @@ class Reduction:
     # -- learnable methods: what the fine-tuning loop runs ----------------------------------
     #: the training stages in order (empty for training-free methods)
     train: Sequence[TrainStage] = ()
-    #: ``prepare_load(model, state_dict)``: reshape a freshly reduced model so that a state
-    #: dict saved after training loads with ``strict=True`` (DCS: shrink to the saved widths)
+    #: ``(model, state_dict)``: reshape a reduced model so a trained state dict loads strictly
     prepare_load: Optional[Callable[["nn.Module", dict], None]] = None
 
 
@@ -205,17 +201,14 @@ class MethodSpec:
     name: str
     params: type
     build: Callable[[Any, ModelInfo], Reduction]
-    #: what the method reduces, for ``vitbench list methods`` (:data:`METHOD_KINDS`): tokens by
-    #: merging, by pruning, by both (``hybrid``), or channels; ``other`` when none fits
+    #: what the method reduces, one of :data:`METHOD_KINDS` (``vitbench list methods``)
     kind: str = "other"
     families: tuple[str, ...] = ("vit",)
     aliases: tuple[str, ...] = ()
     needs_training: bool = False
     needs_attention_probs: bool = False
     description: str = ""
-    #: the parameter that sets the method's compute (``--match-gmacs``, ``vitbench sweep``): a
-    #: :class:`BudgetKnob`, or its keyword arguments as a dict; ``None``: the method is reported
-    #: as "not matchable" at a matched budget
+    #: the knob that sets the method's compute (a :class:`BudgetKnob` or its kwargs); ``None``: not matchable
     budget: Optional[BudgetKnob] = None
 
     def __post_init__(self) -> None:
@@ -234,14 +227,21 @@ class MethodSpec:
 class ScorerSpec:
     """A token significance scorer (docs/methods.md §4).
 
-    ``score(info, prefix) -> [B, N - prefix]`` normalised to sum 1 per image; ``needs`` says
-    what the block's attention must hand over for it.
+    ``score(info, prefix) -> [B, N - prefix]`` normalised to sum 1 per image, ``info`` the block's
+    :class:`vitbench.engine.AttnInfo`; ``needs`` says what the attention must hand over for it.
     """
 
     name: str
-    score: Callable[["AttnInfo", int], "torch.Tensor"]
+    score: Callable[[Any, int], "torch.Tensor"]
     needs: frozenset[str] = field(default_factory=frozenset)
     description: str = ""
+
+
+Grid = tuple[int, int]
+#: ``(info, ratio) -> (P, (H', W'))``: :attr:`FamilySpec.merge_grid`
+MergeGrid = Callable[[ModelInfo, float], tuple[int, Grid]]
+#: ``(info, shrink) -> [(grid seen, grid folded to)]``: :attr:`FamilySpec.sequence_grids`
+SequenceGrids = Callable[[ModelInfo, Callable[[int, Grid], Grid]], list[tuple[Grid, Grid]]]
 
 
 @dataclass(frozen=True)
@@ -254,16 +254,31 @@ class FamilySpec:
     patch: Callable[["nn.Module", Reduction], "nn.Module"]
     model_patterns: tuple[str, ...] = ()
     description: str = ""
+    # what methods may ask of the family; a method that needs a member the family leaves at its
+    # default refuses the family with an UnsupportedError
+    #: ``model -> module``: the last block or stage, whose pooled output an IB bound trains on
+    feature_module: Optional[Callable[["nn.Module"], "nn.Module"]] = None
+    #: the blocks and stages give ``[B, H, W, C]`` maps (timm's ``output_fmt`` NHWC: Swin)
+    channels_last: bool = False
+    #: ``(model, images) -> [B, C]``, the IB metric's features; ``None``: the spatial mean
+    final_features: Optional[Callable[["nn.Module", "torch.Tensor"], "torch.Tensor"]] = None
+    #: token merging: ``(info, ratio) -> (P, (H', W'))``, the tokens and grid a merge keeps
+    merge_grid: Optional[MergeGrid] = None
+    #: every block reduces its own tiles for the MLP only and unmerges after it (Swin)
+    reduces_tiles: bool = False
+    #: ``(info, shrink) -> [(grid seen, grid folded to)]`` for hybrids whose merges shrink the map
+    sequence_grids: Optional[SequenceGrids] = None
+    #: channel reducer class for non-ViT blocks, built by ``from_block(block, arch, separate, tau0)``
+    channel_reducer: Optional[type] = None
 
 
-#: what a task counts the GMACs of that a budget is matched on and the report compares
-#: (:attr:`TaskSpec.counts`): the whole model (cls), or the backbone inside a bigger model (det/seg)
+#: what a task's GMACs count (:attr:`vitbench.task.Task.counts`): the model (cls) or its backbone (det/seg)
 COUNTED = ("model", "backbone")
 
 
 @dataclass(frozen=True)
 class ReportColumn:
-    """An accuracy metric of a task as the reports show it (:attr:`TaskSpec.accuracy`).
+    """An accuracy metric of a task as the reports show it (:attr:`vitbench.task.Task.accuracy`).
 
     The comparison table shows ``title`` (the record field ``key``, formatted with ``fmt``),
     then the columns of ``before`` as they are, then ``delta`` (the row minus the baseline), the
@@ -289,9 +304,9 @@ class ReportColumn:
 @dataclass(frozen=True)
 class TaskSetup:
     """What a task resolved from the command line before anything heavy runs
-    (:attr:`TaskSpec.setup`): the model and data names, the metrics it will measure, and the
+    (:meth:`vitbench.task.Task.setup`): the model and data names, the metrics it will measure, and the
     extra keywords its plan needs (:func:`vitbench.plan.build_plan`'s ``train_limit``,
-    ``train_backbone``, ``dense_finetune``, ``control``)."""
+    ``train_backbone``, ``control`` and the task's :attr:`~vitbench.task.Task.spec_fields`)."""
 
     model: str
     data: Optional[str]
@@ -301,100 +316,14 @@ class TaskSetup:
 
 @dataclass(frozen=True)
 class WorkspaceRequest:
-    """What :attr:`TaskSpec.workspace` builds the plan's workspace from: the command line, the
-    task's own :class:`TaskSetup`, the plan (a list of :class:`~vitbench.plan.RunSpec`), the
+    """What :meth:`vitbench.task.Task.workspace` builds the plan's workspace from: the options, the
+    task's own :class:`TaskSetup`, the plan (a list of :class:`~vitbench.spec.RunSpec`), the
     result folder, whether finished runs are reused (``--resume``, sweeps) and where progress
     notes go."""
 
-    args: "argparse.Namespace"
+    options: "RunOptions"
     setup: TaskSetup
     plan: Sequence[Any]
     out: Path
     resume: bool
     note: Callable[[str], None]
-
-
-#: ``run(spec, ws, baseline, progress, params) -> fields`` (:attr:`TaskSpec.run`)
-TaskRun = Callable[[Any, Any, Optional[dict], Callable[[str], None], dict], dict]
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    """A task as a plugin registers it: how ``vitbench run --task NAME`` resolves its model and
-    data, builds what the runs share, runs one spec and what its reports show
-    (docs/architecture.md, "Tasks").
-
-    - ``setup(args, methods) -> TaskSetup``: check the task's options and name the model, data
-      and metrics (cheap: nothing is loaded; bad input raises a
-      :class:`~vitbench.errors.VitbenchError`). ``methods`` are the ``--methods`` names.
-    - ``workspace(request) -> ws``: load the model and data (training a baseline model once
-      when the task needs one), check that every method of the plan applies
-      (:func:`vitbench.plan.check_applies`), and return what the runs share. The workspace has
-      ``model`` (the unreduced timm model every run reduces a copy of) and ``counters`` (a dict
-      the executor caches matched-compute counters in, one per seed).
-    - ``run(spec, ws, baseline, progress, params) -> fields``: one run spec -- apply the method
-      (with ``params``, which differ from ``spec.params`` when a budget knob was matched),
-      fine-tune it when it trains, evaluate and measure; the returned fields go into the record.
-      It raises on failure (the executor records the error; the other runs go on).
-    - ``shared_fields(ws) -> fields``: what every record of the plan carries, failed runs' too
-      (cls: the classifier head fitted once for ``--num-classes``); ``None``: nothing.
-    - ``gmacs_counter(spec, ws, progress)``: a :class:`~vitbench.calibrate.GmacsCounter` of
-      what ``counts`` names, on the images the run counts on (``--match-gmacs``, sweeps);
-      ``None``: the task cannot match compute.
-    - ``metrics``: the ``--metrics`` names the task measures (:data:`vitbench.plan.METRICS`).
-    - ``accuracy``: its accuracy metrics as the reports show them, the headline first.
-    - ``counts``: whose GMACs a budget is matched on (:data:`COUNTED`).
-    - ``control``: a learnable method fine-tunes more than its own parameters, so the plan adds
-      the control row (:data:`vitbench.plan.CONTROL`: the baseline fine-tuned the same way).
-    - ``options(group)``: adds the task's own ``vitbench run``/``sweep`` options to ``group`` (an
-      ``argparse`` argument group titled with the tasks that share the function); ``setup``
-      reads them from ``args``. Given with another ``--task`` they are refused by name
-      (:func:`vitbench.cli.task_options.check_task_options`). ``None``: no options of its own.
-    """
-
-    name: str
-    setup: Callable[["argparse.Namespace", Sequence[str]], TaskSetup]
-    workspace: Callable[[WorkspaceRequest], Any]
-    run: TaskRun
-    metrics: tuple[str, ...]
-    accuracy: tuple[ReportColumn, ...] = ()
-    gmacs_counter: Optional[Callable[[Any, Any, Callable[[str], None]], Any]] = None
-    shared_fields: Optional[Callable[[Any], dict]] = None
-    counts: str = "model"
-    control: bool = False
-    #: its runs can spread over ``torchrun`` processes (``--launcher pytorch``, vitbench/distributed.py):
-    #: its evaluation shards through mmengine's sampler and collects its metrics across ranks
-    distributed: bool = False
-    description: str = ""
-    options: Optional[Callable[["argparse._ArgumentGroup"], None]] = None
-
-    def __post_init__(self) -> None:
-        if self.counts not in COUNTED:
-            from vitbench.errors import UnknownNameError
-
-            raise UnknownNameError(f"unknown counted part {self.counts!r} of task {self.name!r}; valid counted "
-                                   f"parts: {', '.join(COUNTED)}")
-
-    def option_flags(self) -> tuple[str, ...]:
-        """The flags :attr:`options` adds (``("--detector-epochs", ...)``; ``()`` when it has none
-        or they cannot be added: the CLI reports that as a broken plugin)."""
-        if self.options is None:
-            return ()
-        import argparse
-
-        group = argparse.ArgumentParser(add_help=False).add_argument_group()
-        try:
-            self.options(group)
-        except Exception:  # noqa: BLE001 - listed as none; `vitbench run` names the failure
-            return ()
-        return tuple(a.option_strings[0] for a in group._group_actions if a.option_strings)
-
-    @property
-    def compute_key(self) -> str:
-        """The record field a budget is matched on and the sweep plots: ``gmacs`` or ``backbone_gmacs``."""
-        return "gmacs" if self.counts == "model" else "backbone_gmacs"
-
-    @property
-    def compute_name(self) -> str:
-        """``GMACs`` or ``backbone GMACs``: what :attr:`compute_key` holds, in words."""
-        return "GMACs" if self.counts == "model" else "backbone GMACs"

@@ -34,3 +34,21 @@ def test_applying_twice_is_an_error():
     model = vitbench.apply(tiny_vit(), "tome", r=2)
     with pytest.raises(UnsupportedError, match="already reduced by 'tome'"):
         vitbench.apply(model, "ppt")
+
+
+def _spec(method: str, params_json: str = "{}"):
+    from vitbench.spec import RunSpec
+
+    return RunSpec(task="cls", model="tiny", method=method, params_json=params_json, data=None,
+                   metrics=("gmacs",), batch_size=1, device="cpu", seed=0)
+
+
+def test_check_applies_tries_each_method_on_a_copy_and_skips_the_references():
+    from vitbench.engine import reduction_context
+    from vitbench.engine.apply import check_applies
+
+    model = tiny_vit()
+    check_applies([_spec("baseline"), _spec("baseline+ft"), _spec("tome", '{"r": 4}')], model)
+    assert reduction_context(model) is None  # the copy was reduced, not the model
+    with pytest.raises(UnknownNameError, match="unknown method 'nope'"):
+        check_applies([_spec("baseline"), _spec("nope")], model)

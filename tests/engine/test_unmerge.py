@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 import vitbench
-from vitbench.engine import enable_source_tracing, last_state, unmerge
+from vitbench.engine import Reducer, enable_source_tracing, last_state, unmerge
 from vitbench.testing import tiny_vit
 
 
@@ -28,11 +28,12 @@ def test_pruned_positions_get_their_last_value():
     block = model.blocks[2]
     real_reducer = block.reducer
 
-    def spy(x, state, info):
-        captured["x"] = x.clone()
-        return real_reducer(x, state, info)
+    class Spy(Reducer):
+        def __call__(self, x, state, info):
+            captured["x"] = x.clone()
+            return real_reducer(x, state, info)
 
-    block.reducer = spy
+    block.reducer = Spy()
     with torch.inference_mode():
         x = model.forward_features(torch.randn(2, 3, 32, 32))
     state = last_state(model)

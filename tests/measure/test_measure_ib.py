@@ -147,3 +147,26 @@ def test_final_features_of_a_swin_pool_its_channels_last_map():
         features = final_features(swin, images)
     assert fmap.shape == (2, 7, 7, 32) and features.shape == (2, 32)
     assert torch.allclose(features, fmap.mean(dim=(1, 2)))
+
+
+def test_class_sums_accumulate_batches_into_centroids_means_and_log_q():
+    """Summed batch by batch, the statistics equal the one-pass helpers on all samples."""
+    from vitbench.measure.ib import ClassSums, log_q_from_sums
+
+    g = torch.Generator().manual_seed(0)
+    vectors, labels = torch.randn(12, 5, generator=g), torch.tensor([0, 1, 0, 2, 1, 0] * 2)
+    sums, tau = ClassSums(), torch.rand(12, 4, generator=g).softmax(dim=1)
+    q = ClassSums()
+    for part in (slice(0, 7), slice(7, 12)):
+        onehot = torch.nn.functional.one_hot(labels[part], 4).float()  # class 3 has no sample
+        sums.add(onehot, torch.nn.functional.normalize(vectors[part], dim=1))
+        q.add(onehot, tau[part])
+    assert sums.counts.tolist() == [6.0, 4.0, 2.0, 0.0]
+    torch.testing.assert_close(sums.centroids(), class_centroids(vectors, labels, 4))
+    means = sums.means()
+    torch.testing.assert_close(means[0], torch.nn.functional.normalize(vectors[labels == 0], dim=1).mean(0))
+    assert torch.equal(means[3], torch.zeros(5))
+    torch.testing.assert_close(q.log_q(), log_q_given_y(tau, labels, 4))
+    assert torch.equal(q.log_q(), log_q_from_sums(q.sums, q.counts))
+    torch.testing.assert_close(q.log_q()[3], torch.full((4,), math.log(0.25)))  # no sample: uniform
+

@@ -12,7 +12,7 @@ from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
 from vitbench.plugins import PluginHost
 import vitbench
-from vitbench.engine import reduction_context
+from vitbench.engine import Reducer, reduction_context
 from vitbench.testing import (
     PREFIX_MODELS, check_method, check_prefix_tokens, tiny_deit_distilled, tiny_vit, tiny_vit_registers,
 )
@@ -106,11 +106,18 @@ class BadDefaultParams:
             raise ParamError(f"bad-default.amount={self.amount} is out of range; it must be >= 0")
 
 
+class _Step(Reducer):
+    """A plain reducer whose token step is ``step(x, state)``."""
+
+    def __init__(self, step, needs: frozenset) -> None:  # type: ignore[no-untyped-def]
+        self.step, self.needs = step, needs
+
+    def __call__(self, x, state, info):  # type: ignore[no-untyped-def]
+        return self.step(x, state)
+
+
 def _reducer(step, needs=frozenset()):  # type: ignore[no-untyped-def]
-    def reducer(x, state, info):  # type: ignore[no-untyped-def]
-        return step(x)
-    reducer.needs = needs
-    return reducer
+    return _Step(lambda x, state: step(x), needs)
 
 
 def _halve(x: torch.Tensor) -> torch.Tensor:
@@ -125,10 +132,12 @@ def _patch_noise(x: torch.Tensor) -> torch.Tensor:
 
 
 def _with_state(step, needs=frozenset()):  # type: ignore[no-untyped-def]
-    def reducer(x, state, info):  # type: ignore[no-untyped-def]
-        return step(x, state)
-    reducer.needs = needs
-    return reducer
+    return _Step(step, needs)
+
+
+def _plain_function(x, state, info):  # type: ignore[no-untyped-def]
+    """A token step that is not a :class:`~vitbench.engine.Reducer`."""
+    return _halve(x)
 
 
 def _swap(x: torch.Tensor, i: int, j: int) -> torch.Tensor:
@@ -146,7 +155,7 @@ def _swap_registers(x: torch.Tensor, state) -> torch.Tensor:  # type: ignore[no-
     return _halve(_swap(x, 1, 2) if state.prefix >= 3 else x)
 
 
-class _SwappingModule(torch.nn.Module):
+class _SwappingModule(torch.nn.Module, Reducer):
     """A learnable-style reducer (an nn.Module, traced by a forward hook) that swaps cls and dist."""
 
     needs: frozenset = frozenset()
@@ -193,6 +202,8 @@ BROKEN = {  # name: (params, reducer at block 3, the reason check_method must gi
                        r"keep-drops-cls: TokenState.keep: the index drops prefix token\(s\) \[0\] for image 0"),
     "keep-swaps": (NoParams, _with_state(lambda x, s: _keep_index(x, s, list(range(s.prefix))[::-1])),
                    r"keep-swaps: TokenState.keep: the index reorders the prefix tokens \(its row starts \[1, 0\]\)"),
+    "not-a-reducer": (NoParams, _plain_function,
+                      r"not-a-reducer: block 3's reducer 'function' is not a vitbench.engine.Reducer; subclass it"),
 }
 
 

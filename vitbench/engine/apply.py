@@ -1,13 +1,21 @@
 """``vitbench.apply(model, "tome", r=13)``: a method applied to a timm model in one line."""
 from __future__ import annotations
 
-from typing import Any
+import copy
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from vitbench.errors import UnsupportedError
 from vitbench.params import make_params
 from vitbench.plugins import get_host
+from vitbench.task import REFERENCES
+
+if TYPE_CHECKING:  # pragma: no cover
+    from vitbench.spec import RunSpec
+
+__all__ = ["apply", "check_applies"]
 
 
 def apply(model: nn.Module, method: str, **params: Any) -> nn.Module:
@@ -28,3 +36,16 @@ def apply(model: nn.Module, method: str, **params: Any) -> nn.Module:
     info = family.describe(model)
     reduction = spec.build(values, info)
     return family.patch(model, reduction, method=spec.name, params=values)
+
+
+def check_applies(plan: Iterable[RunSpec], model: Any) -> None:
+    """Check, before anything runs, that a model-family adapter recognises ``model`` and that
+    every method of ``plan`` applies to a copy of it: unsupported pairs and out-of-range
+    parameters (e.g. a block index the model lacks) fail here with a clear error."""
+    get_host().family_of(model)
+    checked: set[tuple[str, str]] = set()
+    for spec in plan:
+        if spec.method in REFERENCES or (spec.method, spec.params_json) in checked:
+            continue  # the baseline, or the same method checked for an earlier seed
+        checked.add((spec.method, spec.params_json))
+        apply(copy.deepcopy(model), spec.method, **spec.params)

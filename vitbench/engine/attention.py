@@ -1,25 +1,12 @@
 """timm's ViT attention, re-run with proportional attention and optional probabilities.
 
-Re-implements ``timm.layers.Attention.forward`` on the module's own submodules (``qkv``,
-``q_norm``/``k_norm``, ``norm``, ``gate``, ``proj``), adding what the reducing block needs
-(docs/methods.md §0): the ``log(size)`` key bias of proportional attention, passed to SDPA as a float
-``attn_mask`` so the fused kernel is kept, and — only when a block's reducer asks — the
-head-averaged keys, the values, the cls row of the attention probabilities, or the full matrix.
-Only a block that needs the full matrix (``"attn"``) gives up the fused kernel.
-
-**Proportional attention in the flash kernel** (issue 11). A float ``attn_mask`` rules out
-FlashAttention: on a GPU SDPA then runs its memory-efficient kernel (or, with a misaligned
-mask, the plain math), the main loss of ToMe in half precision. The key bias can ride along
-inside the kernel instead, as one extra query/key channel: with ``c = scale ** -1/2``,
-
-    q' = [q, c, 0 ...],  k' = [k, bias * c, 0 ...],  v' = [v, 0 ...]
-    scale * q' . k' = scale * q . k + bias
-
-(head dim padded to a multiple of 8, as flash kernels require; the padded output channels are
-cut off). :func:`bias_channel` decides per call (:data:`BIAS_CHANNEL`): by default on CUDA in
-fp16/bf16, where it lets the flash kernel run, and not in fp32 or on the CPU, where the
-masked kernel is as fast and the three concatenations would only cost.
-"""
+Re-implements ``timm.layers.Attention.forward`` on the module's own submodules, adding what the
+reducing block needs (docs/methods.md §0): the ``log(size)`` key bias of proportional attention
+as a float ``attn_mask`` (the fused kernel is kept), and, only when a reducer asks, the
+head-averaged keys, the values, the class-token row of the probabilities or the full matrix
+(``"attn"``, the one request that gives up the fused kernel). On CUDA in half precision the bias
+rides inside the flash kernel as one extra query/key channel (:func:`bias_channel`,
+:data:`BIAS_CHANNEL`; docs/measuring.md, "Proportional attention in half precision on CUDA")."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -47,8 +34,7 @@ def uses_fused_kernel(attn: nn.Module, needs: AbstractSet[str]) -> bool:
     return bool(getattr(attn, "fused_attn", False)) and "attn" not in needs
 
 
-#: when the key bias travels as an extra channel (:func:`bias_channel`): ``"auto"`` (CUDA in
-#: fp16/bf16), ``"always"`` or ``"never"``; :func:`set_bias_channel` changes it (benchmarks, tests)
+#: when the key bias rides as an extra channel: ``"auto"`` (CUDA fp16/bf16), ``"always"``, ``"never"``
 BIAS_CHANNEL = "auto"
 _BIAS_CHANNEL_MODES = ("auto", "always", "never")
 

@@ -9,12 +9,13 @@ them, so a reduced model and its original share weights files.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 from torch import nn
 
 from vitbench.engine.attention import attention_forward, uses_fused_kernel
+from vitbench.engine.reducer import Reducer
 from vitbench.engine.token_state import TokenState
 
 
@@ -48,10 +49,10 @@ def reduction_context(model: nn.Module) -> Optional[ReductionContext]:
 class ReducingBlock(nn.Module):
     """A timm ViT block with a reduction step between attention and MLP.
 
-    Besides the token step ``reducer(x, state, info)``, a reducer may define two channel hooks
-    (DCS, docs/methods.md §7): ``qk(q, k, x) -> (q, k)``, applied to the per-head queries and keys
-    ``[B, h, N, d]`` after qk-norm (``x`` the normed block input), and
-    ``mlp_forward(mlp, x) -> y``, run instead of ``mlp(x)`` on the normed tokens.
+    Besides the token step ``reducer(x, state, info)``, it calls the reducer's two channel hooks
+    (:class:`~vitbench.engine.reducer.Reducer`; identities by default): ``qk(q, k, x)`` on the
+    per-head queries and keys ``[B, h, N, d]`` after qk-norm (``x`` the normed block input), and
+    ``mlp_forward(mlp, x)`` on the normed tokens instead of ``mlp(x)``.
 
     The block with ``index == 0`` starts every forward (fresh token counts and extras) and a
     fresh :class:`TokenState`. A hybrid whose blocks run on several token sequences (MobileViT:
@@ -59,14 +60,14 @@ class ReducingBlock(nn.Module):
     ``starts_sequence=True``: the token state restarts there, the counts run on.
     """
 
-    def __init__(self, block: nn.Module, index: int, reducer: Optional[Callable[..., torch.Tensor]],
+    def __init__(self, block: nn.Module, index: int, reducer: Optional[Reducer],
                  context: ReductionContext, starts_sequence: Optional[bool] = None) -> None:
         super().__init__()
         self.block = block
         self.index = index
         self.starts_sequence = index == 0 if starts_sequence is None else starts_sequence
         self.reducer = reducer  # an nn.Module reducer (learnable methods) becomes a submodule
-        self.needs = frozenset(getattr(reducer, "needs", ())) if reducer is not None else frozenset()
+        self.needs = frozenset(reducer.needs) if reducer is not None else frozenset()
         self._context = context
         self._register_state_dict_hook(_drop_wrapper_level)
         self._register_load_state_dict_pre_hook(_add_wrapper_level)
@@ -89,14 +90,14 @@ class ReducingBlock(nn.Module):
         state = ctx.state
         blk = self.block
         bias = state.bias(x.dtype, ctx.prop_attn)
-        qk = getattr(self.reducer, "qk", None)
+        reducer = self.reducer
+        qk = reducer.qk if reducer is not None else None
         out, info = attention_forward(blk.attn, blk.norm1(x), bias, self.needs, qk_hook=qk)
         x = x + blk.drop_path1(blk.ls1(out))
-        if self.reducer is not None:
-            x = self.reducer(x, state, info)
+        if reducer is not None:
+            x = reducer(x, state, info)
         ctx.token_counts.append(x.shape[1])
-        mlp_forward = getattr(self.reducer, "mlp_forward", None)
-        y = mlp_forward(blk.mlp, blk.norm2(x)) if mlp_forward is not None else blk.mlp(blk.norm2(x))
+        y = reducer.mlp_forward(blk.mlp, blk.norm2(x)) if reducer is not None else blk.mlp(blk.norm2(x))
         return x + blk.drop_path2(blk.ls2(y))
 
 

@@ -1,27 +1,14 @@
 """Channel selection by straight-through Gumbel-sigmoid masks (DCS, docs/methods.md §7).
 
-Family-independent building blocks of the DCS plugin (``plugins/dcs.py``): they see tensors, an
-MLP module or a 1x1-conv projection, never a model family. The MobileViT blocks (timm ViT
-``Block``s) use the MLP pieces unchanged; EfficientViT's LiteMLA uses the projection pieces.
-
-- :func:`~vitbench.engine.masks.straight_through_mask` (shared with LTMP and LTM): ``M = sigmoid((logits + g1 - g2) / tau)`` with Gumbel noise
-  ``g1, g2`` in training and none at inference; the forward uses the hard mask ``M > 0.5`` and
-  the backward the gradient of the soft ``M`` (straight-through).
-- :class:`QKChannelMask`: the input-dependent query/key channel mask ``theta = Linear(x)``
-  (one Linear shared by Q and K, or two with ``separate=True``).
-- :class:`ChannelGate`: per-channel architecture logits ``alpha`` of the attention-output/MLP
-  channels, with the hard keep/drop decision ``alpha > 0`` (straight-through to
-  ``sigmoid(alpha / tau)``) that the search's compute cost counts.
-- :func:`gated_mlp`, :func:`shrink_mlp`, :func:`sparse_mlp`: the MLP under a channel gate, the
-  physical shrink of ``fc1``/``fc2`` to the kept channels, and the shrunk MLP's forward that
-  scatters its ``C~`` outputs back into the ``C`` channels of the residual stream.
-- :func:`check_pointwise_proj`, :func:`shrink_proj_input`, :class:`PointwiseConv`: a projection
-  module whose ``conv`` is a 1x1 convolution (EfficientViT's ``LiteMLA.proj``) shrunk to read
-  only the kept input channels (DCS on the concatenated branch outputs feeding it).
-- :func:`shrink_qk_mask`: a Q/K channel mask reduced to the heads still computed.
-- :func:`conv_output_channels`: a convolution (plain, grouped or depthwise) reduced to some of
-  its output channels (whole groups), so the channels nothing reads are no longer computed.
-"""
+Family-independent building blocks of the DCS plugin: they see tensors, an MLP module or a
+1x1-conv projection, never a model family. :class:`QKChannelMask` is the input-dependent
+query/key channel mask; :class:`ChannelGate` the per-channel architecture logits with the hard
+keep/drop decision the search's cost counts; :func:`gated_mlp`, :func:`shrink_mlp` and
+:func:`sparse_mlp` gate, shrink and run the MLP; :func:`check_pointwise_proj`,
+:func:`shrink_proj_input` and :class:`PointwiseConv` do the same for a 1x1-conv projection
+(EfficientViT's ``LiteMLA.proj``); :func:`shrink_qk_mask` and :func:`conv_output_channels`
+reduce a mask or a convolution to the heads or channels still computed. The masks use
+:func:`~vitbench.engine.masks.straight_through_mask` (shared with LTMP and LTM)."""
 from __future__ import annotations
 
 import torch
@@ -37,12 +24,7 @@ __all__ = [
     "shrink_qk_mask", "sparse_mlp", "straight_through_mask",
 ]
 
-#: The initial mask logit (``theta``'s Linear bias, ``alpha``): positive, so an untrained mask
-#: keeps every channel at inference and the untrained method equals the unpatched model. Its
-#: size sets the exploration in training: the Gumbel noise ``g1 - g2`` is standard logistic, so
-#: a channel at this logit is dropped in a training forward with probability
-#: ``sigmoid(-KEEP_LOGIT)`` = 12% -- enough for the search to see what a channel is worth,
-#: little enough not to wreck a pretrained model.
+#: initial mask logit: untrained masks keep every channel (docs/methods.md §7, "Initial logit")
 KEEP_LOGIT = 2.0
 
 

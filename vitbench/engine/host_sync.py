@@ -1,20 +1,13 @@
-"""Forwards that never read the device from the host, for CUDA graphs (``--cuda-graph``, issue 11).
+"""Forwards that never read the device from the host, for CUDA graphs (``--cuda-graph``;
+docs/token-state.md, "Forwards a CUDA graph can capture").
 
-A CUDA graph replays a fixed sequence of kernels: nothing in the captured forward may copy a
-device value to the host (``bool(t)``, ``t.item()``, ``t.tolist()``, ``nonzero``), because the
-host would decide on a value from capture time. Most of the engine never does. Two places do,
-and give way inside :func:`device_only`:
-
-- :meth:`TokenState.keep`'s prefix check (one ``.all()``) is skipped; the same forward ran,
-  checked, outside the capture first;
-- PPT's shortcut when every image of the batch pools, or none does (two ``.any()``/``.all()``):
-  both branches are computed and selected per image on the device, as for a mixed batch.
-
-:func:`host_reads_allowed` is ``False`` inside :func:`device_only` and while a CUDA stream
-captures a graph. A method whose *shapes* depend on the data (ATS, learned keep counts) has to
-read the device to size its tensors, so it cannot be captured; vitbench's graph capture
-(:mod:`vitbench.measure.cuda_graph`) finds that out and times it eagerly, saying why.
-"""
+Nothing in a captured forward may copy a device value to the host (``bool(t)``, ``.item()``,
+``nonzero``): the host would decide on a value from capture time. The two places in the engine
+that do give way inside :func:`device_only`: :meth:`TokenState.keep`'s prefix check is skipped
+(the same forward ran, checked, outside the capture first), and PPT computes both branches and
+selects per image. :func:`host_reads_allowed` is ``False`` inside :func:`device_only` and while a
+stream captures. A method whose shapes depend on the data cannot be captured; the capture in
+:mod:`vitbench.measure.cuda_graph` finds that out and times it eagerly."""
 from __future__ import annotations
 
 import contextlib

@@ -51,7 +51,7 @@ class Matching:
         divided by its last channel, in the same layout.
 
         Written to touch ``x`` as few times as possible, because in half precision on a GPU the
-        merge is memory-bound (issue 11): the new sizes and the weights ``size / new size`` are
+        merge is memory-bound: the new sizes and the weights ``size / new size`` are
         worked out on the small ``[B, N]`` tensors first; then one gather lays ``x`` out as
         ``[prefix, unmerged A, B]``, the B rows are scaled by their weights in place, and the
         weighted sources are added into their destinations (``scatter_add_``). The textbook form

@@ -1,22 +1,12 @@
 """The per-forward token state that travels through the blocks (docs/methods.md §0).
 
-One small object, created fresh by the first block of every forward:
-
-- ``size [B, N, 1]``: how many original patches each token stands for (``None`` = all ones,
-  so an unreduced model takes exactly the timm code path);
-- ``source [B, N, N0]``: which original tokens each token covers (only when tracing, for
-  visualisation and :func:`vitbench.engine.unmerge.unmerge`);
-- ``fill [B, N0, C]``: the last value of every patch before it was pruned (only when tracing);
-- ``prefix``: protected leading tokens (cls, dist, registers), never merged or pruned;
-- ``key_bias [B, 1, 1, N]``: an extra additive attention-logit bias per key (LTMP's soft key
-  mask in training, ``-inf`` on padded tokens at inference); ``None`` = none;
-- ``private``: method-private state (LTM's previous mask, LTMP's keep mask).
-
-Every reduction goes through :meth:`TokenState.merge` or :meth:`TokenState.keep`, which change
-``x``, ``size``, ``source`` and ``fill`` together so they can never disagree. Both enforce the
-prefix rule (docs/token-state.md): the ``prefix`` tokens stay first, in their order, untouched;
-an index or matching that would drop, reorder or merge one raises :class:`PrefixTokenError`.
-"""
+One small object, created fresh by the first block of every forward: ``size`` (patches per
+token; ``None`` keeps timm's code path), ``source`` and ``fill`` (only when tracing, for
+:func:`vitbench.engine.unmerge.unmerge`), ``prefix`` (protected leading tokens), ``key_bias``
+(an additive attention-logit bias per key) and ``private`` (method-private state). Every
+reduction goes through :meth:`TokenState.merge` or :meth:`TokenState.keep`, which change ``x``
+and the state together and enforce the prefix rule (docs/token-state.md), raising
+:class:`PrefixTokenError`."""
 from __future__ import annotations
 
 import copy

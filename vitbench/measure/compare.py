@@ -23,8 +23,7 @@ def efficiency(speedup: float, baseline_gmacs: float, method_gmacs: float) -> fl
 
     1.0 means every saved MAC turned into time; below 1.0 the method's overhead (or a lost
     fused kernel) eats part of the saving; above 1.0 it saves more time than MACs (e.g. memory
-    traffic). docs/measuring.md: official ToMe on DeiT-S r=13 reaches 0.99 on our CPU
-    (1.69x at 4.599 -> 2.706 GMACs).
+    traffic). docs/measuring.md, "Throughput and latency", quotes a measured value.
     """
     s = check_positive_finite("speedup", speedup)
     base = check_positive_finite("baseline_gmacs", baseline_gmacs)

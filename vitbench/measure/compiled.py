@@ -1,4 +1,4 @@
-"""``--compile``: time the ``torch.compile``d model (issue 11, item 1; docs/measuring.md).
+"""``--compile``: time the ``torch.compile``d model (docs/measuring.md, "Throughput and latency").
 
 The compiled model is what the timing loops (throughput, latency, peak memory) run; GMACs are
 counted, and accuracy evaluated, on the eager model (compilation changes neither the MACs nor,

@@ -1,27 +1,13 @@
-"""``--cuda-graph``: time a captured CUDA graph of the forward (issue 11, item 1; docs/measuring.md).
+"""``--cuda-graph``: time a captured CUDA graph of the forward (docs/measuring.md, "Throughput and latency").
 
-At batch 1 a reduced ViT launches hundreds of small kernels (matching, gathers, the scorer), and
-the host's launch time, not the GPU, sets the latency: vitbench's ToMe took 13.1 ms on an H100
-in fp16 where the baseline took 5.15 ms. A CUDA graph records the forward's kernels once and
-replays them with one launch. That is only sound when the forward's shapes and control flow do
-not depend on the data, so :func:`graph_for_timing` checks before it trusts a graph, per batch
-size of the timing loops:
-
-1. the plain eager forward on a seeded input (the reference; every engine check runs);
-2. the same forward inside :func:`~vitbench.engine.host_sync.device_only` with
-   ``torch.cuda.set_sync_debug_mode("error")``: a forward that still copies a device value to the
-   host — a method whose token counts depend on the image (ATS, learned keep counts) — raises,
-   and is timed eagerly instead, the reason recorded;
-3. capture (after warm-up forwards on a side stream, as the CUDA graph docs prescribe; autocast
-   with its weight cache off, which capture requires), in one memory pool shared by the sizes;
-4. one replay on the reference input: its output must equal the reference (to 1e-3 of the
-   output's scale in fp32, 2e-2 in half precision), else the graph is dropped, the reason recorded.
-
-The graphed model is what the throughput and latency loops run (each call copies the input into
-the graph's static input and replays). Peak memory stays on the eager (or compiled) model: a
-replay allocates nothing, so its peak would say nothing about the method. GMACs and accuracy
-never run through the graph. On a CPU the option is recorded and the model timed eagerly.
-"""
+A graph replays the forward's kernels with one launch, which removes the host's launch time
+from a small-batch timing, but it is only sound when shapes and control flow do not depend on
+the data. So :func:`graph_for_timing` checks before it trusts a graph, per batch size: an eager
+reference forward; the same forward under
+:func:`~vitbench.engine.host_sync.device_only` with CUDA's sync debug mode set to error (a
+method that reads the device from the host is timed eagerly); capture after warm-up on a side
+stream; one replay that must equal the reference. Each fallback records why. Peak memory, GMACs
+and accuracy never run through the graph; on a CPU the model is timed eagerly."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,20 +1,10 @@
 """GMACs of one forward pass, counted on the real forward at batch 1 (docs/measuring.md, "GMACs").
 
-Why this way:
-
-- ``torch.utils.flop_counter.FlopCounterMode`` sees every aten op the forward really runs, so a
-  reduced model whose token count shrinks between blocks is counted as it runs, and an
-  input-dependent method (LTMP, ATS) is counted per image; the mean and spread over the images
-  are reported.
-- The papers' "GFLOPs" are multiply-accumulates, so ``gmacs = flops / 2 / 1e9``.
-- Fused attention is invisible to the stock counter: on CPU ``F.scaled_dot_product_attention``
-  dispatches to ``aten._scaled_dot_product_flash_attention_for_cpu``, which torch (2.13) has no
-  formula for, so a timm ViT with ``fused_attn=True`` loses its ``QK^T`` and ``A·V`` MACs and
-  DeiT-S counts 4.24 instead of 4.60 GMACs. :func:`attention_flop_formulas` supplies the
-  missing formulas (``2*B*h*N*N_k*d`` MACs for ``QK^T`` and ``A·V`` together, the count of the
-  unfused ``bmm`` pair) through ``FlopCounterMode(custom_mapping=...)``, so nothing global is
-  changed and fused and unfused attention count the same.
-"""
+``torch.utils.flop_counter.FlopCounterMode`` sees every aten op the forward runs, so shrinking
+token counts and input-dependent methods are counted as they run (per image, mean and spread
+reported); ``gmacs = flops / 2 / 1e9``, the papers' "GFLOPs". The stock counter has no formula
+for the CPU fused attention kernel, so :func:`attention_flop_formulas` supplies it through
+``custom_mapping`` and fused and unfused attention count the same."""
 from __future__ import annotations
 
 import math

@@ -1,39 +1,29 @@
 """The information-bottleneck loss and its variational bound (docs/methods.md §6; IBTM/LTM papers,
 Section 3 and Theorem 3.1; DCS paper, the IB loss of its retraining phase).
 
-Everything is written on soft cluster assignments so it is differentiable (LTM and DCS train
-with the bound) and so it is a metric for every method, baseline included:
-
-- ``X~``: a layer's features, the size-weighted mean of its patch tokens
-  (:func:`token_features`), so merged, pruned and plain models compare;
-- ``X``: the input image, area-downsampled to at most 32x32, flattened (:func:`input_vectors`);
-- both L2-normalised; clusters are the class centroids (mean of the normalised vectors of each
-  class, normalised again; an absent class has a zero centroid), and the soft assignment is
-  ``tau(v, a) = softmax_a(-||v - c_a||^2)`` (:func:`soft_assign`).
-
-With ``p(a, b) = mean_i tau(X~_i, a) tau(X_i, b)`` and ``p(a, y) = mean_i tau(X~_i, a) 1[y_i = y]``
-the IB loss is ``I(X~; X) - I(X~; Y)``; the bound is
-``mean_i sum_{a,b} tau(X~_i,a) tau(X_i,b) log tau(X_i,b) - mean_i sum_a tau(X~_i,a) log Q(a|y_i)``.
-Since ``sum_a tau(X~_i, a) = 1`` the first term equals ``mean_i sum_b tau(X_i,b) log tau(X_i,b)``,
-a constant of the inputs (:attr:`IBTerms.input_constant`); the second is a cross-entropy
-``>= H(A|Y)``, and ``H(A|Y) >= I(A;X) - I(A;Y)`` because ``I(A;X) <= H(A)`` -- Theorem 3.1:
-``bound - input_constant >= IB loss`` (checked numerically by the tests).
-"""
+Written on soft cluster assignments, so it is differentiable (LTM and DCS train with the bound)
+and a metric for every method, baseline included: ``X~`` the size-weighted mean of a layer's
+patch tokens (:func:`~vitbench.engine.features.token_features`), ``X`` the downsampled input
+(:func:`input_vectors`), clusters the class centroids, ``tau(v, a) = softmax_a(-||v - c_a||^2)`` (:func:`soft_assign`).
+The IB loss is ``I(X~; X) - I(X~; Y)``; ``bound - input_constant >= IB loss`` (Theorem 3.1,
+:attr:`IBTerms.input_constant`)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vitbench.engine.features import block_output, module_features, pooled_features, token_features
 from vitbench.guards import check_finite, check_metrics
 
 __all__ = [
-    "IBTerms", "class_centroids", "ib_terms", "input_vectors", "log_q_given_y",
-    "measure_ib", "soft_assign", "token_features", "final_features",
+    "ClassSums", "IBTerms", "block_output", "class_centroids", "ib_terms", "input_vectors", "log_q_from_sums",
+    "log_q_given_y", "measure_ib", "module_features", "pooled_features", "soft_assign", "token_features",
+    "final_features",
 ]
 
 #: inputs are area-downsampled so that their longer side is at most this (ImageNet stays tractable)
@@ -64,25 +54,39 @@ def input_vectors(images: torch.Tensor, max_side: int = INPUT_SIDE) -> torch.Ten
     return F.normalize(images.flatten(1).float(), dim=1)
 
 
-def token_features(tokens: torch.Tensor, prefix: int, size: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Size-weighted mean of the patch tokens ``tokens[:, prefix:]`` -> ``[B, C]``.
-
-    ``size [B, N, 1]`` (``None``: all ones) counts how many patches each token stands for, so
-    a merged model's feature is the mean over original patches; padded tokens have size 0.
-    """
-    patches = tokens[:, prefix:]
-    if size is None:
-        return patches.mean(dim=1)
-    w = size[:, prefix:].to(patches.dtype)
-    return (patches * w).sum(dim=1) / w.sum(dim=1).clamp_min(_EPS)
-
-
 def class_centroids(vectors: torch.Tensor, labels: torch.Tensor, num_classes: int) -> torch.Tensor:
     """``[K, D]``: per class, the mean of the L2-normalised ``vectors`` of that class, normalised."""
     v = F.normalize(vectors.float(), dim=1)
-    onehot = F.one_hot(labels.long(), num_classes).to(v.dtype)  # [n, K]
-    sums = onehot.t() @ v
-    return F.normalize(sums, dim=1)  # an absent class: a zero row (normalize keeps it zero)
+    sums = ClassSums()
+    sums.add(F.one_hot(labels.long(), num_classes).to(v.dtype), v)
+    return sums.centroids()  # an absent class: a zero row (normalize keeps it zero)
+
+
+@dataclass
+class ClassSums:
+    """Per-class sums of vectors over a data pass, batch by batch, and the per-class counts: the
+    class centroids and ``Q(a|y)`` of LTM's Algorithm 1 and of the IB bounds (docs/methods.md §6)."""
+
+    sums: Optional[torch.Tensor] = None  # [K, D]
+    counts: Optional[torch.Tensor] = None  # [K]
+
+    def add(self, rows: torch.Tensor, vectors: torch.Tensor) -> None:
+        """Add ``vectors [n, D]`` to the classes of ``rows [n, K]`` (one-hot labels, per vector)."""
+        sums, counts = rows.t() @ vectors, rows.sum(0)
+        self.sums = sums if self.sums is None else self.sums + sums
+        self.counts = counts if self.counts is None else self.counts + counts
+
+    def means(self) -> torch.Tensor:
+        """``[K, D]``: the mean vector of each class (a class without samples: zeros)."""
+        return self.sums / self.counts.clamp_min(1)[:, None]
+
+    def centroids(self) -> torch.Tensor:
+        """``[K, D]``: the sums L2-normalised (:func:`class_centroids` of normalised vectors)."""
+        return F.normalize(self.sums, dim=1)
+
+    def log_q(self) -> torch.Tensor:
+        """``log Q(a|y)`` when the vectors added were soft assignments ``tau [n, K_a]``."""
+        return log_q_from_sums(self.sums, self.counts)
 
 
 def soft_assign(vectors: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
@@ -94,10 +98,16 @@ def soft_assign(vectors: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
 def log_q_given_y(tau_f: torch.Tensor, labels: torch.Tensor, num_classes: int) -> torch.Tensor:
     """``log Q(a|y)`` ``[K_y, K_a]``: the mean of ``tau(X~, a)`` over the samples of class ``y``
     (LTM's Algorithm 1 refreshes it every epoch). A class without samples gets uniform Q."""
-    onehot = F.one_hot(labels.long(), num_classes).to(tau_f.dtype)  # [n, Ky]
-    counts = onehot.sum(0)[:, None]
-    q = (onehot.t() @ tau_f) / counts.clamp_min(1)
-    q = torch.where(counts > 0, q, torch.full_like(q, 1.0 / tau_f.shape[1]))
+    sums = ClassSums()
+    sums.add(F.one_hot(labels.long(), num_classes).to(tau_f.dtype), tau_f)
+    return sums.log_q()
+
+
+def log_q_from_sums(sums: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """``log Q(a|y)`` ``[K_y, K_a]`` from per-class sums of ``tau`` and the class counts ``[K_y]``
+    (clamped at 1e-12; a class without samples gets uniform Q)."""
+    q = sums / counts.clamp_min(1)[:, None]
+    q = torch.where(counts[:, None] > 0, q, torch.full_like(q, 1.0 / sums.shape[1]))
     return q.clamp_min(_EPS).log()
 
 
@@ -127,36 +137,32 @@ def ib_terms(tau_f: torch.Tensor, tau_x: torch.Tensor, labels: torch.Tensor, num
 
 
 def final_features(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
-    """``[B, C]``: :func:`token_features` of the last block's output for ``images``.
+    """``[B, C]``: the final features of ``model(images)``, as its family adapter defines them
+    (:attr:`~vitbench.catalog.FamilySpec.final_features`; a ViT: :func:`token_features` of the
+    last block's output, merged tokens counted by their size).
 
-    Works on a plain timm ViT (sizes all one) and on a reduced one (the token sizes of the
-    forward's :class:`~vitbench.engine.TokenState`, so merged tokens count by their size). A
-    model without ``blocks`` (conv hybrids, Swin) gives the spatial mean of its final feature
-    map, which every method's output is folded back into: ``[B, C, H, W]``, or ``[B, H, W, C]``
-    where timm says its output is channels-last (``output_fmt`` NHWC: Swin)."""
-    from vitbench.engine.block import reduction_context
-
-    if not hasattr(model, "blocks"):  # MobileViT, EfficientViT, Swin: the final map's mean
-        fmap = model.forward_features(images)
-        if fmap.dim() != 4:
-            return fmap.mean(dim=1)
-        nhwc = getattr(model, "output_fmt", "NCHW") == "NHWC"
-        return fmap.mean(dim=(1, 2)) if nhwc else fmap.mean(dim=(-2, -1))
-    tokens = block_output(model, model.blocks[-1], images)
-    ctx = reduction_context(model)
-    size = ctx.state.size if ctx is not None and ctx.state is not None else None
-    return token_features(tokens, int(getattr(model, "num_prefix_tokens", 1)), size)
+    By default (conv hybrids, Swin, a model no family recognises) the spatial mean of the final
+    feature map, which every method's output is folded back into: ``[B, C, H, W]``, or
+    ``[B, H, W, C]`` where timm says its output is channels-last (``output_fmt`` NHWC: Swin)."""
+    family = _family_of(model)
+    if family is not None and family.final_features is not None:
+        return family.final_features(model, images)
+    fmap = model.forward_features(images)
+    if fmap.dim() != 4:
+        return fmap.mean(dim=1)
+    nhwc = getattr(model, "output_fmt", "NCHW") == "NHWC"
+    return fmap.mean(dim=(1, 2)) if nhwc else fmap.mean(dim=(-2, -1))
 
 
-def block_output(model: nn.Module, block: nn.Module, images: torch.Tensor) -> torch.Tensor:
-    """What ``block`` (a module of ``model``) outputs during ``model(images)``."""
-    captured: dict[str, torch.Tensor] = {}
-    handle = block.register_forward_hook(lambda mod, args, out: captured.__setitem__("out", out))
+def _family_of(model: nn.Module) -> Any:
+    """The family adapter that recognises ``model``, or ``None``."""
+    from vitbench.errors import UnsupportedError
+    from vitbench.plugins import get_host
+
     try:
-        model(images)
-    finally:
-        handle.remove()
-    return captured["out"]
+        return get_host().family_of(model)
+    except UnsupportedError:
+        return None
 
 
 def measure_ib(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],

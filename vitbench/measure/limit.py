@@ -1,4 +1,4 @@
-"""The *limit* of a token-reduction method's speed: what its token counts alone allow (issue 11).
+"""The *limit* of a token-reduction method's speed: what its token counts alone allow.
 
 A method saves time only by running blocks on fewer tokens; scoring, matching, gathering and
 scattering cost time on top. The limit runs the unpatched timm blocks on the method's own

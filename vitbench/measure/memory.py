@@ -1,27 +1,10 @@
 """Peak memory of one forward pass, in MB (2**20 bytes) (docs/measuring.md, "Peak memory").
 
-- CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``, as the spec says.
-  This is the peak of everything the caching allocator holds for tensors during the forward,
-  so it *includes* the weights and the input already on the GPU.
-- CPU: growth of the process's resident set during the forward (peak RSS minus RSS just
-  before). Absolute RSS would be dominated by the Python and torch libraries, hence growth; it
-  therefore covers activations and workspaces, *not* the weights. Compare CPU numbers only with
-  CPU numbers. How the peak is read, best first:
-
-  1. Linux >= 4.0: reset the kernel's high-water mark (write ``5`` to ``/proc/self/clear_refs``)
-     and read ``VmHWM`` from ``/proc/self/status`` afterwards. Exact; no sampling.
-  2. Otherwise a thread samples the RSS (``/proc/self/statm``, else ``psutil`` if installed)
-     every 0.5 ms during the forward. Torch releases the GIL in its kernels, so the sampler runs,
-     but a peak shorter than the interval can be missed (an underestimate).
-  3. Without either, the growth of ``resource.getrusage().ru_maxrss`` (a lower bound: it only
-     shows growth beyond the process's earlier maximum).
-
-  Before measuring, one warm-up forward fills one-off caches (oneDNN primitives, weight
-  pre-packing) so they are not billed to the forward, then ``gc.collect()`` and glibc's
-  ``malloc_trim(0)`` hand freed heap memory back to the OS, so that memory the warm-up freed
-  but the allocator kept is not silently reused (which would hide growth). Numbers on the CPU
-  are therefore approximate (a few MB of allocator noise).
-"""
+On CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats`` (weights and input
+included). On the CPU: the growth of the process's resident set during the forward (activations
+and workspaces, not the weights), read from the kernel's high-water mark, else a sampling
+thread, else ``ru_maxrss``; a warm-up forward and ``malloc_trim`` come first, so CPU numbers are
+approximate to a few MB and comparable only with CPU numbers."""
 from __future__ import annotations
 
 import ctypes

@@ -1,21 +1,10 @@
-"""The numeric precision a run measures in (``--precision``; issue 11, docs/measuring.md).
+"""The numeric precision a run measures in (``--precision``; docs/measuring.md, "Throughput and latency").
 
-``fp32`` runs the model as it is. ``fp16`` and ``bf16`` run it under ``torch.autocast`` with
-that dtype on the run's device -- the way users run these models on a GPU: the weights stay
-fp32, matmuls, convolutions and attention run in half precision, reductions and softmax
-where autocast keeps them in fp32. Where it applies:
-
-- the timed forwards (throughput, latency) and the peak-memory forward;
-- evaluation (top-1/top-5, box/mask mAP) and the IB metric; the logits handed to the metric
-  are cast back to fp32 (:class:`~vitbench.mm.classifier.TimmLogits`);
-- fine-tuning in ``bf16`` (bf16 keeps fp32's exponent range, so gradients need no loss
-  scaling). ``fp16`` fine-tuning stays fp32: fp16 needs a loss scaler whose skipped steps on
-  overflowing gradients are exactly what vitbench's non-finite guard stops a run for, so a
-  learnable method is trained in fp32 and measured in fp16 (stated in the record).
-
-GMACs are counted in fp32 whatever the precision: a multiply-add is one in any dtype.
-``bf16`` works on the CPU too (oneDNN); ``fp16`` autocast on a CPU is allowed but slow.
-"""
+``fp32`` runs the model as it is; ``fp16`` and ``bf16`` run it under ``torch.autocast`` with
+that dtype (weights stay fp32), for the timed and peak-memory forwards, evaluation and the IB
+metric. Fine-tuning runs under ``bf16`` autocast, but in fp32 for ``fp16`` (a loss scaler's
+skipped steps are what the non-finite guard stops a run for), and the record says so. GMACs
+are counted in fp32 whatever the precision."""
 from __future__ import annotations
 
 import contextlib

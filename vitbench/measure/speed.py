@@ -1,37 +1,12 @@
 """Throughput (img/s at a batch size) and latency (ms at batch 1) of the model forward.
 
-How (docs/measuring.md, "Throughput and latency"): only the forward is timed, in ``eval()`` and
-``torch.inference_mode()``, on a seeded input made on the device before the clock starts;
-warm-up iterations run first and are discarded; the device is synchronised before each clock
-read (``time.perf_counter``), so an asynchronous GPU forward is timed to its end. Each repeat
-times one forward; the result is the median over repeats and its spread.
-
-Choices, and why:
-
-- Spread is the interquartile range (Q3 - Q1) of the per-repeat values, not ``(max-min)/2``:
-  one scheduler hiccup among the repeats does not inflate it.
-- Default warm-up is ``max(2, ceil(repeats / 4))`` iterations on the CPU, which meets the spec's
-  "25% of runs" arm. The spec's other arm, 10 iterations, costs ~10 s per measurement for a
-  ViT-S batch-32 forward on our 2-core CPU, and the CPU needs no more than a couple of
-  iterations (allocator and oneDNN caches fill on the first). On a GPU, where forwards are
-  cheap and cuDNN/allocator warm-up matters more, the default is ``max(10, ceil(repeats/4))``.
-- The model is not moved: it must already be on ``device`` (a clear error says so otherwise).
-- Inputs use the model's floating-point dtype, so a half-precision model is timed in half;
-  ``precision="bf16"``/``"fp16"`` times the forward under ``torch.autocast`` instead
-  (:mod:`vitbench.measure.precision`, ``--precision``).
-- Threads are whatever ``torch.get_num_threads()`` says; the result records it, with the
-  usable CPU cores and the 1-minute load average (``os.getloadavg()``) read just before the
-  first warm-up forward and just after the last timed one.
-
-When a timing is not to be trusted (docs/measuring.md, "Honest timings"): its interquartile
-spread exceeds :data:`SPREAD_LIMIT` of its median, or the machine's 1-minute load average
-before or after exceeded the usable cores plus :data:`LOAD_MARGIN` (more runnable threads
-than cores: the forward shared the CPU with other work). The load average is system-wide
-(in a container, usually the host's), so our own threads count in it; ``cores + margin``
-rather than ``threads + margin`` is the limit because a forward on fewer threads than cores
-is not slowed by other work on the idle cores. :func:`timing_doubt` says why in words; the
-report marks such a cell and quotes the reason under its table.
-"""
+Only the forward is timed, in ``eval()`` and ``torch.inference_mode()``, on a seeded input on
+the device, after discarded warm-up iterations, synchronising before each clock read; the
+result is the median over repeats and its interquartile spread, with the threads, usable cores
+and load average around the timing. ``precision`` times under ``torch.autocast``. A timing is
+doubted (:func:`timing_doubt`) when its spread exceeds :data:`SPREAD_LIMIT` of its median or
+the load average exceeded the cores plus :data:`LOAD_MARGIN`. docs/measuring.md, "Throughput
+and latency" and "Honest timings"."""
 from __future__ import annotations
 
 import math
@@ -62,11 +37,9 @@ __all__ = [
     "machine_load", "measure_latency", "measure_throughput", "timing_doubt",
 ]
 
-#: a timing whose interquartile spread over repeats exceeds this fraction of its median is
-#: marked in reports (docs/measuring.md, "Honest timings")
+#: a timing whose interquartile spread exceeds this fraction of its median is marked
 SPREAD_LIMIT = 0.10
-#: a timing taken while the 1-minute load average exceeded the usable cores plus this margin
-#: (before or after) is marked in reports: other work held the CPU
+#: a timing taken while the load average exceeded the usable cores plus this margin is marked
 LOAD_MARGIN = 0.5
 
 
@@ -190,7 +163,7 @@ class LatencyResult(_TimingFacts):
 
 
 def default_warmup(repeats: int, device: str | torch.device = "cpu") -> int:
-    """Warm-up iterations used when none are given (see the module docstring for why)."""
+    """Warm-up iterations used when none are given (docs/measuring.md, "Throughput and latency")."""
     quarter = math.ceil(repeats / 4)
     return max(2, quarter) if torch.device(device).type == "cpu" else max(10, quarter)
 

@@ -2,9 +2,9 @@
 
 It checks what the suite relies on: parameters have defaults and reject unknown keys; the
 reduced model keeps the output shape; tokens never grow from block to block and end fewer
-than they started (for a token method); the forward is deterministic on CPU in eval mode; the
-reducers only ask the attention for what it can hand over; and the prefix tokens (class,
-distillation, register) leave every reduction step first, in their order and unchanged
+than they started (for a token method); the forward is deterministic on CPU in eval mode;
+every reducer is a :class:`vitbench.engine.Reducer` and only asks the attention for what it
+can hand over; and the prefix tokens (class, distillation, register) leave every reduction step first, in their order and unchanged
 (docs/token-state.md, "Prefix tokens"), on the model under test and on tiny models with
 several prefix tokens (a distilled DeiT: cls + dist; a ViT with two registers).
 """
@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
-from vitbench.engine import apply, reduction_context
+from vitbench.engine import AttnInfo, Reducer, TokenState, apply, reduction_context
 from vitbench.engine.attention import NEEDS
 from vitbench.engine.block import ReducingBlock
 from vitbench.engine.token_state import PrefixTokenError
@@ -78,6 +78,9 @@ def check_method(name: str, params: Optional[dict[str, Any]] = None,
                  prefix_models: Sequence[Callable[[], nn.Module]] = PREFIX_MODELS) -> ConformanceReport:
     """Assert that method ``name`` conforms; raise ``AssertionError`` saying what does not.
 
+    Besides the module's list, every reducer the method builds must be a
+    :class:`~vitbench.engine.Reducer` (or ``None``).
+
     ``prefix_models``: further models on which the prefix rule alone is checked (skipped when
     the method does not support their family); the default has two and three prefix tokens.
     """
@@ -95,6 +98,7 @@ def check_method(name: str, params: Optional[dict[str, Any]] = None,
         raise AssertionError(f"{name}: an unknown parameter was accepted")
 
     base = model_factory()
+    _check_reducer_types(name, params, base)
     x = torch.randn(2, *_input_size(base), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         expected = base(x)
@@ -118,6 +122,21 @@ def check_method(name: str, params: Optional[dict[str, Any]] = None,
     for factory in prefix_models:
         _check_prefix_rule(name, params, factory, spec.families)
     return ConformanceReport(spec.name, counts, tuple(first.shape))
+
+
+def _check_reducer_types(name: str, params: dict[str, Any], model: nn.Module) -> None:
+    """Every reducer ``name`` builds for ``model`` is ``None`` or a :class:`~vitbench.engine.Reducer`
+    (built aside, with the random state restored, so the checked model is built as usual)."""
+    host = get_host()
+    spec, family = host.method(name), host.family_of(model)
+    if family.name not in spec.families:
+        return  # apply() says so
+    with torch.random.fork_rng(devices=[]):
+        reduction = spec.build(make_params(spec.name, spec.params, params), family.describe(model))
+    for i, reducer in enumerate(reduction.reducers):
+        assert reducer is None or isinstance(reducer, Reducer), (
+            f"{name}: block {i}'s reducer {type(reducer).__name__!r} is not a vitbench.engine.Reducer; subclass it "
+            f"(docs/token-state.md, \"The reducer contract\")")
 
 
 def _forward(name: str, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -219,20 +238,38 @@ class _PrefixTrace:
         return "the output has fewer tokens than the prefix"
 
 
-class _Traced:
-    """A plain-callable reducer with :class:`_PrefixTrace`'s check around its token step;
-    its other attributes (``needs``, ``qk``, ``mlp_forward``) are the reducer's own."""
+class _Traced(Reducer):
+    """A plain reducer with :class:`_PrefixTrace`'s check around its token step; every other
+    member of the contract is the reducer's own."""
 
-    def __init__(self, reducer: Callable[..., torch.Tensor], trace: _PrefixTrace, block: int) -> None:
+    def __init__(self, reducer: Reducer, trace: _PrefixTrace, block: int) -> None:
         self._reducer, self._trace, self._block = reducer, trace, block
+        self.needs = reducer.needs
+        self.selects_channels = reducer.selects_channels
+        self.records_grid_merge = reducer.records_grid_merge
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._reducer, name)
-
-    def __call__(self, x: torch.Tensor, state: Any, info: Any) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, state: TokenState, info: AttnInfo) -> torch.Tensor:
         out = self._reducer(x, state, info)
         self._trace.check(self._block, x, state.prefix, out)
         return out
+
+    def qk(self, q: torch.Tensor, k: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._reducer.qk(q, k, x)
+
+    def mlp_forward(self, mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return self._reducer.mlp_forward(mlp, x)
+
+    def proj_forward(self, proj: nn.Module, out: torch.Tensor) -> torch.Tensor:
+        return self._reducer.proj_forward(proj, out)
+
+    def selected_heads(self) -> Optional[torch.Tensor]:
+        return self._reducer.selected_heads()
+
+    def unmerge(self, y: torch.Tensor, state: TokenState) -> Optional[torch.Tensor]:
+        return self._reducer.unmerge(y, state)
+
+    def observe(self, module: nn.Module, x: torch.Tensor) -> None:
+        self._reducer.observe(module, x)
 
 
 def _input_size(model: nn.Module) -> tuple[int, int, int]:

@@ -1,6 +1,6 @@
 """An independent, deliberately plain ToMe forward: explicit (unfused) attention and per-image
-Python loops for the matching (docs/methods.md §1). vitbench's engine must give the same outputs
-(issue #2, item 10); a plugin author can check a ToMe variant against it the same way."""
+Python loops for the matching (docs/methods.md §1). vitbench's engine must give the same outputs;
+a plugin author can check a ToMe variant against it the same way."""
 from __future__ import annotations
 
 from typing import Callable
@@ -45,8 +45,7 @@ def _merge_one(x, size, keys, r, prefix):
     return torch.stack(xs), torch.stack(ss)
 
 
-#: ``merge_one(block, x [N, C], size [N, 1], keys [N, d], prefix) -> (x, size)``: one image's tokens
-#: after block ``block``'s attention residual, reduced by a plain per-image implementation
+#: ``(block, x [N, C], size [N, 1], keys [N, d], prefix) -> (x, size)``: one image's merge
 MergeOne = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
 
 

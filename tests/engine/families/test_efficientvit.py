@@ -11,7 +11,7 @@ import torch
 
 import vitbench
 from vitbench.catalog import Reduction
-from vitbench.engine import reduction_context
+from vitbench.engine import Reducer, reduction_context
 from vitbench.engine.families.efficientvit import (
     BRANCHES,
     ReducingLiteMLA,
@@ -106,8 +106,10 @@ def test_no_reducers_is_bit_identical_and_keeps_timm_keys():
     assert ctx.token_counts == [16] * 3 + [4] * 4  # map positions per LiteMLA; nothing reduced
 
 
-class _Hooks(torch.nn.Module):
+class _Hooks(torch.nn.Module, Reducer):
     """A channel reducer with identity hooks that records what they receive."""
+
+    selects_channels = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -140,7 +142,8 @@ def test_heads_used_runs_only_those_heads():
     channels = (heads[:, None] * 16 + torch.arange(16)).flatten()
 
     class TwoHeads(_Hooks):
-        heads_used = heads
+        def selected_heads(self):  # type: ignore[no-untyped-def]
+            return heads
 
         def proj_forward(self, proj, out):  # type: ignore[no-untyped-def]
             self.out = out
@@ -170,11 +173,12 @@ def test_token_methods_are_refused(method):
 
 
 def test_a_token_reducer_is_refused_by_patch():
-    def token_step(x, state, info):  # type: ignore[no-untyped-def]
-        return x
+    class TokenStep(Reducer):
+        def __call__(self, x, state, info):  # type: ignore[no-untyped-def]
+            return x
 
     with pytest.raises(UnsupportedError, match="no token sequence.*needs the channel hooks qk"):
-        patch(_model(), Reduction([token_step] * 7), method="mine")
+        patch(_model(), Reduction([TokenStep()] * 7), method="mine")
 
 
 def test_microsoft_efficientvit_is_refused_clearly():

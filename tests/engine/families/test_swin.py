@@ -13,7 +13,7 @@ from timm.models.swin_transformer import SwinTransformer
 
 import vitbench
 from vitbench.catalog import Reduction
-from vitbench.engine import reduction_context
+from vitbench.engine import Reducer, reduction_context
 from vitbench.engine.families.swin import describe, patch, tile_of
 from vitbench.errors import UnsupportedError
 
@@ -25,7 +25,7 @@ def _small(img_size: int = 56) -> SwinTransformer:
                            num_classes=10).eval()
 
 
-class _Identity:
+class _Identity(Reducer):
     """A reducer that keeps every token: the patched forward must then be timm's exactly."""
 
     needs = frozenset({"keys"})
@@ -102,7 +102,7 @@ def test_refusals():
     with pytest.raises(UnsupportedError, match="no model-family adapter recognises SwinTransformerV2Cr"):
         vitbench.apply(swinv2_cr, "tome", r=2)
 
-    class _WantsCls:
+    class _WantsCls(Reducer):
         needs = frozenset({"cls_attn"})
 
         def __call__(self, x, state, info):  # type: ignore[no-untyped-def]

@@ -7,13 +7,16 @@ from torch import nn
 
 from vitbench.catalog import ModelInfo, Reduction
 from vitbench.engine.block import reduction_context
+from vitbench.engine.reducer import check_reducers
 from vitbench.errors import UnsupportedError
 
 
 def describe_for_patch(model: nn.Module, reduction: Reduction, method: str,
                        describe: Callable[[nn.Module], ModelInfo], what: str = "blocks") -> ModelInfo:
-    """``describe(model)`` after checking that ``model`` is not reduced yet and that
-    ``reduction`` has one reducer per attention block (``what`` names them in the error)."""
+    """``describe(model)`` after checking that ``model`` is not reduced yet, that every reducer
+    is a :class:`~vitbench.engine.reducer.Reducer` (or ``None``) and that ``reduction`` has one
+    per attention block (``what`` names them in the error)."""
+    check_reducers(reduction.reducers, method)
     context = reduction_context(model)
     if context is not None:
         raise UnsupportedError(f"this model is already reduced by {context.method!r}; "

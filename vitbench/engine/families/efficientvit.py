@@ -1,64 +1,15 @@
-"""The EfficientViT family adapter: MIT EfficientViT (timm ``EfficientVit``, ``efficientvit_b*``).
+"""The EfficientViT family adapter: MIT EfficientViT (Cai et al., ICCV 2023, §3.1; timm
+``EfficientVit``, ``efficientvit_b*``); docs/methods.md §0, "EfficientViT".
 
-EfficientViT (Cai et al., "EfficientViT: Lightweight Multi-Scale Attention for High-Resolution
-Dense Prediction", ICCV 2023, Section 3.1) replaces softmax attention by *lightweight
-multi-scale linear attention* (timm ``LiteMLA``) on BCHW feature maps: a 1x1 ``qkv`` conv, one
-extra branch per aggregation scale (a 5x5 depthwise plus a grouped 1x1 conv on the same q/k/v),
-per head and branch a ReLU-kernel linear attention, the branch outputs concatenated and a 1x1
-``proj``. There is no token sequence, so token methods (docs/methods.md §0) do not apply; channel
-selection does (DCS, docs/methods.md §7: "on EfficientViT: Q/K of each LiteMLA branch, and the
-concatenated branch outputs feeding the projection"; the DCS paper's DCS-EfficientViT-B1).
-
-``describe`` gives one :class:`~vitbench.catalog.BlockInfo` per LiteMLA in forward order
-(``efficientvit_b1``: 3 in ``stages[2]``, 4 in ``stages[3]``):
-
-- ``dim``: the LiteMLA's input channels ``C`` (what an input-dependent mask reads);
-- ``num_heads``: heads *per branch* ``h``; the adapter guarantees ``h * d == C`` (``d =
-  dim // num_heads``, timm's ``head_dim``, 16 for b1) and :data:`BRANCHES` branches, so the
-  q/k/v width of one branch is ``C`` and the concatenated output feeding ``proj`` has
-  ``BRANCHES * C`` channels; other layouts are refused;
-- ``grid``/``num_patches``: the map the LiteMLA sees at the description's ``input_size``
-  (``model.vitbench_input_size`` when the detection task set one, else the ``pretrained_cfg``
-  size): every stride-2 layer (stem, each stage's first block) gives ``ceil(H / 2)``;
-- ``sequence = index``, ``first = True``: each LiteMLA is its own "sequence" (no token state
-  travels between them).
-
-The scalar fields describe the first LiteMLA; ``num_prefix_tokens`` is 0.
-
-``patch(model, reduction)`` takes one reducer (or ``None``) per LiteMLA and replaces each
-``context_module.main`` by a :class:`ReducingLiteMLA`. A reducer for this family acts on
-channels through these hooks (each optional; a reducer with neither ``qk`` nor
-``proj_forward`` is a token reducer and is refused):
-
-- ``qk(q, k, x) -> (q, k)``: ``q, k [B, H', HW, d]`` the per-head queries and keys of all
-  branches, branch-major (heads ``0..h-1`` are the 1x1 branch, ``h..2h-1`` the 5x5
-  aggregation branch), **after** the ReLU kernel; ``x [B, HW, C]`` the LiteMLA's input map as
-  position tokens. The same shapes as the ViT block's ``qk`` hook
-  (:class:`~vitbench.engine.block.ReducingBlock`), so one channel mask serves both. Masking
-  after the kernel keeps ``(phi(Q)*M)(phi(K)*M)^T`` -- §7's ``(Q*M)(K*M)^T`` with the linear
-  attention's similarity -- and its normaliser ``phi(Q) (phi(K)^T 1)`` consistent (a masked
-  channel drops out of both); before the kernel the forward would be the same for a 0/1 mask,
-  only the straight-through gradient would pass through the ReLU.
-- ``heads_used``: an attribute, ``None`` (all ``H' = BRANCHES * h`` heads) or a sorted
-  ``LongTensor`` of heads: the attention runs only for those heads (their q, k, v), ``qk``
-  receives only them, and ``proj_forward`` receives only their output channels, in order.
-- ``proj_forward(proj, out) -> y``: run instead of ``proj(out)``; ``out [B, H'*d, H, W]`` the
-  concatenated branch/head outputs (channel ``t*d + j`` is value channel ``j`` of head ``t``).
-- ``head_positions``: an attribute, ``None`` or a ``LongTensor``, for a reducer that has shrunk
-  the ``qkv`` and aggregation convolutions to some heads (DCS drops the q/k/v of a head of the
-  1x1 branch together with the 5x5-branch head computed from them): the heads ``heads_used``
-  are then selected at these positions among the heads still computed.
-- ``observe(mla, x)``: called first in every forward with the LiteMLA and its input map (a
-  reducer's look at the module it changes: DCS records the shapes its cost model needs).
-
-With ``None`` as reducer the wrapper calls the LiteMLA's own forward (bit-identical to the
-unpatched model); with a reducer it re-runs timm's ``LiteMLA.forward`` op for op on the
-module's own ``qkv``, ``aggreg``, ``kernel_func``, ``_attn`` and ``proj``. The wrapper is
-transparent to checkpoints: the state dict has timm's keys (plus ``...main.reducer.*``).
-"""
+A LiteMLA runs linear attention on BCHW maps, so there is no token sequence: only channel
+methods apply (DCS, docs/methods.md §7). ``describe`` gives one block per LiteMLA in forward
+order; ``patch`` replaces each ``context_module.main`` by a :class:`ReducingLiteMLA`, which runs
+the LiteMLA's own forward without a reducer and otherwise re-runs it op for op, calling the
+reducer's channel hooks (``observe``, ``selected_heads()``, ``qk`` after the ReLU kernel,
+``proj_forward``; :class:`~vitbench.engine.Reducer`). A reducer must declare ``selects_channels``.
+The state dict keeps timm's keys."""
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Optional
 
 import torch
@@ -72,15 +23,15 @@ from vitbench.engine.block import (
     _drop_wrapper_level,
 )
 from vitbench.engine.families.checks import describe_for_patch
+from vitbench.engine.families.efficientvit_channels import BRANCHES, DCSLiteMLAReducer
 from vitbench.engine.families.vit import _RememberInputs
+from vitbench.engine.reducer import Reducer
 from vitbench.errors import UnsupportedError
 
-__all__ = ["BRANCHES", "FAMILY", "SPEC", "ReducingLiteMLA", "describe", "lite_mla_forward",
+__all__ = ["BRANCHES", "FAMILY", "SPEC", "ReducingLiteMLA", "describe", "last_stage", "lite_mla_forward",
            "matches", "patch"]
 
 FAMILY = "efficientvit"
-#: branches of every LiteMLA of timm's EfficientVit: the 1x1 ``qkv`` and one 5x5 aggregation
-BRANCHES = 2
 _OTHER_CLASSES = {
     "EfficientVitMsra": "Microsoft's EfficientViT (efficientvit_m*, cascaded group attention)",
     "EfficientVitLarge": "MIT EfficientViT-L (efficientvit_l*)",
@@ -174,30 +125,23 @@ def describe(model: nn.Module) -> ModelInfo:
     )
 
 
-def lite_mla_forward(mla: nn.Module, x: torch.Tensor, reducer: Any) -> torch.Tensor:
+def lite_mla_forward(mla: nn.Module, x: torch.Tensor, reducer: Reducer) -> torch.Tensor:
     """timm ``LiteMLA.forward`` on ``x [B, C, H, W]`` with ``reducer``'s channel hooks (module
-    docstring): ``qk`` after the ReLU kernel, ``heads_used`` before the attention, and
-    ``proj_forward`` instead of ``proj``."""
+    docstring): ``observe`` first, ``selected_heads()`` before the attention, ``qk`` after the
+    ReLU kernel, and ``proj_forward`` instead of ``proj``."""
     b, _, h, w = x.shape
-    observe = getattr(reducer, "observe", None)
-    if observe is not None:
-        observe(mla, x)
+    reducer.observe(mla, x)
     qkv = mla.qkv(x)
     multi_scale_qkv = torch.cat([qkv] + [op(qkv) for op in mla.aggreg], dim=1)
     heads_computed = multi_scale_qkv.shape[1] // (3 * mla.dim)  # not -1: DCS may leave none
     multi_scale_qkv = multi_scale_qkv.reshape(b, heads_computed, 3 * mla.dim, h * w).transpose(-1, -2)
     q, k, v = multi_scale_qkv.chunk(3, dim=-1)
-    heads = getattr(reducer, "heads_used", None)
-    positions = getattr(reducer, "head_positions", None)
-    if positions is not None:  # qkv/aggreg compute only some heads: select among those
-        heads = positions
+    heads = reducer.selected_heads()  # positions among the heads qkv/aggreg compute
     if heads is not None:
         q, k, v = q.index_select(1, heads), k.index_select(1, heads), v.index_select(1, heads)
     q = mla.kernel_func(q)
     k = mla.kernel_func(k)
-    qk = getattr(reducer, "qk", None)
-    if qk is not None:
-        q, k = qk(q, k, x.flatten(2).transpose(1, 2))
+    q, k = reducer.qk(q, k, x.flatten(2).transpose(1, 2))
     v = F.pad(v, (0, 1), mode="constant", value=1.0)
     if v.device.type != "meta":
         with torch.autocast(device_type=v.device.type, enabled=False):
@@ -205,8 +149,7 @@ def lite_mla_forward(mla: nn.Module, x: torch.Tensor, reducer: Any) -> torch.Ten
     else:
         out = mla._attn(q, k, v)
     out = out.transpose(-1, -2).reshape(b, out.shape[1] * mla.dim, h, w)  # not -1: no heads left
-    proj_forward = getattr(reducer, "proj_forward", None)
-    return proj_forward(mla.proj, out) if proj_forward is not None else mla.proj(out)
+    return reducer.proj_forward(mla.proj, out)
 
 
 class ReducingLiteMLA(nn.Module):
@@ -221,7 +164,7 @@ class ReducingLiteMLA(nn.Module):
 
     needs: frozenset[str] = frozenset()
 
-    def __init__(self, block: nn.Module, index: int, reducer: Optional[Callable[..., Any]],
+    def __init__(self, block: nn.Module, index: int, reducer: Optional[Reducer],
                  context: ReductionContext) -> None:
         super().__init__()
         self.block = block
@@ -246,10 +189,11 @@ def patch(model: nn.Module, reduction: Reduction, method: str = "", params: Any 
     """Wrap every LiteMLA of ``model`` with the reducers of ``reduction``; returns ``model``."""
     describe_for_patch(model, reduction, method, describe, "LiteMLA blocks")
     for reducer in reduction.reducers:
-        if reducer is not None and not (hasattr(reducer, "qk") or hasattr(reducer, "proj_forward")):
+        if reducer is not None and not reducer.selects_channels:
             raise UnsupportedError(
                 f"{method or type(reducer).__name__}: EfficientViT has no token sequence; a reducer for "
-                f"the efficientvit family needs the channel hooks qk and/or proj_forward")
+                f"the efficientvit family needs the channel hooks qk and/or proj_forward and declares "
+                f"selects_channels = True (vitbench.engine.Reducer)")
     context = ReductionContext(method, params, 0, reduction.prop_attn, reduction.trace_source)
     context.reduction = reduction
     model.register_forward_pre_hook(_RememberInputs(context))
@@ -260,11 +204,18 @@ def patch(model: nn.Module, reduction: Reduction, method: str = "", params: Any 
     return model
 
 
+def last_stage(model: nn.Module) -> nn.Module:
+    """The last stage, whose ``[B, C, H, W]`` output is the final map."""
+    return model.stages[-1]
+
+
 SPEC = FamilySpec(
     name=FAMILY,
     matches=matches,
     describe=describe,
     patch=patch,
+    feature_module=last_stage,
+    channel_reducer=DCSLiteMLAReducer,
     model_patterns=("efficientvit_b*",),
     description="timm EfficientVit (MIT EfficientViT-B): channel methods on its LiteMLA blocks",
 )

@@ -1,27 +1,13 @@
-"""The MobileViT family adapter (timm ``ByobNet`` ``mobilevit_xxs/xs/s``; docs/architecture.md "Engine").
+"""The MobileViT family adapter (timm ``ByobNet`` ``mobilevit_xxs/xs/s``; docs/methods.md §0,
+"MobileViT").
 
-A MobileViT block unfolds its map ``[B, C, H, W]`` into ``B*4`` token sequences ``[B*4, N, C]``
-(patch area 4: one sequence per pixel offset of the 2x2 patches, ``N = n_h n_w`` in raster
-order, ``n_h = ceil(H/2)``, no prefix token), runs timm ViT ``Block``s on them, folds them back
-and fuses the result with the block's input (``conv_fusion(cat(shortcut, x))``).
-
-``patch`` wraps every ViT Block in a :class:`~vitbench.engine.block.ReducingBlock` (one shared
-context; the token state restarts at the first Block of each MobileViT block, so every token
-method acts per sequence, docs/methods.md §0) and replaces each MobileViT block's forward by
-:class:`MobileVitForward`, which after the transformer and ``norm``:
-
-1. the method declared a grid merge (:mod:`vitbench.engine.grid_merge`, LTM on conv hybrids,
-   docs/methods.md §5 "Conv hybrids"): folds the ``P = H'W'`` tokens to the reduced ``2H' x 2W'``
-   map and merges the fusion shortcut with the same matrices ("merge both with the same G"), so
-   the block returns a smaller map and the following conv stages run on it. When the declared
-   grid is the block's own ``n_h x n_w`` the map keeps its size (timm's fold);
-2. the token count is unchanged: folds exactly as timm does;
-3. otherwise (ToMe, pruning): unmerges to the full ``N`` with source tracing (docs/methods.md §0,
-   "Unmerge"; enabled by ``patch`` whenever a reducer may reduce tokens) and folds.
-
-Since an LTM-reduced block hands a smaller map to the next one, the token grid a MobileViT
-block sees depends on the merges before it: :func:`sequence_grids` gives it.
-"""
+A MobileViT block unfolds its map into ``B*4`` token sequences without prefix tokens, runs timm
+ViT ``Block``s on them and folds them back. ``patch`` wraps every Block in a
+:class:`~vitbench.engine.block.ReducingBlock` (the token state restarts per MobileViT block) and
+replaces each MobileViT block's forward by :class:`MobileVitForward`, which folds a declared
+grid merge to a smaller map (LTM on conv hybrids), folds an unchanged count as timm does, and
+otherwise unmerges by the traced sources first. :func:`sequence_grids` gives the grid each
+block sees after the merges before it."""
 from __future__ import annotations
 
 import math
@@ -240,8 +226,7 @@ def patch(model: nn.Module, reduction: Reduction, method: str = "", params: Any 
     fold (module doc); returns ``model``. State-dict keys stay timm's."""
     info = describe_for_patch(model, reduction, method, describe)
     # unmerge needs sources unless every reducer declares its merges as grid merges
-    trace = reduction.trace_source or any(r is not None and not getattr(r, "records_grid_merge", False)
-                                          for r in reduction.reducers)
+    trace = reduction.trace_source or any(r is not None and not r.records_grid_merge for r in reduction.reducers)
     context = ReductionContext(method, params, 0, reduction.prop_attn, trace)
     context.reduction = reduction
     model.register_forward_pre_hook(_RememberInputs(context))
@@ -257,11 +242,27 @@ def patch(model: nn.Module, reduction: Reduction, method: str = "", params: Any 
     return model
 
 
+def last_stage(model: nn.Module) -> nn.Module:
+    """The last stage, whose ``[B, C, H, W]`` output is the final map before ``final_conv``."""
+    return model.stages[-1]
+
+
+def merge_grid(info: ModelInfo, ratio: float) -> tuple[int, Grid]:
+    """A merge to ``ratio`` keeps a grid (docs/methods.md §5 "Conv hybrids"): ``H' = ceil(H
+    sqrt(ratio))``, ``W'`` likewise, ``P = H'W'``; ``info`` describes one token sequence."""
+    root = math.sqrt(ratio)
+    h, w = (max(1, math.ceil(n * root - 1e-9)) for n in info.grid)  # 1e-9: float noise at ratio 1
+    return h * w, (h, w)
+
+
 SPEC = FamilySpec(
     name=FAMILY,
     matches=matches,
     describe=describe,
     patch=patch,
+    feature_module=last_stage,
+    merge_grid=merge_grid,
+    sequence_grids=sequence_grids,
     model_patterns=("mobilevit_*",),
     description="timm MobileViT (ByobNet with MobileVitBlocks: mobilevit_xxs/xs/s); "
                 "token methods per MobileViT block, unmerged or grid-folded back to a map",

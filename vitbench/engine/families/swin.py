@@ -1,94 +1,22 @@
-"""The Swin family adapter (timm ``SwinTransformer``: ``swin_tiny/small/base/large_patch4_window7/12_*``;
-timm ``SwinTransformerV2``: ``swinv2_tiny/small/base/large_window*``, see "Swin V2" below).
+"""The Swin family adapter: timm ``SwinTransformer`` (V1) and ``SwinTransformerV2`` (Liu et al.,
+CVPR 2022, §3.2-3.3); docs/methods.md §0, "Swin".
 
-A Swin block attends within windows of ``ws x ws`` tokens of its ``H x W`` map (shifted by
-``ws/2`` in every second block), and the stages halve the map by patch merging, so every block
-needs the whole token grid back. vitbench therefore reduces tokens **for the MLP only, one
-window at a time, and unmerges after it** — the scheme of ToMe for Stable Diffusion (Bolya &
-Hoffman, "Token Merging for Fast Stable Diffusion", CVPRW 2023, §3: merge before a block's
-component, unmerge after it), applied at the spec's hook point (docs/methods.md §0, after the
-attention residual, before the MLP). A patched block computes
-
-1. ``x = x + drop_path(W-MSA(norm1(x)))`` (V1; V2's post-norm form below): timm's (shifted) window attention, re-run on its own
-   modules (:func:`window_attention`) so that it can also hand over the head-averaged keys
-   (``AttnInfo.keys``); the attention sees every token, exactly as in timm;
-2. the residual stream is cut into non-overlapping *tiles* (:func:`tile_of`: the ``ws x ws``
-   window wherever it divides the map — every stage of a 224-px Swin — else per side the
-   divisor of the map nearest the window, so the tiles cover the map with no padding), the keys
-   likewise, and the method's reducer runs on every tile as on a short token sequence with no
-   prefix token (a fresh :class:`~vitbench.engine.TokenState` with source tracing per block);
-3. ``y = mlp(norm2(reduced))`` (V1; V2: ``norm2(mlp(reduced))``) on the reduced tiles, unmerged back to every token
-   (:func:`unmerge_mlp`: a merged token's MLP output goes to every token it covers), tiles put
-   back on the map: ``x = x + drop_path(y)``.
-
-So the residual stream keeps every token (its value is never averaged away); what merging saves
-is the MLP on the merged tokens — two thirds of a Swin block's MACs at 224 px. Merging within
-tiles keeps the matching local and cheap (``O(t^2)`` per tile of ``t`` tokens, not
-``O((HW)^2)``), and the per-tile sources are ``[B*nT, 49, 49]``, not ``[B, HW, HW]``. A
-method's budget is therefore per tile: ToMe's ``r`` counts tokens merged in each tile of each
-block (capped at half the tile: 24 of 49). Proportional attention does not apply (attention
-always sees every token). Tiles are not shifted: the shift only matters to let information
-cross window borders in attention, which the reduction leaves alone.
-
-Blocks without a reducer run timm's forward untouched, so a method switched off (``r=0``) is
-the unpatched model exactly.
-
-What a reducer may add to this scheme (LTM, LTMP):
-
-- ``needs`` may ask for ``"received_attn"``: each token's received attention, the mean over
-  heads and over the ``ws x ws`` queries of the (shifted) window in which it is a key
-  (shifted-window mask and padding exactly as timm's; the mean over all queries of the window
-  keeps the average at ``1/ws^2`` for every token, whatever the size of its shifted region),
-  mapped back to the map (shift undone) and cut into the tiles like the keys:
-  ``SwinAttnInfo.received [B*nT, t]``. Asking for it runs that block's attention unfused (the
-  probabilities are needed); fused and unfused count the same MACs.
-- a token the reducer removes but leaves in place is marked by ``size`` 0: the MLP runs only on
-  the tokens of size > 0 (packed across tiles, so no padding is computed) and the others get a
-  zero MLP output (LTMP's pruned tokens get no MLP update; the residual stream keeps them);
-- ``reducer.unmerge(y, state)`` replaces the default way back from the reduced tiles to every
-  token (:func:`unmerge_mlp`: a token takes the MLP output of the token that covers it, by the
-  traced sources, and 0 when none does): LTM's soft merges send each token the share-weighted
-  mix of the merged tokens it went into, LTMP's training masks scale the MLP output.
-
-Channel methods (DCS, docs/methods.md §7): a reducer's ``qk`` hook runs on the queries and keys of
-every window, and its ``mlp_forward`` hook replaces the MLP on the whole map (its token step
-sees the map as one sequence and must leave it whole).
-
-**Swin V2** (Liu et al., "Swin Transformer V2", CVPR 2022: §3.2 res-post-norm and scaled cosine
-attention, §3.3 log-spaced continuous position bias; timm's ``SwinTransformerV2Block``) differs
-in three places, all kept exactly as timm runs them:
-
-- *res-post-norm*: ``x = x + drop_path(norm1(attn(x)))``, ``x = x + drop_path(norm2(mlp(x)))``.
-  The reduced MLP step is ``x = x + drop_path(unmerge(norm2(mlp(reduced))))``
-  (:func:`mlp_branch`): ``norm2`` is the branch's last step and runs on the reduced tokens,
-  before the unmerge. For the default copy-unmerge this *equals* the post-norm form
-  ``norm2(unmerge(mlp(reduced)))`` (a LayerNorm is per token, the unmerge copies tokens), and
-  it is cheaper (the norm on the merged tokens, not on all of them). It also keeps a removed
-  token's update zero (``norm2`` of the zero output it gets would be ``norm2.bias``), and a
-  reducer's own unmerge (LTM's soft mix, LTMP's training masks) sees the whole branch output,
-  the role the MLP output has in V1.
-- *scaled cosine attention* and the *continuous position bias* (``16 * sigmoid(cpb_mlp(...))``),
-  re-run op for op by :func:`window_attention_v2` (timm has no fused path for it), with the
-  ``q_bias``/``k_bias``/``v_bias`` layout. The keys it hands over are the head mean of the
-  **unit** keys ``k_h / ||k_h||`` -- the vectors the cosine attention compares.
-- DCS's ``qk`` hook (docs/methods.md §7: ``softmax((Q*M)(K*M)^T ...)``) runs on the raw
-  per-head queries and keys, **before** the cosine normalisation: §7's formula with V2's
-  similarity in place of the scaled dot product, i.e. ``s * cos(Q*M, K*M)``, the cosine of the
-  kept channels -- what a model without the masked Q/K channels computes, and a logit within the
-  range the learned scale ``s`` was trained for. (A mask after the normalisation would shrink
-  every logit by the dropped channels' share of the norm: a temperature the model never saw.)
-  Its ``mlp_forward`` hook replaces ``mlp`` on the map, ``norm2`` after it.
-
-The MACs V2 adds (the ``cpb_mlp`` per relative offset, once per block and forward) stay as
-timm's; ``swinv2_tiny_window8_256`` counts 5.94 GMACs (official Swin repository: 5.9 G;
-``swinv2_tiny_window16_256`` 6.66, the paper's 6.6 G). timm's other V2, ``SwinTransformerV2Cr``
-(``swinv2_cr_*``), has its own blocks and is not taken.
-"""
+A Swin block attends within windows and the next stage merges 2x2 neighbours, so the map must
+keep every token. Each patched block therefore reduces tokens **for the MLP only, one tile at a
+time, and unmerges after it** (ToMe for Stable Diffusion, Bolya & Hoffman, CVPRW 2023, §3): the
+(shifted) window attention runs on every token (:func:`window_attention`,
+:func:`window_attention_v2`, re-run on timm's modules to hand over the keys), the map is cut
+into non-overlapping tiles (:func:`tile_of`), the reducer runs on every tile as a short
+sequence without prefix tokens, and the MLP's output goes back to every token
+(:func:`unmerge_mlp`, :func:`mlp_branch`; V2 applies ``norm2`` before the unmerge). Budgets are
+per tile. A reducer may ask for ``received_attn``, mark removed tokens by size 0 and bring its
+own ``unmerge``; a channel reducer (``selects_channels``) has its ``qk`` hook run in every window
+(on V2 before the cosine normalisation) and its ``mlp_forward`` on the whole map."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -98,16 +26,16 @@ from vitbench.catalog import BlockInfo, FamilySpec, ModelInfo, Reduction
 from vitbench.engine.attention import AttnInfo, QKHook
 from vitbench.engine.block import ReductionContext, _add_wrapper_level, _drop_wrapper_level
 from vitbench.engine.families.checks import describe_for_patch
-from vitbench.engine.families.vit import _RememberInputs
+from vitbench.engine.families.vit import _RememberInputs, merge_grid
 from vitbench.engine.host_sync import host_reads_allowed
+from vitbench.engine.reducer import Reducer
 from vitbench.engine.token_state import TokenState
 from vitbench.errors import UnsupportedError
 
 FAMILY = "swin"
 SUPPORTED = ("timm SwinTransformer (Swin V1: swin_tiny/small/base/large_patch4_window7/12_*) and "
              "SwinTransformerV2 (swinv2_tiny/small/base/large_window*)")
-#: what a Swin block's window attention can hand a reducer (no class token: no ``cls_attn``;
-#: ``received_attn``: :attr:`SwinAttnInfo.received`, see the module doc)
+#: what a Swin block's window attention can hand a reducer (no class token, so no ``cls_attn``)
 SWIN_NEEDS = frozenset({"keys", "received_attn"})
 
 Grid = tuple[int, int]
@@ -259,7 +187,7 @@ def window_attention_v2(attn: nn.Module, x: torch.Tensor, mask: Optional[torch.T
     - ``received`` (``needs`` ``received_attn``): as :func:`window_attention`.
 
     ``qk_hook(q, k, x)`` (DCS's Q/K mask) runs on the raw per-head queries and keys, *before* the
-    cosine normalisation (module doc, "Swin V2")."""
+    cosine normalisation (docs/methods.md §0, "Swin")."""
     bw, n, _ = x.shape
     heads = attn.num_heads
     if attn.q_bias is None:
@@ -293,7 +221,7 @@ def window_attention_v2(attn: nn.Module, x: torch.Tensor, mask: Optional[torch.T
 def mlp_branch(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """The residual MLP branch of a Swin block on tokens ``x``: ``mlp(norm2(x))`` (V1, pre-norm)
     or ``norm2(mlp(x))`` (V2, post-norm: the norm is the branch's last step, so it runs on the
-    reduced tokens before the unmerge; module doc, "Swin V2")."""
+    reduced tokens before the unmerge; docs/methods.md §0, "Swin")."""
     if is_v2(block):
         return block.norm2(block.mlp(x))
     return block.mlp(block.norm2(x))
@@ -307,13 +235,13 @@ class SwinReducingBlock(nn.Module):
     has timm's keys. Without a reducer it is timm's block, untouched.
     """
 
-    def __init__(self, block: nn.Module, index: int, reducer: Optional[Callable[..., torch.Tensor]],
+    def __init__(self, block: nn.Module, index: int, reducer: Optional[Reducer],
                  context: ReductionContext) -> None:
         super().__init__()
         self.block = block
         self.index = index
         self.reducer = reducer
-        self.needs = frozenset(getattr(reducer, "needs", ())) if reducer is not None else frozenset()
+        self.needs = frozenset(reducer.needs) if reducer is not None else frozenset()
         self._context = context
         self._register_state_dict_hook(_drop_wrapper_level)
         self._register_load_state_dict_pre_hook(_add_wrapper_level)
@@ -326,19 +254,19 @@ class SwinReducingBlock(nn.Module):
         b, h, w, c = x.shape
         window, shift = tuple(blk.window_size), tuple(blk.shift_size)
         tile = tile_of((h, w), window)  # type: ignore[arg-type]
-        if self.reducer is None:
+        reducer = self.reducer
+        if reducer is None:
             ctx.token_counts.append(tile[0] * tile[1])
             return blk(x)
         v2 = is_v2(blk)
         windows, padded = to_windows(x if v2 else blk.norm1(x), window, shift)  # type: ignore[arg-type]
         mask = blk.get_attn_mask(F.pad(x, (0, 0, 0, padded[1] - w, 0, padded[0] - h))) \
             if getattr(blk, "dynamic_mask", False) else blk.attn_mask
-        out, info = window_attention(blk.attn, windows, mask, self.needs, getattr(self.reducer, "qk", None))
+        out, info = window_attention(blk.attn, windows, mask, self.needs, reducer.qk)
         out = from_windows(out, window, shift, padded, (h, w))  # type: ignore[arg-type]
         x = x + blk.drop_path1(blk.norm1(out) if v2 else out)
-        mlp_forward = getattr(self.reducer, "mlp_forward", None)
-        if mlp_forward is not None:  # a channel method: its MLP hook on every token of the map
-            return x + blk.drop_path2(self._channel_step(x, info, mlp_forward))
+        if reducer.selects_channels:  # a channel method: its MLP hook on every token of the map
+            return x + blk.drop_path2(self._channel_step(x, info, reducer))
         tokens, _ = to_windows(x, tile, (0, 0))
         if info.keys is not None:  # the attention's keys, back on the map, then cut into the tiles
             keys = from_windows(info.keys, window, shift, padded, (h, w))  # type: ignore[arg-type]
@@ -348,29 +276,29 @@ class SwinReducingBlock(nn.Module):
             info.received = to_windows(received, tile, (0, 0))[0][..., 0]
         state = TokenState.start(tokens, 0, trace_source=True)
         ctx.state = state
-        reduced = self.reducer(tokens, state, info)
+        reduced = reducer(tokens, state, info)
         y, count = _mlp_on_kept(blk, reduced, state)
         ctx.token_counts.append(count)
-        back = getattr(self.reducer, "unmerge", None)
+        back = reducer.unmerge(y, state)
         if back is not None:
-            y = back(y, state)
+            y = back
         elif reduced is not tokens:
             y = unmerge_mlp(y, state)
         return x + blk.drop_path2(from_windows(y, tile, (0, 0), (h, w), (h, w)))
 
-    def _channel_step(self, x: torch.Tensor, info: AttnInfo, mlp_forward: Callable[..., torch.Tensor]) -> torch.Tensor:
-        """A channel method (``mlp_forward``): its token step sees the whole map as one
+    def _channel_step(self, x: torch.Tensor, info: AttnInfo, reducer: Reducer) -> torch.Tensor:
+        """A channel method (``selects_channels``): its token step sees the whole map as one
         ``[B, H*W, C]`` sequence and must leave it as it is; its MLP hook runs on the normed map."""
         b, h, w, c = x.shape
         tokens = x.reshape(b, h * w, c)
         self._context.state = TokenState.start(tokens, 0)
-        if self.reducer(tokens, self._context.state, info).shape != tokens.shape:
+        if reducer(tokens, self._context.state, info).shape != tokens.shape:
             raise UnsupportedError(f"method {self._context.method!r} both reduces tokens and runs an MLP "
                                    f"channel hook; the swin family adapter runs one or the other")
         self._context.token_counts.append(h * w)
         if is_v2(self.block):  # post-norm: the hook's MLP on the map itself, norm2 after it
-            return self.block.norm2(mlp_forward(self.block.mlp, x))
-        return mlp_forward(self.block.mlp, self.block.norm2(x))
+            return self.block.norm2(reducer.mlp_forward(self.block.mlp, x))
+        return reducer.mlp_forward(self.block.mlp, self.block.norm2(x))
 
 
 def _mlp_on_kept(blk: nn.Module, reduced: torch.Tensor, state: TokenState) -> tuple[torch.Tensor, int]:
@@ -412,7 +340,7 @@ def unmerge_mlp(y: torch.Tensor, state: TokenState) -> torch.Tensor:
 
 def _check_needs(reduction: Reduction, method: str) -> None:
     for i, reducer in enumerate(reduction.reducers):
-        extra = set(getattr(reducer, "needs", ())) - SWIN_NEEDS if reducer is not None else set()
+        extra = set(reducer.needs) - SWIN_NEEDS if reducer is not None else set()
         if extra:
             raise UnsupportedError(f"method {method!r} asks block {i}'s attention for {sorted(extra)}; a Swin "
                                    f"window attention can hand over only {sorted(SWIN_NEEDS)} (no class token)")
@@ -438,11 +366,20 @@ def patch(model: nn.Module, reduction: Reduction, method: str = "", params: Any 
     return model
 
 
+def last_stage(model: nn.Module) -> nn.Module:
+    """The last stage, whose ``[B, H, W, C]`` output is the final map before the norm."""
+    return model.layers[-1]
+
+
 SPEC = FamilySpec(
     name=FAMILY,
     matches=matches,
     describe=describe,
     patch=patch,
+    feature_module=last_stage,
+    channels_last=True,
+    merge_grid=merge_grid,  # a tile is merged as a short ViT sequence
+    reduces_tiles=True,
     model_patterns=("swin_*", "swinv2_*_window*"),
     description="timm Swin Transformer V1 and V2; token methods per map tile for the MLP (merged, then "
                 "unmerged after it), channel methods in the window attention and the MLP",

@@ -6,6 +6,7 @@ blocks after a reduction) and makes average pooling size-weighted (docs/methods.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Optional
 
 import torch
@@ -14,6 +15,7 @@ from torch import nn
 from vitbench.catalog import FamilySpec, ModelInfo, Reduction
 from vitbench.engine.block import ReducingBlock, ReductionContext
 from vitbench.engine.families.checks import describe_for_patch
+from vitbench.engine.features import module_features
 from vitbench.errors import UnsupportedError
 
 FAMILY = "vit"
@@ -114,11 +116,31 @@ class _SizeWeightedPool:
         return peak if pool_type == "max" else 0.5 * (peak + avg)
 
 
+def last_block(model: nn.Module) -> nn.Module:
+    """The last transformer block, whose output holds the final patch tokens."""
+    return model.blocks[-1]
+
+
+def final_features(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
+    """``[B, C]``: the size-weighted mean of the last block's patch tokens (docs/methods.md §6)."""
+    return module_features(model, last_block(model), images)
+
+
+def merge_grid(info: ModelInfo, ratio: float) -> tuple[int, tuple[int, int]]:
+    """A merge to ``ratio``: ``P = ceil(ratio * N_p)`` tokens on a ``ceil(sqrt(P))`` square grid."""
+    p = max(1, math.ceil(ratio * info.num_patches - 1e-9))  # 1e-9: 0.7 * 10 is 7.000000000000001
+    side = math.isqrt(p - 1) + 1  # ceil(sqrt(p)), exact
+    return p, (side, side)
+
+
 SPEC = FamilySpec(
     name=FAMILY,
     matches=matches,
     describe=describe,
     patch=patch,
+    feature_module=last_block,
+    final_features=final_features,
+    merge_grid=merge_grid,
     model_patterns=("vit_*", "deit_*", "deit3_*"),
     description="timm VisionTransformer: ViT, DeiT (incl. distilled), DeiT-III, register tokens",
 )

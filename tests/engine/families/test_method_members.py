@@ -1,0 +1,83 @@
+"""What the family adapters offer methods (``FamilySpec``'s optional members): merge grids,
+tiles, sequence grids, the feature module and final features, the channel reducer."""
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+from timm.models.swin_transformer import SwinTransformer
+
+from vitbench.engine.families import efficientvit, mobilevit, swin, vit
+from vitbench.measure.ib import final_features, token_features
+from vitbench.plugins import get_host
+from vitbench.testing import tiny_vit
+
+
+def _swin() -> SwinTransformer:
+    torch.manual_seed(0)
+    return SwinTransformer(img_size=56, embed_dim=16, depths=(2, 2), num_heads=(1, 2), window_size=7,
+                           num_classes=3).eval()
+
+
+def test_each_family_declares_what_it_offers():
+    families = {name: get_host().family(name) for name in ("vit", "swin", "mobilevit", "efficientvit")}
+    assert {n for n, f in families.items() if f.merge_grid} == {"vit", "swin", "mobilevit"}
+    assert [n for n, f in families.items() if f.reduces_tiles] == ["swin"]
+    assert [n for n, f in families.items() if f.sequence_grids] == ["mobilevit"]
+    assert [n for n, f in families.items() if f.channels_last] == ["swin"]
+    assert [n for n, f in families.items() if f.channel_reducer] == ["efficientvit"]
+    assert all(f.feature_module is not None for f in families.values())
+
+
+@pytest.mark.parametrize("ratio, patches, expected", [
+    (0.7, 64, (45, (7, 7))), (1.0, 64, (64, (8, 8))), (0.7, 10, (7, (3, 3))), (0.001, 64, (1, (1, 1))),
+])
+def test_vit_merge_grid_keeps_ceil_ratio_n_tokens_on_a_square_grid(ratio, patches, expected):
+    info = vit.describe(tiny_vit())
+    info = type(info)(**{**info.__dict__, "num_patches": patches})
+    assert vit.merge_grid(info, ratio) == expected
+    assert swin.SPEC.merge_grid is vit.merge_grid  # a Swin tile merges as a short ViT sequence
+
+
+def test_mobilevit_merge_grid_scales_each_side_and_chains_the_sequences():
+    model = timm.create_model("mobilevit_xs", pretrained=False).eval()
+    model.vitbench_input_size = (256, 256)
+    info = mobilevit.describe(model)
+    assert mobilevit.merge_grid(info, 0.7) == (196, (14, 14))  # ceil(16 * sqrt(0.7)) = 14
+    assert mobilevit.merge_grid(info, 1.0) == (256, (16, 16))
+    plan = mobilevit.SPEC.sequence_grids(info, lambda s, grid: mobilevit.merge_grid(
+        type(info)(**{**info.__dict__, "grid": grid, "blocks": ()}), 0.7)[1])
+    assert plan == [((16, 16), (14, 14)), ((7, 7), (6, 6)), ((3, 3), (3, 3))]
+
+
+def test_feature_modules_are_the_last_block_or_stage():
+    vit_model, swin_model = tiny_vit(), _swin()
+    mvit = timm.create_model("mobilevit_xs", pretrained=False).eval()
+    assert vit.SPEC.feature_module(vit_model) is vit_model.blocks[-1]
+    assert swin.SPEC.feature_module(swin_model) is swin_model.layers[-1]
+    assert mobilevit.SPEC.feature_module(mvit) is mvit.stages[-1]
+
+
+def test_vit_final_features_are_the_last_blocks_patch_token_mean():
+    model = tiny_vit()
+    images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    captured = []
+    handle = model.blocks[-1].register_forward_hook(lambda m, a, out: captured.append(out))
+    with torch.no_grad():
+        model(images)
+        handle.remove()
+        expected = token_features(captured[0], model.num_prefix_tokens)
+        assert torch.equal(vit.SPEC.final_features(model, images), expected)
+        assert torch.equal(final_features(model, images), expected)
+    assert swin.SPEC.final_features is None and mobilevit.SPEC.final_features is None  # the map's mean
+
+
+def test_efficientvit_channel_reducer_is_sized_from_the_block():
+    torch.manual_seed(0)
+    model = timm.create_model("efficientvit_b0", pretrained=False).eval()
+    block = efficientvit.describe(model).blocks[0]
+    reducer = efficientvit.SPEC.channel_reducer.from_block(block, "both", False, 4.5)
+    assert reducer.num_heads == efficientvit.BRANCHES * block.num_heads
+    assert reducer.head_dim == block.dim // block.num_heads and reducer.in_channels == block.dim
+    assert reducer.out_gate.alpha.numel() == efficientvit.BRANCHES * block.dim
+    assert float(reducer.tau) == 4.5

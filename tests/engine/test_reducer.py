@@ -1,0 +1,142 @@
+"""vitbench.engine.Reducer: the declared reducer contract, its no-op defaults, and who must follow it."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import timm
+import torch
+from timm.models.swin_transformer import SwinTransformer
+from torch import nn
+
+import vitbench
+from vitbench.catalog import Reduction
+from vitbench.engine import AttnInfo, Reducer, TokenState, reduction_context
+from vitbench.engine.families import efficientvit, vit
+from vitbench.errors import PluginError
+from vitbench.plugins import get_host
+from vitbench.testing import tiny_vit
+
+
+def _tiny_swin() -> nn.Module:
+    torch.manual_seed(0)
+    return SwinTransformer(img_size=56, embed_dim=16, depths=(2, 2), num_heads=(1, 2), window_size=7,
+                           num_classes=10).eval()
+
+
+def _tiny_mobilevit() -> nn.Module:
+    torch.manual_seed(0)
+    return timm.create_model("mobilevit_xs", pretrained=False, num_classes=10).eval()
+
+
+def _tiny_efficientvit() -> nn.Module:
+    torch.manual_seed(0)
+    return timm.create_model("efficientvit_b1", pretrained=False, num_classes=10).eval()
+
+
+#: one small model per built-in family
+FAMILY_MODELS = {"vit": tiny_vit, "swin": _tiny_swin, "mobilevit": _tiny_mobilevit,
+                 "efficientvit": _tiny_efficientvit}
+
+
+class _KeepAll(Reducer):
+    """A token step that keeps every token; every other member is the default."""
+
+    def __call__(self, x: torch.Tensor, state: TokenState, info: AttnInfo) -> torch.Tensor:
+        return x
+
+
+@pytest.mark.parametrize("family", list(FAMILY_MODELS))
+def test_every_builtin_methods_reducers_are_reducers(family: str) -> None:
+    host = get_host()
+    methods = [name for name in host.names("methods") if family in host.method(name).families]
+    assert methods, f"no built-in method supports {family}"
+    base = FAMILY_MODELS[family]()
+    assert host.family_of(base).name == family
+    for name in methods:
+        reducers = reduction_context(vitbench.apply(copy.deepcopy(base), name)).reduction.reducers
+        built = [r for r in reducers if r is not None]
+        assert built, f"{name} built no reducer on {family}"
+        assert all(isinstance(r, vitbench.engine.Reducer) for r in built), (name, family, built)
+
+
+def test_the_defaults_change_nothing() -> None:
+    r = _KeepAll()
+    q, k, x = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 5, 4), torch.randn(2, 5, 12)
+    assert r.qk(q, k, x)[0] is q and r.qk(q, k, x)[1] is k
+    mlp, proj = nn.Linear(12, 12), nn.Conv2d(12, 6, 1)
+    assert torch.equal(r.mlp_forward(mlp, x), mlp(x))
+    maps = torch.randn(2, 12, 3, 3)
+    assert torch.equal(r.proj_forward(proj, maps), proj(maps))
+    assert r.selected_heads() is None and r.unmerge(x, TokenState(prefix=0)) is None
+    assert r.observe(mlp, x) is None
+    assert (r.needs, r.selects_channels, r.records_grid_merge) == (frozenset(), False, False)
+
+
+@pytest.mark.parametrize("family", ["vit", "swin"])
+def test_a_reducer_with_only_a_token_step_that_keeps_everything_is_the_model(family: str) -> None:
+    base = FAMILY_MODELS[family]()
+    spec = get_host().family(family)
+    model = spec.patch(copy.deepcopy(base), Reduction([_KeepAll()] * spec.describe(base).depth), method="keep")
+    x = torch.randn(2, 3, 56 if family == "swin" else 32, 56 if family == "swin" else 32)
+    with torch.inference_mode():
+        assert torch.equal(model(x), base(x))
+
+
+def test_a_channel_reducer_with_the_default_hooks_is_efficientvit() -> None:
+    class Channels(Reducer):
+        selects_channels = True
+
+    base = _tiny_efficientvit()
+    model = efficientvit.patch(copy.deepcopy(base), Reduction([Channels()] * 7), method="channels")
+    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        assert torch.equal(model(x), base(x))
+
+
+def test_a_module_reducer_runs_forward_and_trains() -> None:
+    class Scale(nn.Module, Reducer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale = nn.Parameter(torch.ones(()))
+            self.calls = 0
+
+        def forward(self, x: torch.Tensor, state: TokenState, info: AttnInfo) -> torch.Tensor:
+            self.calls += 1
+            return x * self.scale
+
+    reducer = Scale()
+    assert type(reducer).__call__ is nn.Module.__call__
+    model = vit.patch(tiny_vit(), Reduction([None] * 3 + [reducer] + [None] * 8), method="scale")
+    assert dict(model.named_parameters())["blocks.3.reducer.scale"] is reducer.scale
+    hooked = []
+    reducer.register_forward_hook(lambda m, args, out: hooked.append(out.shape))
+    model(torch.randn(2, 3, 32, 32)).sum().backward()
+    assert reducer.calls == 1 and hooked == [torch.Size([2, 65, 48])]
+    assert reducer.scale.grad is not None and reducer.scale.grad.abs().item() > 0
+    torch.optim.SGD([reducer.scale], lr=0.1).step()
+    assert reducer.scale.item() != 1.0
+
+
+def test_a_module_reducer_must_list_nn_module_first() -> None:
+    with pytest.raises(TypeError, match=r"Late: list nn.Module before Reducer \(class Late\(nn.Module, Reducer\)\)"):
+        class Late(Reducer, nn.Module):
+            def forward(self, x, state, info):  # type: ignore[no-untyped-def]
+                return x
+
+
+def test_a_reducer_without_a_token_step_says_so() -> None:
+    class NoStep(Reducer):
+        pass
+
+    with pytest.raises(NotImplementedError, match=r"NoStep has no token step: define __call__\(x, state, info\)"):
+        NoStep()(torch.zeros(1, 2, 3), TokenState(prefix=0), AttnInfo())
+
+
+def test_a_plain_callable_is_refused_when_the_model_is_patched() -> None:
+    def plain(x, state, info):  # type: ignore[no-untyped-def]
+        return x
+
+    with pytest.raises(PluginError, match=r"method 'plain': block 2's reducer 'function' is not a "
+                                          r"vitbench.engine.Reducer; subclass it"):
+        vit.patch(tiny_vit(), Reduction([None, None, plain] + [None] * 9), method="plain")

@@ -1,0 +1,85 @@
+"""The reducer contract: what a method hands the engine for one block (docs/token-state.md)."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from vitbench.engine.attention import AttnInfo
+from vitbench.engine.token_state import TokenState
+from vitbench.errors import PluginError
+
+__all__ = ["Reducer", "check_reducers"]
+
+
+class Reducer:
+    """A method's step in one block: the token step, plus optional channel, tile and observation
+    hooks whose defaults change nothing (docs/token-state.md, "The reducer contract").
+
+    A base class, not a Protocol: the defaults reach a reducer only through inheritance, and
+    ``isinstance(r, Reducer)`` then holds by construction. A learnable reducer is
+    ``class R(nn.Module, Reducer)`` (``nn.Module`` first), so calling it runs ``forward``.
+    """
+
+    # -- the token step (every family with a token sequence) -------------------------------------
+    #: what the block's attention hands over in ``info`` (docs/methods.md §0); an instance may replace it
+    needs: frozenset[str] = frozenset()
+
+    def __call__(self, x: torch.Tensor, state: TokenState, info: AttnInfo) -> torch.Tensor:
+        """The reduced tokens ``[B, N', C]`` of ``x [B, N, C]``, recorded in ``state``."""
+        raise NotImplementedError(f"{type(self).__name__} has no token step: define __call__(x, state, info)")
+
+    # -- channel selection (DCS, docs/methods.md §7) ---------------------------------------------
+    #: ``True`` for a channel method (keeps every token; docs/token-state.md, "The reducer contract")
+    selects_channels: bool = False
+
+    def qk(self, q: torch.Tensor, k: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The per-head queries and keys ``[B, h, N, d]`` the attention uses (``x`` its input tokens)."""
+        return q, k
+
+    def mlp_forward(self, mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """The block's MLP on the normed tokens ``x``: ``mlp(x)``."""
+        return mlp(x)
+
+    def proj_forward(self, proj: nn.Module, out: torch.Tensor) -> torch.Tensor:
+        """An EfficientViT LiteMLA's projection of its concatenated head outputs: ``proj(out)``."""
+        return proj(out)
+
+    def selected_heads(self) -> Optional[torch.Tensor]:
+        """The LiteMLA heads whose attention runs, as positions among the heads its convolutions
+        compute (a sorted ``LongTensor``); ``None``: every head."""
+        return None
+
+    # -- tiles and unmerge (Swin, MobileViT) -----------------------------------------------------
+    #: ``True`` when every merge is a grid merge, so MobileViT's unmerge traces no sources
+    records_grid_merge: bool = False
+
+    def unmerge(self, y: torch.Tensor, state: TokenState) -> Optional[torch.Tensor]:
+        """Swin: the MLP outputs ``y`` of the reduced tiles back on every token of the tiles;
+        ``None`` leaves it to the family (the token holding the largest share gives its output)."""
+        return None
+
+    # -- observation -----------------------------------------------------------------------------
+    def observe(self, module: nn.Module, x: torch.Tensor) -> None:
+        """Called first in every forward with the module the reducer changes and its input
+        (EfficientViT: the LiteMLA and its map)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Refuse ``class R(Reducer, nn.Module)``: calling it would skip ``nn.Module.__call__``."""
+        super().__init_subclass__(**kwargs)
+        if issubclass(cls, nn.Module) and cls.__call__ is Reducer.__call__:
+            raise TypeError(f"{cls.__name__}: list nn.Module before Reducer (class {cls.__name__}(nn.Module, "
+                            f"Reducer)) so that calling the reducer runs nn.Module.__call__ -> forward")
+
+
+def check_reducers(reducers: Sequence[Optional[object]], method: str) -> None:
+    """Raise :class:`~vitbench.errors.PluginError` for the first reducer that is neither ``None``
+    nor a :class:`Reducer`, naming the method and the block."""
+    for i, reducer in enumerate(reducers):
+        if reducer is not None and not isinstance(reducer, Reducer):
+            raise PluginError(f"{f'method {method!r}: ' if method else ''}block {i}'s reducer {type(reducer).__name__!r} is not a "
+                              f"vitbench.engine.Reducer; subclass it (class MyReducer(vitbench.engine.Reducer), "
+                              f"or (nn.Module, vitbench.engine.Reducer) for a learnable one; "
+                              f"docs/token-state.md, \"The reducer contract\")")
