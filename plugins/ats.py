@@ -1,69 +1,16 @@
 """ATS: adaptive token sampling, training-free (Fayyaz et al., "Adaptive Token Sampling for
-Efficient Vision Transformers", ECCV 2022, §3; docs/methods.md, the ATS section).
+Efficient Vision Transformers", ECCV 2022, §3; docs/methods.md §11).
 
-At each listed block (after the attention residual, docs/methods.md §0), per image:
+At each listed block (after the attention residual, docs/methods.md §0), per image: the patch
+tokens are scored by the class token's attention times the value norm (§3.1, the ``cls-attn``
+scorer), the scores' CDF is inverted at ``K`` fixed midpoints ``(i - 1/2) / K`` (§3.2), and each
+token drawn at least once is kept, so the count adapts per image. The prefix tokens stay first;
+a batch with different counts is padded (value 0, size 0, key bias ``-inf``), so every image
+gets the output it gets alone. GMACs are counted at batch 1 and are input-dependent.
 
-1. **Scores** (§3.1, Eq. 3): ``S_j = sum_h A[h, 0, j] * ||V_j||_2`` over the patch tokens,
-   normalised to sum 1 -- the ``cls-attn`` scorer (docs/methods.md §4,
-   :func:`vitbench_plugins.scorers.cls_attn_score`), computed from the attention the block
-   really used (padding masked out).
-2. **CDF** (§3.2): the scores sorted ascending (ties: lower position first) and summed up,
-   ``CDF_j = (S_(1) + ... + S_(j)) / (S_(1) + ... + S_(n))``, so ``CDF_n = 1`` exactly.
-3. **Inverse transform sampling** with ``K`` fixed, evenly spaced points (deterministic, the
-   same in training and inference): ``u_i = (i - 1/2) / K`` for ``i = 1 .. K``. Point ``u_i``
-   draws the first sorted token whose CDF reaches it (``CDF_(j-1) < u_i <= CDF_j``). A token
-   drawn more than once is kept once, so an image keeps ``m <= min(K, n)`` patches: a token
-   whose score is at least ``1/K`` is always kept, one whose CDF step holds no point is dropped,
-   and a zero score is never drawn. In closed form (no ``K x n`` table): token ``j`` is kept iff
-   ``floor(K * CDF_j + 1/2) > floor(K * CDF_(j-1) + 1/2)`` (the number of points up to
-   ``CDF_j`` grows at ``j``).
-4. The prefix tokens (class, distillation, registers) are always kept, first, in order; the
-   kept patches follow in their current order (ATS's own code lays them out by score; nothing
-   after a pruning step depends on token positions, as for ``topk``, docs/methods.md §4).
-
-**Variable counts in a batch** (docs/token-state.md rule 5, as LTMP at inference): the batch
-is padded to its largest count. A padded token has value 0, size 0 (so proportional attention
-adds ``log 0 = -inf`` to its key, size-weighted average pooling and the IB features skip it)
-and ``state.key_bias = -inf`` on its key (so it receives no attention in any later block even
-with proportional attention off). Its cls-attention, hence its score, is exactly 0, so a later
-ATS block never draws it. Every image therefore gets the output it gets alone (tested to 1e-5).
-The padded tokens still flow through the later blocks (their own rows attend to the real
-tokens) and cost compute at batch > 1; the GMACs counter runs at batch 1, where there is no
-padding (below).
-
-Choices the paper leaves open, or where we follow the paper's setting rather than its code:
-
-- **Sample points.** The paper asks for fixed, evenly spaced points at inference; we take the
-  midpoints ``(i - 1/2) / K``, which are symmetric, never 0 (a zero-score token, e.g. padding,
-  is never drawn) and never 1. With them a uniform score vector keeps exactly ``min(K, n)``
-  tokens. The official code uses another grid (``K`` points from the smallest positive
-  min-max-normalised CDF value to 1, each mapped to the token with the *nearest* CDF value),
-  so its kept sets differ from ours in detail; token counts are not comparable one to one.
-- **K.** ``K = ceil(keep * N_p0)`` points at *every* listed block, ``N_p0`` the model's patch
-  count (DeiT-S at 224: 196). The paper gives every ATS stage a fixed ``K``; the official
-  DeiT-S setting samples 197 tokens (class token included: 196 patch points) at each of blocks
-  3..11, although fewer tokens are left after the first of them -- so ``K`` is a fraction of the
-  *original* patch count, not of the tokens left (a fraction of the tokens left would sample
-  fewer points than the paper from the second ATS block on). ``keep = 1`` is the paper's
-  setting and is **not** a no-op: the adaptive reduction of ATS comes precisely from the
-  duplicates when ``K`` equals the token count (a token scoring below ``1/K`` can be missed).
-  ``keep > 1`` (up to 8) samples more points than patches, so fewer tokens go; it lets a
-  matched-compute sweep reach budgets above the paper's point. The switched-off model is
-  ``layers=()`` (tested equal to the unpatched model).
-- **Layers.** Default ``(3, 4, ..., 11)``: the official DeiT-S configuration (ATS in every block
-  from the fourth on, 0-indexed blocks 3..11 of 12).
-- **Scores of zero.** An image whose scores are all 0 (only by underflow) counts them as
-  uniform over its real tokens, so it keeps ``min(K, n)`` patches and never none.
-- A class token is required (the scores are its attention row): a model without prefix
-  tokens is refused.
-- Training mode runs the same hard selection (no gradient reaches the scores); the method has
-  no parameters and needs no training.
-
-GMACs (docs/measuring.md): counted at batch 1, so the counter sees each image's own token
-counts (no padding) and the extra class-token row ``q_cls K^T`` in each listed block (the fused
-kernel stays; ``h * N * d`` MACs); sorting and the CDF are not MACs. The count is
-input-dependent: report the mean and spread over real evaluation images.
-"""
+Parameters: ``keep`` (``K = ceil(keep * N_p0)`` of the model's patch count; ``1`` is the paper's
+setting and not a no-op), ``layers`` (default ``(3, ..., 11)``, the official DeiT-S setting;
+``()`` switches it off)."""
 from __future__ import annotations
 
 import math
@@ -72,16 +19,14 @@ from dataclasses import dataclass
 import torch
 
 from vitbench.catalog import BudgetKnob, MethodSpec, ModelInfo, Reduction
-from vitbench.engine import AttnInfo, TokenState
+from vitbench.engine import AttnInfo, Reducer, TokenState
 from vitbench.errors import ParamError, UnsupportedError
 from vitbench.hookspecs import hookimpl
-from vitbench_plugins.ppt import check_layers
-from vitbench_plugins.scorers import cls_attn_score
+from vitbench.kit import check_layers, cls_attn_score
 
 #: the largest ``keep``: eight sample points per original patch
 MAX_KEEP = 8.0
-#: ``state.private`` keys: which tokens are real (``[B, N]`` bool, False on padding) and the
-#: number of patches each image kept after each ATS block (``{block: [B]}``)
+#: ``state.private`` keys: real tokens (``[B, N]`` bool) and kept patch counts (``{block: [B]}``)
 VALID = "ats_valid"
 COUNTS = "ats_counts"
 
@@ -126,7 +71,7 @@ def sampled_tokens(scores: torch.Tensor, k: int) -> torch.Tensor:
     return torch.zeros_like(kept_sorted).scatter(-1, order, kept_sorted)
 
 
-class ATSReducer:
+class ATSReducer(Reducer):
     """One listed block's adaptive token sampler (module docstring)."""
 
     needs: frozenset[str] = frozenset({"cls_attn", "values"})  # the cls-attn scorer's

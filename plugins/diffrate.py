@@ -1,100 +1,23 @@
 """DiffRate: prune, then merge, by class attention, with per-block kept counts (Chen et al.,
-"DiffRate: Differentiable Compression Rate for Efficient Vision Transformers", ICCV 2023;
-docs/methods.md, DiffRate section).
+"DiffRate: Differentiable Compression Rate for Efficient Vision Transformers", ICCV 2023, §3;
+docs/methods.md §15).
 
-Two methods share this module:
+``diffrate`` (training-free): in each block, after the attention residual, the patch tokens are
+ranked by the class token's attention, all but ``prune_kept[l]`` are pruned, and all but
+``merge_kept[l]`` of those merge into their most similar kept token (size-weighted). Without
+lists the counts follow a constant-``r`` schedule set by ``keep`` and ``merge_share``.
+``diffrate-search`` (learnable, backbone frozen) searches the counts with the paper's
+differentiable discrete proxy: per-block distributions over candidate rates, straight-through
+masks in training, and ``CE + lambda * (gmacs_ratio - F)^2`` on the counted cost
+(:class:`SearchCost`); :func:`searched_kept` reads off the counts it found.
 
-- ``diffrate`` (training-free): the compression of the paper's §3 (Fig. 3a, "Token Sorting")
-  with *given* kept counts. In block ``l``, after the attention residual (docs/methods.md §0):
-
-  1. **importance**: the attention the class token pays each patch token, averaged over heads
-     (``A_c = mean_h A[h, 0, j]``; our ``cls_attn``, the probabilities the block used, so with
-     proportional attention); the patch tokens are sorted by it, most important first;
-  2. **prune**: all but the ``prune_kept[l]`` most important patch tokens are dropped;
-  3. **merge**: of those, all but the ``merge_kept[l]`` most important are merged, each into
-     the most similar of the ``merge_kept[l]`` kept ones (cosine similarity of the block's keys
-     averaged over heads, ToMe's metric), size-weighted, sizes and sources added
-     (:meth:`~vitbench.engine.TokenState.cluster`); proportional attention stays on
-     (docs/methods.md §0, §1).
-
-  So ``prune_kept[l]`` and ``merge_kept[l]`` are the patch tokens (prefix tokens not counted)
-  after block ``l``'s pruning and after its merging; the chain
-  ``N_p >= prune_kept[0] >= merge_kept[0] >= prune_kept[1] >= ... >= 1`` must not increase.
-  Given only ``prune_kept``, nothing merges (``merge_kept = prune_kept``); given only
-  ``merge_kept``, nothing is pruned (``prune_kept[l]`` = the tokens block ``l`` receives).
-
-- ``diffrate-search`` (learnable, backbone frozen): the paper's search of the rates, its
-  "differentiable discrete proxy" (§3, Fig. 3b, "compression rate re-parameterization"): every
-  block owns a learnable distribution ``rho = softmax(logits)`` over discrete candidate rates
-  ``C_k`` for pruning and one for merging; the rate is re-parameterised as the expectation
-  ``alpha = sum_k rho_k C_k``; the token at sorted position ``j`` is kept with probability
-  ``P_j = sum_k rho_k [kept(C_k) > j]`` (the mask of the paper's attention masking), and the
-  loss is ``CE + lambda * (gmacs_ratio - F)^2``. After the search, ``eval()`` runs exactly
-  ``diffrate`` with the counts it found (:func:`searched_kept` reads them off as
-  ``diffrate``'s parameters).
-
-Choices the paper leaves open or that vitbench makes (this module is the reference):
-
-- **Default schedule** (``diffrate`` without lists; the budget knob ``keep``): the patch tokens
-  left after the last block are ``n_L = max(1, round(keep * N_p))``; every block removes the
-  same number of them (ToMe's constant ``r``): ``n_l = N_p - round((l + 1) * (N_p - n_L) / L)``.
-  Of the ``r_l = n_{l-1} - n_l`` tokens block ``l`` removes, ``round(merge_share * r_l)`` are
-  merged and the rest pruned: ``prune_kept[l] = n_{l-1} - (r_l - merged_l)``,
-  ``merge_kept[l] = n_l`` (``round`` is half up). ``keep = 1`` is the unpatched model. The
-  paper's searched rates are not reproduced as a preset: we do not have them in print.
-- **Layout**: the prefix tokens first, then the kept patch tokens in their original order (the
-  paper sorts; nothing downstream depends on the order: no bipartite split by position, and
-  the readout and size-weighted pooling ignore it), so training's masks and inference's
-  removal see the same ties (equal importances: the lower position counts as more
-  important; equal similarities: the first destination in that order).
-- **Importance of merged tokens**: the class attention they draw (with proportional
-  attention: ``log(size)`` is in the logits), nothing else.
-- **Counts larger than the tokens present** (a block that receives fewer, an input of another
-  size) are capped: block ``l`` keeps ``min(prune_kept[l], n)`` then ``min(merge_kept[l], that)``.
-- **No class token**: refused (:class:`~vitbench.errors.UnsupportedError`): the importance is
-  the class token's attention. With a distillation token or registers, only the class row
-  counts; prefix tokens are never sorted, pruned or merged.
-- **Search** (``diffrate-search``), the paper's proxy with these choices:
-
-  * rates relative to the block's input, as Fig. 3's caption has them (prune ``N alpha_p``,
-    then merge ``N (alpha_m - alpha_p)`` of the block's ``N`` tokens), but the merge rate taken
-    of the tokens left after pruning: ``K_p = ceil(n_in (1 - alpha_p))``, ``K_m = ceil(K_p (1 -
-    alpha_m))`` (the paper's ``alpha_m`` is ``alpha_p + (1 - alpha_p) alpha_m`` here, so it can
-    never fall below ``alpha_p``); ``n_in`` is the previous block's ``K_m``;
-  * candidates ``C_k = k / N_p``, ``k = 0 .. N_p - 1`` (one token's granularity at block 0; a
-    rate below 1, so a token always stays); logits initialised to give ``C_0 = 0`` the
-    probability 0.99 and the others equal shares (:data:`INIT_KEEP_PROBABILITY`): expected
-    rates 0.005, which remove nothing, so the search starts from the unpatched model and the
-    penalty pulls it down, as LTMP's thresholds start (a uniform start prunes half the tokens
-    of every block at once);
-  * the forward uses the hard counts (``ceil`` with a straight-through gradient, so the
-    penalty's gradient reaches every block's rates and, through ``n_in``, the earlier ones);
-  * tokens are masked, not removed (as LTMP, docs/methods.md §2): a keep mask travels in the
-    token state and later blocks see ``log(mask + 1e-6)`` as a key bias. The mask of the
-    token at sorted position ``j`` is straight-through: forward ``[j < K_p]``, backward
-    ``P_j`` of the prune distribution; a kept token at ``j >= K_m`` merges into its partner
-    with the straight-through weight forward ``1``, backward ``1 - Q_j`` (``Q`` the merge
-    distribution's ``P`` over the ``K_p`` tokens), and its mask becomes ``mask * (1 -
-    weight)``. So the training forward removes exactly the tokens inference removes, and the
-    logits agree to the mask's ``1e-6`` (tested);
-  * the penalty measures the cost as ``vitbench.measure.count_gmacs`` counts it
-    (:class:`SearchCost`: fixed costs, per block attention on the tokens it receives, the
-    class-attention row next to the fused kernel, the merge's similarity matmul, the MLP on
-    the tokens it keeps) as a fraction of the unreduced model's, against ``gmacs_fraction``
-    (the budget knob: ``--match-gmacs F`` sets it), so the searched model lands on the
-    counted budget; the paper penalises its own FLOPs count against a FLOPs target;
-  * Adam, lr 0.05, one epoch, batch 64, no label smoothing, cosine schedule, ``lambda = 10``:
-    ours. With lr 0.01 one epoch on 10k images did not reach the budget (0.79 x the GMACs for
-    a goal of 0.5 on the default model); Adam moves every logit by about ``lr`` a step, and the
-    start is about 1.2 logits from the first removed token.
-
-Cost at inference: the class-attention row next to the fused kernel (``N C`` MACs per block)
-and the similarity of the merged tokens to the kept ones (``(K_p - K_m) K_m d`` MACs).
-"""
+Parameters: ``keep``, ``merge_share``, ``prune_kept``, ``merge_kept``; the search:
+``gmacs_fraction``, ``lambda_flops``, ``epochs``, ``lr``, ``batch_size``, ``label_smoothing``."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from typing import Optional, Sequence, Union
 
 import torch
@@ -102,9 +25,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitbench.catalog import BudgetKnob, MethodSpec, ModelInfo, Reduction, TrainStage
-from vitbench.engine import AttnInfo, TokenState, reduction_context
+from vitbench.engine import AttnInfo, Reducer, TokenState, reduction_context
 from vitbench.errors import ParamError, UnsupportedError
 from vitbench.hookspecs import hookimpl
+from vitbench.kit import cost, vit_block_costs
 
 MASK_EPS = 1e-6
 _MASK = "diffrate_mask"  # training: [B, N] straight-through keep mask
@@ -183,7 +107,7 @@ def _round_half_up(value: float) -> int:
 
 def default_schedule(num_patches: int, depth: int, keep: float,
                      merge_share: float) -> tuple[list[int], list[int]]:
-    """``(prune_kept, merge_kept)`` of the default schedule (module docstring): ``round(keep *
+    """``(prune_kept, merge_kept)`` of the default schedule (docs/methods.md §15): ``round(keep *
     N_p)`` patches (at least 1) left after the last block, the same number removed in every
     block, ``merge_share`` of each block's removals merged, the rest pruned."""
     last = max(1, _round_half_up(keep * num_patches))
@@ -282,7 +206,7 @@ def prune_then_merge(x: torch.Tensor, state: TokenState, keys: torch.Tensor, imp
     return state.cluster(x, cluster_of.gather(1, partner), km)
 
 
-class DiffRateReducer:
+class DiffRateReducer(Reducer):
     """One block of ``diffrate``: prune to ``prune_kept``, merge to ``merge_kept`` patch tokens."""
 
     needs = frozenset({"keys", "cls_attn"})
@@ -352,8 +276,7 @@ class DiffRateSearchParams:
 
 _CEIL_TOLERANCE = 1e-3
 
-#: the initial probability of the candidate "remove nothing" (the rest spread evenly): the
-#: search starts from the unpatched model and the penalty pulls it down (module docstring)
+#: the initial probability of "remove nothing", so the search starts from the unpatched model
 INIT_KEEP_PROBABILITY = 0.99
 
 
@@ -402,7 +325,7 @@ def _straight_through(hard: torch.Tensor, soft: torch.Tensor) -> torch.Tensor:
     return hard.to(soft.dtype) + (soft - soft.detach())
 
 
-class DiffRateSearchReducer(nn.Module):
+class DiffRateSearchReducer(nn.Module, Reducer):
     """One block of ``diffrate-search``: learnable distributions over the candidate rates
     ``C_k = k / K`` (``K = N_p``) of pruning (``prune_logits``: the fraction of the block's
     incoming patch tokens pruned) and of merging (``merge_logits``: the fraction of the tokens
@@ -438,7 +361,7 @@ class DiffRateSearchReducer(nn.Module):
         return prune_then_merge(x, state, info.keys, importance, _as_int(kp), _as_int(km))
 
     def _mask(self, x: torch.Tensor, state: TokenState, info: AttnInfo) -> torch.Tensor:
-        """Training: the tokens stay; the keep mask, sizes and key bias change (module docstring)."""
+        """Training: the tokens stay; the keep mask, sizes and key bias change (docs/methods.md §15)."""
         b, n, _ = x.shape
         p = state.prefix
         mask = state.private.get(_MASK)
@@ -492,7 +415,7 @@ def _merge_into(x: torch.Tensor, state: TokenState, weight: torch.Tensor, partne
 
 
 @dataclass(frozen=True)
-class SearchCost:
+class SearchCost(cost.CostModel):
     """The MACs of one image's inference forward of a ``diffrate``-reduced ViT as a function of
     the kept counts, term by term as ``vitbench.measure.count_gmacs`` counts them (the search's
     penalty, ``gmacs_fraction``).
@@ -520,39 +443,39 @@ class SearchCost:
         n = float(self.prefix + self.num_patches)
         return self.fixed + sum(a * n + b * n * n + c * n for a, b, c in zip(self.linear, self.quadratic, self.mlp))
 
-    def macs(self, kept: Sequence[tuple[Union[torch.Tensor, float], Union[torch.Tensor, float]]]
-             ) -> Union[torch.Tensor, float]:
-        """MACs for ``kept[l] = (K_p, K_m)`` of every block (tensors or numbers; differentiable)."""
-        total: Union[torch.Tensor, float] = self.fixed
+    def terms(self, kept: Sequence[tuple[Union[torch.Tensor, float], Union[torch.Tensor, float]]]
+              ) -> Iterator[Union[torch.Tensor, float]]:
+        """Each block's terms for ``kept[l] = (K_p, K_m)`` (tensors or numbers; differentiable)."""
         n: Union[torch.Tensor, float] = float(self.prefix + self.num_patches)
         for l, (kp, km) in enumerate(kept):
-            total = (total + self.linear[l] * n + self.quadratic[l] * n * n + self.cls_row[l] * n
-                     + self.head_dim[l] * (kp - km) * km + self.mlp[l] * (self.prefix + km))
+            yield self.linear[l] * n
+            yield self.quadratic[l] * n * n
+            yield self.cls_row[l] * n
+            yield self.head_dim[l] * (kp - km) * km
+            yield self.mlp[l] * (self.prefix + km)
             n = self.prefix + km
-        return total
-
-    def ratio(self, kept: Sequence[tuple[Union[torch.Tensor, float], Union[torch.Tensor, float]]]
-              ) -> Union[torch.Tensor, float]:
-        return self.macs(kept) / self.full
 
 
-def search_cost(model: nn.Module, info: ModelInfo) -> SearchCost:
-    """The :class:`SearchCost` of ``model`` (a timm ViT, reduced or not), read off its modules
-    (the fixed, attention-linear, quadratic and MLP terms as LTMP's cost model reads them,
-    :func:`vitbench_plugins.ltmp.cost_model`)."""
-    from vitbench_plugins.ltmp import cost_model
+def search_cost(model: nn.Module, info: ModelInfo, image: Optional[torch.Tensor] = None) -> SearchCost:
+    """The :class:`SearchCost` of ``model`` (a timm ViT, unreduced or reduced with
+    ``diffrate-search``): the blocks' terms read off their modules
+    (:func:`vitbench.kit.vit_block_costs`), the fixed part counted on ``image`` (default: a zero
+    image of the model's input size), less the terms of the counts that forward kept."""
+    blocks = vit_block_costs(model, info.embed_dim)
+    fused = [bool(getattr(getattr(blk, "block", blk).attn, "fused_attn", False)) for blk in model.blocks]
+    terms = SearchCost(num_patches=info.num_patches, prefix=info.num_prefix_tokens, fixed=0.0,
+                       linear=blocks.linear, quadratic=blocks.quadratic,
+                       cls_row=tuple(q / 2 if f else 0.0 for q, f in zip(blocks.quadratic, fused)),  # heads * head_dim
+                       head_dim=tuple(float(d) for d in blocks.head_dim), mlp=blocks.mlp)
 
-    base = cost_model(model, info, [False] * info.depth)
-    cls_row, head_dim = [], []
-    for blk in model.blocks:
-        attn = getattr(blk, "block", blk).attn
-        d = int(getattr(attn, "head_dim", info.embed_dim // attn.num_heads))
-        fused = bool(getattr(attn, "fused_attn", False))
-        cls_row.append(float(attn.num_heads * d) if fused else 0.0)
-        head_dim.append(float(d))
-    return SearchCost(num_patches=info.num_patches, prefix=info.num_prefix_tokens, fixed=base.fixed,
-                      linear=base.linear, quadratic=base.quadratic, cls_row=tuple(cls_row),
-                      head_dim=tuple(head_dim), mlp=base.mlp)
+    def counted_terms() -> float:
+        if not any(isinstance(m, DiffRateSearchReducer) for m in model.modules()):
+            return terms.full  # unreduced: no class-attention row, no merge
+        return float(terms.macs(list(zip(*searched_kept(model)))))
+
+    if image is None:
+        image = cost.probe_image(model, tuple(model.patch_embed.img_size))
+    return replace(terms, fixed=cost.counted_fixed(model, image, counted_terms))
 
 
 def gmacs_penalty_of(params: DiffRateSearchParams, info: ModelInfo):  # type: ignore[no-untyped-def]

@@ -1,26 +1,15 @@
-"""DPC-KNN token clustering merge (TCFormer, Zeng et al., CVPR 2022, §3.2 "Clustering-based
-Token Merge"; density peaks clustering of Rodriguez & Laio, Science 2014, with a k-nearest-
-neighbour density), training-free.
+"""DPC-KNN token clustering merge, training-free (TCFormer, Zeng et al., CVPR 2022, §3.2
+"Clustering-based Token Merge"; density peaks clustering of Rodriguez & Laio, Science 2014,
+with a k-nearest-neighbour density; docs/methods.md §8).
 
 At each listed block (after the attention residual, docs/methods.md §0) the ``N_p`` patch tokens
-``x`` (prefix tokens aside) are clustered into ``M = ceil(keep * N_p)`` clusters:
+are clustered into ``M = ceil(keep * N_p)`` clusters: the ``M`` tokens with the largest
+``rho * delta`` (kNN density times the distance to the nearest denser token) are the centres,
+every token joins its nearest centre, and each cluster becomes the size-weighted mean of its
+members (sizes stand in for TCFormer's learned importance). Density ties break by position, so
+the method is deterministic. ``keep = 1`` changes nothing.
 
-1. distances ``d_ij = ||x_i - x_j|| / sqrt(C)`` between the patch tokens of one image;
-2. local density ``rho_i = exp(-mean_{j in kNN(i)} d_ij^2)`` over the ``k`` nearest other tokens;
-3. ``delta_i = min_{j: rho_j > rho_i} d_ij``, the distance to the nearest denser token (for the
-   densest token, its largest distance to any token);
-4. the ``M`` tokens with the largest ``rho_i * delta_i`` are the cluster centres (dense, and far
-   from anything denser); every token joins its nearest centre (each centre its own cluster);
-5. each cluster becomes one token, the size-weighted average of its members
-   (:meth:`~vitbench.engine.TokenState.cluster`; TCFormer weighs members by a learned importance
-   score, which a training-free method does not have: the sizes take its place, as in ToMe).
-
-Ties in density (identical tokens) are broken by position, earlier first, instead of TCFormer's
-random noise, so the method is deterministic. Merged tokens come in the order of their centres'
-scores; nothing after a merge depends on token order (attention, LayerNorm and MLP act on a set;
-the class-token readout and the size-weighted pool do not see it). ``keep = 1`` changes nothing.
-Cost: the ``N_p x N_p`` distances (``N_p^2 C`` MACs per listed block) on top of what the merge saves.
-"""
+Parameters: ``keep``, ``layers``, ``k`` (neighbours of the density)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,8 +19,7 @@ import torch
 from vitbench.catalog import BudgetKnob, MethodSpec, ModelInfo, Reduction
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
-from vitbench_plugins.clustering import ClusterMergeReducer, token_distances
-from vitbench_plugins.ppt import check_layers
+from vitbench.kit import ClusterMergeReducer, check_layers, token_distances
 
 
 @dataclass(frozen=True)

@@ -1,90 +1,15 @@
 """DynamicViT: learned, hierarchical token pruning (Rao et al., *DynamicViT: Efficient Vision
-Transformers with Dynamic Token Sparsification*, NeurIPS 2021; docs/methods.md, DynamicViT).
+Transformers with Dynamic Token Sparsification*, NeurIPS 2021; docs/methods.md §16).
 
-A lightweight **prediction module** (paper §3.2) sits at each listed block and decides which
-patch tokens go on. At stage ``s`` (the ``s``-th listed block, ``s = 1 .. S``) it reads the
-current tokens ``x`` and the decision mask ``D^`` so far (all ones before the first stage):
+A prediction module (paper §3.2) at each listed block scores the patch tokens from local and
+mask-averaged global features. Training (§3.3) masks tokens with a straight-through
+Gumbel-softmax, applied to later blocks as an attention key bias, and adds the keep-ratio loss
+(§3.4); only the predictors train. Inference keeps the ``ceil(rho^s * N_p)`` most probable
+patches at stage ``s``, in position order. The distillation losses are left out.
 
-- local features ``z_local = MLP(x)`` (``LayerNorm, Linear(C, C'), GELU``; the paper's
-  ``C' = C/2``);
-- a global feature ``z_global = Agg(MLP(x), D^) = sum_i D^_i z_local_i / sum_i D^_i`` (the
-  same ``MLP(x)``, averaged over the tokens still kept: the paper's ``Agg``);
-- ``z_i = [z_local_i, z_global]`` and ``pi = Softmax(MLP(z))`` ``[N_p, 2]``, ``pi_i0`` the
-  probability of dropping token ``i``, ``pi_i1`` of keeping it (computed as log-probabilities).
-
-**Training** (``reducer.training``; paper §3.3): tokens are *masked, not removed*. The stage's
-decision is a hard Gumbel-softmax sample of ``pi`` (straight-through), multiplied into the mask,
-``D = D^ * GumbelSoftmax(pi)_{:,1}``, so a dropped token never comes back. The mask acts as an
-attention mask on every later block (*attention masking*): a dropped token receives no attention
-from any token (``state.key_bias = log(D + 1e-12)``, prefix tokens 1), so the kept tokens and
-the class token compute exactly what they would without it. The loss is
-``CE + ratio_weight * L_ratio``, ``L_ratio = 1/(B S) sum_b sum_s (rho^s - mean_i D_i^{b,s})^2``
-(paper §3.4, the kept fraction of the patch tokens per image and stage against the target
-``rho^s``); the penalty is the train stage's ``extra_loss``. Only the prediction modules train
-(the backbone stays frozen unless ``--train-backbone``).
-
-**Inference** (``eval()``; paper §3.4): each stage keeps the
-``ceil(rho^s * N_p)`` patch tokens with the highest keep probability ``pi_i1`` (``N_p`` the
-patch count entering the first stage) and removes the others for real (``state.keep``); the
-prefix tokens stay first and the kept patches keep their order. Counts are fixed, so the batch
-stays rectangular and the GMACs depend on ``keep`` only (an untrained predictor keeps as many
-tokens as a trained one).
-
-Choices the paper leaves open, or where vitbench differs (this module is the reference):
-
-- **Where it acts.** vitbench's hook is after a block's attention residual, before its MLP
-  (docs/methods.md §0). A listed block ``l`` therefore runs its attention on all incoming tokens
-  and its MLP on the kept ones, and the predictor reads the tokens after that attention
-  residual. The paper's modules sit *before* its 4th, 7th and 10th blocks (0-indexed 3, 6, 9),
-  so there block ``l``'s attention already runs on the kept tokens. Default ``layers=(3, 6, 9)``,
-  as ``topk``/``ppt``, so the methods compare directly; it costs a little more than the paper's
-  placement (DeiT-S: 3.07 GMACs; ``layers=(2, 5, 8)``, which also prunes block ``l-1``'s MLP:
-  2.82; the paper reports 2.9 GFLOPs).
-- **Prediction-module widths.** ``MLP(x)``: ``LayerNorm(C), Linear(C, C/2), GELU`` (the
-  paper's ``C' = C/2``, one projection feeding both the local and the global feature as in its
-  equations). The scoring ``MLP(z)``: ``Linear(C, C/2), GELU, Linear(C/2, C/4), GELU,
-  Linear(C/4, 2)``, then log-softmax (widths halving; at least 1). PyTorch's default
-  initialisation.
-- **Gumbel-softmax.** Temperature ``tau = 1`` (a parameter). For two classes the Gumbel-softmax
-  equals a Gumbel-sigmoid of ``log pi_1 - log pi_0`` (``vitbench.engine.masks``, the same
-  straight-through mask as LTMP/LTM/DCS): hard ``0/1`` forward, soft gradient.
-- **Attention mask.** The paper's mask keeps every token's attention to *itself*
-  (``G_ii = 1``); vitbench's key bias is per key, so a dropped token's own row sees only the kept
-  tokens. A dropped token's value never reaches a kept token, the class token or a later
-  decision (each is multiplied by its ``D^_i = 0``), so the loss is the same; only the dropped
-  tokens' own (unused) values differ. ``log(D + 1e-12)`` rather than ``log(D)``: the backward of
-  ``log(0)`` is ``inf * 0 = NaN``; with ``1e-12`` a dropped key's attention weight is ``1e-12`` of
-  an unmasked one's (below float32 resolution next to the kept tokens' weights) and its gradient
-  is the paper's ``d/dG`` of the masked softmax.
-- **Counts.** ``ceil(rho^s * N_p)`` per stage, taken of the patch count at the first stage (a
-  value within ``1e-9`` of an integer counts as that integer, so float error never adds a token),
-  at least one token, never more than are left. ``keep = 1`` keeps every token: the reducer is the
-  identity in both modes (nothing to learn), and the model equals the unpatched one.
-- **Order.** The kept patches stay in their order (``top_tokens(order="original")``); ties in
-  the keep probability keep the lower position. Nothing after a pruning step depends on positions
-  (attention, MLP and the class-token readout act on a set), so this changes no logit.
-- **Ratio target.** ``rho^s`` as in the paper (the counts at inference are ``ceil`` of it).
-- **Left out: the distillation losses** (paper §3.4: ``L_distill``, MSE between the kept
-  tokens' final features and the unpruned teacher's; ``L_KL``, KL between teacher and student
-  logits; both weight 0.5 in the paper). vitbench's fine-tuning loop has no teacher path, and a
-  teacher forward per step would nearly double the cost of training; with the backbone frozen
-  (vitbench's default) the teacher is the unreduced model and CE carries most of the signal.
-- **Training recipe.** The paper trains the whole model for 30 epochs (AdamW, prediction-module
-  lr ``1e-3 * batch/1024``, backbone at 0.01x). vitbench's default is a brief fine-tune of the
-  prediction modules only: ``epochs=1``, AdamW, ``lr=1e-2`` at batch 64, no weight decay, cosine
-  schedule. ``ratio_weight=2`` is the paper's ``lambda_ratio``. The learning rate is ours: on the
-  default model (``finetune(limit=10000)``, 157 steps; top-1 on the first 500 test images,
-  baseline 83.2 %, ``topk`` 81.4 %) ``lr=1e-2`` gave 81.2 / 79.0 / 80.2 % (three runs),
-  ``1e-3`` 79.2 / 76.8 % (two runs), ``3e-3`` 72.4 %; untrained predictors 63-78 %. One short epoch does not
-  bring the training kept fractions to ``rho^s`` (e.g. 0.96 / 0.50 / 0.28 or 0.71 / 0.71 / 0.63
-  against 0.7 / 0.49 / 0.343: the CE pulls towards keeping tokens); inference keeps the fixed
-  counts whatever they are, so only the ranking is learnt from them. ``ratio_weight=10`` (lr
-  ``1e-2``) saturated stage 1 at keeping everything (77.4 %).
-- **Prefix tokens** (class, distillation, registers) are never scored, masked or dropped
-  (mask 1). A model without prefix tokens (``global_pool='avg'``): inference works as above;
-  in training the family's average pool still counts masked tokens (as LTMP's training),
-  a known limitation; class-token models (DeiT/ViT) are unaffected.
-"""
+Parameters: ``keep`` (the paper's ``rho``), ``layers`` (default ``(3, 6, 9)`` as ``topk``/``ppt``),
+``ratio_weight`` (``lambda_ratio``), ``tau`` (Gumbel temperature), ``epochs``, ``lr``,
+``batch_size``. docs/methods.md §16 lists every choice and where vitbench differs."""
 from __future__ import annotations
 
 import math
@@ -95,13 +20,13 @@ import torch
 from torch import nn
 
 from vitbench.catalog import BudgetKnob, MethodSpec, ModelInfo, Reduction, TrainStage
-from vitbench.engine import AttnInfo, TokenState, reduction_context
+from vitbench.engine import AttnInfo, Reducer, TokenState, reduction_context
 from vitbench.engine.masks import straight_through_mask
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
-from vitbench_plugins.ppt import check_layers, top_tokens
+from vitbench.kit import check_layers, top_tokens
 
-#: the key-mask floor in training: ``key_bias = log(mask + MASK_EPS)`` (module docstring)
+#: the key-mask floor in training: ``key_bias = log(mask + MASK_EPS)`` (docs/methods.md §16)
 MASK_EPS = 1e-12
 _MASK = "dynamicvit_mask"  # training: [B, N_p] straight-through keep mask of the patch tokens
 _KEPT = "dynamicvit_kept"  # training: {stage: [B] kept fraction of the patch tokens}
@@ -175,7 +100,7 @@ class KeepPredictor(nn.Module):
         return self.score(torch.cat([z, glob.expand_as(z)], dim=-1)).log_softmax(dim=-1)
 
 
-class DynamicViTReducer(nn.Module):
+class DynamicViTReducer(nn.Module, Reducer):
     """One stage of DynamicViT: masks the dropped tokens in training, removes them at inference."""
 
     needs: frozenset[str] = frozenset()  # reads only the tokens: the fused kernel stays

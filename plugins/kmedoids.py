@@ -1,22 +1,15 @@
 """K-Medoids token clustering merge, training-free (the clustering reduction evaluated beside
 DPC-KNN by Haurum et al., "Which Tokens to Use? Investigating Token Reduction in Vision
-Transformers", ICCV Workshops 2023; the algorithm: Voronoi iteration, Park & Jun 2009).
+Transformers", ICCV Workshops 2023; the algorithm: Voronoi iteration, Park & Jun 2009;
+docs/methods.md §9).
 
 At each listed block (after the attention residual, docs/methods.md §0) the ``N_p`` patch tokens
-become ``M = ceil(keep * N_p)`` tokens:
+become ``M = ceil(keep * N_p)`` tokens: ``M`` medoids start evenly spread over the tokens in their
+current order (deterministic), ``iters`` Voronoi steps move each medoid to its cluster's member
+of least summed distance, and each final cluster becomes the size-weighted mean of its members.
+``keep = 1`` changes nothing.
 
-1. distances ``d_ij = ||x_i - x_j|| / sqrt(C)`` between the patch tokens of one image;
-2. start from ``M`` medoids spread evenly over the tokens in their current order (raster order
-   in the first listed block: spatially spread), ``floor(linspace(0, N_p - 1, M) + 0.5)``;
-3. ``iters`` times: every token joins its nearest medoid; each cluster's new medoid is the
-   member with the smallest sum of distances to the other members;
-4. every token joins its nearest final medoid (each medoid its own cluster), and each cluster
-   becomes the size-weighted mean of its members (:meth:`~vitbench.engine.TokenState.cluster`,
-   as :mod:`vitbench_plugins.dpc_knn`; keeping the medoid token itself would drop the others).
-
-Deterministic (no random initialisation: the even spread is our choice, written down here).
-``keep = 1`` changes nothing. Cost: the ``N_p x N_p`` distances per listed block.
-"""
+Parameters: ``keep``, ``layers``, ``iters``."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,8 +19,7 @@ import torch
 from vitbench.catalog import BudgetKnob, MethodSpec, ModelInfo, Reduction
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
-from vitbench_plugins.clustering import ClusterMergeReducer, token_distances
-from vitbench_plugins.ppt import check_layers
+from vitbench.kit import ClusterMergeReducer, check_layers, token_distances
 
 
 @dataclass(frozen=True)

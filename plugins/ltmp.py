@@ -1,114 +1,32 @@
 """LTMP: learned thresholds for token merging and pruning (Bonnaerens & Dambre, 2023;
 docs/methods.md §2).
 
-Every reducing block owns two scalar thresholds, ``theta_m`` (merging, init 0.9) and
-``theta_p`` (pruning, init 0.0), the only parameters that train. After the attention residual
-(docs/methods.md §0) a block
+Every reducing block owns two scalar thresholds, the only parameters that train. After the
+attention residual (docs/methods.md §0) it merges each A token into its most similar B token
+(ToMe's bipartite split, cosine of the keys) when the similarity exceeds ``theta_m``, then
+prunes tokens whose received attention is at most ``theta_p``. In training tokens are masked,
+not removed (straight-through masks, key bias ``log(mask + 1e-6)``) and the loss adds
+``lambda * (flops_ratio - target)^2``; at inference tokens are removed and a batch is padded to
+its largest count. On Swin (:class:`LTMPTileReducer`) the thresholds act per tile for the MLP.
 
-1. **merges**: the current tokens after the prefix are split alternately into sets A and B (as
-   ToMe, §1); every A token finds its most similar B token (cosine similarity of the
-   head-averaged keys) and merges into it, size-weighted, when that similarity exceeds
-   ``theta_m`` -- so the number of merges varies per image;
-2. **prunes**: the importance of a token is the attention it receives, averaged over heads and
-   queries (``A.mean(heads).mean(queries)``); a merge destination takes the max over its group;
-   tokens with importance ``<= theta_p`` are dropped. Prefix tokens are never merged or pruned.
-
-Masker: ``soft = sigmoid((v - theta) / tau)``; the forward uses the hard mask
-``soft > 0.5`` and the backward the gradient of ``soft`` (straight-through).
-
-Training (``reducer.training``): tokens are **masked, not removed**. A keep mask
-``[B, N]`` travels in ``TokenState.private``; every following block sees it as the key bias
-``log(mask + 1e-6)``; masked tokens keep flowing through the blocks (training saves no compute).
-A merged-away token is masked and its destination's size and value take it in. The loss is
-``CE(label smoothing 0.1) + lambda * (flops_ratio - target)^2`` (:func:`flops_ratio`); the
-penalty is the train stage's ``extra_loss``. Only the thresholds train (plain SGD, lr 5e-3 for
-merging and 5e-6 for pruning, cosine schedule); they are clamped to ``[0, 1]`` after each step.
-
-Inference (``eval()``): tokens are removed for real. Counts differ per image, so the batch is
-padded to its largest count: padded tokens have size 0 and key bias ``-inf`` (and value 0), so
-every image gives the same output as when it runs alone.
-
-Token layout (``order``; docs/methods.md §2). The split into A and B alternates over the
-positions of the current tokens, so where a block puts the tokens it keeps decides which
-tokens the next block can pair:
-
-- ``"bipartite"`` (default): after every reducing block the tokens are laid out as ToMe's
-  merge leaves them -- the prefix, the unmerged tokens of set A, then the tokens of set B, each
-  group in its current order, pruned tokens left out -- even in a block that merges nothing.
-  This is what the official LTMP code does at inference, and published accuracies come from
-  it; with merging in every block, token counts differ from the original order's from block 1
-  on. Side by side with the official inference code on the same weights and thresholds, token
-  counts after every block are equal and logits agree to 1e-5 (fp32; 7e-6 on the embedded
-  default model, 2e-6 on a random-weight DeiT-S).
-- ``"original"``: the tokens that stay keep their original (spatial) order. Same rules, other
-  pairs from block 1 on. Sorted by position they are easier to read when visualising; dense
-  tasks do not need it, since :func:`vitbench.engine.unmerge` follows the traced sources in
-  either layout.
-
-Padding stays at the end in both layouts.
-
-On Swin (docs/methods.md §2 "On Swin"; :class:`LTMPTileReducer`). The swin adapter reduces each
-block's tiles for the MLP only and unmerges after it (ToMe for SD §3), so every block applies its
-thresholds to fresh 49-token tiles without prefix: merging as above on the tile's keys; the
-importance is the attention a token receives in its (shifted) window, the mean over heads and
-the window's queries (the adapter's ``received_attn``), a destination its group's max, each
-tile's most important token kept. Inference: merged and pruned tokens get size 0, the adapter
-runs the MLP on the others only, and :meth:`LTMPTileReducer.unmerge` gives a merged token its
-destination's MLP output and a pruned one none (its residual stream is unchanged). Training:
-nothing removed, the straight-through keep mask scales the MLP outputs (the same forward). The
-paper's FLOPs ratio assumes attention on the kept tokens, which never happens on Swin, so there
-``target`` (like ``gmacs_fraction``) is a fraction of the counted GMACs (:class:`SwinCostModel`).
-
-Choices the paper and docs/methods.md leave open (this module is the reference):
-
-- **A/B split**: the split alternates over the *current* tokens in their current layout: the
-  ``j``-th current patch token is in A when ``prefix + j`` is even (ToMe's split by position:
-  at inference the current tokens stand first, so this is the position's parity). In training
-  ``j`` counts the unmasked tokens, at inference the remaining ones.
-- **Layout in training**: tokens are masked, not removed, but they move as at inference: the
-  tokens a block keeps are laid out first in ``order``'s layout, the masked ones after them. So
-  both modes pair exactly the same tokens in every block, and a threshold learned in training
-  is compared with the same similarities and importances at inference. (The official training
-  code also lays tokens out as [A, B] but keeps the masked ones among them, so its next split
-  counts masked tokens and can pair other tokens than its inference does.)
-- **Hard mask**: computed as ``v > theta``, which is ``soft > 0.5`` without the rounding of the
-  sigmoid near 0.5 (so training and inference agree bit for bit on which tokens go).
-- **Key mask in training**: ``log(mask + 1e-6)``, not ``log(mask)``: ``log(0)`` would make the
-  backward ``inf * 0 = NaN``, and with the small ``eps`` a masked key still passes the gradient
-  of bringing it back (its attention weight is ``1e-6`` of an unmasked one, so the forward
-  differs from a hard mask by at most that). The proportional-attention bias ``log(size)`` is
-  added as for every method (``prop_attn`` is on).
-- **Importance**: attention probabilities (``needs = {"keys", "attn"}``: the blocks with a
-  reducer run unfused). A column mean of softmax probabilities cannot be had more cheaply than
-  the probabilities themselves (every query row needs its own normaliser), so the full matrix
-  is asked for; unfused and fused attention count the same MACs (vitbench.measure.flops). The
-  mean is over the current (unmasked, unpadded) queries. Importance and similarities are
-  constants for the backward (the matching runs under ``no_grad``, as ToMe's); the thresholds get
-  their gradient through the masks.
-- **Kept fraction** ``m`` of a block: the mask mean over all ``N`` tokens (prefix included),
-  per image; the FLOPs ratio is computed per image and averaged over the batch before the
-  penalty. Blocks without a reducer (``layers``) keep the previous ``m``.
-- **No prefix token** (``global_pool='avg'`` models without cls): the most important token is
-  never pruned, so an image always keeps one token.
-- Source tracing (unmerge) follows the tokens in both modes; in training the mask says what
-  is gone.
-- Known limitation: in training, size-weighted *average* pooling (``global_pool='avg'``) still
-  counts masked tokens (the family's pool sees sizes, not the mask); ``'max'``/``'avgmax'``
-  pooling at inference also sees padded tokens. Class-token models (DeiT/ViT) are unaffected.
-"""
+Parameters: ``target`` (or ``gmacs_fraction`` at matched compute), ``tau``, ``lambda_flops``,
+``epochs``, ``lr_merge``, ``lr_prune``, ``optimizer``, ``label_smoothing``, ``batch_size``,
+``layers``, ``order`` (``bipartite``, the official layout, or ``original``)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from typing import Callable, Optional, Sequence, Union
 
 import torch
 from torch import nn
 
 from vitbench.catalog import BudgetKnob, MethodSpec, ModelInfo, Reduction, TrainStage
-from vitbench.engine import AttnInfo, TokenState, reduction_context
+from vitbench.engine import AttnInfo, Reducer, TokenState, reduction_context
 from vitbench.engine.masks import straight_through_mask
-from vitbench.errors import ParamError, UnsupportedError
+from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
+from vitbench.kit import cost, linear_macs, vit_block_costs
 
 MASK_EPS = 1e-6
 _MASK = "ltmp_mask"  # training: [B, N] straight-through keep mask
@@ -116,7 +34,7 @@ _KEPT = "ltmp_kept"  # training: {block: [B] kept fraction after that block}
 _VALID = "ltmp_valid"  # inference: [B, N] bool, False on padding
 _COUNTS = "ltmp_counts"  # inference: {block: [B] tokens of each image after that block}
 _OPTIMIZERS = ("SGD", "AdamW", "Adam")
-#: Layouts of the tokens after a reducing block (module docstring, "Token layout").
+#: layouts of the tokens after a reducing block (docs/methods.md §2, "Token layout")
 ORDERS = ("bipartite", "original")
 
 
@@ -200,7 +118,7 @@ def _front(flags: torch.Tensor,
 def split_sets(current: torch.Tensor, prefix: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Sets A and B ``[B, N]`` of the bipartite split: the current patch tokens, taken in order,
     alternate; the ``j``-th is in A when ``prefix + j`` is even (ToMe's split by position once
-    the current tokens stand first; module docstring)."""
+    the current tokens stand first; docs/methods.md §2)."""
     pos = torch.arange(current.shape[1], device=current.device)
     patch = current & (pos >= prefix)
     rank = patch.long().cumsum(dim=1) - 1
@@ -314,7 +232,7 @@ def _compact(x: torch.Tensor, state: TokenState, keep: torch.Tensor, pruned: tor
     return x
 
 
-class LTMPReducer(nn.Module):
+class LTMPReducer(nn.Module, Reducer):
     """One block's learned merge and prune thresholds (docs/methods.md §2)."""
 
     needs = frozenset({"keys", "attn"})
@@ -359,7 +277,7 @@ class LTMPReducer(nn.Module):
         mask = mask * (1.0 - merge) * prune
         if self.order == "bipartite":
             # the tokens stay, but in inference's layout: the ones left first, as
-            # [prefix, A, B], the masked ones after them (module docstring, "Token layout")
+            # [prefix, A, B], the masked ones after them (docs/methods.md §2, "Layout in training")
             group = bipartite_layout(current, state.prefix)
             left = mask.detach() > 0.5
             perm = torch.argsort(torch.where(left, group, 3), dim=1, stable=True)
@@ -414,7 +332,7 @@ def flops_ratio(kept: Sequence[Union[torch.Tensor, float, None]], num_tokens: in
 
 
 @dataclass(frozen=True)
-class CostModel:
+class CostModel(cost.CostModel):
     """The MACs of one image's inference forward of an LTMP-reduced ViT as a function of the
     token counts, term by term as ``vitbench.measure.count_gmacs`` counts them (matched compute,
     ``gmacs_fraction``; docs/methods.md §2).
@@ -425,9 +343,10 @@ class CostModel:
     ``linear`` the attention's Linear layers (qkv, proj) per token, ``quadratic`` ``QK^T`` and
     ``A V`` (``2 * heads * head_dim``), ``match`` LTMP's own similarity matmul of the ``|A|`` by
     ``|B|`` split (:func:`best_partners`; ``head_dim`` where the block reduces, else 0) and ``mlp``
-    the MLP's Linear layers per token. ``fixed`` is what no token count changes: the patch
-    embedding and the head(s). The unreduced model costs :attr:`full` (no matching); softmax,
-    norms and element-wise ops are not counted, as by the counter.
+    the MLP's Linear layers per token. ``fixed`` is what no token count changes (the patch
+    embedding and the head(s)), counted (:func:`vitbench.kit.cost.counted_fixed`). The unreduced
+    model costs :attr:`full` (no matching); softmax, norms and element-wise ops are not counted,
+    as by the counter.
     """
 
     num_tokens: int
@@ -444,12 +363,12 @@ class CostModel:
         n = float(self.num_tokens)
         return self.fixed + sum(a * n + b * n * n + c * n for a, b, c in zip(self.linear, self.quadratic, self.mlp))
 
-    def macs(self, kept: Sequence[Union[torch.Tensor, float, None]]) -> Union[torch.Tensor, float]:
-        """MACs for the kept fractions ``kept[i]`` after block ``i`` (a tensor per image or a
-        number, of all ``num_tokens`` tokens, prefix included; ``None``: block ``i`` does not
-        reduce). Differentiable in ``kept``; exact when ``kept[i] * num_tokens`` are integers."""
+    def terms(self, kept: Sequence[Union[torch.Tensor, float, None]]) -> Iterator[Union[torch.Tensor, float]]:
+        """Each block's terms for the kept fractions ``kept[i]`` after block ``i`` (a tensor per
+        image or a number, of all ``num_tokens`` tokens, prefix included; ``None``: block ``i``
+        does not reduce). Differentiable in ``kept``; exact when ``kept[i] * num_tokens`` are
+        integers."""
         n_tok = float(self.num_tokens)
-        total: Union[torch.Tensor, float] = self.fixed
         prev: Union[torch.Tensor, float] = n_tok
         for i, m in enumerate(kept):
             n = prev if m is None else m * n_tok
@@ -459,79 +378,50 @@ class CostModel:
             odd = (torch.round(patches.detach()) % 2 if isinstance(patches, torch.Tensor)
                    else float(round(patches) % 2))
             pairs = (patches * patches - odd) / 4
-            total = (total + self.linear[i] * prev + self.quadratic[i] * prev * prev
-                     + self.match[i] * pairs + self.mlp[i] * n)
+            yield self.linear[i] * prev
+            yield self.quadratic[i] * prev * prev
+            yield self.match[i] * pairs
+            yield self.mlp[i] * n
             prev = n
-        return total
-
-    def ratio(self, kept: Sequence[Union[torch.Tensor, float, None]]) -> Union[torch.Tensor, float]:
-        """:meth:`macs` as a fraction of :attr:`full` (what ``--match-gmacs F`` asks to be ``F``)."""
-        return self.macs(kept) / self.full
 
 
-def _linear_macs(module: nn.Module) -> float:
-    """MACs per token of every ``nn.Linear`` in ``module`` (each applied once per token)."""
-    return float(sum(m.in_features * m.out_features for m in module.modules() if isinstance(m, nn.Linear)))
-
-
-def cost_model(model: nn.Module, info: ModelInfo, reducing: Sequence[bool]) -> CostModel:
+def cost_model(model: nn.Module, info: ModelInfo, reducing: Sequence[bool],
+               image: Optional[torch.Tensor] = None) -> CostModel:
     """The :class:`CostModel` of ``model`` (a timm ViT, reduced or not), ``reducing[i]``: block
-    ``i`` has an LTMP reducer. Read off the modules: the Linear layers of each block's ``attn``
-    and ``mlp``, the heads and head width of its attention, the patch embedding's convolution
-    over the ``num_patches`` positions and the Linear head(s) (``head``, DeiT's ``head_dist``)
-    on one token each. ``tests/plugins/test_ltmp.py`` checks it against ``count_gmacs``.
+    ``i`` has an LTMP reducer. The blocks' terms are read off their modules
+    (:func:`vitbench.kit.vit_block_costs`); the fixed part is counted on ``image`` (default: a
+    zero image of the model's input size), less the terms of the tokens that forward kept.
+    ``tests/plugins/test_ltmp.py`` checks it against ``count_gmacs``.
     """
-    blocks = [getattr(blk, "block", blk) for blk in model.blocks]
-    convs = [m for m in model.patch_embed.modules() if isinstance(m, nn.Conv2d)]
-    if len(convs) != 1 or _linear_macs(model.patch_embed) > 0:
-        raise UnsupportedError(f"ltmp.gmacs_fraction needs a plain patch embedding (one convolution); "
-                               f"{type(model.patch_embed).__name__} has {len(convs)} convolutions")
-    conv = convs[0]
-    kh, kw = conv.kernel_size
-    fixed = float(info.num_patches * conv.out_channels * (conv.in_channels // conv.groups) * kh * kw)
-    for name in ("head", "head_dist"):
-        head = getattr(model, name, None)
-        if isinstance(head, nn.Module):
-            fixed += _linear_macs(head)
-    quadratic, match = [], []
-    for blk, reduces in zip(blocks, reducing):
-        attn = blk.attn
-        head_dim = int(getattr(attn, "head_dim", info.embed_dim // attn.num_heads))
-        quadratic.append(float(2 * attn.num_heads * head_dim))
-        match.append(float(head_dim) if reduces else 0.0)
-    return CostModel(num_tokens=info.num_tokens, prefix=info.num_prefix_tokens, fixed=fixed,
-                     linear=tuple(_linear_macs(blk.attn) for blk in blocks), quadratic=tuple(quadratic),
-                     match=tuple(match), mlp=tuple(_linear_macs(blk.mlp) for blk in blocks))
+    blocks = vit_block_costs(model, info.embed_dim)
+    terms = CostModel(num_tokens=info.num_tokens, prefix=info.num_prefix_tokens, fixed=0.0,
+                      linear=blocks.linear, quadratic=blocks.quadratic,
+                      match=tuple(float(d) if reduces else 0.0 for d, reduces in zip(blocks.head_dim, reducing)),
+                      mlp=blocks.mlp)
+
+    def counted_terms() -> float:
+        ctx = reduction_context(model)
+        counts = ctx.state.private.get(_COUNTS) if ctx is not None and ctx.state is not None else None
+        if not counts:  # an unreduced model: no matching, every token to the end
+            return terms.full
+        return float(terms.macs([float(counts[b][0]) / info.num_tokens if b in counts else None
+                                 for b in range(len(reducing))]))
+
+    if image is None:
+        image = cost.probe_image(model, tuple(model.patch_embed.img_size))
+    return replace(terms, fixed=cost.counted_fixed(model, image, counted_terms))
 
 
 def flops_penalty_of(params: LTMPParams, info: ModelInfo) -> Callable[..., Optional[torch.Tensor]]:
     """The train stage's ``extra_loss``: ``lambda * (flops_ratio - target)^2`` of the last forward
     (the paper's ratio, :func:`flops_ratio`); with ``params.gmacs_fraction`` set,
     ``lambda * (gmacs_ratio - gmacs_fraction)^2``, ``gmacs_ratio`` the model's exact cost
-    (:class:`CostModel`, read off the model at the first training forward) as a fraction of the
+    (:class:`CostModel`, built at the first training forward) as a fraction of the
     unreduced model's.
 
-    Why matched compute does not set ``target`` to ``F`` (docs/methods.md §2): the paper's ratio
-    assumes an MLP of 4x the width and no fixed costs, and weighs the blocks' terms otherwise
-    than the counted GMACs do. On the default model (width 64, MLP 2x, 65 tokens) at the default
-    training (10k images, 1 epoch), LTMP trained with ``target = F`` reached its own ratio within
-    0.5 % and landed above the count's target by that much plus the formula's error: ``F = 0.9``:
-    own 0.8977, counted 0.9111 x the baseline (+1.2 %); ``0.767``: 0.7711, 0.7825 (+2.0 %);
-    ``0.7``: 0.7022, 0.7088 (+1.3 %); ``0.5``: 0.5188, 0.5237 (+4.7 %) (seed 0; GMACs on the
-    first 16 evaluation images, as the report counts them, after ``finetune(limit=10000)``).
-    The two measures weigh the per-block kept fractions differently, so no single ``target``
-    stands for ``F`` whatever profile training learns; measuring the penalty on the counted
-    cost itself (:class:`CostModel`, equal to ``count_gmacs`` per image) is the mapping that
-    holds for all. With it the same training landed ``0.767``: +0.6 %, ``0.7``: +1.2 %
-    (``vitbench run --task cls --methods ltmp --match-gmacs 0.7 --metrics gmacs --limit 200``:
-    +1.16 %), ``0.5``: +3.6 % (training's own bias: the CE loss holds the thresholds above the
-    penalty's goal, more so at low budgets), ``0.9``: -1.1 % and -0.5 % (seeds 1, 2) but
-    -8.9 % with seed 0, where block 8's ``theta_m`` fell from 1.0 to 0.53 in one stretch of
-    training and the decaying learning rate left it there (``target = 0.9`` gave +1.2 %, +0.3 %,
-    -0.1 % on seeds 0-2): the thresholds' SGD, not the mapping, sets that spread.
-    With ``--train-limit 256`` (4 steps) the thresholds stay near their initialisation
-    (``theta_m = 0.9`` already merges to 0.26 x the GMACs on this data), whatever the goal:
-    ``vitbench run ... --match-gmacs 0.767 --train-limit 256`` landed -41.6 %.
+    Matched compute does not set ``target`` to ``F``: the paper's ratio weighs the blocks' terms
+    otherwise than the counted GMACs do, so no single ``target`` stands for ``F``; the counted
+    cost itself is the mapping that holds (docs/methods.md §2 gives the measurements).
 
     The reducers leave their straight-through kept fractions in the forward's token state
     (``state.private["ltmp_kept"]``: a reducer is handed the state, not the context, and
@@ -589,7 +479,7 @@ _TILE = "ltmp_tile"  # the tile step's (keep mask, merge weights, destinations),
 
 
 class LTMPTileReducer(LTMPReducer):
-    """LTMP in a Swin block (module doc, "On Swin"): each tile of the map (a fresh sequence of ``t``
+    """LTMP in a Swin block (docs/methods.md §2, "On Swin"): each tile of the map (a fresh sequence of ``t``
     tokens, no prefix) is merged by the block's ``theta_m`` and pruned by its ``theta_p`` for the
     MLP only; the residual stream keeps every token.
 
@@ -652,13 +542,13 @@ class LTMPTileReducer(LTMPReducer):
 
 
 @dataclass(frozen=True)
-class SwinCostModel:
+class SwinCostModel(cost.CostModel):
     """The MACs of one image's inference forward of an LTMP-reduced Swin as a function of each
     block's kept fraction ``m_i`` (of its ``tokens[i]`` map tokens), as ``count_gmacs`` counts
-    them: ``fixed`` (patch embedding, every attention on every token -- qkv and proj on the padded
-    windows, ``QK^T`` and ``A V`` --, the patch merging layers, the head), ``mlp[i]`` per token
-    kept and ``match[i]`` the block's bipartite matching (``tiles * floor(t/2) ceil(t/2) *
-    head_dim``; 0 where it does not reduce)."""
+    them: ``mlp[i]`` per token kept and ``match[i]`` the block's bipartite matching (``tiles *
+    floor(t/2) ceil(t/2) * head_dim``; 0 where it does not reduce); ``fixed`` (patch embedding,
+    every attention on every token, the patch merging layers, the head) is counted
+    (:func:`vitbench.kit.cost.counted_fixed`)."""
 
     fixed: float
     tokens: tuple[int, ...]
@@ -670,56 +560,58 @@ class SwinCostModel:
         """MACs of the unreduced model."""
         return self.fixed + sum(c * n for c, n in zip(self.mlp, self.tokens))
 
-    def macs(self, kept: Sequence[Union[torch.Tensor, float, None]]) -> Union[torch.Tensor, float]:
-        """MACs for the kept fractions ``kept[i]`` (``None``: block ``i`` does not reduce)."""
-        total: Union[torch.Tensor, float] = self.fixed
+    def terms(self, kept: Sequence[Union[torch.Tensor, float, None]]) -> Iterator[Union[torch.Tensor, float]]:
+        """Each block's terms for the kept fractions ``kept[i]`` (``None``: block ``i`` does not reduce)."""
         for m, c, n, match in zip(kept, self.mlp, self.tokens, self.match):
-            total = total + c * n * (1.0 if m is None else m) + match
-        return total
-
-    def ratio(self, kept: Sequence[Union[torch.Tensor, float, None]]) -> Union[torch.Tensor, float]:
-        return self.macs(kept) / self.full
+            yield c * n * (1.0 if m is None else m)
+            yield match
 
 
-def swin_cost_model(model: nn.Module, reducing: Sequence[bool]) -> SwinCostModel:
+def swin_cost_model(model: nn.Module, reducing: Sequence[bool], image: Optional[torch.Tensor] = None
+                    ) -> SwinCostModel:
     """The :class:`SwinCostModel` of a timm ``SwinTransformer`` or ``SwinTransformerV2`` (reduced
-    or not), read off its modules; ``tests/plugins/test_ltmp_swin.py`` (V1) and
-    ``tests/engine/families/test_swinv2.py`` (V2) check it against ``count_gmacs``."""
+    or not): the blocks' terms read off their modules, the fixed part counted on ``image``
+    (default: a zero image of the model's input size), less the terms of the tokens that forward
+    kept; ``tests/plugins/test_ltmp_swin.py`` (V1) and ``tests/engine/families/test_swinv2.py``
+    (V2) check it against ``count_gmacs``."""
     from vitbench.engine.families.swin import tile_of
 
-    conv = model.patch_embed.proj
-    grid = model.patch_embed.grid_size
-    kh, kw = conv.kernel_size
-    fixed = float(grid[0] * grid[1] * conv.out_channels * (conv.in_channels // conv.groups) * kh * kw)
-    fixed += _linear_macs(model.head)
     tokens, mlp, match = [], [], []
     i = 0
     for stage in model.layers:
         blocks = [getattr(blk, "block", blk) for blk in stage.blocks]
         h, w = (int(s) for s in blocks[0].input_resolution)
-        fixed += _linear_macs(stage.downsample) * h * w
         for blk in blocks:
-            (wh, ww), heads = tuple(blk.window_size), blk.attn.num_heads
-            padded = -(-h // wh) * wh * -(-w // ww) * ww
-            head_dim = blk.dim // heads
-            fixed += _linear_macs(blk.attn) * padded + 2 * heads * head_dim * wh * ww * padded
-            cpb = getattr(blk.attn, "cpb_mlp", None)  # Swin V2: its position-bias MLP runs once per
-            if cpb is not None:  # relative offset ((2 wh - 1)(2 ww - 1) of them), not per token
-                fixed += _linear_macs(cpb) * ((2 * wh - 1) * (2 * ww - 1) - padded)
-            th, tw = tile_of((h, w), (wh, ww))
+            head_dim = blk.dim // blk.attn.num_heads
+            th, tw = tile_of((h, w), tuple(blk.window_size))
             t = th * tw
             tokens.append(h * w)
-            mlp.append(_linear_macs(blk.mlp))
+            mlp.append(linear_macs(blk.mlp))
             match.append(float(h * w // t * (t // 2) * ((t + 1) // 2) * head_dim) if reducing[i] else 0.0)
             i += 1
-    return SwinCostModel(fixed=fixed, tokens=tuple(tokens), mlp=tuple(mlp), match=tuple(match))
+    terms = SwinCostModel(fixed=0.0, tokens=tuple(tokens), mlp=tuple(mlp), match=tuple(match))
+
+    def counted_terms() -> float:
+        if not any(isinstance(m, LTMPTileReducer) for m in model.modules()):
+            return terms.full  # unreduced: every token through every MLP, no matching
+        kept = swin_kept(model)
+        total = 0.0
+        for b, (c, n, match_b) in enumerate(zip(mlp, tokens, terms.match)):
+            # whole tokens: each tile's kept fraction (float32) times the tile's size
+            n_kept = round(float((kept[b].double() * (n / kept[b].numel())).round().sum())) if b in kept else n
+            total += c * n_kept + match_b
+        return total
+
+    if image is None:
+        image = cost.probe_image(model, tuple(model.patch_embed.img_size))
+    return replace(terms, fixed=cost.counted_fixed(model, image, counted_terms))
 
 
 def _swin_penalty(params: LTMPParams, info: ModelInfo,
                   kept: dict[int, torch.Tensor]) -> Callable[..., Optional[torch.Tensor]]:
     """The Swin penalty: ``lambda * (ratio - goal)^2`` with ``ratio`` the counted cost
     (:class:`SwinCostModel`) over the unreduced one and ``goal`` ``gmacs_fraction`` if set, else
-    ``target`` (module doc, "On Swin": the paper's ViT ratio does not describe a reduction that
+    ``target`` (docs/methods.md §2, "On Swin": the paper's ViT ratio does not describe a reduction that
     leaves attention whole)."""
     layers = tuple(range(info.depth)) if params.layers is None else params.layers
     reducing = [i in layers for i in range(info.depth)]

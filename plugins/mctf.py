@@ -1,86 +1,17 @@
 """MCTF: multi-criteria token fusion, training-free (Lee, Choi & Kim, "Multi-criteria Token
-Fusion with One-step-ahead Attention for Efficient Vision Transformers", CVPR 2024, §3.2-3.3).
+Fusion with One-step-ahead Attention for Efficient Vision Transformers", CVPR 2024, §3.2-3.3;
+docs/methods.md §12).
 
-In every block, after the attention residual and before the MLP (docs/methods.md §0), ``r``
-patch tokens are fused away (ToMe's schedule and cap, docs/methods.md §1):
+In every block, after the attention residual (docs/methods.md §0), ``r`` patch tokens are fused
+away on ToMe's schedule and cap: the attraction is the product of similarity (on the tokens),
+informativeness (attention received) and size, each raised to ``1/tau`` (Eq. 2); a
+bidirectional bipartite soft matching (A -> B, then B -> A reusing the step-1 attraction) picks
+the pairs; each group becomes its attention-and-size-weighted mean. The attention map is block
+``l``'s own (the paper's one-step-ahead map), but the fusion happens after its residual.
 
-1. **Attraction** (§3.2, Eq. 2): the product of one attraction per criterion, each raised to
-   ``1/tau`` (a temperature: the larger ``tau``, the weaker the criterion; ``tau = 0`` switches
-   the criterion off)::
-
-       W(i, j) = W_sim(i, j)^(1/tau_sim) * W_info(i, j)^(1/tau_info) * W_size(i, j)^(1/tau_size)
-
-   - similarity ``W_sim = (cos(x_i, x_j) + 1) / 2``, on the **tokens** ``x`` themselves (all
-     ``C`` channels), as the paper writes it and the official code computes it -- not on the
-     keys as ToMe does;
-   - informativeness ``W_info = (1/a_i) (1/a_j)``, ``a_j`` the attention token ``j`` receives,
-     averaged over heads and queries (``A.mean(heads).mean(queries)``): tokens that little
-     attends to are attracted more;
-   - size ``W_size = (1/s_i) (1/s_j)``, ``s`` the number of patches a token stands for:
-     large tokens are attracted less.
-
-   ``1/a`` and ``1/s`` are divided by their largest value over the image's patch tokens, as the
-   official code does; that is one constant factor per image, which keeps the values in (0, 1]
-   and changes no choice. Defaults: the paper's DeiT-S setting ``tau_sim=1, tau_info=20,
-   tau_size=40`` (the official command line; its supplementary lists the exponents, i.e. the
-   reciprocals ``1, 1/20, 1/40``, confirmed by the authors in mlvlab/MCTF issue #3).
-2. **Bidirectional bipartite soft matching** (§3.2). The patch tokens are split alternately by
-   position into set A (even absolute positions) and B (odd), as ToMe in vitbench
-   (:mod:`vitbench.engine.matching`). Step 1 fuses ``r1 = r // 2`` tokens A -> B: every A token
-   takes its most attracted B token, the ``r1`` A tokens with the highest attraction fuse into
-   their partners. Step 2 fuses ``r2 = r - r1`` tokens B -> A: every B token (a step-1
-   destination included) takes its most attracted A token among those left, and the ``r2`` best
-   fuse into them. **Step 2 reuses the step-1 attraction** (transposed, restricted to the A
-   tokens left) instead of recomputing it on the tokens step 1 fused -- what the official code
-   does; in particular the size criterion does not see the step-1 fusions. With
-   ``bidirectional=False`` all ``r`` go A -> B (ToMe's matching with MCTF's attraction). Ties
-   keep the lower index first (stable sort). The matching runs without gradients.
-3. **Attention-weighted fusion**: every group (a token and everything fused into it, step 1
-   and step 2 chained) becomes ``sum_i a_i s_i x_i / sum_i a_i s_i`` over its members; sizes
-   add up, and traced sources add up (:meth:`~vitbench.engine.TokenState.cluster`). The weights
-   carry no gradient; gradients flow through the tokens.
-
-Choices where the paper (or its setting) and this hook point differ:
-
-- **One-step-ahead attention: the same attention map, the fusion half a block later.** The
-  paper measures informativeness by the attention of the block the fused tokens enter next
-  rather than of the block just run (§3.3). The official code (mlvlab/MCTF,
-  ``models/modules/blocks.py``, ``one_step_ahead=1`` in every published script) does it at the
-  start of block ``l``: it computes block ``l``'s attention probabilities on the incoming
-  tokens (proportional attention included), fuses the tokens with them (informativeness and
-  fusion weights), then runs block ``l``'s attention sub-layer on the fused tokens with that
-  map merged (keys: the sum over each group; queries: the ``a s``-weighted mean of the
-  members' rows; values from the fused tokens) and the MLP on the fused tokens. A reducer
-  here runs after the attention residual of block ``l`` and sees the same map -- block ``l``'s
-  attention on block ``l``'s input tokens -- so informativeness is the paper's; what differs
-  is where the fusion happens: the tokens fused are ``x + attn(x)`` instead of ``x``, and block
-  ``l``'s attention sub-layer runs on the unfused tokens with its exact attention (as in
-  ToMe), so no merged attention map is needed; only the MLP and later blocks see the fused
-  tokens. (The official ablation without one-step-ahead fuses after the MLP of block ``l``
-  with block ``l``'s attention; this hook lies between the two.)
-- **Schedule**: ``r`` per block as ToMe (an int, a per-block list, or ``(r, inflect)``),
-  every block, capped at ``(N - prefix) // 2``. The official DeiT-S/DeiT-T setting fuses 16
-  tokens at the start of blocks 1-11 (``--activate_layer [1,...,11]``, none in block 0) and also
-  caps so that at least 10 tokens remain; the cap is not copied. Because a block's fusion here
-  uses that block's attention, the official setting is ``r=[0] + [16] * 11`` (197 tokens in
-  block 0, then 181 ... 21, as the official code; DeiT-S 2.66 GMACs against the official
-  fvcore count of 2.60 G, which also runs attention @ V and the value and output projections
-  on the fused tokens). The default ``r=16`` fuses in all 12 blocks (181 ... 21, 11; 2.31
-  GMACs): more reduction than the paper's setting. The official "MCTF-Fast" fuses 35 % of
-  the patch tokens at the start of blocks 3, 6, 9 (``r=0.35``); on DeiT-S that is
-  ``r=[0, 0, 0, 68, 0, 0, 44, 0, 0, 29, 0, 0]`` here (2.81 GMACs; official count 2.76 G).
-- **Prefix tokens** (cls, dist, registers) take no part at all: they are neither in A nor in B
-  and are excluded from the normalisations (the official code puts the class token in A with
-  a ``-inf`` row).
-- **Output order**: prefix, the A tokens left (original order), then the B tokens not fused in
-  step 2 (original order). The official code leaves the latter in the order of their step-2
-  attraction; the order decides the next block's A/B split.
-- **Token-reduction consistency** (§3.4) is a fine-tuning objective: not part of this
-  training-free method.
-
-Cost per reducing block: the full attention matrix (the block gives up the fused kernel;
-``needs={"attn"}``) and the ``|A| x |B|`` similarity of the tokens, ``(N_p / 2)^2 C`` MACs.
-"""
+Parameters: ``r`` (int, per-block list or ``(r, inflect)``), ``tau_sim``, ``tau_info``,
+``tau_size`` (``0`` switches a criterion off; defaults the paper's DeiT-S setting 1, 20, 40),
+``bidirectional``, ``prop_attn``, ``trace_source``."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -89,10 +20,10 @@ from typing import Optional, Union
 import torch
 
 from vitbench.catalog import BudgetKnob, MethodSpec, ModelInfo, Reduction, patch_count
-from vitbench.engine import AttnInfo, TokenState, max_merge
+from vitbench.engine import AttnInfo, Reducer, TokenState, max_merge
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
-from vitbench_plugins.tome import schedule as tome_schedule
+from vitbench.kit import schedule as tome_schedule
 
 Schedule = Union[int, list[int], tuple[int, float]]
 
@@ -253,7 +184,7 @@ def fuse(x: torch.Tensor, state: TokenState, assign: torch.Tensor, clusters: int
     return torch.cat([x[:, :p], pooled[:, p:, :c] / pooled[:, p:, c:]], dim=1)
 
 
-class MCTFReducer:
+class MCTFReducer(Reducer):
     """Fuse ``r`` tokens after a block's attention (module docstring)."""
 
     needs = frozenset({"attn"})

@@ -1,68 +1,17 @@
 """PiToMe: spectrum-preserving token merging, training-free (Tran et al., *Accelerating
 Transformers with Spectrum-Preserving Token Merging*, NeurIPS 2024; §3, the energy score and
-Algorithm 1; docs/methods.md, PiToMe section).
+Algorithm 1; docs/methods.md §13).
 
-In every block, after the attention residual and before the MLP (docs/methods.md §0), with the
-block's keys averaged over heads as the metric ``k_i`` of each patch token (prefix tokens take
-no part):
+In every block, after the attention residual (docs/methods.md §0), on the head-averaged keys of
+the patch tokens: each token's energy ``E_i = 1/N_p * sum_j f_m(cos(k_i, k_j))``
+(``f_m(x) = x`` above the margin ``m``, else ``alpha * (exp(x - m) - 1)``); the ``2r`` highest
+are split alternately into sets A and B, the rest are protected; every A token merges into its
+most similar B token (size-weighted, as ToMe). The margin falls with depth,
+``m_l = margin - margin_decay * l / L``.
 
-1. **Energy.** ``E_i = 1/N_p * sum_j f_m(cos(k_i, k_j))`` over the ``N_p`` patch tokens, with
-   ``f_m(x) = x`` if ``x >= m``, else ``alpha * (exp(x - m) - 1)``. A token with many close
-   neighbours (a large uniform region) has high energy; an isolated token low energy.
-2. **Split.** The patch tokens are ordered by energy, highest first. The ``2r`` highest are the
-   merge candidates, taken alternately into set A (1st, 3rd, ...) and set B (2nd, 4th, ...);
-   the other ``N_p - 2r`` tokens are **protected**: never merged in this block.
-3. **Merge.** Every A token merges into its most similar B token (cosine of the keys), all
-   ``r`` of them (several may go to one B token), size-weighted as ToMe (docs/methods.md §1);
-   sizes and sources add up. Proportional attention (``log(size)``) stays on (``prop_attn``).
-4. **Margin.** ``m`` falls linearly with depth: ``m_l = margin - margin_decay * l / L`` for
-   block ``l`` (0-indexed) of ``L``. The paper: ``m = 0.9 - 0.9 * l / L``, ``alpha = 1``.
-
-Choices the paper leaves open (or where we follow the official code's behaviour, cited as fact,
-no code used):
-
-- **Budget.** The paper's knob is a keep ratio per block (``N_p`` times ``1 - ratio`` tokens
-  merged in each block; the official code computes ``floor(N - N * ratio)`` in floating point,
-  we ``floor(N * (1 - ratio))`` rounded to 9 decimals first, so an exact product is not lost:
-  175 tokens at 0.68 merge 56 here, 55 there). vitbench's knob is ToMe's: ``r`` tokens merged
-  in each block (an int or one int per block), capped at ``(N - prefix) // 2``, so
-  ``--match-gmacs`` and the token schedules compare directly with ``tome``.
-  :func:`ratio_schedule` turns a paper ratio into the per-block list
-  (``r=ratio_schedule(0.9, 196, 12)``).
-- **The energy function** (``energy``): ``"paper"`` is the equation above. The official code
-  computes ``ELU(x - m, alpha)`` instead, i.e. ``x - m`` above the margin: ``"elu"``. Every
-  official version since February 2024 uses an ELU of ``x - m`` (until 2024-11-05 divided by
-  0.1 or 0.01); none we found uses ``x`` above the margin. The two forms differ above the
-  margin by ``m`` per neighbour, so they can rank tokens differently.
-- **The mean includes ``j = i``** (``f_m(1)``, the same for every token: it shifts all energies
-  alike and never changes the ranking), over the patch tokens only; sizes do not weight it.
-- **Block index.** ``l`` counts from 0 (the first block uses ``m = margin``), as the official
-  code. The official timm/DeiT patch (github.com/hchautran/PiToMe, ``algo/pitome/patch/deit.py``)
-  used ``0.9 - 0.9 * l / L`` (ours) up to 2024-11-30 and ``0.75 - 0.75 * l / L`` since
-  (commit 8170492); ``0.9 - 0.8 * l / L`` stood only from 2024-03-30 to 2024-04-01.
-- **What the official code does and we do not** (facts, checked at commit 550b5de): it runs an
-  energy-ordered ToMe-style matching without a protected set (``pitome_bsm``: A/B alternate
-  over *all* tokens by energy, the ``r`` best A-B edges merge) in the first ``ceil(L/2)``
-  blocks and the protected-set algorithm above only in the rest; most versions from March to
-  October 2024 ran plain ToMe matching in every block whose margin was ``>= 0.45`` and scaled
-  the ELU argument by ``1/0.01``. Since 2024-12-01 it applies no proportional attention (the
-  block calls the attention without sizes); before, ``prop_attn`` defaulted to True (ours).
-  We run the protected-set algorithm of the paper in every block. With ``energy="elu"`` one
-  block of ours equals the official ``pitome`` merge (non-BSM path) on the same input, up to
-  the token order (checked on random tensors: the same merged tokens and sizes, within 3e-7).
-- **Ties.** Equal energies keep the lower position first (stable sort); an A token equally
-  similar to two B tokens goes to the one of higher energy.
-- **Layout.** The surviving patch tokens (protected and B) keep their original relative order
-  after the prefix; the official code lays them out as [protected by energy, B by energy].
-  Nothing downstream depends on the order except the tie-break just above (attention, LayerNorm
-  and MLP act on a set; the class-token readout and the size-weighted pool ignore it), so the
-  logits agree (tested against a plain reference in the official layout).
-- Energies and similarities are computed in fp32, without gradients (the choice is not
-  differentiated; gradients flow through the merge, as ToMe).
-
-Cost per block: the ``N_p x N_p`` similarity, ``N_p^2 d`` MACs (``d`` the head width), on top
-of what merging saves; ToMe's bipartite similarity is a quarter of it.
-"""
+Parameters: ``r`` (ToMe's knob; :func:`ratio_schedule` turns the paper's keep ratio into it),
+``margin``, ``margin_decay``, ``alpha``, ``energy`` (``paper``, or the official code's ``elu``),
+``prop_attn``, ``trace_source``. docs/methods.md §13 lists the differences from the official code."""
 from __future__ import annotations
 
 import math
@@ -73,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from vitbench.catalog import BudgetKnob, MethodSpec, ModelInfo, Reduction, patch_count
-from vitbench.engine import AttnInfo, TokenState, max_merge
+from vitbench.engine import AttnInfo, Reducer, TokenState, max_merge
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
 
@@ -195,7 +144,7 @@ def energy_matching(metric: torch.Tensor, r: int, margin: float, alpha: float,
     return EnergyMatching(src=a_idx, dst=dst, protected=order[:, 2 * r :])
 
 
-class PiToMeReducer:
+class PiToMeReducer(Reducer):
     """Merge ``r`` tokens after one block's attention, protecting the low-energy tokens."""
 
     needs = frozenset({"keys"})

@@ -1,68 +1,16 @@
-"""ToFu: Token Fusion (Kim, Gao, Hsu, Shen, Jin, "Token Fusion: Bridging the Gap between Token
-Pruning and Token Merging", WACV 2024; arXiv 2312.01026). Training-free.
+"""ToFu: Token Fusion, training-free (Kim, Gao, Hsu, Shen, Jin, "Token Fusion: Bridging the Gap
+between Token Pruning and Token Merging", WACV 2024; arXiv 2312.01026; docs/methods.md §10).
 
-ToFu keeps ToMe's bipartite soft matching (docs/methods.md §1: head-averaged keys, cosine
-similarity, sets A/B alternating by position, ``r`` tokens per block with ToMe's schedule forms
-and its cap ``(N - prefix) // 2``) and changes only what a matched group becomes:
+ToFu keeps ToMe's bipartite soft matching (docs/methods.md §1) and changes only what a matched
+group becomes. In the first ``prune_layers`` blocks (the paper's "pruned merging", for blocks
+far from functionally linear) the matched A tokens are pruned into their partners, which keep
+their own value while sizes and sources still add. In later blocks MLERP keeps the direction
+of the size-weighted average and gives it the largest member norm:
+``MLERP(x_1..x_n) = xbar / ||xbar|| * max_i ||x_i||``. Token counts, hence GMACs, equal ToMe's.
 
-- **Prune blocks** (the first ``prune_layers`` blocks; the paper's "pruned merging"). The
-  paper measures the *functional linearity* of each block (how far the output of an
-  interpolated input is from the interpolation of the outputs) and finds the early blocks far
-  from linear, so an averaged token is an input they were never trained on. There the matched
-  A tokens are *pruned into* their partners: each destination B token keeps its own value,
-  unchanged. The sizes (and, when tracing, the sources) of the pruned A tokens still add to
-  their destination's, so proportional attention counts the destination as all the patches it
-  now stands for and unmerge maps the pruned patches to it.
-- **Merge blocks** (all later blocks; "MLERP merging"). Averaging shrinks the norm of a group
-  of tokens that do not point the same way, a shift of the feature-norm distribution the later
-  blocks have not seen. MLERP ("maximum-norm linear interpolation", the paper's generalisation
-  of SLERP to several tokens) keeps the direction of the average and gives it the largest
-  member norm::
-
-      MLERP(x_1..x_n) = (xbar / ||xbar||) * max_i ||x_i||,   xbar = sum_i s_i x_i / sum_i s_i
-
-  with ``s_i`` the sizes (the direction is ToMe's size-weighted average). Tokens that merge
-  with nothing are left as ToMe leaves them.
-- **The boundary** (the paper's hybrid rule "PRUNE if l < d, else MLERP"): ``prune_layers``
-  is ``d``. The paper's ablation finds ``d = 6`` best for the 12-block ViT-B (and that the
-  order matters: prune-then-merge beats merge-then-prune); the default ``prune_layers=None``
-  is half the blocks, ``depth // 2`` -- ``d = 6`` on 12-block models (DeiT/ViT-S/B).
-
-Sources (checked 2026-11): the paper's equations as reproduced by a reading note of it
-(Dayoung-Kil/Dayoung-Kil.github.io ``_posts/2023-08-01-tofu.md``: functional linearity, the
-hybrid rule, MLERP with ``xbar = (1/K) sum_k x_k`` and ``max_k ||x_k||``, the ``d = 6``
-ablation); the PDF itself could not be read from here. No official code is published. Two
-re-implementations (hchautran/PiToMe ``algo/tofu/merge.py``; Westlake-AI/OpenToMe
-``opentome/tome/tome.py``, the same code) were run side by side with this module: same
-matching, bit-identical prune blocks; their MLERP divides the average by the norm of the
-*destination's own input* instead of the average's, so their fused token does not get the
-largest member norm (it can exceed it) -- we follow the paper's formula. Their split is
-``prune if i <= depth // 2`` (7 of 12 blocks; the paper's ``l < d`` gives 6).
-
-Choices where the paper is silent, or where we differ from it (written down here):
-
-- **The norm rule: the max of the members' norms, unweighted** -- the paper's MLERP (and
-  blester125/git-theta's MLERP for model merging, ``merges/slerp.py``). For identical tokens
-  MLERP returns that token (tested).
-- **The direction is size-weighted** (ToMe's average, ``s_i``), where the paper writes the
-  plain mean ``1/K`` and the re-implementations use an unweighted ``scatter_reduce("mean")``;
-  the two agree whenever the members of a group have equal sizes.
-- **Sizes add in prune blocks** (the pruned patch is represented by its destination);
-  proportional attention is on by default as in ToMe (``prop_attn=True``). The paper does not
-  say; the re-implementations never update sizes in ToFu blocks (so their proportional
-  attention is a no-op).
-- **Degenerate groups**: a group whose average is the zero vector (members that cancel
-  exactly) has no direction; it stays zero (the norm is clamped to the dtype's ``tiny``
-  before dividing, so nothing becomes NaN).
-- The matching runs without gradients (ToMe's); gradients flow through the merge. Output
-  layout is ToMe's: prefix tokens, the unmatched A tokens in order, then the B tokens.
-
-The reducer needs only the block's keys (``needs={"keys"}``) and the token state, and assumes
-no class token beyond ``state.prefix``, so a backbone adapter without one (prefix 0) can reuse
-:class:`ToFuReducer` as it is. Cost: ToMe's matching (an ``|A| x |B|`` similarity per block)
-plus, in merge blocks, one norm per token; the token counts -- hence GMACs -- equal ToMe's at
-the same ``r``.
-"""
+Parameters: ``r`` (ToMe's schedule forms), ``prune_layers`` (the paper's boundary ``d``;
+``None``: ``depth // 2``), ``prop_attn``, ``trace_source``. The reducer needs only the keys and
+no class token beyond ``state.prefix``, so other backbone adapters can reuse it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -71,10 +19,10 @@ from typing import Literal, Optional, Union
 import torch
 
 from vitbench.catalog import BudgetKnob, MethodSpec, ModelInfo, Reduction, patch_count
-from vitbench.engine import AttnInfo, Matching, TokenState, bipartite_soft_matching, max_merge
+from vitbench.engine import AttnInfo, Matching, Reducer, TokenState, bipartite_soft_matching, max_merge
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
-from vitbench_plugins.tome import schedule
+from vitbench.kit import schedule
 
 #: what a ToFu block does with a matched group (module docstring)
 FUSIONS = ("prune", "mlerp")
@@ -190,7 +138,7 @@ def mlerp_merge(x: torch.Tensor, state: TokenState, m: Matching) -> torch.Tensor
     return torch.where(grouped, with_norm(average, group_norm), average)
 
 
-class ToFuReducer:
+class ToFuReducer(Reducer):
     """Remove ``r`` tokens after a block's attention, by ``fusion`` ("prune" or "mlerp")."""
 
     needs = frozenset({"keys"})

@@ -21,9 +21,10 @@ from typing import Union
 import torch
 
 from vitbench.catalog import BudgetKnob, MethodSpec, ModelInfo, Reduction, patch_count
-from vitbench.engine import AttnInfo, TokenState, bipartite_soft_matching, max_merge
+from vitbench.engine import AttnInfo, Reducer, TokenState, bipartite_soft_matching, max_merge
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
+from vitbench.kit import schedule
 
 
 @dataclass(frozen=True)
@@ -45,22 +46,7 @@ class ToMeParams:
                              f"(or a list of them, one per block)")
 
 
-def schedule(r: Union[int, list[int], tuple[int, float]], depth: int) -> list[int]:
-    """Tokens to remove in each of ``depth`` blocks."""
-    if isinstance(r, int):
-        return [r] * depth
-    if isinstance(r, tuple):
-        base, inflect = r
-        low = base * (1.0 - inflect)
-        high = 2 * base - low
-        step = (high - low) / max(depth - 1, 1)
-        return [max(int(low + step * i), 0) for i in range(depth)]
-    if len(r) != depth:
-        raise ParamError(f"tome.r has {len(r)} entries; the model has {depth} blocks")
-    return list(r)
-
-
-class ToMeReducer:
+class ToMeReducer(Reducer):
     """Merge ``r`` tokens after a block's attention."""
 
     needs = frozenset({"keys"})

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 import torch
 
 from vitbench.catalog import BudgetKnob, MethodSpec, ModelInfo, Reduction
-from vitbench.engine import AttnInfo, TokenState
+from vitbench.engine import AttnInfo, Reducer, TokenState
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
+from vitbench.kit import check_layers, check_scorer, top_tokens
 from vitbench.plugins import get_host
-from vitbench_plugins.ppt import check_layers, check_scorer, top_tokens
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class TopKParams:
         check_scorer("topk", self.score)
 
 
-class TopKReducer:
+class TopKReducer(Reducer):
     def __init__(self, keep: float, fuse: bool, scorer) -> None:  # type: ignore[no-untyped-def]
         self.keep_ratio = keep
         self.fuse = fuse

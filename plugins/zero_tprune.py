@@ -1,85 +1,17 @@
 """Zero-TPrune: zero-shot token pruning on the attention graph, training-free (Wang, Dedhia &
 Jha, "Zero-TPrune: Zero-Shot Token Pruning through Leveraging of the Attention Graph in
-Pre-Trained Transformers", CVPR 2024, §3; docs/methods.md, Zero-TPrune).
+Pre-Trained Transformers", CVPR 2024, §3; docs/methods.md §14).
 
 Each pruning block (after the attention residual, docs/methods.md §0) removes ``r`` patch
-tokens with two pruning stages, run in the paper's order I' -> S -> I (``order="s_first"``):
+tokens, capped as ToMe, in the paper's order I' -> S -> I: a one-step Weighted PageRank ranks
+the patches (I'); the S-stage prunes the sources most similar (cosine of the keys) to a more
+important target; the I-stage runs the Weighted PageRank ``s <- A^T s`` on the attention graph
+of the tokens left and prunes the least important patches. Prefix tokens are never pruned.
 
-0. **I'-stage** (pre-ranking; prunes nothing). One step of the Weighted Page Rank below ranks
-   the patch tokens, to partition them for the S-stage. The paper puts the S-stage before the
-   I-stage because a large group of similar unimportant tokens (background) votes for itself in
-   the WPR and can outrank the object ("overwhelming of the major group"); pruning duplicates
-   first weakens it.
-1. **S-stage** (similarity). The patch tokens, sorted by the I' scores, are partitioned into
-   *sources* ``S`` (candidates for pruning) and *targets* ``T``; each source takes its most
-   similar target (cosine similarity of the block's keys) and the ``r_S`` sources with the
-   highest similarity are pruned -- a duplicate of a more important token carries nothing the
-   target does not. Pruned, not merged: sizes carry.
-2. **I-stage** (importance). The block's attention probabilities ``A [h, N, N]`` (rows:
-   queries, each row sums to 1) are the weighted adjacency matrix of a directed graph on the
-   tokens, and a token is important when important tokens attend to it. The *Weighted Page
-   Rank* (the paper's Algorithm 1) starts from ``s_0`` and iterates ``s_{t+1} = A^T s_t``, i.e.
-   ``s_{t+1}(j) = sum_i A(i, j) s_t(i)``, ``iters`` times. Softmax rows are strictly positive,
-   so the chain is irreducible and aperiodic: ``s_t`` stays a distribution and converges to the
-   stationary distribution of ``A`` (the left eigenvector of eigenvalue 1; no damping factor is
-   needed). After the S-stage the graph is that of the tokens left: ``A`` restricted to them,
-   each row renormalised to sum 1 (the softmax over the kept keys). The ``r_I`` patch tokens
-   with the lowest score are pruned. The prefix tokens take part in the graph (the class token
-   passes importance on to the patches it attends to) and are never pruned.
-
-Sources (docs/methods.md, Zero-TPrune, lists them). The official code is not public (no
-repository linked from the project page jha-lab.github.io/zerotprune; Papers with Code: "no
-code"), and the paper's full text was not at hand either: the facts below are from its
-abstract and project page and from detailed summaries of §3 and the appendix that quote its
-equations and settings. They give: Algorithm 1 (``s_0`` uniform, ``s <- A^T s``); the class
-token starting at ``sqrt(N)`` times the others for classification ("Zero-TPrune"; uniform is
-"Zero-TPrune-uni"); the EIR aggregation as the root mean square over heads; the VHF range
-``[0.01, 0.7]``; 30-50 iterations in the first three blocks, 5-10 in the middle ones, 1 in the
-last three; the order I' (one vote) -> S -> I; the partition Sequential-U (the less important
-half are the sources), keys and cosine similarity, the source pruned, not merged. Each choice
-below the paper does not settle is ours and a parameter:
-
-- **Budget.** ``r`` tokens per pruning block, as ToMe (an int, or a list with one value per
-  block of the model), capped at ``(N - prefix) // 2`` per block exactly as ToMe: at the same
-  ``r`` the token counts (and so the counted GMACs, up to the scoring cost) equal ToMe's. The
-  default ``r=11`` at every block puts DeiT-S at 0.659 x its GMACs (4.599 -> 3.032), next to
-  the paper's headline budget (DeiT-S FLOPs -34.7 %, i.e. 0.653 x). ``layers`` restricts
-  pruning to some blocks (``None``: every block; a list entry of ``r`` at a block outside
-  ``layers`` is ignored). The paper's own per-block schedules were not available.
-- **I/S split.** ``r_I = floor(i_share * r + 1/2)`` tokens go in the I-stage, ``r_S = r - r_I``
-  in the S-stage (after the cap); ``i_share=0.5`` by default, ``1`` is importance-only pruning,
-  ``0`` similarity-only.
-- **Order** (``order``). ``"s_first"`` (default, the paper): I' -> S -> I as above; the
-  restricted graph of the I-stage is renormalised row by row (our reading). ``"i_first"``: the
-  I-stage on the whole graph first, then the S-stage partitions the survivors by the same
-  scores (this module's order before it was checked against the paper).
-- **Initialisation** (``init``). ``"cls"`` (default, the paper's "Zero-TPrune"): ``s_0`` gives
-  token 0 ``sqrt(N)`` times the weight of every other token (``N`` the tokens of the graph);
-  ``"uniform"``: ``1/N`` each ("Zero-TPrune-uni"). A model without a prefix token starts
-  uniform. Only unconverged scores depend on it: the one-step I'-stage, or a small ``iters``.
-- **Partition** (``partition``). ``"sequential"`` (default, the paper's Sequential-U): the
-  patches sorted by importance, the more important ``ceil(M/2)`` are targets, the less
-  important ``floor(M/2)`` sources. ``"alternate"``: in importance order, ranks 0, 2, 4, ... are
-  targets and 1, 3, 5, ... sources.
-- **Keys.** The block's keys averaged over heads (``info.keys``, as ToMe); whether the paper
-  concatenates the heads instead is not known to us.
-- **Heads** (``heads``). ``"eir"`` (default, the paper's EIR): WPR on every head's graph, then
-  the root mean square of the scores over heads. ``"mean"``: one WPR on the head-averaged
-  attention. The paper's Variance-based Head Filter (heads whose score variance is outside
-  ``[0.01, 0.7]`` left out of the mean) is not implemented: the sources do not say on what
-  scale the variance is taken (WPR scores sum to 1, so their variance is ~1e-5 at N=197).
-- **Iterations** (``iters``). A fixed ``iters=30`` in every block (no convergence test, so no
-  host synchronisation and every image costs the same). The paper uses 30-50 / 5-10 / 1 by
-  depth, chosen so that the scores converge; 30 in every block reaches the same converged
-  ranking at a higher (counted) cost. The scores are computed in fp32.
-- **Ties** (equal importance or similarity): the lower position first (stable sorts), so the
-  method is deterministic. The kept patches stay in their original order after the prefix
-  (nothing downstream depends on positions: no later step pairs tokens by position).
-
-Cost per pruning block: the unfused attention (the full matrix is needed), ``h * N^2`` MACs for
-the I' step, ``iters * h * N'^2`` for the WPR on the ``N' = N - r_S`` tokens left (``/h`` with
-``heads="mean"``), and the ``|S| x |T| x d`` similarity matmul; the counter sees all of them.
-"""
+Parameters: ``r`` (int or per-block list), ``i_share`` (the I-stage's share of ``r``),
+``iters``, ``heads`` (``eir``/``mean``), ``partition`` (``sequential``/``alternate``), ``init``
+(``cls``/``uniform``), ``order`` (``s_first``/``i_first``), ``layers``. docs/methods.md §14
+says which choices are the paper's and which are ours, and the sources used."""
 from __future__ import annotations
 
 import math
@@ -90,10 +22,10 @@ import torch
 import torch.nn.functional as F
 
 from vitbench.catalog import BudgetKnob, MethodSpec, ModelInfo, Reduction, patch_count
-from vitbench.engine import AttnInfo, TokenState, max_merge
+from vitbench.engine import AttnInfo, Reducer, TokenState, max_merge
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
-from vitbench_plugins.ppt import check_layers
+from vitbench.kit import check_layers
 
 #: how the per-head importance scores are combined (module docstring, "Heads")
 HEAD_MODES = ("eir", "mean")
@@ -283,7 +215,7 @@ def _without(index: torch.Tensor, dropped: torch.Tensor, n: int) -> torch.Tensor
     return index.gather(1, moved)
 
 
-class ZeroTPruneReducer:
+class ZeroTPruneReducer(Reducer):
     """One pruning block: the I-stage then the S-stage, ``r`` patch tokens in all."""
 
     needs: frozenset[str] = frozenset({"attn", "keys"})

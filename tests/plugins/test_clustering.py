@@ -1,5 +1,5 @@
 """What the clustering merges (dpc-knn, kmedoids) share: ``keep=1`` is the unpatched model, and
-the token counts and sizes of ``ceil(keep * N_p)`` clusters (plugins/clustering.py)."""
+the token counts and sizes of ``ceil(keep * N_p)`` clusters (vitbench/kit/clustering.py)."""
 from __future__ import annotations
 
 import copy

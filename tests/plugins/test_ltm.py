@@ -7,10 +7,11 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from vitbench_plugins.ltm import FirstMerge, ReMerge, ib_mask_step, soft_merge, vit_merge_grid
+from vitbench_plugins.ltm import FirstMerge, ReMerge, ib_mask_step, soft_merge
 
 import vitbench
 from vitbench.engine import AttnInfo, TokenState, reduction_context
+from vitbench.engine.families.vit import merge_grid as vit_merge_grid
 from vitbench.errors import ParamError
 from vitbench.measure import count_gmacs
 from vitbench.measure.ib import (
@@ -354,3 +355,15 @@ def test_the_mlp_learning_rate_does_not_reach_the_backbone_mlps():
     lr_of = {id(p): g["lr"] for g in _optimizer(_stage(model), params).param_groups for p in g["params"]}
     assert lr_of[id(params["blocks.1.block.mlp.fc1.weight"])] == 0.2
     assert lr_of[id(params["blocks.1.reducer.mlp.1.weight"])] == 0.01
+
+
+def test_a_family_whose_adapter_offers_no_merge_grid_is_refused_clearly():
+    import timm
+    from vitbench_plugins.ltm import LTMParams, build
+
+    from vitbench.errors import UnsupportedError
+
+    info = get_host().family("efficientvit").describe(timm.create_model("efficientvit_b0", pretrained=False))
+    with pytest.raises(UnsupportedError, match=r"^ltm has no merge grid for the 'efficientvit' family; "
+                                               r"known: mobilevit, swin, vit$"):
+        build(LTMParams(), info)

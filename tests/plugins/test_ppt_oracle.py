@@ -13,7 +13,6 @@ from vitbench.engine import reduction_context
 from vitbench.errors import ParamError
 from vitbench.testing import tiny_vit
 from vitbench.testing.reference_tome import _merge_one as tome_merge_one
-from vitbench_plugins.ppt import top_tokens
 
 
 def _attend(attn, x, size):
@@ -117,17 +116,6 @@ def test_mixed_batch_matches_the_oracle_image_by_image():
     with torch.inference_mode():
         logits = model(images)
     assert (logits - expected).abs().max() < 1e-4
-
-
-def test_pruned_tokens_are_laid_out_by_score_highest_first():
-    # by hand: prefix 1, patch scores 0.1 0.3 0.2 0.4 at positions 1..4; keep 2 -> 4 (0.4), 2 (0.3)
-    scores = torch.tensor([[0.1, 0.3, 0.2, 0.4]])
-    assert top_tokens(scores, 2, prefix=1, order="score").tolist() == [[0, 4, 2]]
-    assert top_tokens(scores, 2, prefix=1, order="original").tolist() == [[0, 2, 4]]
-    assert top_tokens(scores, 3, prefix=2, order="score").tolist() == [[0, 1, 5, 3, 4]]
-    # equal scores: the lower position first, in both layouts
-    ties = torch.tensor([[0.2, 0.4, 0.2, 0.2]])
-    assert top_tokens(ties, 3, prefix=1, order="score").tolist() == [[0, 2, 1, 3]]
 
 
 def test_order_is_validated():

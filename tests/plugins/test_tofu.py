@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import vitbench
-from vitbench.engine import AttnInfo, TokenState, bipartite_soft_matching, reduction_context
+from vitbench.engine import AttnInfo, Reducer, TokenState, bipartite_soft_matching, reduction_context
 from vitbench.errors import ParamError
 from vitbench.testing import tiny_vit
 from vitbench_plugins.tofu import ToFuParams, ToFuReducer, block_schedule, mlerp
@@ -189,12 +189,13 @@ def test_kept_tokens_are_input_tokens_in_a_prune_block(vit):
     block = reduced.blocks[0]
     reducer = block.reducer
 
-    def spy(x, state, info):
-        captured["in"] = x.clone()
-        captured["out"] = reducer(x, state, info)
-        return captured["out"]
+    class Spy(Reducer):
+        def __call__(self, x, state, info):
+            captured["in"] = x.clone()
+            captured["out"] = reducer(x, state, info)
+            return captured["out"]
 
-    block.reducer = spy
+    block.reducer = Spy()
     with torch.inference_mode():
         reduced(torch.randn(1, 3, 160, 160))
     out, inp = captured["out"][0], captured["in"][0]

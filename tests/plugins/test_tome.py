@@ -11,7 +11,7 @@ from timm.models.vision_transformer import VisionTransformer
 import vitbench
 from vitbench.engine import reduction_context
 from vitbench.errors import ParamError
-from vitbench_plugins.tome import schedule
+from vitbench.kit import schedule
 
 from vitbench.testing.reference_tome import reference_tome
 

@@ -13,7 +13,7 @@ import vitbench_plugins.topk as topk
 from vitbench.engine import enable_source_tracing, last_state, reduction_context
 from vitbench.testing import tiny_vit
 from tests_support import sharp_vit as _sharp_vit  # tests/tests_support.py
-from vitbench_plugins.ppt import top_tokens
+from vitbench.kit import top_tokens
 
 
 

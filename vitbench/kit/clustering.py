@@ -1,6 +1,5 @@
-"""What the clustering merges share (:mod:`vitbench_plugins.dpc_knn`, :mod:`vitbench_plugins.kmedoids`):
-the token distances and the reducer that turns a clustering into merged tokens. Not a plugin
-itself (no entry point): a helper module of the built-ins."""
+"""Clustering merges (DPC-kNN, k-medoids; docs/methods.md): token distances and the reducer
+that turns a clustering into size-weighted merged tokens."""
 from __future__ import annotations
 
 import math
@@ -8,7 +7,9 @@ from collections.abc import Callable
 
 import torch
 
-from vitbench.engine import AttnInfo, TokenState
+from vitbench.engine import AttnInfo, Reducer, TokenState
+
+__all__ = ["ClusterFn", "ClusterMergeReducer", "token_distances"]
 
 #: ``cluster(x [B, N, C], clusters) -> assign [B, N]``: each patch token's cluster
 ClusterFn = Callable[[torch.Tensor, int], torch.Tensor]
@@ -19,7 +20,7 @@ def token_distances(x: torch.Tensor) -> torch.Tensor:
     return torch.cdist(x.float(), x.float()) / math.sqrt(x.shape[-1])
 
 
-class ClusterMergeReducer:
+class ClusterMergeReducer(Reducer):
     """One listed block's clustering merge: the patch tokens become ``ceil(keep * N_p)`` tokens,
     each the size-weighted mean of one cluster (:meth:`~vitbench.engine.TokenState.cluster`);
     the prefix tokens stay first. ``keep`` leaving every token changes nothing."""
