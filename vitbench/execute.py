@@ -1,7 +1,7 @@
 """Executes a run plan: each spec reduces a fresh copy of the model, measures it, and appends
 one record to the store as it ends (docs/architecture.md, layers 5-7).
 
-What a run does is its task's (:class:`~vitbench.catalog.TaskSpec`, asked of the plugin host by
+What a run does is its task's (:class:`~vitbench.task.Task`, asked of the plugin host by
 the spec's task name); this module only sequences the runs, matches compute, pairs each run
 with its seed's baseline and writes the records. A run that fails is recorded as ``error``
 with its message and the other runs go on; records are appended whole, so an interrupted plan
@@ -23,12 +23,12 @@ import torch
 
 from vitbench import measure
 from vitbench.calibrate import Calibration, calibrate, not_matchable, off_pct
-from vitbench.catalog import TaskSpec
 from vitbench.distributed import failure_on_any_rank, is_main
 from vitbench.errors import BudgetError, VitbenchError
 from vitbench.plan import BASELINE, REFERENCES, RunSpec
 from vitbench.plugins import get_host
 from vitbench.results import ResultStore
+from vitbench.task import Task
 
 Progress = Callable[[str], None]
 
@@ -39,9 +39,9 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def match_compute(spec: RunSpec, ws: Any, progress: Progress, task: Optional[TaskSpec] = None) -> Calibration:
+def match_compute(spec: RunSpec, ws: Any, progress: Progress, task: Optional[Task] = None) -> Calibration:
     """Choose ``spec``'s budget knob so that its GMACs land at ``spec.match_gmacs`` x the
-    baseline's, counted as the report counts them (the task's :attr:`~TaskSpec.counts`: det/seg
+    baseline's, counted as the report counts them (the task's :attr:`~vitbench.task.Task.counts`: det/seg
     count the backbone, the part the methods reduce). Raises
     :class:`~vitbench.errors.BudgetError` when it cannot."""
     task = task or get_host().task(spec.task)
@@ -51,10 +51,11 @@ def match_compute(spec: RunSpec, ws: Any, progress: Progress, task: Optional[Tas
         raise not_matchable(spec.method)
     counters = ws.counters
     if spec.seed not in counters:
-        if task.gmacs_counter is None:
+        counter = task.gmacs_counter(spec, ws, progress)
+        if counter is None:
             raise BudgetError(f"task {task.name!r} cannot match compute: it counts no GMACs for a budget "
                               f"(run it without --match-gmacs/--budgets)")
-        counters[spec.seed] = task.gmacs_counter(spec, ws, progress)
+        counters[spec.seed] = counter
     how = "setting" if knob.mode == "fraction" else "searching"
     progress(f"{how} {spec.method}.{knob.param} for {spec.match_gmacs:g}x the baseline's GMACs")
     info = get_host().family_of(ws.model).describe(ws.model)
@@ -66,7 +67,7 @@ def match_compute(spec: RunSpec, ws: Any, progress: Progress, task: Optional[Tas
     return result
 
 
-def _landed(task: TaskSpec, record: dict[str, Any]) -> None:
+def _landed(task: Task, record: dict[str, Any]) -> None:
     """Where a matched run's measured GMACs landed against its target (after any fine-tuning)."""
     budget = record.get("budget")
     gmacs = record.get(task.compute_key)
@@ -103,8 +104,7 @@ def run_spec(spec: RunSpec, ws: Any, baseline: Optional[dict], env: dict[str, An
     record["precision"] = spec.precision_name
     try:
         task = get_host().task(spec.task)
-        if task.shared_fields is not None:
-            record.update(task.shared_fields(ws))
+        record.update(task.shared_fields(ws))
         seed_everything(spec.seed)
         params = spec.params
         if spec.match_gmacs is not None and spec.method not in REFERENCES:
@@ -112,7 +112,7 @@ def run_spec(spec: RunSpec, ws: Any, baseline: Optional[dict], env: dict[str, An
             params = matched.params
             record.update(params=params, label=spec.matched_label(params), budget=matched.record())
             seed_everything(spec.seed)  # the search must not change what the run draws
-        record.update(_relative(spec, task.run(spec, ws, baseline, progress, params), baseline))
+        record.update(_relative(spec, task.run(spec, ws, params, progress), baseline))
         _landed(task, record)
     except VitbenchError as exc:
         record.update(status="error", error=str(exc))

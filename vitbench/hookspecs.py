@@ -32,7 +32,7 @@ def vitbench_register_families(register: Callable[..., None]) -> None:
 
 @hookspec
 def vitbench_register_tasks(register: Callable[..., None]) -> None:
-    """Register tasks: ``register(TaskSpec(...))`` once per task (``vitbench run --task NAME``)."""
+    """Register tasks: ``register(MyTask())`` once per :class:`vitbench.Task` subclass (``--task NAME``)."""
 
 
 @hookspec

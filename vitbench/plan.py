@@ -3,127 +3,16 @@
 """
 from __future__ import annotations
 
-import hashlib
 import json
-from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Mapping, Optional
 
 from vitbench.errors import ParamError, VitbenchError, choices_error
 from vitbench.params import make_params, params_dict
 from vitbench.plugins import get_host
+from vitbench.spec import RunSpec
+from vitbench.task import BASELINE, CONTROL, REFERENCES
 
-BASELINE = "baseline"
-#: the control row of tasks with ``TaskSpec.control`` (det/seg): the baseline fine-tuned as a
-#: learnable method's model is, with no method -- what a fine-tuned method's accuracy is compared
-#: with at the same amount of extra training
-CONTROL = "baseline+ft"
-#: the two rows that are no method (no plugin, no parameters)
-REFERENCES = (BASELINE, CONTROL)
-METRICS = ("accuracy", "gmacs", "params", "throughput", "latency", "memory", "ib")
-#: metrics that need labelled evaluation data
-DATA_METRICS = ("accuracy", "ib")
-#: training images learnable methods fine-tune on with the embedded default model (``--train-limit``
-#: overrides): keeps ``vitbench run --methods ibtm,tome`` within minutes on a 2-core CPU
-DEFAULT_MODEL_TRAIN_LIMIT = 10000
 DEVICES = ("cpu", "cuda")
-DEFAULT_MODEL = "vitbench-fmnist-vit"
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """One run: what to reduce, how, and what to measure. Frozen; hashed into ``spec_id``."""
-
-    task: str
-    model: str
-    method: str
-    params_json: str  # the validated parameters as canonical JSON (hashable)
-    data: Optional[str]
-    metrics: tuple[str, ...]
-    batch_size: int
-    device: str
-    seed: int
-    checkpoint: Optional[str] = None
-    pretrained: bool = False
-    train_backbone: bool = False  # fine-tune the backbone too (the train-from-scratch setup)
-    train_limit: Optional[int] = None  # fine-tune on the first N training images
-    #: det/seg: what trains beside the method (vitbench.tasks.det.protocol: all | heads | method)
-    dense_finetune: Optional[str] = None
-    #: matched compute (``--match-gmacs F``, ``vitbench sweep``): the method's budget knob is set
-    #: when the run starts so that its GMACs land within 2 % of ``F`` x the baseline's
-    #: (:mod:`vitbench.calibrate`); ``params`` then hold every parameter but the knob
-    match_gmacs: Optional[float] = None
-    #: ``--precision`` (:mod:`vitbench.measure.precision`): ``fp16``/``bf16`` autocast on the
-    #: measured forward, evaluation and (bf16) fine-tuning; ``None`` is fp32
-    precision: Optional[str] = None
-    #: ``--compile``: the timing loops run the ``torch.compile``d model (:mod:`vitbench.measure.compiled`)
-    compile: bool = False
-    #: ``--cuda-graph``: throughput and latency time a CUDA graph of the forward where its shapes are
-    #: static (:mod:`vitbench.measure.cuda_graph`)
-    cuda_graph: bool = False
-
-    @property
-    def precision_name(self) -> str:
-        """The run's precision, ``fp32`` when none was asked for."""
-        return self.precision or "fp32"
-
-    @property
-    def params(self) -> dict[str, Any]:
-        return json.loads(self.params_json)
-
-    @property
-    def spec_id(self) -> str:
-        fields = asdict(self)
-        for key in _LATER_FIELDS:  # fields added later hash only when set: old ids stay valid
-            if fields[key] is None or fields[key] is False:
-                del fields[key]
-        return hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
-
-    @property
-    def label(self) -> str:
-        """``tome (r=13)``: the method with the parameters that differ from its defaults; a
-        matched run before its knob is chosen says its budget (``tome (at 0.6x GMACs)``)."""
-        if self.method == BASELINE:
-            return BASELINE
-        if self.method == CONTROL:
-            from vitbench.tasks.det.protocol import DEFAULT_PROTOCOL
-
-            other = self.dense_finetune not in (None, DEFAULT_PROTOCOL)
-            return f"{CONTROL} (fine-tuned: {self.dense_finetune})" if other else CONTROL
-        if self.match_gmacs is not None:
-            return self._label(self.params, notes=[f"at {self.match_gmacs:g}x GMACs"])
-        return self._label(self.params)
-
-    def matched_label(self, params: Mapping[str, Any]) -> str:
-        """The label of a matched run once its knob is chosen: ``params`` with the knob always
-        shown, first (``tome (r=7)``, ``topk (keep=0.7)`` even at the default)."""
-        knob = get_host().method(self.method).budget
-        return self._label(params, force=(knob.param,) if knob is not None else ())
-
-    def _label(self, params: Mapping[str, Any], force: tuple[str, ...] = (), notes: Iterable[str] = ()) -> str:
-        spec = get_host().method(self.method)
-        defaults = params_dict(make_params(self.method, spec.params, {}))
-        changed = {k: params[k] for k in force if k in params}
-        changed.update({k: v for k, v in params.items() if k not in changed and defaults.get(k) != v})
-        shown = self._shown(changed)
-        dense_note = False
-        if self.dense_finetune is not None:
-            from vitbench.tasks.det.protocol import DEFAULT_PROTOCOL
-
-            dense_note = self.dense_finetune != DEFAULT_PROTOCOL  # the row says what differs from the default
-        if dense_note:
-            shown.append(f"fine-tuned: {self.dense_finetune}")
-        elif self.train_backbone:
-            shown.append("backbone trained")
-        shown += list(notes)
-        return f"{self.method} ({', '.join(shown)})" if shown else self.method
-
-    @staticmethod
-    def _shown(changed: dict[str, Any]) -> list[str]:
-        return [f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in changed.items()]
-
-
-_LATER_FIELDS = ("train_backbone", "train_limit", "dense_finetune", "match_gmacs", "precision", "compile",
-                 "cuda_graph")
 
 
 def parse_param_overrides(items: Iterable[str]) -> dict[str, dict[str, str]]:
@@ -138,33 +27,30 @@ def parse_param_overrides(items: Iterable[str]) -> dict[str, dict[str, str]]:
     return out
 
 
-def parse_list(kind: str, text: str, valid: Iterable[str]) -> tuple[str, ...]:
-    """Split a comma list and check every item against ``valid``."""
-    items = tuple(item.strip() for item in text.split(",") if item.strip())
-    valid = tuple(valid)
-    for item in items:
-        if item not in valid:
-            raise choices_error(kind, item, valid)
-    return items
-
-
 def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[str],
                overrides: Mapping[str, Mapping[str, Any]], metrics: Iterable[str],
                batch_size: int, device: str, seed: int, checkpoint: Optional[str] = None,
                pretrained: bool = False, train_backbone: bool = False,
-               train_limit: Optional[int] = None, dense_finetune: Optional[str] = None,
-               match_gmacs: Optional[float] = None, control: bool = True,
-               precision: str = "fp32", compile: bool = False, cuda_graph: bool = False) -> list[RunSpec]:
+               train_limit: Optional[int] = None, match_gmacs: Optional[float] = None, control: bool = True,
+               precision: str = "fp32", compile: bool = False, cuda_graph: bool = False,
+               **task_fields: Any) -> list[RunSpec]:
     """The baseline, then one spec per method, parameters validated (no model is built here).
 
-    ``control`` (tasks with a control row: det/seg): when a learnable method fine-tunes detector weights (protocol ``all``
-    or ``heads``), the :data:`CONTROL` spec follows the baseline: the baseline detector fine-tuned
-    the same way without a method, so that a method's mAP can be compared at equal training.
+    ``task_fields``: the task's own spec fields (:attr:`~vitbench.task.Task.spec_fields`, det's
+    ``dense_finetune``), carried by the specs of learnable methods. ``control`` (tasks with
+    :attr:`~vitbench.task.Task.control`): when a method trains and the task's
+    :meth:`~vitbench.task.Task.control_fields` asks for one, the :data:`CONTROL` spec follows the
+    baseline: the baseline fine-tuned the same way without a method, so that a method's accuracy
+    can be compared at equal training.
 
     ``match_gmacs``: every method runs at that fraction of the baseline's GMACs, its budget knob
     chosen when it runs (:mod:`vitbench.calibrate`); ``--param`` may not set the knob then."""
     host = get_host()
     task_spec = host.task(task)  # unknown -> error listing the registered tasks
+    unknown = [k for k in task_fields if k not in task_spec.spec_fields]
+    if unknown:
+        raise TypeError(f"build_plan() got {unknown[0]!r}, which is no field of task {task!r} (its fields: "
+                        f"{', '.join(task_spec.spec_fields) or 'none'})")
     if device not in DEVICES:
         raise choices_error("device", device, DEVICES)
     if batch_size < 1:
@@ -195,16 +81,15 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
                   cuda_graph=cuda_graph)
     plan = [RunSpec(method=BASELINE, params_json="{}", **common)]
     if control and task_spec.control and any(host.method(n).needs_training for n in names):
-        from vitbench.tasks.det.protocol import DEFAULT_PROTOCOL, check_protocol
-
-        if check_protocol(dense_finetune or DEFAULT_PROTOCOL) != "method":  # detector weights train
+        control_fields = task_spec.control_fields(task_fields)
+        if control_fields is not None:
             plan.append(RunSpec(method=CONTROL, params_json="{}", **common, train_limit=train_limit,
-                                dense_finetune=dense_finetune or DEFAULT_PROTOCOL))
+                                task_fields=_task_fields(control_fields)))
     for name in dict.fromkeys(names):
         spec = host.method(name)
         values = make_params(name, spec.params, canonical_overrides.get(name, {}))
         training = ({"train_backbone": train_backbone, "train_limit": train_limit,
-                     "dense_finetune": dense_finetune} if spec.needs_training else {})
+                     "task_fields": _task_fields(task_fields)} if spec.needs_training else {})
         matched = {"match_gmacs": match_gmacs} if match_gmacs is not None else {}
         params = params_dict(values)
         if match_gmacs is not None and spec.budget is not None:
@@ -214,21 +99,9 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
     return plan
 
 
-def check_applies(plan: Iterable[RunSpec], model: Any) -> None:
-    """Check, before anything runs, that a model-family adapter recognises ``model`` and that
-    every method of ``plan`` applies to a copy of it: unsupported pairs and out-of-range
-    parameters (e.g. a block index the model lacks) fail here with a clear error."""
-    import copy
-
-    from vitbench.engine import apply
-
-    get_host().family_of(model)
-    checked: set[tuple[str, str]] = set()
-    for spec in plan:
-        if spec.method in REFERENCES or (spec.method, spec.params_json) in checked:
-            continue  # the baseline, or the same method checked for an earlier seed
-        checked.add((spec.method, spec.params_json))
-        apply(copy.deepcopy(model), spec.method, **spec.params)
+def _task_fields(values: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """``values`` as :attr:`RunSpec.task_fields`: the set ones, sorted by name."""
+    return tuple(sorted((k, v) for k, v in values.items() if v is not None))
 
 
 def parse_seeds(text: str) -> tuple[int, ...]:

@@ -20,11 +20,13 @@ from typing import Any, Callable, Iterable
 import pluggy
 
 from vitbench import hookspecs
-from vitbench.catalog import FamilySpec, MethodSpec, ScorerSpec, TaskSpec
+from vitbench.catalog import FamilySpec, MethodSpec, ScorerSpec
 from vitbench.errors import PluginError, choices_error
+from vitbench.metrics import METRICS
+from vitbench.task import Task
 
 ENTRY_POINT_GROUP = "vitbench"
-_KINDS = {"methods": MethodSpec, "scorers": ScorerSpec, "families": FamilySpec, "tasks": TaskSpec}
+_KINDS = {"methods": MethodSpec, "scorers": ScorerSpec, "families": FamilySpec, "tasks": Task}
 
 
 @dataclass
@@ -187,7 +189,7 @@ class PluginHost:
     def family(self, name: str) -> FamilySpec:
         return self._lookup("families", name)
 
-    def task(self, name: str) -> TaskSpec:
+    def task(self, name: str) -> Task:
         """The task registered as ``name`` (``vitbench run --task NAME``)."""
         return self._lookup("tasks", name)
 
@@ -241,10 +243,8 @@ def _check_knob(spec: MethodSpec) -> None:
                          f"not one of its parameters ({', '.join(fields)})")
 
 
-def _check_task(spec: TaskSpec) -> None:
+def _check_task(spec: Task) -> None:
     """A task measures only metrics vitbench knows (a plugin failure otherwise)."""
-    from vitbench.plan import METRICS
-
     unknown = [m for m in spec.metrics if m not in METRICS]
     if unknown:
         raise ValueError(f"task {spec.name!r} declares the metrics {', '.join(map(repr, unknown))}; "

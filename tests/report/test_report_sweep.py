@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from vitbench.report.sweep import (
-    budget_records, budgets, common_span, curve_area, curves, render_sweep_markdown, summary_table,
-    write_sweep_report,
-)
+from vitbench.report.curves import common_span, curve_area, curves
+from vitbench.report.sweep import budget_records, budgets, render_sweep_markdown, summary_table, write_sweep_report
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

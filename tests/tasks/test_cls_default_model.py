@@ -39,7 +39,7 @@ def test_architecture_has_the_methods_default_blocks() -> None:
     model = dm.build_arch()
     assert len(model.blocks) == 12 and model.patch_embed.num_patches == 64
     assert model.pretrained_cfg["mean"] == dm.MEAN
-    from vitbench.tasks.cls.models import input_config
+    from vitbench.data.input_config import input_config
 
     assert input_config(model).input_size == (32, 32) and input_config(model).in_chans == 1
 

@@ -9,7 +9,7 @@ import torch
 from vitbench.data.fashion_mnist import DEFAULT_DIR
 from vitbench.errors import DataError, NonFiniteError, ParamError
 from vitbench.tasks.cls.evaluate import evaluate_cls, resolve_cls_data
-from vitbench.tasks.cls.models import input_config
+from vitbench.data.input_config import input_config
 
 needs_fmnist = pytest.mark.skipif(not (DEFAULT_DIR / "t10k-images-idx3-ubyte.gz").is_file(),
                                   reason="dataset-fashion-mnist is not installed")

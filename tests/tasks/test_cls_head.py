@@ -65,7 +65,7 @@ def test_two_averaged_heads_get_the_fit_together(folder_writer, tmp_path: Path) 
     assert len(classifier_layers(model)) == 2
     data = resolve_cls_data(str(_folder(tmp_path / "data", folder_writer)), model)
     fit = fitted_head(model, data, tmp_path / "ckpt", model_name="distilled")
-    from vitbench.tasks.cls.batches import cls_batches, data_preprocessor
+    from vitbench.train.batches import cls_batches, data_preprocessor
 
     batches = cls_batches(data.train_cfg(), data_preprocessor(model, data.bgr))
     features, labels = probe_features(model, batches)

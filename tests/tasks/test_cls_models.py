@@ -8,11 +8,10 @@ import torch
 
 from vitbench.errors import CheckpointError, ParamError, UnknownNameError
 from vitbench.tasks.cls.models import (
-    input_config,
     load_model,
     read_state_dict,
-    suggest_models,
 )
+from vitbench.tasks.model_names import suggest_models
 
 
 def test_timm_model_with_num_classes() -> None:
@@ -94,16 +93,6 @@ def test_mismatched_checkpoint_hints_num_classes(tmp_path: Path, make_model) -> 
         from vitbench.tasks.cls.models import load_checkpoint
 
         load_checkpoint(make_model(num_classes=6), path)
-
-
-def test_input_config(make_model) -> None:
-    cfg = input_config(make_model(in_chans=1))
-    assert cfg.in_chans == 1 and cfg.input_size == (32, 32)
-    assert cfg.mean == pytest.approx(((0.485 + 0.456 + 0.406) / 3,))
-    deit = load_model("deit_tiny_patch16_224")
-    cfg = input_config(deit)
-    assert cfg.input_size == (224, 224) and cfg.crop_pct == deit.pretrained_cfg["crop_pct"] == 0.9 and cfg.interpolation == "bicubic"
-    assert cfg.mean == pytest.approx((0.485, 0.456, 0.406))
 
 
 def test_a_new_head_is_marked_for_fitting(tmp_path: Path) -> None:

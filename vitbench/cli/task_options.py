@@ -1,22 +1,23 @@
-"""A task's own ``vitbench run``/``sweep`` options (:attr:`vitbench.catalog.TaskSpec.options`).
+"""A task's own ``vitbench run``/``sweep`` options (:meth:`vitbench.task.Task.add_options`).
 
 argparse builds the parser before ``--task`` is known, so every registered task's options are
-added, each task's in an argument group titled with its name (tasks that share one ``options``
-function, as ``det`` and ``seg`` do, share one group), and ``vitbench run --help`` lists them
+added, each task's in an argument group titled with its name (tasks that share their options,
+as ``det`` and ``seg`` do, share one group), and ``vitbench run --help`` lists them
 all. What a task did not declare is refused when it is given with that task
 (:func:`check_task_options`: ``--detector-epochs is an option of det, seg; --task is 'cls'``),
 so an option never silently does nothing. A plugin whose options clash with another's, or whose
-``options`` raises, is reported as a broken plugin and its options are left out; the other
+``add_options`` raises, is reported as a broken plugin and its options are left out; the other
 tasks' options and the rest of the command line still work.
 """
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 from vitbench.errors import VitbenchError
 from vitbench.plugins import get_host
+from vitbench.task import Task
 
 __all__ = ["OwnedOption", "add_task_options", "check_task_options"]
 
@@ -31,19 +32,22 @@ class OwnedOption:
 
 
 def add_task_options(parser: argparse.ArgumentParser) -> None:
-    """Add every registered task's own options (one argument group per ``options`` function) and
+    """Add every registered task's own options (one argument group per set of options) and
     remember which tasks own which (``args.task_options``, read by :func:`check_task_options`)."""
     host = get_host()
-    adders: dict[Callable[..., None], list[str]] = {}
+    shared: dict[Any, list[Task]] = {}
     for name in host.names("tasks"):
-        adder = host.task(name).options
-        if adder is not None:
-            adders.setdefault(adder, []).append(name)
+        task = host.task(name)
+        adder = type(task).add_options
+        if adder is Task.add_options and not fields(task.Options):
+            continue  # no options of its own
+        shared.setdefault((adder, task.Options), []).append(task)
     owned: dict[str, OwnedOption] = {}
-    for adder, tasks in adders.items():
+    for same in shared.values():
+        tasks = [task.name for task in same]
         group = parser.add_argument_group(f"options of --task {', '.join(tasks)}")
         try:
-            adder(group)
+            same[0].add_options(group)
         except Exception as exc:  # noqa: BLE001 - a broken plugin must not take the command line down
             for action in list(group._group_actions):  # what it added before failing goes too
                 parser._remove_action(action)

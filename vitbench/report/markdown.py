@@ -12,11 +12,14 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from vitbench.report.doubts import row_doubts, timing_notes
+from vitbench.report.task_shape import task_spec
 from vitbench.report.timed_how import timed_how_notes
 from vitbench.report.tables import (
     CONTROL,
-    comparison_table, finetunes_detector, group_records, groups, metric, ok_rows, pick_control, row_labels,
+    comparison_table, group_records, groups, metric, ok_rows, pick_control, row_labels,
 )
+from vitbench.report.words import distinct as _distinct
+from vitbench.report.words import joined as _joined
 from vitbench.results.store import latest_records
 
 __all__ = ["render_markdown", "METHODOLOGY", "group_section", "header_lines"]
@@ -69,8 +72,9 @@ def _training_line(rec: Mapping[str, Any]) -> str:
                 f"({float(rec.get('train_s') or 0):.0f} s)")
     parts = [f"{s.get('name')}: {s.get('epochs')} epoch(s), {s.get('iters')} iterations" for s in stages]
     frozen = "backbone trained" if "backbone trained" in str(rec.get("label")) else "backbone frozen"
-    if rec.get("dense_finetune"):  # det/seg: the dense fine-tuning protocol says what trained
-        frozen = _dense_protocol(rec["dense_finetune"], with_method=rec.get("method") != CONTROL)
+    spec = task_spec(str(rec.get("task")))  # det/seg: the dense fine-tuning protocol says what trained
+    words = spec.training_words(rec, with_method=rec.get("method") != CONTROL) if spec is not None else None
+    frozen = words or frozen
     per_seed = f" per seed (time: mean over {rec['n_seeds']} seeds)" if int(rec.get("n_seeds") or 1) > 1 else ""
     return (f"{'; '.join(parts)} on {rec.get('train_images')} training images in "
             f"{float(rec.get('train_s') or 0):.0f} s{per_seed}, {int(rec.get('trainable_params') or 0):,} "
@@ -80,20 +84,6 @@ def _training_line(rec: Mapping[str, Any]) -> str:
 def _one_line(text: Any, limit: int = 500) -> str:
     s = " ".join(str(text).split())
     return s if len(s) <= limit else s[: limit - 1] + "…"
-
-
-def _distinct(values: Iterable[Any]) -> list[str]:
-    out: dict[str, None] = {}
-    for v in values:
-        if v not in (None, "", [], {}):
-            out.setdefault(str(v), None)
-    return list(out)
-
-
-def _joined(values: list[str]) -> str:
-    if not values:
-        return "n/a"
-    return values[0] if len(values) == 1 else "; ".join(values) + " (differs between records)"
 
 
 def _plugins(env: Mapping[str, Any]) -> str | None:
@@ -164,60 +154,11 @@ def _head_lines(rows: list[Mapping[str, Any]]) -> list[str]:
             f"and every method start from it (saved as {head.get('checkpoint_path')}).", ""]
 
 
-def _detector_lines(rows: list[Mapping[str, Any]]) -> list[str]:
-    """det/seg: which detector, how its baseline was trained, what GMACs cover (docs/measuring.md:
-    GMACs of the detector at its input size, backbone and full detector both stated)."""
-    detectors = _distinct(r.get("detector") for r in rows)
-    if not detectors:
-        return []
-    train = next((r.get("detector_training") for r in rows if r.get("detector_training")), None) or {}
-    size = _joined(_distinct(r.get("gmacs_input") for r in rows))
-    out = [f"Detector: {_joined(detectors)}. Box/mask mAP, AP50, AP75: mmdet CocoMetric on the "
-           f"validation split (COCO 0..1 scale). GMACs: the whole detector's tensor forward (backbone, "
-           f"neck, heads; no NMS) at {size}; Backbone GMACs: the backbone alone on the same images. "
-           f"Throughput, latency: the detector's tensor forward."]
-    if train.get("epochs"):
-        out.append(f"Baseline detector: trained once, every weight, {train['epochs']} epoch(s) "
-                   f"({train.get('iters', '?')} iterations on {train.get('images', '?')} images, batch "
-                   f"{train.get('batch_size', '?')}, AdamW lr {train.get('lr', '?')}, "
-                   f"{float(train.get('seconds', 0)):.0f} s); every method is applied to its backbone.")
-    protocols = _distinct(_dense_protocol(r.get("dense_finetune")) for r in rows if r.get("trained"))
-    if protocols:
-        out.append(f"Learnable methods are fine-tuned on the detection loss inside it, dense fine-tuning "
-                   f"protocol {_joined(protocols)}.")
-    control = next((r for r in rows if r.get("method") == CONTROL), None)
-    if control is not None:
-        epochs, _ = _detector_epochs(control)
-        out.append(f"{CONTROL}: the baseline detector fine-tuned as the learnable methods' detectors are "
-                   f"(the same protocol, learning rate and batch; {epochs} epoch(s)), with no method -- the "
-                   f"control for the extra detector training; \"vs +ft\" columns: a fine-tuned row's mAP minus "
-                   f"the control's (the fair delta of a learnable method; ΔBox mAP is against the baseline "
-                   f"detector, which trained less).")
-        differ = [(r, *_detector_epochs(r)) for r in rows
-                  if r is not control and finetunes_detector(r)]
-        differ = [(r, n, how) for r, n, how in differ if n != epochs]
-        if differ:
-            listed = "; ".join(f"{r.get('label') or r.get('method')}: {n} ({how})" for r, n, how in differ)
-            out.append(f"Detector training that differs from the control's {epochs} epoch(s) -- {listed}: "
-                       f"their \"vs +ft\" delta includes that difference (a method's detector trains in "
-                       f"every stage of the method, its last stage at least the protocol's epochs).")
-    notes = _distinct((r.get("detector_training") or {}).get("provenance") for r in rows)
-    out += [f"Note on the trained detector: {n}." for n in notes]
-    return [" ".join(out), ""]
-
-
-def _detector_epochs(rec: Mapping[str, Any]) -> tuple[int, str]:
-    """det/seg: the epochs in which a fine-tuned row's detector weights trained (every recorded
-    stage's), and per stage in words (``search 1, retrain 8``)."""
-    stages = [s for s in rec.get("train_stages") or [] if s.get("epochs")]
-    return sum(int(s["epochs"]) for s in stages), ", ".join(f"{s.get('name', '?')} {s['epochs']}" for s in stages)
-
-
-def _dense_protocol(settings: Any, with_method: bool = True) -> str:
-    """det/seg: the recorded dense fine-tuning protocol in words."""
-    from vitbench.tasks.det.protocol import describe
-
-    return describe(settings, with_method)
+def _task_notes(task: str, rows: list[Mapping[str, Any]]) -> list[str]:
+    """The task's own sentences under its table (det/seg: the detector and its training)."""
+    spec = task_spec(task)
+    notes = spec.report_notes(rows) if spec is not None else []
+    return [" ".join(notes), ""] if notes else []
 
 
 def _matched_lines(labels: list[str], rows: list[Mapping[str, Any]]) -> list[str]:
@@ -276,7 +217,7 @@ def group_section(records: list[Mapping[str, Any]], task: str, model: str,
         if any(int(r.get("n_seeds") or 1) > 1 for r in rows):
             lines += [SEEDS_NOTE, ""]
         lines += _head_lines(rows)
-        lines += _detector_lines(rows)
+        lines += _task_notes(task, rows)
         kernels = [(lab, r.get("attention_kernel")) for lab, r in zip(row_labels(rows), rows)]
         known = [(lab, k) for lab, k in kernels if k]
         if known and len({k for _, k in known}) == 1 and len(known) == len(kernels):

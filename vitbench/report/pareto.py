@@ -19,7 +19,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from vitbench.report._atomic import atomic_write_bytes
-from vitbench.report.sweep import Curve, accuracy_keys, curves, gmacs_key
+from vitbench.report.curves import Curve, accuracy_keys, curves, gmacs_key
 from vitbench.report.tables import groups, metric, ok_rows
 from vitbench.report.task_shape import accuracy_column
 from vitbench.results.store import latest_records

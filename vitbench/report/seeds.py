@@ -1,24 +1,11 @@
 """One report row per spec across seeds: runs that differ only by their seed (``--seeds 0,1,2``)
 are aggregated into one row (docs/measuring.md, "Seeds and spread").
 
-What each metric becomes, and why:
-
-- Accuracy and mAP (top-1/top-5, box/mask mAP, AP50/AP75) and the IB metrics: the mean over
-  seeds and the sample standard deviation (n - 1 in the denominator), stored as
-  ``<key>_seed_std``; the seed-to-seed spread is what a reader needs to judge a 0.3 pp delta.
-- GMACs and parameters: the mean (they vary with a seed only through what fine-tuning learnt);
-  GMACs' own ± (the spread over evaluation images of input-dependent methods) is pooled,
-  the root mean square of the per-seed spreads.
-- Throughput and latency: the median over seeds of the per-seed medians (each a median over
-  repeats), and likewise their spreads; a median, as a timing's summary is, so one disturbed
-  seed does not move the row.
-- Speed-up and efficiency: computed per seed against the baseline of the *same* seed (the
-  executor records them so; older records are paired here), then the median over seeds.
-
-Each aggregated row keeps the first record's descriptive fields (label, params, kernel,
-training stages), ``seeds`` (the seeds it holds, in store order) and ``n_seeds``; the per-seed
-records are kept under ``per_seed`` for the timing marks (:mod:`vitbench.report.doubts`).
-"""
+Accuracy, mAP and the IB metrics become the mean and sample standard deviation
+(``<key>_seed_std``); GMACs and parameters the mean (GMACs' own spread pooled); throughput and
+latency the median of the per-seed medians; speed-up and efficiency the median of the per-seed
+values, each against the baseline of the same seed. Each row keeps ``seeds``, ``n_seeds`` and
+the per-seed records under ``per_seed`` (for :mod:`vitbench.report.doubts`)."""
 from __future__ import annotations
 
 import json

@@ -8,131 +8,41 @@ and the runs at that budget. A pure function of the store's records.
 """
 from __future__ import annotations
 
-import json
 import os
 import urllib.parse
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-import numpy as np
 import pandas as pd
 
 from vitbench.report._atomic import atomic_write_bytes
+from vitbench.report.curves import (
+    Curve, accuracy_keys, common_span, curve_area, curve_key, curves, gmacs_key, record_budget,
+)
 from vitbench.report.markdown import group_section, header_lines
 from vitbench.report.tables import NA, drop_unmeasured, gmacs_spec, groups, metric, ok_rows
-from vitbench.report.task_shape import accuracy_column, accuracy_columns, compute_key, compute_name
+from vitbench.report.task_shape import accuracy_column, accuracy_columns, compute_name
 from vitbench.results.store import latest_records
 
-__all__ = ["Curve", "accuracy_keys", "budget_records", "budgets", "curve_area", "curves", "summary_table",
-           "render_sweep_markdown", "write_sweep_report"]
+__all__ = ["budget_records", "budgets", "summary_table", "render_sweep_markdown", "write_sweep_report"]
 
 Record = Mapping[str, Any]
 #: the Pareto plots beside report.md
 PARETO_FILES = ("pareto_gmacs.png", "pareto_throughput.png")
 
 
-def accuracy_keys(task: str) -> tuple[str, ...]:
-    """What a sweep compares as accuracy: the task's accuracy columns (top-1 for cls, box mAP for
-    det, box and mask mAP for seg)."""
-    return tuple(c.key for c in accuracy_columns(task))
-
-
-def gmacs_key(task: str) -> str:
-    """The GMACs a budget is matched on: the model's (cls), the backbone's (det/seg)."""
-    return compute_key(task)
-
-
-def _budget(rec: Record) -> Optional[float]:
-    return metric(rec, "match_gmacs")
-
-
 def budgets(records: Iterable[Record], task: str, model: str) -> list[float]:
     """The matched budgets of ``(task, model)``, largest first."""
     found = {b for r in latest_records(records) if (str(r.get("task")), str(r.get("model"))) == (task, model)
-             and (b := _budget(r)) is not None}
+             and (b := record_budget(r)) is not None}
     return sorted(found, reverse=True)
 
 
 def budget_records(records: Iterable[Record], budget: float) -> list[Record]:
     """The unmatched baseline runs and the runs at ``budget``: one budget's comparison."""
-    return [r for r in records if (r.get("method") == "baseline" and _budget(r) is None) or _budget(r) == budget]
-
-
-@dataclass
-class Curve:
-    """One method across the budgets: its aggregated rows (over seeds) by budget."""
-
-    name: str
-    rows: dict[float, Record] = field(default_factory=dict)
-
-    def points(self, x_key: str, y_key: str) -> list[tuple[float, float, float]]:
-        """``(x, y, budget)`` of the rows that measured both, sorted by ``x``."""
-        pts = [(x, y, b) for b, r in self.rows.items()
-               if (x := metric(r, x_key)) is not None and (y := metric(r, y_key)) is not None]
-        return sorted(pts)
-
-
-def _curve_key(rec: Record) -> tuple[str, str]:
-    """A curve is a method with its other parameters (all but the matched knob)."""
-    params = dict(rec.get("params") or {})
-    knob = (rec.get("budget") or {}).get("param")
-    params.pop(knob, None)
-    return str(rec.get("method")), json.dumps(params, sort_keys=True, default=str)
-
-
-def curves(records: Iterable[Record], task: str, model: str) -> list[Curve]:
-    """One :class:`Curve` per method (and setting of its other parameters), in store order; a
-    method run with two settings of its other parameters gets them in its name."""
-    rows, _ = ok_rows(list(records), task, model)
-    by_key: dict[tuple[str, str], Curve] = {}
-    for r in rows:
-        b = _budget(r)
-        if b is None or r.get("method") == "baseline":
-            continue
-        key = _curve_key(r)
-        by_key.setdefault(key, Curve(name=key[0])).rows.setdefault(b, r)
-    names = [c.name for c in by_key.values()]
-    for (method, params), c in by_key.items():
-        if names.count(method) > 1:
-            c.name = f"{method} {params}"
-    return list(by_key.values())
-
-
-def curve_area(curve: Curve, y_key: str, base_x: float, span: tuple[float, float]) -> Optional[float]:
-    """The area under ``curve``'s ``y_key`` against its measured GMACs fraction (``x / base_x``,
-    linear between budgets) over ``span``, divided by the span's width: the curve's mean ``y``
-    over that range. ``None`` when the curve does not cover the span or the span is a point."""
-    lo, hi = span
-    pts = [(x / base_x, y) for x, y, _ in curve.points(curve_x_key(curve), y_key)]
-    if len(pts) < 2 or not hi > lo:
-        return None
-    xs, ys = np.array([p[0] for p in pts]), np.array([p[1] for p in pts])
-    if xs[0] > lo + 1e-9 or xs[-1] < hi - 1e-9:
-        return None
-    grid = np.concatenate([[lo], xs[(xs > lo) & (xs < hi)], [hi]])
-    vals = np.interp(grid, xs, ys)
-    return float(np.sum((vals[1:] + vals[:-1]) / 2 * np.diff(grid)) / (hi - lo))
-
-
-def curve_x_key(curve: Curve) -> str:
-    """The GMACs field of ``curve``'s rows (the backbone's on det/seg)."""
-    first = next(iter(curve.rows.values()), {})
-    return gmacs_key(str(first.get("task", "cls")))
-
-
-def common_span(cs: list[Curve], y_key: str, base_x: float) -> Optional[tuple[float, float]]:
-    """The GMACs-fraction range every curve with at least two points covers."""
-    spans = []
-    for c in cs:
-        xs = [x / base_x for x, _, _ in c.points(curve_x_key(c), y_key)]
-        if len(xs) >= 2:
-            spans.append((min(xs), max(xs)))
-    if not spans:
-        return None
-    lo, hi = max(s[0] for s in spans), min(s[1] for s in spans)
-    return (lo, hi) if hi > lo else None
+    return [r for r in records if (r.get("method") == "baseline" and record_budget(r) is None)
+            or record_budget(r) == budget]
 
 
 def _fmt(v: Optional[float], spec: str) -> str:
@@ -157,7 +67,7 @@ def summary_table(records: Iterable[Record], task: str, model: str, y_key: Optio
     cs = curves(records, task, model)
     has_acc = has_accuracy(records, task, model, y_key)
     spec = accuracy_column(task, y_key).fmt
-    failed = {(_curve_key(r)[0], _budget(r)) for r in records
+    failed = {(curve_key(r)[0], record_budget(r)) for r in records
               if r.get("status") == "error" and (str(r.get("task")), str(r.get("model"))) == (task, model)}
     span = common_span(cs, y_key, base_x) if has_acc and base_x else None
     area_col = f"Area ÷ range, F {span[0]:.2f}–{span[1]:.2f}" if span else "Area ÷ range"

@@ -2,8 +2,8 @@
 
 Cells are formatted strings (the table is for reading, the store keeps the numbers) and "n/a"
 wherever a metric does not apply to the row or was not measured. Columns follow the report
-shape of docs/measuring.md; the accuracy columns are the task's (:attr:`TaskSpec.accuracy
-<vitbench.catalog.TaskSpec.accuracy>`: top-1 for cls, box and mask mAP for det/seg).
+shape of docs/measuring.md; the accuracy columns are the task's (:attr:`Task.accuracy
+<vitbench.task.Task.accuracy>`: top-1 for cls, box and mask mAP for det/seg).
 Columns that no row measured are left out (:func:`drop_unmeasured`).
 Runs that differ only by seed are one row (:mod:`vitbench.report.seeds`: accuracy as mean ±
 std with a Seeds column saying n); a timing not to be trusted, and a speed-up or efficiency
@@ -19,13 +19,13 @@ import pandas as pd
 
 from vitbench.report.doubts import MARK, row_doubts
 from vitbench.report.seeds import aggregate_over_seeds
-from vitbench.report.task_shape import accuracy_columns
-from vitbench.plan import CONTROL
+from vitbench.report.task_shape import accuracy_columns, task_spec
 from vitbench.results.store import latest_records
+from vitbench.task import CONTROL
 
 __all__ = [
     "NA", "accuracy_key", "drop_unmeasured", "gmacs_spec", "metric", "comparison_table", "group_records", "groups", "method_label",
-    "ok_rows", "pick_baseline", "pick_control", "finetunes_detector", "row_labels",
+    "ok_rows", "pick_baseline", "pick_control", "row_labels",
 ]
 
 NA = "n/a"
@@ -126,13 +126,6 @@ def pick_control(rows: Iterable[Record]) -> Record | None:
     return next((r for r in rows if r.get("status") == "ok" and r.get("method") == CONTROL), None)
 
 
-def finetunes_detector(rec: Record) -> bool:
-    """Whether ``rec`` fine-tuned detector weights (a learnable method under protocol ``all`` or
-    ``heads``, or the control): the rows compared with the control."""
-    settings = rec.get("dense_finetune")
-    return bool(rec.get("trained")) and isinstance(settings, Mapping) and settings.get("protocol") in ("all", "heads")
-
-
 def ok_rows(records: Iterable[Record], task: str, model: str) -> tuple[list[Record], Record | None]:
     """The successful runs of ``(task, model)``, one row per spec across seeds
     (:func:`~vitbench.report.seeds.aggregate_over_seeds`), the reference baseline first, and
@@ -169,6 +162,7 @@ def comparison_table(records: Iterable[Record], task: str, model: str) -> pd.Dat
     tp_col = f"Throughput (img/s, bs={next(iter(batches))})" if one_bs else "Throughput (img/s)"
 
     control = pick_control(rows)  # tasks with a control row (det/seg) only
+    spec = task_spec(task)
     b_gmacs, b_tp = metric(base, "gmacs"), metric(base, "throughput_img_s")
     several_seeds = any(int(r.get("n_seeds") or 1) > 1 for r in rows)
     table: list[dict[str, str]] = []
@@ -184,7 +178,8 @@ def comparison_table(records: Iterable[Record], task: str, model: str) -> pd.Dat
             v, b = metric(rec, col.key), metric(base, col.key)  # means over seeds; the delta of the means
             row[col.title] = _spread(v, metric(rec, f"{col.key}_seed_std"), col.fmt)
             row[col.delta] = _fmt(v - b, "+" + col.fmt) if v is not None and b is not None else NA
-            c = metric(control, col.key) if finetunes_detector(rec) else None  # same detector training
+            compared = spec is not None and spec.compared_with_control(rec)  # trained as the control did
+            c = metric(control, col.key) if compared else None
             row[f"{col.delta} vs +ft"] = _fmt(v - c, "+" + col.fmt) if v is not None and c is not None else NA
 
         gm = metric(rec, "gmacs")

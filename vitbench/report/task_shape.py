@@ -1,5 +1,5 @@
 """What the reports show of a task: its accuracy columns and whose GMACs its budgets are matched
-on, as the task's :class:`~vitbench.catalog.TaskSpec` declares them (``accuracy``, ``counts``).
+on, as the task's :class:`~vitbench.task.Task` declares them (``accuracy``, ``counts``).
 
 A store may hold runs of a task whose plugin is not installed here: such a task is reported with
 the model's GMACs and without accuracy columns (its records are still shown, cell by cell).
@@ -8,16 +8,16 @@ from __future__ import annotations
 
 from typing import Optional
 
-from vitbench.catalog import ReportColumn, TaskSpec
+from vitbench.catalog import ReportColumn
+from vitbench.task import Task
 
 __all__ = ["accuracy_column", "accuracy_columns", "compute_key", "compute_name", "task_spec"]
 
-#: the accuracy "column" of a task no installed plugin registers: a field no record holds, so
-#: every accuracy cell is n/a and the column is left out
+#: the accuracy column of an unregistered task: no record holds it, so the column is left out
 _UNKNOWN = (ReportColumn("accuracy", "Accuracy", "ΔAccuracy"),)
 
 
-def task_spec(task: str) -> Optional[TaskSpec]:
+def task_spec(task: str) -> Optional[Task]:
     """The registered task ``task``, or ``None`` when no loaded plugin registers it."""
     from vitbench.plugins import get_host
 

@@ -5,13 +5,20 @@ import pytest
 import torch
 
 import vitbench
-from vitbench.engine import AttnInfo, TokenState, reduction_context
+from vitbench.engine import AttnInfo, Reducer, TokenState, reduction_context
 from vitbench.errors import ParamError
 from vitbench_example_plugin import RandomDropReducer
 
 
 def test_random_drop_conforms(vitbench_check_method):
     vitbench_check_method("random-drop")
+
+
+def test_random_drop_builds_reducers_of_the_contract(vitbench_tiny_vit):
+    model = vitbench.apply(vitbench_tiny_vit(), "random-drop")
+    reducers = [block.reducer for block in model.blocks]
+    assert [i for i, r in enumerate(reducers) if r is not None] == [3, 6, 9]
+    assert all(isinstance(reducers[i], Reducer) for i in (3, 6, 9))
 
 
 def test_random_drop_keeps_the_declared_token_counts(vitbench_tiny_vit):

@@ -16,11 +16,12 @@ from torch import nn
 import vitbench
 from vitbench import distributed
 from vitbench.cli.main import build_parser
+from vitbench.cli.run_cmd import run_options
 from vitbench.engine import reduction_context
 from vitbench.errors import VitbenchError
+from vitbench.plugins import get_host
 from vitbench.tasks.det.detectors import build_detector
 from vitbench.tasks.det.run import load_detector_weights
-from vitbench.tasks.det.task import dense_setup
 from vitbench.tasks.det.train import DetMethodTrainer, _image_batches, _loader, rank_share
 
 LTM = {"ratio": 0.5, "epochs": 1, "batch_size": 2, "stats_images": 4}  # with its IB loss: an extra loss term
@@ -170,7 +171,7 @@ def test_ranks_holding_different_weights_are_named(monkeypatch):
 def test_learnable_methods_are_accepted_under_a_launcher(shapes_root, task, methods):
     args = build_parser().parse_args(["run", "--task", task, "--methods", methods, "--data", str(shapes_root),
                                       "--launcher", "pytorch"])
-    setup = dense_setup(args, methods.split(","))
+    setup = get_host().task(task).setup(run_options(args, task))
     assert setup.plan["control"] is True  # the baseline+ft control row comes with them
 
 

@@ -15,12 +15,13 @@ import torch
 from vitbench import distributed
 from vitbench.catalog import TaskSetup, WorkspaceRequest
 from vitbench.cli.main import build_parser
+from vitbench.cli.run_cmd import run_options
 from vitbench.errors import VitbenchError
 from vitbench.plan import build_plan
+from vitbench.plugins import get_host
 from vitbench.tasks.det import run as det_run
 from vitbench.tasks.det.evaluate import coco_metric
 from vitbench.tasks.det.run import DenseWorkspace, run_dense_spec, trained_weights
-from vitbench.tasks.det.task import dense_workspace
 
 
 def _fake_training(calls: list[int]):  # type: ignore[no-untyped-def]
@@ -132,10 +133,10 @@ def test_the_workspace_trains_nothing_and_a_resume_with_nothing_left_trains_noth
         task="det", model="mobilevit_xs", methods=["tome"], data=str(shapes_root), overrides={},
         metrics=("accuracy",), batch_size=2, device="cpu", seed=seed)]
     out = tmp_path / "out"
-    request = WorkspaceRequest(args=args, setup=TaskSetup(model="mobilevit_xs", data=str(shapes_root),
+    request = WorkspaceRequest(options=run_options(args, "det"), setup=TaskSetup(model="mobilevit_xs", data=str(shapes_root),
                                                           metrics=("accuracy",)),
                                plan=plan, out=out, resume=True, note=lambda s: None)
-    ws = dense_workspace(request)
+    ws = get_host().task("det").workspace(request)
     assert calls == [] and not ws._weights
     store = ResultStore(out)
     for spec in plan:  # every run finished before
@@ -155,9 +156,9 @@ def test_ranks_other_than_0_only_evaluate(backbone_factory, det_data, tmp_path, 
                                      overrides={"tome": {"r": 2}}, metrics=("accuracy", "gmacs", "params", "latency"),
                                      batch_size=2, device="cpu", seed=0) if s.method == "tome"]
     ws = _workspace(backbone_factory, det_data, tmp_path, latency_repeats=1, gmacs_images=2)
-    main = run_dense_spec(spec, ws, None, lambda s: None)
+    main = run_dense_spec(spec, ws, lambda s: None)
     monkeypatch.setattr(distributed, "is_main", lambda: False)
-    other = run_dense_spec(spec, ws, None, lambda s: None)
+    other = run_dense_spec(spec, ws, lambda s: None)
     assert {"gmacs", "backbone_gmacs", "params_m", "latency_ms"} <= main.keys()
     assert not {"gmacs", "backbone_gmacs", "params_m", "latency_ms"} & other.keys()
     fields = ("box_map", "box_ap50", "box_ap75", "num_images")

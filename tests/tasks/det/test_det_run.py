@@ -169,7 +169,7 @@ def test_run_dense_spec_records(backbone_factory, det_data, tmp_path):
                     throughput_repeats=1, latency_repeats=1, verbose_training=False)
     said: list[str] = []
     assert [s.method for s in plan] == ["baseline", "baseline+ft", "tome", "ltm"]
-    base, control, tome, ltm = (run_dense_spec(spec, ws, None, said.append) for spec in plan)
+    base, control, tome, ltm = (run_dense_spec(spec, ws, said.append) for spec in plan)
     assert any("training the det detector" in s for s in said)
     assert any("fine-tuning the baseline detector without a method" in s for s in said)
     for record in (base, control, tome, ltm):

@@ -19,7 +19,7 @@ from vitbench.data.fashion_mnist import CLASSES as FMNIST_CLASSES
 from vitbench.data.fashion_mnist import fashion_mnist_files
 from vitbench.data.image_folder import eval_pipeline, find_split
 from vitbench.errors import DataError
-from vitbench.tasks.cls.models import input_config
+from vitbench.data.input_config import input_config
 
 FASHION_MNIST = "fashion-mnist"
 _FMNIST_ALIASES = {FASHION_MNIST, "fashion_mnist", "fmnist"}

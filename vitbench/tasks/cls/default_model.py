@@ -29,25 +29,21 @@ import numpy as np
 import torch
 from timm.models.vision_transformer import VisionTransformer
 
+from vitbench.cache import ENV_CACHE, cache_dir
 from vitbench.data.fashion_mnist import CLASSES, load_fashion_mnist, pad_images
-from vitbench.tasks.cls.models import DEFAULT_MODEL_NAME
+from vitbench.tasks.cls import DEFAULT_MODEL
 
-NAME = DEFAULT_MODEL_NAME
+NAME = DEFAULT_MODEL
 NUM_CLASSES = 10
 IMG_SIZE = 32
-#: timm ``VisionTransformer`` kwargs. Width 64 / 4 heads keeps a 12-block model trainable in
-#: a few minutes on a 2-core CPU; ``global_pool="token"`` keeps the class token (ViT/DeiT-like).
+#: timm ``VisionTransformer`` kwargs (docs/architecture.md, "Embedded defaults", says why)
 ARCH: dict[str, Any] = {"img_size": IMG_SIZE, "patch_size": 4, "in_chans": 1,
                         "num_classes": NUM_CLASSES, "embed_dim": 64, "depth": 12, "num_heads": 4,
                         "mlp_ratio": 2.0, "global_pool": "token", "class_token": True}
-#: Mean/std of the padded (32x32) Fashion-MNIST training images in 0-1 scale
-#: (``fashion_mnist_stats()``; a test checks these constants against the data).
+#: mean/std of the padded training images in 0-1 scale (a test checks them against the data)
 MEAN: tuple[float] = (0.2190,)
 STD: tuple[float] = (0.3318,)
-#: Training defaults (the cache key includes them): one pass over the 60k training images fits
-#: the 5-minute budget on a 2-core CPU (~350 img/s) and reaches ~81% top-1. Smaller batches
-#: matter more than epochs here: with batch 128 this 12-block, 64-wide ViT stays on a plateau
-#: for longer and ends one epoch at ~75%.
+#: training defaults, part of the cache key (docs/architecture.md, "Embedded defaults")
 EPOCHS = 1
 MAX_TRAIN_IMAGES: int | None = None
 BATCH_SIZE = 64
@@ -57,16 +53,6 @@ SEED = 0
 WARMUP_FRACTION = 0.05
 #: Bump when the cache format (files or metadata layout) changes.
 CACHE_FORMAT = 1
-
-ENV_CACHE = "VITBENCH_CACHE"
-
-
-def cache_dir(path: str | Path | None = None) -> Path:
-    """Where cached models live: ``path``, else ``$VITBENCH_CACHE``, else ``~/.cache/vitbench``."""
-    if path is not None:
-        return Path(path).expanduser()
-    env = os.environ.get(ENV_CACHE)
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "vitbench"
 
 
 def fashion_mnist_stats(data_dir: str | Path | None = None) -> tuple[float, float]:
@@ -214,7 +200,7 @@ def train_default_model(*, epochs: int = EPOCHS, max_train_images: int | None = 
     if verbose:
         n = 60000 if max_train_images is None else min(max_train_images, 60000)
         print(f"vitbench: training the default model {NAME} on {n} Fashion-MNIST images, "
-              f"{epochs} epoch(s) (about 4 minutes on 2 CPU cores for the default); this happens "
+              f"{epochs} epoch(s) (a few minutes on a laptop CPU for the default); this happens "
               f"once, the result is cached in {weights_path.parent}", file=sys.stderr, flush=True)
     saved_det = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
                  torch.backends.cudnn.benchmark)

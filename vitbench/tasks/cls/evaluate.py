@@ -3,7 +3,7 @@
 The model is wrapped by :func:`vitbench.mm.classifier.build_classifier` (its own head, its own
 normalisation) and scored by mmpretrain's ``Accuracy`` (docs/measuring.md, "Accuracy").
 
-Two guards keep a broken setup from reading as a bad method (issue 9): every batch's logits
+Two guards keep a broken setup from reading as a bad method: every batch's logits
 must be finite (a NaN logit is scored as a wrong answer, and a diverged model would show a
 0.00 % row), and the model must predict exactly the data's classes (a 1000-way head scored
 against a 10-class folder's labels 0-9 also gives 0.00 %).
@@ -24,7 +24,7 @@ from torch import nn
 from vitbench.errors import DataError, ParamError
 from vitbench.guards import check_finite
 from vitbench.tasks.cls.data import ClsData, resolve_cls_data
-from vitbench.tasks.cls.models import input_config
+from vitbench.data.input_config import input_config
 
 __all__ = ["ClsData", "evaluate_cls", "resolve_cls_data"]
 

@@ -1,4 +1,4 @@
-"""A new classifier head for the data's classes, fitted by a linear probe (issue 9).
+"""A new classifier head for the data's classes, fitted by a linear probe.
 
 ``--num-classes N`` on a model whose head predicts other classes (an ImageNet model, a
 10-class folder) gives it a new, randomly initialised N-way head. Scored as it is, that head
@@ -152,7 +152,7 @@ def fitted_head(model: nn.Module, data: Any, out_dir: Path, *, model_name: str, 
     """Fit ``model``'s new head on ``data``'s training split (a
     :class:`~vitbench.tasks.cls.data.ClsData`; ``limit``: its first N images), in place, or load
     the fit a previous command saved under ``out_dir`` for the same backbone weights and data."""
-    from vitbench.tasks.cls.batches import cls_batches, data_preprocessor
+    from vitbench.train.batches import cls_batches, data_preprocessor
     from vitbench.train.checkpoint import save_trained
 
     n = len(data.classes)

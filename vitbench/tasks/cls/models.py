@@ -1,4 +1,4 @@
-"""Loading classification backbones: timm models by name, checkpoints, and their input config.
+"""Loading classification backbones: timm models by name, and checkpoints.
 
 Every failure a user can cause (a misspelt name, a corrupt or mismatched checkpoint, weights
 that cannot be downloaded offline) becomes one :mod:`vitbench.errors` error naming the bad
@@ -6,115 +6,27 @@ value and what to do instead.
 """
 from __future__ import annotations
 
-import difflib
 import pickle
-import re
 import zipfile
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import timm
 import torch
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import nn
 
-from vitbench.errors import CheckpointError, ParamError, UnknownNameError
+from vitbench.errors import CheckpointError, ParamError
 from vitbench.mm.compat import apply_compat
 from vitbench.mm.registry import MODELS
-
-#: The embedded default model's name (see :mod:`vitbench.tasks.cls.default_model`).
-DEFAULT_MODEL_NAME = "vitbench-fmnist-vit"
+from vitbench.tasks.cls import DEFAULT_MODEL as DEFAULT_MODEL_NAME
+from vitbench.tasks.model_names import unknown_model
 
 # Prefixes that wrappers put before the timm model's own keys, longest first: mmengine
 # checkpoints of vitbench's classifier, DDP/EMA wrappers, plain ``model.`` wrappers.
 _PREFIXES = ("backbone.model.", "module.", "model.")
 # Top-level keys under which training frameworks nest the state dict (mmengine, timm, DeiT).
 _NESTED_KEYS = ("state_dict", "model", "state_dict_ema", "model_ema")
-
-
-@dataclass(frozen=True)
-class InputConfig:
-    """What a model expects as input: channels, size, eval resize ratio and normalisation.
-
-    ``mean``/``std`` are in timm's 0-1 scale with one value per input channel;
-    ``crop_pct`` is timm's eval ratio (resize the short side to ``size / crop_pct``, then
-    centre-crop ``size``).
-    """
-
-    in_chans: int
-    input_size: tuple[int, int]
-    crop_pct: float
-    interpolation: str
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-
-
-def _in_chans(model: nn.Module) -> int:
-    """Input channels: the first convolution's (the patch embedding or stem of timm models)."""
-    for module in model.modules():
-        if isinstance(module, nn.Conv2d):
-            return int(module.in_channels)
-    return 3
-
-
-def _per_channel(values: tuple[float, ...], in_chans: int) -> tuple[float, ...]:
-    """Fit RGB stats to a grey model (their mean) or grey stats to an RGB model (repeated).
-
-    Without this a 3-value mean broadcasts a 1-channel batch to 3 channels without an error.
-    """
-    if len(values) == in_chans:
-        return values
-    if in_chans == 1:
-        return (sum(values) / len(values),)
-    if len(values) == 1:
-        return values * in_chans
-    raise ParamError(f"model has {in_chans} input channels but its mean/std have {len(values)} values")
-
-
-def input_config(model: nn.Module) -> InputConfig:
-    """The model's :class:`InputConfig`, from its timm ``pretrained_cfg`` and its modules.
-
-    The image size comes from the patch embedding when there is one, because a timm model
-    built with another ``img_size`` keeps its original ``pretrained_cfg``.
-    """
-    cfg: Mapping = getattr(model, "pretrained_cfg", None) or getattr(model, "default_cfg", None) or {}
-    in_chans = _in_chans(model)
-    size = tuple(cfg.get("input_size", (in_chans, 224, 224))[-2:])
-    patch_embed = getattr(model, "patch_embed", None)
-    img_size = getattr(patch_embed, "img_size", None)
-    if img_size is not None:
-        size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
-    interpolation = cfg.get("interpolation") or "bicubic"
-    if interpolation not in ("nearest", "bilinear", "bicubic", "lanczos", "box", "hamming"):
-        interpolation = "bicubic"  # timm's "random" etc. only mean something in training
-    return InputConfig(
-        in_chans=in_chans,
-        input_size=(int(size[0]), int(size[1])),
-        crop_pct=float(cfg.get("crop_pct") or 0.875),
-        interpolation=interpolation,
-        mean=_per_channel(tuple(float(v) for v in cfg.get("mean", IMAGENET_DEFAULT_MEAN)), in_chans),
-        std=_per_channel(tuple(float(v) for v in cfg.get("std", IMAGENET_DEFAULT_STD)), in_chans),
-    )
-
-
-def suggest_models(name: str, limit: int = 8) -> list[str]:
-    """timm model names close to ``name``: wildcard matches of its parts, then difflib's."""
-    all_names = timm.list_models()
-    parts = [p for p in re.split(r"[_\-.\s]+", name.lower()) if p]
-    found: list[str] = []
-    if parts:
-        found += timm.list_models("*" + "*".join(parts) + "*")[:limit]
-    found += difflib.get_close_matches(name.lower(), all_names, n=limit, cutoff=0.6)
-    return list(dict.fromkeys(found))[:limit]
-
-
-def _unknown_model(name: str) -> UnknownNameError:
-    close = suggest_models(name)
-    hint = f"close timm models: {', '.join(close)}" if close else "no timm model name is close"
-    return UnknownNameError(f"unknown model {name!r}; {hint} (or {DEFAULT_MODEL_NAME!r}, the "
-                            "embedded default; all names: timm.list_models())")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -238,7 +150,7 @@ def load_model(name: str, *, pretrained: bool = False, checkpoint: str | Path | 
         model: nn.Module = load_default_model()[0]
     else:
         if not timm.is_model(name):
-            raise _unknown_model(name)
+            raise unknown_model(name, DEFAULT_MODEL_NAME)
         kwargs: dict[str, Any] = {} if num_classes is None else {"num_classes": num_classes}
         try:
             with torch.random.fork_rng():  # seeded random init; the caller's RNG state is untouched

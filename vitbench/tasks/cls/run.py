@@ -1,17 +1,16 @@
-"""The ``cls`` task as the executor runs it (:class:`~vitbench.catalog.TaskSpec` callables; the
-built-in plugin ``cls_task`` registers them): resolve the model and data from the command line,
+"""The ``cls`` task (:class:`ClsTask`; the built-in plugin ``cls_task`` registers it): resolve the
+model and data from the options,
 fit a new classifier head when asked, and per run spec apply the method, fine-tune a learnable
 one, evaluate top-1/top-5 with mmpretrain and measure (docs/measuring.md).
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 from torch import nn
@@ -20,22 +19,21 @@ from vitbench import measure
 from vitbench.calibrate import GmacsCounter, prepared_as_trained
 from vitbench.catalog import ReportColumn, TaskSetup, WorkspaceRequest
 from vitbench.engine import apply, reduction_context
+from vitbench.engine.apply import check_applies
 from vitbench.errors import VitbenchError
 from vitbench.measure.precision import autocast, trains_in
-from vitbench.plan import (
-    BASELINE,
-    DATA_METRICS,
-    DEFAULT_MODEL,
-    DEFAULT_MODEL_TRAIN_LIMIT,
-    METRICS,
-    RunSpec,
-    check_applies,
-    parse_list,
-)
+from vitbench.metrics import DATA_METRICS, METRICS
+from vitbench.options import parse_list
 from vitbench.plugins import get_host
+from vitbench.task import BASELINE, Task
+from vitbench.tasks.cls import DEFAULT_MODEL, DEFAULT_MODEL_TRAIN_LIMIT
 from vitbench.tasks.common import Progress, attention_kernel, input_size_of, measure_timings
 
-__all__ = ["CLS_ACCURACY", "ClsWorkspace", "cls_gmacs_counter", "cls_shared_fields", "cls_setup", "cls_workspace", "run_cls_spec"]
+if TYPE_CHECKING:  # pragma: no cover
+    from vitbench.options import RunOptions
+    from vitbench.spec import RunSpec
+
+__all__ = ["CLS_ACCURACY", "ClsTask", "ClsWorkspace", "cls_gmacs_counter", "run_cls_spec"]
 
 #: what the reports show as accuracy: top-1 (with top-5 beside it)
 CLS_ACCURACY = (ReportColumn("top1_pct", "Top-1 (%)", "ΔTop-1 (pp)", ".2f", before=(("Top-5 (%)", "top5_pct"),)),)
@@ -69,15 +67,15 @@ def _learnable(methods: Sequence[str]) -> list[str]:
     return [host.method(m).name for m in methods if host.method(m).needs_training]
 
 
-def _metrics(args: argparse.Namespace, model: str) -> tuple[str, ...]:
-    if args.metrics is not None:
-        metrics = parse_list("metric", args.metrics, METRICS)
+def _metrics(options: "RunOptions", model: str) -> tuple[str, ...]:
+    if options.metrics is not None:
+        metrics = parse_list("metric", ",".join(options.metrics), METRICS)
         needs = [m for m in metrics if m in DATA_METRICS]
-        if needs and args.data is None and model != DEFAULT_MODEL:
+        if needs and options.data is None and model != DEFAULT_MODEL:
             raise VitbenchError(f"{' and '.join(needs)} of {model!r} need --data PATH (an ImageNet-style "
                                 f"folder); or leave {', '.join(needs)} out of --metrics")
         return metrics
-    if args.data is None and model != DEFAULT_MODEL:
+    if options.data is None and model != DEFAULT_MODEL:
         without = tuple(m for m in METRICS if m not in DATA_METRICS)
         print(f"vitbench: note: no --data for {model!r}: measuring {', '.join(without)} without "
               f"{' and '.join(DATA_METRICS)}", file=sys.stderr)
@@ -85,61 +83,8 @@ def _metrics(args: argparse.Namespace, model: str) -> tuple[str, ...]:
     return METRICS
 
 
-def cls_setup(args: argparse.Namespace, methods: Sequence[str]) -> TaskSetup:
-    """The model (default: the embedded Fashion-MNIST ViT), data and metrics of ``--task cls``
-    (the dense tasks' options were refused by the CLI, :mod:`vitbench.cli.task_options`)."""
-    model_name = args.model or DEFAULT_MODEL
-    metrics = _metrics(args, model_name)
-    data: Optional[str] = args.data
-    if any(m in metrics for m in DATA_METRICS) and data is None:
-        data = "fashion-mnist"
-    train_limit = args.train_limit
-    if train_limit is None and model_name == DEFAULT_MODEL:
-        train_limit = DEFAULT_MODEL_TRAIN_LIMIT
-    learnable = _learnable(methods)
-    if learnable and data is None:
-        if model_name != DEFAULT_MODEL:
-            raise VitbenchError(f"{', '.join(learnable)} must be fine-tuned: pass --data PATH (an "
-                                f"ImageNet-style folder with a train/ split)")
-        data = "fashion-mnist"
-    return TaskSetup(model=model_name, data=data, metrics=metrics,
-                     plan={"train_backbone": args.train_backbone, "train_limit": train_limit})
-
-
-def cls_workspace(request: WorkspaceRequest) -> ClsWorkspace:
-    """Load the model (the default one is trained once and cached), check every method applies,
-    resolve the data when accuracy is measured or a method trains, fit a new head when asked."""
-    from vitbench.tasks.cls.models import load_model
-
-    args, setup, plan = request.args, request.setup, request.plan
-    request.note(f"loading model {setup.model}")
-    model = load_model(setup.model, pretrained=args.pretrained, checkpoint=args.checkpoint,
-                       num_classes=args.num_classes, seed=plan[0].seed)  # a random init from the first seed
-    check_applies(plan, model)
-    cls_data = None
-    if any(m in setup.metrics for m in DATA_METRICS) or _learnable(_names(args.methods)):
-        from vitbench.tasks.cls.data import resolve_cls_data
-
-        cls_data = resolve_cls_data(setup.data, model)  # a head of another class count is refused here
-    out = request.out
-    out.mkdir(parents=True, exist_ok=True)
-    head = None
-    if cls_data is not None and getattr(model, "vitbench_new_head", False):
-        from vitbench.tasks.cls.head import fitted_head  # --num-classes N: a new head, fitted once
-
-        head = fitted_head(model, cls_data, out / "checkpoints", model_name=setup.model,
-                           limit=setup.plan.get("train_limit"), device=args.device, progress=request.note).record()
-    return ClsWorkspace(model=model, input_size=input_size_of(model), data=cls_data, work_dir=out / "work",
-                        eval_limit=args.limit, checkpoint_dir=out / "checkpoints", resume=request.resume,
-                        head=head)
-
-
-def _names(text: str) -> list[str]:
-    return [m.strip() for m in text.split(",") if m.strip()]
-
-
 def _eval_batches(ws: ClsWorkspace, model: nn.Module, device: str, limit: Optional[int] = None):  # type: ignore[no-untyped-def]
-    from vitbench.tasks.cls.batches import cls_batches, data_preprocessor
+    from vitbench.train.batches import cls_batches, data_preprocessor
 
     n = ws.eval_limit if limit is None else (limit if ws.eval_limit is None else min(limit, ws.eval_limit))
     return cls_batches(ws.data.dataset_cfg(limit=n), data_preprocessor(model, ws.data.bgr),
@@ -163,7 +108,7 @@ def _gmacs_images(spec: RunSpec, ws: ClsWorkspace) -> torch.Tensor:
     """The images GMACs are counted on: the first evaluation images when there is data (input-
     dependent methods are averaged over real images, docs/measuring.md), else seeded noise."""
     if ws.data is not None:
-        from vitbench.tasks.cls.batches import first_images
+        from vitbench.train.batches import first_images
 
         images = first_images(_eval_batches(ws, ws.model, "cpu", ws.gmacs_images), ws.gmacs_images)
         if images is not None:
@@ -231,8 +176,7 @@ def _accuracy(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progr
     return {k: acc.get(k) for k in ("top1_pct", "top5_pct", "num_images", "num_classes")}
 
 
-def _measure(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, baseline: Optional[dict],
-             progress: Progress) -> dict[str, Any]:
+def _measure(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progress) -> dict[str, Any]:
     from vitbench.distributed import is_main
 
     if not is_main():  # --launcher pytorch: the other ranks take part in the evaluation only
@@ -264,13 +208,7 @@ def _measure(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, baseline: Option
     return out
 
 
-def cls_shared_fields(ws: ClsWorkspace) -> dict[str, Any]:
-    """What every cls record carries, a failed run's too: the head fitted once (``--num-classes``)."""
-    return {"head": ws.head} if ws.head is not None else {}
-
-
-def run_cls_spec(spec: RunSpec, ws: ClsWorkspace, baseline: Optional[dict], progress: Progress,
-                 params: dict[str, Any]) -> dict[str, Any]:
+def run_cls_spec(spec: RunSpec, ws: ClsWorkspace, params: dict[str, Any], progress: Progress) -> dict[str, Any]:
     """Everything one cls spec measures (raises on failure; the executor records it): the method
     applied with ``params``, fine-tuned when it trains, then measured."""
     out: dict[str, Any] = {}
@@ -281,5 +219,76 @@ def run_cls_spec(spec: RunSpec, ws: ClsWorkspace, baseline: Optional[dict], prog
         context = reduction_context(model)
         if context is not None and context.reduction is not None and context.reduction.train:
             out.update(_train(spec, ws, model, progress))
-    out.update(_measure(spec, ws, model.eval(), baseline, progress))
+    out.update(_measure(spec, ws, model.eval(), progress))
     return out
+
+
+class ClsTask(Task):
+    """``cls``: an mmpretrain ``ImageClassifier`` around the reduced model; top-1/top-5 accuracy."""
+
+    name = "cls"
+    description = "image classification (mmpretrain ImageClassifier): top-1/top-5 accuracy"
+    metrics = METRICS
+    accuracy = CLS_ACCURACY
+    counts = "model"
+    distributed = True
+
+    def setup(self, options: "RunOptions") -> TaskSetup:
+        """The model (default: the embedded Fashion-MNIST ViT), data and metrics."""
+        self.parse_options(options.task_options)  # it has none: another task's are refused
+        model_name = options.model or DEFAULT_MODEL
+        metrics = _metrics(options, model_name)
+        data: Optional[str] = options.data
+        if any(m in metrics for m in DATA_METRICS) and data is None:
+            data = "fashion-mnist"
+        train_limit = options.train_limit
+        if train_limit is None and model_name == DEFAULT_MODEL:
+            train_limit = DEFAULT_MODEL_TRAIN_LIMIT
+        learnable = _learnable(options.methods)
+        if learnable and data is None:
+            if model_name != DEFAULT_MODEL:
+                raise VitbenchError(f"{', '.join(learnable)} must be fine-tuned: pass --data PATH (an "
+                                    f"ImageNet-style folder with a train/ split)")
+            data = "fashion-mnist"
+        return TaskSetup(model=model_name, data=data, metrics=metrics,
+                         plan={"train_backbone": options.train_backbone, "train_limit": train_limit})
+
+    def workspace(self, request: WorkspaceRequest) -> ClsWorkspace:
+        """Load the model (the default one is trained once and cached), check every method applies,
+        resolve the data when accuracy is measured or a method trains, fit a new head when asked."""
+        from vitbench.tasks.cls.models import load_model
+
+        options, setup, plan = request.options, request.setup, request.plan
+        request.note(f"loading model {setup.model}")
+        model = load_model(setup.model, pretrained=options.pretrained, checkpoint=options.checkpoint,
+                           num_classes=options.num_classes, seed=plan[0].seed)  # a random init from the first seed
+        check_applies(plan, model)
+        cls_data = None
+        if any(m in setup.metrics for m in DATA_METRICS) or _learnable(options.methods):
+            from vitbench.tasks.cls.data import resolve_cls_data
+
+            cls_data = resolve_cls_data(setup.data, model)  # a head of another class count is refused here
+        out = request.out
+        out.mkdir(parents=True, exist_ok=True)
+        head = None
+        if cls_data is not None and getattr(model, "vitbench_new_head", False):
+            from vitbench.tasks.cls.head import fitted_head  # --num-classes N: a new head, fitted once
+
+            head = fitted_head(model, cls_data, out / "checkpoints", model_name=setup.model,
+                               limit=setup.plan.get("train_limit"), device=options.device,
+                               progress=request.note).record()
+        return ClsWorkspace(model=model, input_size=input_size_of(model), data=cls_data, work_dir=out / "work",
+                            eval_limit=options.limit, checkpoint_dir=out / "checkpoints", resume=request.resume,
+                            head=head)
+
+    def run(self, spec: RunSpec, ws: ClsWorkspace, params: dict[str, Any], progress: Progress) -> dict[str, Any]:
+        """:func:`run_cls_spec`."""
+        return run_cls_spec(spec, ws, params, progress)
+
+    def gmacs_counter(self, spec: RunSpec, ws: ClsWorkspace, progress: Progress) -> GmacsCounter:
+        """:func:`cls_gmacs_counter`."""
+        return cls_gmacs_counter(spec, ws, progress)
+
+    def shared_fields(self, ws: ClsWorkspace) -> dict[str, Any]:
+        """What every cls record carries, a failed run's too: the head fitted once (``--num-classes``)."""
+        return {"head": ws.head} if ws.head is not None else {}

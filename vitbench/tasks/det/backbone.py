@@ -1,22 +1,13 @@
 """The backbone wrapper of the ``det``/``seg`` detectors: multi-scale maps from a (reduced) timm
-model (docs/architecture.md, "Tasks"; issue 4).
+model (docs/architecture.md, "Tasks").
 
-- **Hybrids and Swin** (MobileViT, EfficientViT, Swin, any timm model with ``feature_info``):
-  the maps come from the model's own stages (Swin's, channels-last, are permuted to ``[B, C, H, W]``). The wrapper runs ``model.forward_features`` -- the very forward
-  a method patched, so every reducer and its hooks run as in classification -- and takes the
-  output of the last module at each requested stride from forward hooks. A method that shrinks
-  the maps (LTM merging to an ``H' x W'`` grid, docs/methods.md §5) gives smaller maps; the detector's
-  anchors and FPN levels sit at fixed strides, so such a map is resized (bilinear) back to its
-  nominal ``ceil(size / stride)`` -- a choice, documented in the README: the backbone's MACs are
-  saved, the detector head keeps its geometry.
-- **Plain ViT/DeiT**: one stride-16 token map. A reduced model's tokens are first put back on
-  the full grid by :func:`vitbench.engine.unmerge.unmerge` (docs/methods.md §0, "Unmerge"; source
-  tracing is switched on here), then a *simple feature pyramid* (Li et al., ViTDet, ECCV 2022,
-  §3) makes the other strides: transposed convolutions up (stride 8, 4), max-pool down (32).
-
-The wrapper's own layers (the pyramid) are detector layers: they train with the detector. The
-timm model's weights are never re-initialised by ``init_weights``.
-"""
+Hybrids and Swin: the maps come from the model's own stages, taken by forward hooks on the very
+``forward_features`` a method patched; a map a method shrank (LTM's grid merge) is resized
+(bilinear) back to its nominal stride, so the backbone keeps its savings and the detector its
+anchors. Plain ViT/DeiT: the tokens are unmerged to the full grid
+(:func:`vitbench.engine.unmerge.unmerge`) and a simple feature pyramid (ViTDet, Li et al., ECCV
+2022, §3) makes strides 4, 8 and 32 from the stride-16 map. The pyramid trains with the
+detector; the timm weights are never re-initialised."""
 from __future__ import annotations
 
 import math

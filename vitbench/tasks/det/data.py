@@ -1,4 +1,4 @@
-"""Which COCO-format data the ``det``/``seg`` tasks train and evaluate on (issue 4).
+"""Which COCO-format data the ``det``/``seg`` tasks train and evaluate on.
 
 ``--data ROOT`` is a COCO root (``annotations/instances_{train,val}2017.json`` and the
 ``train2017``/``val2017`` image folders, checked by :func:`vitbench.data.shapes_coco.find_coco`);

@@ -1,5 +1,5 @@
 """Box (and mask) mAP of a detector, measured by the mmengine Runner's test loop with mmdet's
-``CocoMetric`` (docs/measuring.md, "Accuracy": mAP from mmdet's CocoMetric; issue 4).
+``CocoMetric`` (docs/measuring.md, "Accuracy and mAP").
 
 Under ``--launcher pytorch|slurm`` (a process group of more than one rank) every rank runs the
 same call: mmengine's ``DefaultSampler`` gives each rank its part of the validation images and
@@ -7,7 +7,7 @@ the ``Evaluator`` gathers the per-image predictions on rank 0 (in the spec's wor
 :func:`vitbench.distributed.collect_in`), which scores them once with ``CocoMetric`` and
 broadcasts the metrics, so every rank returns what a single process would.
 
-Guarded (issue 9): NaN features drop every box at NMS's score threshold and read as an mAP
+Guarded: NaN features drop every box at NMS's score threshold and read as an mAP
 near 0 with no sign of why, so the outputs of the backbone, neck and heads and the final
 predictions must be finite in every batch, and so must the metrics. Under a launcher a rank
 whose shard trips a guard stops, and every rank raises the same error naming it (``... in batch

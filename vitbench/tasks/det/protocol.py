@@ -1,32 +1,12 @@
 """The dense fine-tuning protocol: what trains while a learnable method is fine-tuned inside a
-trained detector (issue 9, item 3).
+trained detector (docs/measuring.md, "Accuracy and mAP").
 
-A reducing backbone changes the maps the detector's neck and heads see (LTM on MobileViT
-merges each sequence's tokens to a smaller grid, docs/methods.md §5: the later conv stages run
-on smaller maps). The papers therefore fine-tune the *whole detector* with the reducing
-backbone (IBTM/LTM and DCS on MobileViT/EfficientViT detectors, as their classifiers are
-fine-tuned end to end), not the method's parameters alone. The protocols:
-
-- ``all`` (the default, the papers' setup): the method's parameters and every detector weight
-  -- backbone, neck, heads -- train jointly; BatchNorm statistics are *updated*, as in the
-  baseline detector's default training (every layer is being trained, so its statistics
-  follow the new maps).
-- ``heads``: the method's parameters, the neck and the heads (and the backbone wrapper's own
-  layers: a plain ViT's simple pyramid); the timm backbone's weights *and* BatchNorm
-  statistics stay bitwise equal to the baseline's (frozen: the backbone is shared with the
-  baseline row), the neck's and heads' statistics are updated.
-- ``method``: only the method's parameters; every detector weight and every BatchNorm
-  statistic stays frozen (the classification protocol; what vitbench did before issue 9).
-
-When detector weights train (``all``, ``heads``), the method's *last* training stage runs for
-at least :data:`DENSE_EPOCHS` epochs (the detector needs more than one epoch to follow a
-changed backbone), and detector weights get their own learning rate :data:`DETECTOR_LR`
-(AdamW-style steps of the method's optimiser; the method's parameters keep the method's own
-learning rate -- LTM's mask logits move at 0.3, which would wreck a convolution). Earlier
-stages (DCS's search) train the same parameter set at their own epochs. Both numbers were
-set for a CPU budget: the whole det run stays within about 15 minutes once the baseline
-detector is cached (8 epochs = 200 iterations on the embedded set's 200 images).
-"""
+A reducing backbone changes the maps the detector's neck and heads see, so the papers fine-tune
+the whole detector with it. ``all`` (the default): the method's parameters and every detector
+weight train, BatchNorm statistics updated. ``heads``: the method, the neck and the heads; the
+backbone's weights and statistics stay bitwise the baseline's. ``method``: only the method's
+parameters; everything else frozen. When detector weights train, the method's last stage runs
+at least :data:`DENSE_EPOCHS` epochs and detector weights train at :data:`DETECTOR_LR`."""
 from __future__ import annotations
 
 import dataclasses
@@ -34,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
 from vitbench.errors import choices_error
-from vitbench.plan import CONTROL  # the control row: here the baseline detector fine-tuned as a method's is
+from vitbench.task import CONTROL  # the control row: here the baseline detector fine-tuned as a method's is
 
 if TYPE_CHECKING:  # the report reads this module's words without importing torch
     from torch import nn
@@ -45,19 +25,13 @@ __all__ = ["CONTROL", "DEFAULT_PROTOCOL", "DENSE_EPOCHS", "DETECTOR_LR", "PROTOC
 #: what trains besides the method: everything, neck + heads, nothing
 PROTOCOLS = ("all", "heads", "method")
 DEFAULT_PROTOCOL = "all"
-#: epochs of the method's last stage when detector weights train (at least; ``METHOD.epochs``
-#: above it wins): as many as the baseline detector's default training (det 8, seg 4). Measured
-#: (``vitbench run --methods ltm --task det --model mobilevit_xs``, embedded set, detector
-#: cached, 2-core CPU): LTM box mAP 0.262 after 3 epochs (75 iterations), 0.387 after 8
-#: (``--param ltm.epochs=8``, 200 iterations, 11 min wall), baseline 0.443
+#: the fewest epochs of the method's last stage when detector weights train (the baseline's own)
 DENSE_EPOCHS = {"det": 8, "seg": 4}
-#: the detector weights' learning rate during the dense fine-tuning (cosine to 1%, as the
-#: method's schedule): half the default training's 2e-3 -- the maps change a lot (the frozen
-#: detector lost most of its mAP under LTM), and the fine-tuning must move it back
+#: the detector weights' learning rate in the dense fine-tuning (half the default training's)
 DETECTOR_LR = 1e-3
 #: the name prefix of detector weights in the optimiser's parameter dict (its lr group key)
 DETECTOR_PREFIX = "detector."
-#: BatchNorm statistics per protocol (see the module docstring)
+#: BatchNorm statistics per protocol
 BN_STATS = {"all": "updated", "heads": "frozen in the backbone, updated in the neck and heads",
             "method": "frozen"}
 

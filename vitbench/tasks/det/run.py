@@ -1,27 +1,13 @@
 """One ``det``/``seg`` run spec: reduce the backbone, put it in the trained detector, fine-tune a
-learnable method on the detection loss, measure (issue 4; docs/measuring.md).
+learnable method on the detection loss, measure (docs/measuring.md).
 
-The protocol mirrors ``cls``: the *baseline detector* is trained once (:func:`trained_weights`,
-cached on disk) and every method is applied to its backbone -- training-free methods are
-evaluated as they are, learnable ones are fine-tuned first on the detection loss with the
-detector weights of the dense fine-tuning protocol (:mod:`vitbench.tasks.det.protocol`; by
-default the whole detector, as the papers do). Measured per run:
-box (and mask) mAP/AP50/AP75 with CocoMetric; GMACs of the whole detector and of the backbone
-alone at the detector's input size, on the first validation images; parameters; throughput,
-latency and peak memory of the detector's tensor forward (backbone, neck and heads; without
-the NMS post-processing, which is the same for every method).
-
-Under ``--launcher pytorch|slurm`` the baseline detector is loaded or trained by the first run
-that needs it, as in one process, but by every rank together: the ranks agree to load the cache
-only when every rank finds it, else they train the detector with DDP
-(:func:`~vitbench.tasks.det.train.train_detector`; rank 0 writes the cache). A detector trained
-on N > 1 ranks is cached under its own key, apart from the single-process one
-(:meth:`DenseWorkspace.weights_key`). A learnable method's detector (and the control's) is
-fine-tuned by every rank together with DDP too (:mod:`vitbench.tasks.det.train`); every rank
-takes part in the mAP evaluation (sharded and collected, :mod:`vitbench.tasks.det.evaluate`) and
-rank 0 alone counts GMACs and parameters and times the detector, as ``cls`` does
-(:mod:`vitbench.distributed`).
-"""
+As in ``cls``, the baseline detector is trained once (:func:`trained_weights`, cached) and
+every method is applied to its backbone; learnable methods fine-tune under the dense
+fine-tuning protocol (:mod:`vitbench.tasks.det.protocol`). Measured: box (and mask)
+mAP/AP50/AP75 with CocoMetric; GMACs of the whole detector and of the backbone alone;
+parameters; throughput, latency and peak memory of the detector's tensor forward (no NMS).
+Under a launcher every rank trains and evaluates together; a detector trained on N ranks is
+cached under its own key (:meth:`DenseWorkspace.weights_key`); rank 0 alone counts and times."""
 from __future__ import annotations
 
 import copy
@@ -256,14 +242,14 @@ def dense_gmacs_counter(ws: DenseWorkspace, seed: int, progress: Progress) -> An
     return GmacsCounter(count)
 
 
-def run_dense_spec(spec: Any, ws: DenseWorkspace, baseline: Optional[dict], progress: Progress,
+def run_dense_spec(spec: Any, ws: DenseWorkspace, progress: Progress,
                    params: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """Everything one det/seg spec measures (raises on failure; the executor records it).
     ``params``: the method's parameters when they differ from the spec's (a matched knob).
     Under a launcher every rank builds the detector, fine-tunes it with the others (DDP, a
     learnable method or the control) and takes part in the mAP evaluation (a collective); rank 0
     alone counts and times it (:func:`_measure`)."""
-    from vitbench.plan import CONTROL, REFERENCES
+    from vitbench.task import CONTROL, REFERENCES
     from vitbench.tasks.det.protocol import DEFAULT_PROTOCOL, dense_finetune_for
     from vitbench.tasks.det.train import finetune_control, finetune_method
 
@@ -347,10 +333,10 @@ def check_model_name(name: str) -> None:
     """A clear error for a name timm does not know (with the closest names)."""
     import timm
 
-    from vitbench.tasks.cls.models import _unknown_model
+    from vitbench.tasks.model_names import unknown_model
 
     if not timm.is_model(name):
-        raise _unknown_model(name)
+        raise unknown_model(name)
 
 
 def load_backbone(name: str, num_classes: int, input_size: int, *, pretrained: bool = False,

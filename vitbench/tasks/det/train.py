@@ -1,39 +1,14 @@
-"""Training for the dense tasks on the mmengine ``Runner`` (issue 4).
+"""Training for the dense tasks on the mmengine ``Runner`` (docs/measuring.md, "Accuracy and mAP").
 
-- :func:`train_detector`: the *default training* -- the whole detector (backbone, neck, heads)
-  trains on the training split with AdamW and a cosine schedule. This is the baseline every
-  method is applied to, as the fine-tuned classifier is in ``cls``: vitbench trains it once per
-  (task, model, data, schedule, seed; number of ranks under a launcher) and caches the weights.
-- :func:`finetune_control`: the *control* -- the baseline detector fine-tuned with the detector
-  weights, epochs, learning rate, optimiser and batch size a learnable method's detector gets
-  under the same protocol, with no method: what a fine-tuned method's mAP is compared with, so
-  that the extra detector training is not credited to the method.
-- :func:`finetune_method`: a learnable method's stages (:class:`~vitbench.catalog.TrainStage`)
-  on the detection loss instead of cross-entropy. The same rules as the cls loop
-  (:mod:`vitbench.train.finetune`) -- arch/weight alternation, the stage's callbacks -- with
-  the detector weights the dense fine-tuning protocol names (:mod:`vitbench.tasks.det.protocol`:
-  ``all``, ``heads`` or ``method``) training beside the method's parameters. What a method that needs
-  image labels (LTM's IB step, DCS's IB bound) gets as the label of a detection image: the
-  class of its largest object (a documented choice: the IB terms are defined for image
-  classes, docs/methods.md §6, and the largest object is what the image is "of").
-
-Under ``--launcher pytorch|slurm`` (a process group of more than one rank) all three train with
-DDP as the cls loop does: mmengine's Runner wraps the trainer -- :class:`DetMethodTrainer` for
-:func:`finetune_method` and :func:`finetune_control`, :class:`DetectorTrainer` for the default
-training -- in :class:`~vitbench.train.finetune.MethodDDP`, whose ``train_step`` is the trainer's
-own with the wrapper as ``forward=`` (the detection losses and the method's extra loss go through
-DDP's forward, so their backward averages the gradients); each rank trains on its
-``DefaultSampler`` shard with ``batch // world_size`` images per step (at least
-:data:`MIN_RANK_BATCH`, for the heads' BatchNorm; :func:`rank_share`); the loss guard is
-collective; after each stage (and after the default training) every buffer (BatchNorm statistics
-included) is rank 0's and every rank is checked to hold the same weights. BatchNorm layers that
-train normalise each rank's own images and update their running statistics from them (SyncBN is
-CUDA-only and not used), and mmdet normalises some loss terms by each rank's own positive
-anchors, so a distributed training lands close to one process's, not on it (README,
-``--launcher``): a baseline detector trained on N ranks is therefore cached apart from the
-single-process one (:meth:`~vitbench.tasks.det.run.DenseWorkspace.weights_key`). The stages'
-callbacks (:func:`_image_batches`) read the whole training data on every rank.
-"""
+:func:`train_detector` is the default training of the baseline detector (every weight, AdamW,
+cosine), done once and cached; :func:`finetune_control` fine-tunes that detector exactly as a
+learnable method's detector is, with no method (the ``baseline+ft`` control);
+:func:`finetune_method` runs a method's stages on the detection loss with the detector weights
+the dense fine-tuning protocol names (:mod:`vitbench.tasks.det.protocol`). A method that needs
+image labels gets the class of the image's largest object. Under a launcher all three train
+with DDP (:class:`~vitbench.train.finetune.MethodDDP`, at least :data:`MIN_RANK_BATCH` images
+per rank); afterwards every rank holds rank 0's buffers and is checked to hold the same weights
+(docs/architecture.md, "Distributed runs")."""
 from __future__ import annotations
 
 import contextlib
@@ -89,17 +64,16 @@ def _loader(dataset: dict[str, Any], batch_size: int, shuffle: bool, *, local: b
     """An mmengine dataloader config for a detection data set (no workers, mmdet's list
     collation). ``DefaultSampler`` by default (under a launcher: each rank its shard, and a seed
     agreed on by every rank when the Runner gives none -- a collective). ``local``: every index
-    in order on every rank, with no collective (:class:`~vitbench.tasks.cls.batches.LocalSampler`;
+    in order on every rank, with no collective (:class:`~vitbench.train.batches.LocalSampler`;
     no shuffle): for what one rank reads alone or every rank reads whole."""
-    from vitbench.tasks.cls.batches import loader_cfg
+    from vitbench.train.batches import loader_cfg
 
     cfg = loader_cfg(dataset, batch_size, shuffle, local=local)
     cfg["collate_fn"] = {"type": "pseudo_collate"}  # mmdet's detectors take lists of samples, not stacked tensors
     return cfg
 
 
-#: the fewest images a rank trains on per step under a launcher (the SSDLite head's BatchNorm
-#: needs more than one value per channel; :func:`train_detector` asks the same of one process)
+#: the fewest images per step and rank (the SSDLite head's BatchNorm needs more than one)
 MIN_RANK_BATCH = 2
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from vitbench.catalog import BudgetKnob, MethodSpec, ModelInfo, Reduction
-from vitbench.engine import AttnInfo, TokenState
+from vitbench.engine import AttnInfo, Reducer, TokenState
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
 
@@ -42,8 +42,9 @@ class RandomDropParams:
             raise ParamError(f"random-drop.seed={self.seed} is out of range; it must be >= 0")
 
 
-class RandomDropReducer:
-    """Keep a random ``keep`` fraction of the patch tokens of each image."""
+class RandomDropReducer(Reducer):
+    """Keep a random ``keep`` fraction of the patch tokens of each image (a token step only: the
+    other hooks of :class:`vitbench.engine.Reducer` keep their defaults)."""
 
     needs: frozenset[str] = frozenset()  # nothing from the attention: the fused kernel stays
 
@@ -91,6 +92,6 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
 
 @hookimpl
 def vitbench_register_tasks(register):  # type: ignore[no-untyped-def]
-    from vitbench_example_plugin.agreement import TASK  # the task's module: what a task plugin holds
+    from vitbench_example_plugin.agreement import AgreementTask  # the task's module: what a task plugin holds
 
-    register(TASK)
+    register(AgreementTask())

@@ -1,0 +1,51 @@
+"""Spec ids key the result store, so they never change: a task's own spec fields
+(``RunSpec.task_fields``, det's ``dense_finetune``) hash as the top-level keys they were when they
+were ``RunSpec`` fields, and only when set. The ids below were computed before the task fields
+existed."""
+from __future__ import annotations
+
+import pytest
+
+from vitbench.plan import CONTROL, RunSpec, build_plan
+
+DET = dict(task="det", model="mobilevit_xs", data="shapes-coco", metrics=("accuracy",), batch_size=2, device="cpu",
+           seed=0)
+
+
+@pytest.mark.parametrize("spec, spec_id", [
+    (RunSpec(method="baseline", params_json="{}", **DET), "deeb830f06fe5a99"),
+    (RunSpec(method=CONTROL, params_json="{}", **DET, task_fields=(("dense_finetune", "heads"),)),
+     "33a2fcfc4bbe2037"),
+    (RunSpec(method="ltm", params_json='{"a": 1}', **DET, task_fields=(("dense_finetune", "heads"),)),
+     "f67848827e161504"),
+    (RunSpec(method="ltm", params_json='{"a": 1}', **DET, task_fields=(("dense_finetune", "all"),), train_limit=7,
+             match_gmacs=0.5), "62e79120ea26b2a2"),
+    (RunSpec(method="tome", params_json='{"r": 4}', **DET), "3e4a5e5f7b0a017b"),
+    (RunSpec(method="ltm", params_json="{}", task="cls", model="test_vit", data=None, metrics=("gmacs",), batch_size=2,
+             device="cpu", seed=1, train_backbone=True, train_limit=5), "9f779551b2a544aa"),
+])
+def test_spec_ids_are_those_of_earlier_stores(spec, spec_id):
+    assert spec.spec_id == spec_id
+
+
+def test_a_plans_task_fields_give_the_same_ids_as_before():
+    """build_plan with det's ``dense_finetune`` (and without it): the ids the plan gave before."""
+    base, control, tome, ltm = build_plan(task="det", model="mobilevit_xs", methods=["tome", "ltm"],
+                                          data="shapes-coco", overrides={}, metrics=("accuracy",), batch_size=2,
+                                          device="cpu", seed=0, dense_finetune="heads")
+    assert [s.spec_id for s in (base, control, tome, ltm)] == ["deeb830f06fe5a99", "33a2fcfc4bbe2037",
+                                                               "a2cd22b0ac9b5e67", "1eccfe419d73cd1c"]
+    assert ltm.task_fields == (("dense_finetune", "heads"),) and ltm.dense_finetune == "heads"
+    assert base.task_fields == () and base.dense_finetune is None
+    plain = build_plan(task="det", model="mobilevit_xs", methods=["tome", "ltm"], data="shapes-coco", overrides={},
+                       metrics=("accuracy",), batch_size=2, device="cpu", seed=0)
+    assert [s.spec_id for s in plain] == ["deeb830f06fe5a99", "8dc88496c634f7e4", "a2cd22b0ac9b5e67",
+                                          "7b7544b6f888c032"]
+
+
+def test_a_field_the_task_does_not_declare_is_refused():
+    with pytest.raises(TypeError, match="build_plan\\(\\) got 'dense_finetune', which is no field of task 'cls'"):
+        build_plan(task="cls", model="test_vit", methods=["tome"], data=None, overrides={}, metrics=("gmacs",),
+                   batch_size=2, device="cpu", seed=0, dense_finetune="all")
+    with pytest.raises(AttributeError):
+        RunSpec(method="tome", params_json="{}", **DET).no_such_field  # noqa: B018

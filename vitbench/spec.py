@@ -1,0 +1,122 @@
+"""The run spec: one run of a plan -- task, model, method, validated parameters, what to measure --
+frozen and hashable; its :attr:`~RunSpec.spec_id` keys the result store, so runs resume."""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable, Mapping, Optional
+
+from vitbench.errors import VitbenchError
+from vitbench.params import make_params, params_dict
+from vitbench.plugins import get_host
+from vitbench.task import BASELINE, CONTROL
+
+__all__ = ["RunSpec"]
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run: what to reduce, how, and what to measure. Frozen; hashed into ``spec_id``."""
+
+    task: str
+    model: str
+    method: str
+    params_json: str  # the validated parameters as canonical JSON (hashable)
+    data: Optional[str]
+    metrics: tuple[str, ...]
+    batch_size: int
+    device: str
+    seed: int
+    checkpoint: Optional[str] = None
+    pretrained: bool = False
+    train_backbone: bool = False  # fine-tune the backbone too (the train-from-scratch setup)
+    train_limit: Optional[int] = None  # fine-tune on the first N training images
+    #: ``--match-gmacs F``: the knob is set at run start to land at F x the baseline's GMACs; ``params`` omit it
+    match_gmacs: Optional[float] = None
+    #: ``--precision``: ``fp16``/``bf16`` autocast (:mod:`vitbench.measure.precision`); ``None`` is fp32
+    precision: Optional[str] = None
+    #: ``--compile``: the timing loops run the ``torch.compile``d model (:mod:`vitbench.measure.compiled`)
+    compile: bool = False
+    #: ``--cuda-graph``: time a CUDA graph of the forward where sound (:mod:`vitbench.measure.cuda_graph`)
+    cuda_graph: bool = False
+    #: the task's own fields (``Task.spec_fields``), sorted ``(name, value)`` pairs; read as attributes
+    task_fields: tuple[tuple[str, Any], ...] = ()
+
+    def __getattr__(self, name: str) -> Any:
+        """A task field of the spec's task (``spec.dense_finetune``): its value, else ``None``."""
+        if name.startswith("_") or name == "task_fields":
+            raise AttributeError(name)
+        fields = dict(self.task_fields)
+        if name in fields:
+            return fields[name]
+        try:
+            declared = get_host().task(self.task).spec_fields
+        except VitbenchError:
+            declared = ()
+        if name in declared:
+            return None
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @property
+    def precision_name(self) -> str:
+        """The run's precision, ``fp32`` when none was asked for."""
+        return self.precision or "fp32"
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return json.loads(self.params_json)
+
+    @property
+    def spec_id(self) -> str:
+        fields = asdict(self)
+        del fields["task_fields"]
+        fields.update(self.task_fields)  # hashed as top-level keys, as when they were RunSpec fields
+        for key in (*_LATER_FIELDS, *dict(self.task_fields)):  # hashed only when set: old ids stay valid
+            if fields[key] is None or fields[key] is False:
+                del fields[key]
+        return hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+
+    @property
+    def label(self) -> str:
+        """``tome (r=13)``: the method with the parameters that differ from its defaults; a
+        matched run before its knob is chosen says its budget (``tome (at 0.6x GMACs)``)."""
+        if self.method == BASELINE:
+            return BASELINE
+        if self.method == CONTROL:
+            notes = self._task_notes()
+            return f"{CONTROL} ({', '.join(notes)})" if notes else CONTROL
+        if self.match_gmacs is not None:
+            return self._label(self.params, notes=[f"at {self.match_gmacs:g}x GMACs"])
+        return self._label(self.params)
+
+    def matched_label(self, params: Mapping[str, Any]) -> str:
+        """The label of a matched run once its knob is chosen: ``params`` with the knob always
+        shown, first (``tome (r=7)``, ``topk (keep=0.7)`` even at the default)."""
+        knob = get_host().method(self.method).budget
+        return self._label(params, force=(knob.param,) if knob is not None else ())
+
+    def _label(self, params: Mapping[str, Any], force: tuple[str, ...] = (), notes: Iterable[str] = ()) -> str:
+        spec = get_host().method(self.method)
+        defaults = params_dict(make_params(self.method, spec.params, {}))
+        changed = {k: params[k] for k in force if k in params}
+        changed.update({k: v for k, v in params.items() if k not in changed and defaults.get(k) != v})
+        shown = self._shown(changed)
+        task_notes = self._task_notes()  # what the task's fields change from its defaults
+        if task_notes:
+            shown += task_notes
+        elif self.train_backbone:
+            shown.append("backbone trained")
+        shown += list(notes)
+        return f"{self.method} ({', '.join(shown)})" if shown else self.method
+
+    def _task_notes(self) -> list[str]:
+        return get_host().task(self.task).label_notes(dict(self.task_fields)) if self.task_fields else []
+
+    @staticmethod
+    def _shown(changed: dict[str, Any]) -> list[str]:
+        return [f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in changed.items()]
+
+
+_LATER_FIELDS = ("train_backbone", "train_limit", "match_gmacs", "precision", "compile",
+                 "cuda_graph")

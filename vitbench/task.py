@@ -1,0 +1,190 @@
+"""The task contract: one :class:`Task` subclass per task (``vitbench run --task NAME``), registered
+through ``vitbench_register_tasks`` like a method (docs/architecture.md, "Tasks").
+
+A task names its model, data and metrics from typed :class:`~vitbench.options.RunOptions`, builds
+what the runs of a plan share, runs one spec, and declares what the plan and the reports need to
+know of it (its accuracy columns, whose GMACs it counts, its control row, the notes under a row's
+label), so that neither the plan nor the reports name a task.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional
+
+from vitbench.catalog import COUNTED, ReportColumn, TaskSetup, WorkspaceRequest
+from vitbench.errors import UnknownNameError, VitbenchError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from vitbench.options import RunOptions
+
+__all__ = ["BASELINE", "CONTROL", "REFERENCES", "NoOptions", "Progress", "Task", "TaskSetup", "WorkspaceRequest",
+           "option"]
+
+#: the unreduced model's row of every plan
+BASELINE = "baseline"
+#: the control row (:attr:`Task.control`): the baseline fine-tuned as a method's model is, no method
+CONTROL = "baseline+ft"
+#: the two rows that are no method (no plugin, no parameters)
+REFERENCES = (BASELINE, CONTROL)
+
+Progress = Callable[[str], None]
+
+
+def option(help: str, *, default: Any = None, metavar: Optional[str] = None,
+           choices: Optional[Sequence[str]] = None) -> Any:
+    """A field of a task's ``Options`` dataclass with its command-line help; the flag is the field's
+    name with dashes (``detector_epochs`` -> ``--detector-epochs``), a ``bool`` field a switch."""
+    return field(default=default, metadata={"help": help, "metavar": metavar, "choices": choices})
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """The options of a task that has none of its own."""
+
+
+def _value_type(hint: Any) -> Any:
+    """``Optional[int]`` -> ``int``: the type argparse converts a flag's value to."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if typing.get_origin(hint) is typing.Union and len(args) == 1 else hint
+
+
+class Task(ABC):
+    """A task as a plugin registers it: subclass, set the class attributes, implement
+    :meth:`setup`, :meth:`workspace` and :meth:`run`; register an instance with
+    ``register(MyTask())`` in ``vitbench_register_tasks``."""
+
+    #: ``vitbench run --task NAME``
+    name: ClassVar[str] = ""
+    #: one line for ``vitbench list tasks``
+    description: ClassVar[str] = ""
+    #: the ``--metrics`` names the task measures (:data:`vitbench.metrics.METRICS`)
+    metrics: ClassVar[tuple[str, ...]] = ()
+    #: its accuracy metrics as the reports show them, the headline first
+    accuracy: ClassVar[tuple[ReportColumn, ...]] = ()
+    #: whose GMACs a budget is matched on and the reports compare (:data:`~vitbench.catalog.COUNTED`)
+    counts: ClassVar[str] = "model"
+    #: its runs can spread over ``torchrun`` processes (``--launcher pytorch``, :mod:`vitbench.distributed`)
+    distributed: ClassVar[bool] = False
+    #: its plans may hold the :data:`CONTROL` row (:meth:`control_fields` says when)
+    control: ClassVar[bool] = False
+    #: the task's own fields of a run spec, hashed into its id when set (det: ``dense_finetune``)
+    spec_fields: ClassVar[tuple[str, ...]] = ()
+    #: the dataclass of the task's own options (fields made with :func:`option`)
+    Options: ClassVar[type] = NoOptions
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.counts not in COUNTED:
+            raise UnknownNameError(f"unknown counted part {cls.counts!r} of task {cls.name!r}; valid counted "
+                                   f"parts: {', '.join(COUNTED)}")
+
+    # -- options ------------------------------------------------------------------------------
+    def add_options(self, group: argparse._ArgumentGroup) -> None:
+        """Add the task's own ``vitbench run``/``sweep`` flags to ``group``, one per field of
+        :attr:`Options`; refused by name with another ``--task``
+        (:func:`vitbench.cli.task_options.check_task_options`)."""
+        hints = typing.get_type_hints(self.Options)
+        for f in dataclasses.fields(self.Options):
+            flag, meta = "--" + f.name.replace("_", "-"), f.metadata
+            kind = _value_type(hints[f.name])
+            if kind is bool:
+                group.add_argument(flag, action="store_true", default=f.default, help=meta.get("help"))
+                continue
+            extra = {k: meta[k] for k in ("metavar", "choices") if meta.get(k) is not None}
+            group.add_argument(flag, type=kind, default=f.default, help=meta.get("help"), **extra)
+
+    def _option_actions(self) -> list[argparse.Action]:
+        group = argparse.ArgumentParser(add_help=False).add_argument_group()
+        try:
+            self.add_options(group)
+        except Exception:  # noqa: BLE001 - listed as none; `vitbench run` names the failure
+            return []
+        return [a for a in group._group_actions if a.option_strings]
+
+    def option_flags(self) -> tuple[str, ...]:
+        """The flags :meth:`add_options` adds (``("--detector-epochs", ...)``; ``()`` when it has
+        none or they cannot be added: the CLI reports that as a broken plugin)."""
+        return tuple(a.option_strings[0] for a in self._option_actions())
+
+    def option_names(self) -> tuple[str, ...]:
+        """The names of the task's own options (``RunOptions.task_options`` keys, argparse dests)."""
+        return tuple(a.dest for a in self._option_actions())
+
+    def parse_options(self, values: Mapping[str, Any]) -> Any:
+        """``values`` (``RunOptions.task_options``) as an :attr:`Options` instance; a missing name
+        takes its default, an unknown one is refused naming the valid ones."""
+        valid = [f.name for f in dataclasses.fields(self.Options)]
+        unknown = sorted(k for k in values if k not in valid)
+        if unknown:
+            raise VitbenchError(f"unknown option {unknown[0]!r} of task {self.name!r}; its options: "
+                                f"{', '.join(valid) or '(none)'}")
+        return self.Options(**values)
+
+    # -- what a run does ----------------------------------------------------------------------
+    @abstractmethod
+    def setup(self, options: "RunOptions") -> TaskSetup:
+        """Check the options and name the model, data and metrics (cheap: nothing is loaded; bad
+        input raises a :class:`~vitbench.errors.VitbenchError`)."""
+
+    @abstractmethod
+    def workspace(self, request: WorkspaceRequest) -> Any:
+        """Load the model and data, check every method of the plan applies
+        (:func:`vitbench.engine.apply.check_applies`) and return what the runs share: an object with
+        ``model`` (the unreduced model every run reduces a copy of) and ``counters`` (a dict the
+        executor caches matched-compute counters in, one per seed)."""
+
+    @abstractmethod
+    def run(self, spec: Any, ws: Any, params: dict[str, Any], progress: Progress) -> dict[str, Any]:
+        """One run spec: apply the method with ``params`` (which differ from ``spec.params`` when a
+        budget knob was matched), fine-tune it when it trains, evaluate and measure; the fields
+        returned go into the record. Raises on failure (the executor records the error)."""
+
+    def gmacs_counter(self, spec: Any, ws: Any, progress: Progress) -> Any:
+        """A :class:`~vitbench.calibrate.GmacsCounter` of what :attr:`counts` names, on the images
+        the run counts on (``--match-gmacs``, sweeps); ``None``: the task cannot match compute."""
+        return None
+
+    def shared_fields(self, ws: Any) -> dict[str, Any]:
+        """What every record of the plan carries, failed runs' too (cls: the head fitted once)."""
+        return {}
+
+    # -- what the plan and the reports ask of the task ----------------------------------------
+    def control_fields(self, fields: Mapping[str, Any]) -> Optional[dict[str, Any]]:
+        """Given the task fields of a plan's learnable specs, the task fields of its control row,
+        or ``None`` for none (asked only when :attr:`control` is set and a method trains)."""
+        return None
+
+    def compared_with_control(self, record: Mapping[str, Any]) -> bool:
+        """Whether the report compares ``record`` with the :data:`CONTROL` row (its "vs +ft"
+        delta): it trained what the control trained (det: detector weights)."""
+        return False
+
+    def label_notes(self, fields: Mapping[str, Any]) -> list[str]:
+        """The notes a spec's label shows for its task fields (det: ``fine-tuned: heads``); the
+        control row's label is :data:`CONTROL` with these notes."""
+        return []
+
+    def training_words(self, record: Mapping[str, Any], with_method: bool = True) -> Optional[str]:
+        """The report's words for what trained in a fine-tuned ``record`` besides the method
+        (det: the dense fine-tuning protocol); ``None``: the report says whether the backbone trained."""
+        return None
+
+    def report_notes(self, rows: Sequence[Mapping[str, Any]]) -> list[str]:
+        """Sentences the report puts under a table of this task's rows (det: the detector and its
+        training); ``[]``: none."""
+        return []
+
+    @property
+    def compute_key(self) -> str:
+        """The record field a budget is matched on and the sweep plots: ``gmacs`` or ``backbone_gmacs``."""
+        return "gmacs" if self.counts == "model" else "backbone_gmacs"
+
+    @property
+    def compute_name(self) -> str:
+        """``GMACs`` or ``backbone GMACs``: what :attr:`compute_key` holds, in words."""
+        return "GMACs" if self.counts == "model" else "backbone GMACs"
