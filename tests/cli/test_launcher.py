@@ -71,6 +71,7 @@ _RANK_FAILURES_PLUGIN = '''"""test-rank-nan: block 1 turns rank 1's tokens into 
 test-rank-raise: building the method fails on rank 1 (before the evaluation) and works on rank 0."""
 from dataclasses import dataclass
 
+from vitbench.engine import Reducer
 from vitbench.hookspecs import hookimpl
 
 
@@ -85,11 +86,9 @@ def _rank():
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def poison(x, state, info):
-    return x * float("nan") if _rank() == 1 else x
-
-
-poison.needs = frozenset()
+class Poison(Reducer):
+    def __call__(self, x, state, info):
+        return x * float("nan") if _rank() == 1 else x
 
 
 def refuse(params, info):
@@ -105,7 +104,7 @@ def vitbench_register_methods(register):
     from vitbench.catalog import MethodSpec, Reduction
 
     register(MethodSpec("test-rank-nan", NoParams,
-                        lambda p, info: Reduction([poison if i == 1 else None for i in range(info.depth)])))
+                        lambda p, info: Reduction([Poison() if i == 1 else None for i in range(info.depth)])))
     register(MethodSpec("test-rank-raise", NoParams, refuse))
 '''
 

@@ -110,17 +110,18 @@ class _Exploding:
         from dataclasses import dataclass
 
         from vitbench.catalog import MethodSpec, Reduction
+        from vitbench.engine import Reducer
 
         @dataclass(frozen=True)
         class NoParams:
             pass
 
-        def explode(x, state, info):
-            raise RuntimeError("boom in block 2")
+        class Explode(Reducer):
+            def __call__(self, x, state, info):
+                raise RuntimeError("boom in block 2")
 
-        explode.needs = frozenset()
         register(MethodSpec("explode", NoParams,
-                            lambda p, info: Reduction([explode if i == 2 else None for i in range(info.depth)])))
+                            lambda p, info: Reduction([Explode() if i == 2 else None for i in range(info.depth)])))
 
 
 def test_failed_run_is_recorded_and_the_others_go_on_then_resume_retries_it(tmp_path, capsys):

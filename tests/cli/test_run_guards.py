@@ -97,13 +97,14 @@ class _Poison:
     @hookimpl
     def vitbench_register_methods(self, register):
         from vitbench.catalog import MethodSpec, Reduction
+        from vitbench.engine import Reducer
 
-        def poison(x, state, info):
-            return x * float("nan")
+        class Poison(Reducer):
+            def __call__(self, x, state, info):
+                return x * float("nan")
 
-        poison.needs = frozenset()
         register(MethodSpec("test-nan", _NoParams,
-                            lambda p, info: Reduction([poison if i == 1 else None for i in range(info.depth)])))
+                            lambda p, info: Reduction([Poison() if i == 1 else None for i in range(info.depth)])))
 
 
 @pytest.mark.parametrize("metric, message", [

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from vitbench.catalog import ReportColumn, TaskSetup, TaskSpec
+from vitbench.catalog import ReportColumn, TaskSetup
 from vitbench.cli.main import main
 from vitbench.errors import UnknownNameError
 from vitbench.hookspecs import hookimpl
 from vitbench.plugins import PluginHost, get_host
+from vitbench.task import Task
 
 FAST = ["--model", "test_vit", "--param", "tome.r=4", "--param", "random-drop.layers=(1,3)", "--batch-size", "2"]
 
@@ -88,11 +89,15 @@ def test_the_example_task_refuses_a_learnable_method_before_anything_runs(tmp_pa
     assert not out.exists()
 
 
-def _task(name: str, **kwargs) -> TaskSpec:
-    def setup(args, methods):
+def _task(name: str, options=None, **attributes) -> Task:
+    """A minimal task named ``name`` with class ``attributes``; ``options(group)`` adds its flags."""
+    def setup(self, options):
         return TaskSetup(model="m", data=None, metrics=("gmacs",))
 
-    return TaskSpec(name=name, setup=setup, workspace=lambda request: None, run=lambda *a: {}, **kwargs)
+    methods = {"setup": setup, "workspace": lambda self, request: None, "run": lambda self, *a: {}}
+    if options is not None:
+        methods["add_options"] = lambda self, group: options(group)
+    return type(f"Task_{name}", (Task,), {"name": name, **attributes, **methods})()
 
 
 def test_a_task_with_an_unknown_metric_is_a_plugin_failure(capsys):
@@ -131,7 +136,7 @@ def test_a_task_spec_checks_what_it_counts():
 
 
 def test_a_task_adds_its_own_options_and_other_tasks_refuse_them(tmp_path, capsys):
-    """``TaskSpec.options``: the example task's ``--agreement-top K`` reaches its run (with K
+    """``Task.Options``: the example task's ``--agreement-top K`` reaches its run (with K
     the number of classes every image agrees), is listed under its task in ``--help``, and is
     refused by name with another task, as det/seg's own options are with cls."""
     out = tmp_path / "out"

@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 
 from vitbench.catalog import METHOD_KINDS
-from vitbench.plan import DEFAULT_MODEL
 from vitbench.plugins import get_host
+from vitbench.tasks.cls import DEFAULT_MODEL
 
 KINDS = ("methods", "scorers", "models", "families", "tasks")
 

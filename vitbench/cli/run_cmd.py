@@ -1,33 +1,25 @@
-"""``vitbench run``: plan, execute, store and report (the one command that does the main job).
+"""``vitbench run``: parse the options and hand them to :func:`vitbench.api.run` (plan, execute,
+store and report), then print the summary.
 
 ``vitbench run --task cls --methods M1,M2 [--model NAME] [--data PATH|fashion-mnist]
 [--param METHOD.KEY=VALUE ...] [--metrics ...] [--batch-size B] [--device cpu|cuda] [--seed S | --seeds S1,S2,...]
 [--out DIR] [--resume] [--match-gmacs F] [--launcher none|pytorch|slurm]``. The baseline always runs too.
 Bad input exits 2 before anything runs. ``--match-gmacs F`` puts every method at F x the baseline's GMACs
 (:mod:`vitbench.calibrate`); ``vitbench sweep`` (:mod:`vitbench.cli.sweep_cmd`) shares these
-options and this code.
+options and :func:`run`.
 """
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
-from typing import Optional
 
-from vitbench.cli.task_options import add_task_options, check_task_options
+from vitbench.cli.task_options import OwnedOption, add_task_options, check_task_options
 from vitbench.distributed import add_launcher_option
-from vitbench.errors import VitbenchError
-from vitbench.plan import (
-    CONTROL,
-    DEFAULT_MODEL,
-    DEFAULT_MODEL_TRAIN_LIMIT,
-    METRICS,
-    build_seeded_plan,
-    check_seeds,
-    parse_param_overrides,
-    parse_seeds,
-)
+from vitbench.metrics import METRICS
+from vitbench.options import RunOptions
+from vitbench.plan import parse_param_overrides, parse_seeds
 from vitbench.plugins import get_host
+from vitbench.tasks.cls import DEFAULT_MODEL, DEFAULT_MODEL_TRAIN_LIMIT
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -88,157 +80,47 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     add_task_options(p)  # each task's own, in a group per task (det/seg: --detector-epochs ...)
 
 
-def _seeds(args: argparse.Namespace) -> tuple[int, ...]:
-    """``--seeds 0,1,2`` or ``--seed S`` (default 0) as the plan's seeds; both at once is an error."""
-    if args.seeds is not None and args.seed is not None:
-        raise VitbenchError(f"--seed {args.seed} and --seeds {args.seeds} were both given; use --seed S "
-                            f"for one seed or --seeds S1,S2,... for several")
-    if args.seeds is not None:
-        return parse_seeds(args.seeds)
-    return check_seeds([0 if args.seed is None else args.seed])
-
-
-def _budgets(args: argparse.Namespace) -> Optional[tuple[float, ...]]:
-    """The matched budgets: ``vitbench sweep --budgets``, or ``(F,)`` for ``--match-gmacs F``,
-    or ``None`` (every method at its own defaults)."""
-    from vitbench.calibrate import check_fraction, parse_budgets
-
-    if getattr(args, "budgets", None) is not None:
-        return parse_budgets(args.budgets)
-    if getattr(args, "match_gmacs", None) is not None:
-        return (check_fraction(args.match_gmacs),)
-    return None
-
-
-def _with_gmacs(metrics: tuple[str, ...], budgets: Optional[tuple[float, ...]]) -> tuple[str, ...]:
-    """Matched compute is checked on the GMACs count: it is measured whenever budgets are given."""
-    if budgets is None or "gmacs" in metrics:
-        return metrics
-    print("vitbench: note: matched compute: measuring gmacs too (where each method landed)", file=sys.stderr)
-    return ("gmacs", *metrics)
-
-
-def _plan(budgets: Optional[tuple[float, ...]], shard: Optional[tuple[int, int]] = None,
-          **kwargs) -> list:  # type: ignore[no-untyped-def,type-arg]
-    """The run (or sweep) plan, or its ``--shard I/N`` part."""
-    from vitbench.plan import build_sweep_plan, shard_plan
-
-    plan = build_seeded_plan(**kwargs) if budgets is None else build_sweep_plan(budgets=budgets, **kwargs)
-    return plan if shard is None else shard_plan(plan, *shard)
-
-
-def _shard(args: argparse.Namespace) -> Optional[tuple[int, int]]:
-    from vitbench.plan import parse_shard
-
-    return parse_shard(args.shard) if args.shard is not None else None
-
-
-def _empty_shard(plan: list, shard: Optional[tuple[int, int]]) -> bool:  # type: ignore[type-arg]
-    """A job array with more parts than method runs leaves some parts empty: say so (exit 0)."""
-    if plan or shard is None:
-        return False
-    print(f"vitbench: shard {shard[0]}/{shard[1]} holds no runs of this plan (fewer method runs than "
-          f"shards): nothing to do", file=sys.stderr)
-    return True
-
-
-def _is_sweep(args: argparse.Namespace) -> bool:
-    return getattr(args, "budgets", None) is not None
-
-
-def _report(args: argparse.Namespace, records: list, store, out: Path, command: str) -> int:  # type: ignore[no-untyped-def,type-arg]
-    """Write the report (a sweep's, or the comparison), print the summary, return the exit code."""
-    if _is_sweep(args):
-        from vitbench.report import write_sweep_report
-
-        md, pngs = write_sweep_report(store.records(), out / "report.md", command=command)
-        _print_sweep_summary(store.records(), md, pngs)
-    else:
-        from vitbench.report import write_report
-
-        md, png = write_report(store.records(), out / "report.md", command=command)
-        _print_summary(records, md, png)
-    return 0 if all(r["status"] in ("ok", "skipped") for r in records) else 1
-
-
-def _out_dir(args: argparse.Namespace, model_name: str) -> Path:
-    prefix = "sweep-" if _is_sweep(args) else ""
-    return Path(args.out or Path("runs") / f"{prefix}{args.task}-{model_name}")
-
-
-def _methods(args: argparse.Namespace) -> list[str]:
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    if not methods:
-        raise VitbenchError("--methods is empty; see `vitbench list methods`")
-    return methods
-
-
 def run(args: argparse.Namespace) -> int:
-    """``vitbench run`` (and ``vitbench sweep``) for the task ``--task`` names: the task resolves its
-    model and data and builds the workspace; the plan, the executor, the store and the report
-    are the same for every task."""
-    from vitbench.catalog import WorkspaceRequest
-    from vitbench.distributed import (check_launcher, finish_launcher, init_launcher, is_main, launcher_rank,
-                                      one_rank_at_a_time)
-    from vitbench.environment import environment
-    from vitbench.execute import execute_plan
-    from vitbench.results import ResultStore
+    """``vitbench run`` (and ``vitbench sweep``): the options as :class:`~vitbench.options.RunOptions`,
+    run by :func:`vitbench.api.run`; print the summary table and the report's paths."""
+    from vitbench.api import run as run_benchmark
 
     task = get_host().task(args.task)  # unknown -> error listing the registered tasks
     check_task_options(args, task.name)  # another task's option (--detector-epochs with cls) is refused
-    methods = _methods(args)
-    launcher = getattr(args, "launcher", "none")
-    check_launcher(launcher, task.name, methods)
-    budgets = _budgets(args)
-    setup = task.setup(args, methods)
-    metrics = _with_gmacs(setup.metrics, budgets)
-    shard = _shard(args)
-    plan = _plan(budgets, shard, task=task.name, model=setup.model, methods=methods, data=setup.data,
-                 overrides=parse_param_overrides(args.param), metrics=metrics,
-                 batch_size=args.batch_size, device=args.device, seeds=_seeds(args),
-                 checkpoint=args.checkpoint, pretrained=args.pretrained, precision=args.precision,
-                 compile=args.compile, cuda_graph=args.cuda_graph, **setup.plan)
-    if _empty_shard(plan, shard):
-        return 0
-    if args.device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise VitbenchError("--device cuda: no CUDA device is available here; valid devices: cpu")
-    if args.limit is not None and args.limit < 1:
-        raise VitbenchError(f"--limit {args.limit} is out of range; it must be >= 1")
-
-    say = _Progress(quiet=launcher_rank(launcher) != 0)
-    out = _out_dir(args, setup.model)
-    resume = args.resume or _is_sweep(args)  # a sweep always resumes: re-running skips done runs
-    with one_rank_at_a_time(launcher, out):  # single-process work (caches) before the process group starts
-        ws = task.workspace(WorkspaceRequest(args=args, setup=setup, plan=plan, out=out, resume=resume,
-                                             note=say.note))
-    init_launcher(launcher, args.device)
-    out.mkdir(parents=True, exist_ok=True)
-    store = ResultStore(out, shard=shard)  # --shard I/N: its own file, merged on read
-    env = environment(args.device, precision=args.precision, compiled=args.compile, cuda_graph=args.cuda_graph)
-    records = execute_plan(plan, ws, store, resume=resume, env=env, progress=say.step)
-    main = is_main()
-    finish_launcher()  # every rank's part of the last collective evaluation is done
-    if not main:
-        return 0  # rank 0 writes the report (and the records)
-    return _report(args, records, store, out, env["command"])
+    results = run_benchmark(run_options(args, task.name))
+    if results.report is None:
+        return 0  # an empty shard, or a rank other than 0
+    if results.options.is_sweep:
+        _print_sweep_summary(results.all_records, results.report, list(results.plots))
+    else:
+        _print_summary(results.records, results.report, results.plots[0])
+    return 0 if results.ok else 1
 
 
-class _Progress:
-    """Progress lines on stderr: which run of how many, and what it is doing."""
+def run_options(args: argparse.Namespace, task: str) -> RunOptions:
+    """The parsed command line as typed options (``--param`` strings as a mapping, lists as tuples,
+    the options of ``task`` alone as its ``task_options``)."""
+    from vitbench.calibrate import check_fraction, parse_budgets
+    from vitbench.plan import parse_shard
 
-    def __init__(self, quiet: bool = False) -> None:
-        from rich.console import Console
+    owned: dict[str, OwnedOption] = getattr(args, "task_options", {}) or {}
+    budgets, match = getattr(args, "budgets", None), getattr(args, "match_gmacs", None)
+    return RunOptions(
+        task=args.task, methods=_names(args.methods), model=args.model, data=args.data,
+        params=parse_param_overrides(args.param), metrics=None if args.metrics is None else _names(args.metrics),
+        batch_size=args.batch_size, device=args.device, seed=args.seed,
+        seeds=None if args.seeds is None else parse_seeds(args.seeds), out=args.out, resume=args.resume,
+        pretrained=args.pretrained, checkpoint=args.checkpoint, num_classes=args.num_classes, limit=args.limit,
+        train_backbone=args.train_backbone, train_limit=args.train_limit, precision=args.precision,
+        compile=args.compile, cuda_graph=args.cuda_graph,
+        shard=None if args.shard is None else parse_shard(args.shard), launcher=getattr(args, "launcher", "none"),
+        match_gmacs=None if match is None else check_fraction(match),
+        budgets=None if budgets is None else parse_budgets(budgets),
+        task_options={dest: getattr(args, dest) for dest, option in owned.items() if task in option.tasks})
 
-        self.console = Console(stderr=True, highlight=False, soft_wrap=True, quiet=quiet)  # quiet: ranks > 0
 
-    def note(self, text: str) -> None:
-        self.console.print(f"[dim]vitbench:[/dim] {text}")
-
-    def step(self, i: int, n: int, label: str, what: str) -> None:
-        self.console.print(f"[bold][{i}/{n}][/bold] {label}: {what}")
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in text.split(",") if item.strip())
 
 
 def _print_summary(records: list, md: Path, png: Path) -> None:  # type: ignore[type-arg]

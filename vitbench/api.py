@@ -1,0 +1,261 @@
+"""The Python API: run a benchmark or a sweep as ``vitbench run``/``sweep`` do, from a notebook.
+
+>>> r = vitbench.benchmark(task="cls", methods=["tome"], params={"tome": {"r": 8}})  # doctest: +SKIP
+>>> r.table()  # the report's comparison table, the baseline first  # doctest: +SKIP
+
+Both write the store and report.md under ``out`` and return :class:`Results`. The CLI builds a
+:class:`~vitbench.options.RunOptions` from its flags and calls :func:`run` (README, "Use").
+"""
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional, Union
+
+from vitbench.errors import VitbenchError
+from vitbench.options import RunOptions, option_names
+
+if TYPE_CHECKING:  # pandas comes with the report
+    import pandas as pd
+
+__all__ = ["Results", "benchmark", "run", "sweep"]
+
+Record = dict[str, Any]
+Names = Union[str, Sequence[str]]
+
+
+@dataclass(frozen=True)
+class Results:
+    """What a benchmark or a sweep leaves: its records, the store's, and the report's paths."""
+
+    options: RunOptions
+    #: the result directory (store and report)
+    out: Path
+    #: this call's records, one per run of its plan in plan order (resumed ones read from the store)
+    records: list[Record]
+    #: every record of the store in ``out`` (earlier calls' too): what the report is written from
+    all_records: list[Record]
+    #: ``out/report.md``; ``None`` when nothing ran here (an empty shard, a rank other than 0)
+    report: Optional[Path] = None
+    #: the report's plots
+    plots: tuple[Path, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """Whether every run finished (or was skipped): the CLI exits 0, else 1."""
+        return all(r["status"] in ("ok", "skipped") for r in self.records)
+
+    def table(self) -> "pd.DataFrame":
+        """This call's table: a benchmark's comparison table (the baseline first,
+        :func:`~vitbench.report.tables.comparison_table`), a sweep's summary (one row per method,
+        :func:`~vitbench.report.sweep.summary_table`). One call has one task and one model."""
+        import pandas as pd
+
+        if not self.records:
+            return pd.DataFrame()
+        task, model = self.records[0]["task"], self.records[0]["model"]
+        if self.options.is_sweep:
+            from vitbench.report.sweep import summary_table
+
+            return summary_table(self.records, task, model)
+        from vitbench.report.tables import comparison_table
+
+        return comparison_table(self.records, task, model)
+
+
+def benchmark(task: str = "cls", model: Optional[str] = None, methods: Names = (),
+              params: Optional[Mapping[str, Mapping[str, Any]]] = None, metrics: Optional[Names] = None,
+              out: Union[str, Path, None] = None, **options: Any) -> Results:
+    """Run the baseline and ``methods`` on ``task`` as ``vitbench run`` does and return the results.
+
+    ``methods`` and ``metrics`` are lists of names (or one comma-separated string); ``options``
+    are the other ``vitbench run`` options by their dest names (``seeds=[0, 1]``,
+    ``match_gmacs=0.6``, ``limit=256``, ``task_options={"detector_epochs": 4}``, ...;
+    :class:`~vitbench.options.RunOptions`); an unknown name raises :class:`VitbenchError`."""
+    given = dict(task=task, model=model, methods=methods, params=params, metrics=metrics, out=out, **options)
+    return run(_options("benchmark", given, exclude=("budgets",)), command=_call("benchmark", given))
+
+
+def sweep(task: str = "cls", model: Optional[str] = None, methods: Names = (), budgets: Sequence[float] = (),
+          params: Optional[Mapping[str, Mapping[str, Any]]] = None, metrics: Optional[Names] = None,
+          out: Union[str, Path, None] = None, **options: Any) -> Results:
+    """Run every method at every budget (fractions of the baseline's GMACs) as ``vitbench sweep`` does."""
+    given = dict(task=task, model=model, methods=methods, budgets=budgets, params=params, metrics=metrics,
+                 out=out, **options)
+    return run(_options("sweep", given, exclude=("match_gmacs",)), command=_call("sweep", given))
+
+
+def _options(function: str, given: Mapping[str, Any], exclude: tuple[str, ...]) -> RunOptions:
+    """``given`` keywords as RunOptions: sequences as tuples, ``"a,b"`` names and an ``"I/N"``
+    shard as the command line writes them."""
+    valid = [name for name in option_names() if name not in exclude]
+    for name in given:
+        if name not in valid:
+            raise VitbenchError(f"unknown option {name!r} of vitbench.{function}; valid options: {', '.join(valid)}")
+    values = {k: v for k, v in given.items() if v is not None}
+    for name in ("methods", "metrics"):
+        if isinstance(values.get(name), str):
+            values[name] = [item.strip() for item in values[name].split(",") if item.strip()]
+    if isinstance(values.get("shard"), str):
+        from vitbench.plan import parse_shard
+
+        values["shard"] = parse_shard(values["shard"])
+    for name in ("methods", "metrics", "seeds", "budgets", "shard"):
+        if name in values:
+            values[name] = tuple(values[name])
+    return RunOptions(**values)
+
+
+def _call(function: str, given: Mapping[str, Any]) -> list[str]:
+    """The call as the report's command: ``vitbench.benchmark(task='cls', methods=['tome'])``."""
+    shown = ", ".join(f"{k}={str(v) if isinstance(v, Path) else v!r}" for k, v in given.items()
+                      if v is not None and v != ())
+    return [f"vitbench.{function}({shown})"]
+
+
+def run(options: RunOptions, command: Optional[Sequence[str]] = None) -> Results:
+    """Run a benchmark (a sweep when ``options.budgets`` is set) for the task ``options.task``
+    names: the task resolves its model and data and builds the workspace; the plan, the
+    executor, the store and the report are the same for every task. ``command`` is the report's
+    (default: ``vitbench`` and this process's arguments)."""
+    from vitbench.catalog import WorkspaceRequest
+    from vitbench.distributed import (check_launcher, finish_launcher, init_launcher, is_main, launcher_rank,
+                                      one_rank_at_a_time)
+    from vitbench.environment import environment
+    from vitbench.execute import execute_plan
+    from vitbench.plugins import get_host
+    from vitbench.results import ResultStore
+
+    task = get_host().task(options.task)  # unknown -> error listing the registered tasks
+    methods = _methods(options)
+    check_launcher(options.launcher, task.name, methods)
+    budgets = _budgets(options)
+    setup = task.setup(options)  # its own options checked (task.parse_options)
+    metrics = _with_gmacs(setup.metrics, budgets)
+    plan = _plan(options, budgets, task=task.name, model=setup.model, methods=methods, data=setup.data,
+                 overrides=options.params, metrics=metrics, batch_size=options.batch_size, device=options.device,
+                 seeds=_seeds(options), checkpoint=options.checkpoint, pretrained=options.pretrained,
+                 precision=options.precision, compile=options.compile, cuda_graph=options.cuda_graph, **setup.plan)
+    out = _out_dir(options, setup.model)
+    if _empty_shard(plan, options.shard):
+        return Results(options, out, [], [])
+    _check_device(options)
+
+    say = _Progress(quiet=launcher_rank(options.launcher) != 0)
+    resume = options.resume or options.is_sweep  # a sweep always resumes: re-running skips done runs
+    with one_rank_at_a_time(options.launcher, out):  # single-process work (caches) before the process group starts
+        ws = task.workspace(WorkspaceRequest(options=options, setup=setup, plan=plan, out=out, resume=resume,
+                                             note=say.note))
+    init_launcher(options.launcher, options.device)
+    out.mkdir(parents=True, exist_ok=True)
+    store = ResultStore(out, shard=options.shard)  # --shard I/N: its own file, merged on read
+    env = environment(options.device, command=None if command is None else list(command),
+                      precision=options.precision, compiled=options.compile, cuda_graph=options.cuda_graph)
+    records = execute_plan(plan, ws, store, resume=resume, env=env, progress=say.step)
+    main = is_main()
+    finish_launcher()  # every rank's part of the last collective evaluation is done
+    if not main:
+        return Results(options, out, records, [])  # rank 0 writes the report (and the records)
+    return _report(options, records, store.records(), out, env["command"])
+
+
+def _methods(options: RunOptions) -> list[str]:
+    methods = [m.strip() for m in options.methods if m.strip()]
+    if not methods:
+        raise VitbenchError("--methods is empty; see `vitbench list methods`")
+    return methods
+
+
+def _seeds(options: RunOptions) -> tuple[int, ...]:
+    """``seeds`` or ``(seed,)`` (default 0) as the plan's seeds; both at once is an error."""
+    from vitbench.plan import check_seeds
+
+    if options.seeds is not None and options.seed is not None:
+        raise VitbenchError(f"--seed {options.seed} and --seeds {','.join(map(str, options.seeds))} were both "
+                            f"given; use --seed S for one seed or --seeds S1,S2,... for several")
+    if options.seeds is not None:
+        return check_seeds(options.seeds)
+    return check_seeds([0 if options.seed is None else options.seed])
+
+
+def _budgets(options: RunOptions) -> Optional[tuple[float, ...]]:
+    """The matched budgets: a sweep's, or ``(F,)`` for ``match_gmacs=F``, or ``None`` (every
+    method at its own defaults)."""
+    from vitbench.calibrate import check_fraction, parse_budgets
+
+    if options.budgets is not None:
+        return parse_budgets(",".join(map(str, options.budgets)))
+    if options.match_gmacs is not None:
+        return (check_fraction(options.match_gmacs),)
+    return None
+
+
+def _with_gmacs(metrics: tuple[str, ...], budgets: Optional[tuple[float, ...]]) -> tuple[str, ...]:
+    """Matched compute is checked on the GMACs count: it is measured whenever budgets are given."""
+    if budgets is None or "gmacs" in metrics:
+        return metrics
+    print("vitbench: note: matched compute: measuring gmacs too (where each method landed)", file=sys.stderr)
+    return ("gmacs", *metrics)
+
+
+def _plan(options: RunOptions, budgets: Optional[tuple[float, ...]], **kwargs: Any) -> list:  # type: ignore[type-arg]
+    """The run (or sweep) plan, or its ``shard`` part."""
+    from vitbench.plan import build_seeded_plan, build_sweep_plan, parse_shard, shard_plan
+
+    shard = None if options.shard is None else parse_shard("/".join(map(str, options.shard)))
+    plan = build_seeded_plan(**kwargs) if budgets is None else build_sweep_plan(budgets=budgets, **kwargs)
+    return plan if shard is None else shard_plan(plan, *shard)
+
+
+def _empty_shard(plan: list, shard: Optional[tuple[int, int]]) -> bool:  # type: ignore[type-arg]
+    """A job array with more parts than method runs leaves some parts empty: say so (nothing runs)."""
+    if plan or shard is None:
+        return False
+    print(f"vitbench: shard {shard[0]}/{shard[1]} holds no runs of this plan (fewer method runs than "
+          f"shards): nothing to do", file=sys.stderr)
+    return True
+
+
+def _check_device(options: RunOptions) -> None:
+    if options.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise VitbenchError("--device cuda: no CUDA device is available here; valid devices: cpu")
+    if options.limit is not None and options.limit < 1:
+        raise VitbenchError(f"--limit {options.limit} is out of range; it must be >= 1")
+
+
+def _out_dir(options: RunOptions, model_name: str) -> Path:
+    prefix = "sweep-" if options.is_sweep else ""
+    return Path(options.out or Path("runs") / f"{prefix}{options.task}-{model_name}")
+
+
+def _report(options: RunOptions, records: list[Record], stored: list[Record], out: Path, command: str) -> Results:
+    """Write the report (a sweep's, or the comparison) from the store's records."""
+    if options.is_sweep:
+        from vitbench.report import write_sweep_report
+
+        md, pngs = write_sweep_report(stored, out / "report.md", command=command)
+        return Results(options, out, records, stored, md, tuple(pngs))
+    from vitbench.report import write_report
+
+    md, png = write_report(stored, out / "report.md", command=command)
+    return Results(options, out, records, stored, md, (png,))
+
+
+class _Progress:
+    """Progress lines on stderr: which run of how many, and what it is doing."""
+
+    def __init__(self, quiet: bool = False) -> None:
+        from rich.console import Console
+
+        self.console = Console(stderr=True, highlight=False, soft_wrap=True, quiet=quiet)  # quiet: ranks > 0
+
+    def note(self, text: str) -> None:
+        self.console.print(f"[dim]vitbench:[/dim] {text}")
+
+    def step(self, i: int, n: int, label: str, what: str) -> None:
+        self.console.print(f"[bold][{i}/{n}][/bold] {label}: {what}")

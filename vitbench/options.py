@@ -1,0 +1,94 @@
+"""The options of one benchmark (``vitbench run``/``sweep``, :func:`vitbench.benchmark`) as a typed record.
+
+The CLI parses its flags into a :class:`RunOptions`; the Python API builds one from keywords.
+Values are checked where they are used (the plan, the task), so bad input fails the same way
+from both sides.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from vitbench.errors import choices_error
+
+__all__ = ["RunOptions", "option_names", "parse_list"]
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Every option of ``vitbench run`` and ``vitbench sweep``, by its argparse dest name."""
+
+    #: the task's name (``vitbench list tasks``)
+    task: str = "cls"
+    #: method names (``vitbench list methods``); the baseline always runs too
+    methods: tuple[str, ...] = ()
+    #: timm model name; ``None``: the task's default model
+    model: Optional[str] = None
+    #: data folder or embedded set name; ``None``: the task's default
+    data: Optional[str] = None
+    #: method parameters, ``{"tome": {"r": 8}}`` (values typed, or strings as ``--param`` gives them)
+    params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: metric names; ``None``: every metric the task measures
+    metrics: Optional[tuple[str, ...]] = None
+    #: throughput batch size
+    batch_size: int = 32
+    #: ``cpu`` or ``cuda``
+    device: str = "cpu"
+    #: the one seed of every run (``None``: 0); exclusive with ``seeds``
+    seed: Optional[int] = None
+    #: run every spec once per seed
+    seeds: Optional[tuple[int, ...]] = None
+    #: result directory; ``None``: ``runs/<task>-<model>`` (``runs/sweep-...`` for a sweep)
+    out: Union[str, Path, None] = None
+    #: skip finished runs of the store, retry failed ones
+    resume: bool = False
+    #: load timm's pretrained weights
+    pretrained: bool = False
+    #: local weights file
+    checkpoint: Optional[str] = None
+    #: re-head the model for this many classes
+    num_classes: Optional[int] = None
+    #: evaluate only the first N images
+    limit: Optional[int] = None
+    #: learnable methods: train the backbone too
+    train_backbone: bool = False
+    #: learnable methods: fine-tune on the first N training images
+    train_limit: Optional[int] = None
+    #: ``fp32``, ``fp16`` or ``bf16``
+    precision: str = "fp32"
+    #: time the ``torch.compile``'d model
+    compile: bool = False
+    #: time a CUDA graph of the forward
+    cuda_graph: bool = False
+    #: ``(I, N)``: run the I-th of N parts of the plan
+    shard: Optional[tuple[int, int]] = None
+    #: ``none``, ``pytorch`` or ``slurm``
+    launcher: str = "none"
+    #: every method at this fraction of the baseline's GMACs (``vitbench run --match-gmacs``)
+    match_gmacs: Optional[float] = None
+    #: every method at each of these fractions (``vitbench sweep --budgets``); a sweep when set
+    budgets: Optional[tuple[float, ...]] = None
+    #: the task's own options by dest name, e.g. ``{"detector_epochs": 4}``
+    task_options: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_sweep(self) -> bool:
+        """A sweep (``budgets`` given): stored under ``runs/sweep-...``, always resumed, a sweep report."""
+        return self.budgets is not None
+
+
+def option_names() -> tuple[str, ...]:
+    """The names :class:`RunOptions` takes, in declaration order."""
+    return tuple(f.name for f in fields(RunOptions))
+
+
+def parse_list(kind: str, text: str, valid: Iterable[str]) -> tuple[str, ...]:
+    """Split a comma list and check every item against ``valid``."""
+    items = tuple(item.strip() for item in text.split(",") if item.strip())
+    valid = tuple(valid)
+    for item in items:
+        if item not in valid:
+            raise choices_error(kind, item, valid)
+    return items
