@@ -2,7 +2,7 @@
 PYTHON ?= python
 export PYTHON
 
-.PHONY: install demo demo-training-free sweep-demo test test-fast lint
+.PHONY: install demo demo-training-free sweep-demo test test-fast lint lint-imports
 
 install:  ## install everything into the active Python (idempotent, quick when done)
 	bash scripts/install.sh
@@ -29,3 +29,6 @@ test-fast: install  ## the suite without the slow end-to-end tests
 
 lint:
 	tox -e lint
+
+lint-imports:  ## the one-way layers: import-linter's contracts in pyproject.toml (also a test in `make test`)
+	lint-imports --no-cache

@@ -11,7 +11,7 @@ stamp_dir=$($PYTHON -c 'import sys; print(sys.prefix)')/.vitbench-install
 key=$(cat pyproject.toml setup.py constraints.txt examples/vitbench-example-plugin/pyproject.toml | sha1sum | cut -c1-16)
 stamp="$stamp_dir/$(echo "$root" | sha1sum | cut -c1-16)-$key"
 
-if [ -f "$stamp" ] && $PYTHON -c "import vitbench, vitbench_plugins, vitbench_example_plugin, mmcv.ops, mmdet, mmpretrain, timm" 2>/dev/null; then
+if [ -f "$stamp" ] && $PYTHON -c "import vitbench, vitbench_plugins, vitbench_example_plugin, mmcv.ops, mmdet, mmpretrain, timm, importlinter" 2>/dev/null; then
     echo "install: up to date ($PYTHON in $($PYTHON -c 'import sys; print(sys.prefix)'))"
     exit 0
 fi
@@ -48,9 +48,9 @@ if ! $PYTHON -c "import mmcv, mmcv.ops, sys; sys.exit(mmcv.__version__ != '2.1.0
     fi
 fi
 
-# 4. vitbench (editable, with the test extra), its built-in plugins, and the example plugin.
+# 4. vitbench (editable, with the test extra: pytest, import-linter), its built-in plugins, and the example plugin.
 echo "install: vitbench, mmengine, mmdet, mmpretrain, timm and the rest"
 $PIP install -q --no-build-isolation -c constraints.txt -e ".[test]" -e examples/vitbench-example-plugin
-$PYTHON -c "import vitbench, vitbench_plugins, vitbench_example_plugin, mmcv.ops, mmdet, mmpretrain, timm"
+$PYTHON -c "import vitbench, vitbench_plugins, vitbench_example_plugin, mmcv.ops, mmdet, mmpretrain, timm, importlinter"
 mkdir -p "$stamp_dir" && rm -f "$stamp_dir/$(echo "$root" | sha1sum | cut -c1-16)"-* && touch "$stamp"
 echo "install: done"

@@ -32,9 +32,7 @@ __all__ = ["TOLERANCE", "Calibration", "GmacsCounter", "calibrate", "check_fract
 
 #: how far (relative) a matched method's GMACs may land from ``F`` x the baseline's
 TOLERANCE = 0.02
-#: a float knob is bisected until its count is this close to the target (a quarter of the
-#: tolerance), or the bracket is narrower than :data:`_FLOAT_STEP`; then the value is rounded to
-#: the fewest decimals that land as close (or within this aim)
+#: bisect a float knob until this close to the target, then round to the fewest decimals as close
 _FLOAT_AIM = TOLERANCE / 4
 _FLOAT_STEP = 1e-4
 _DIGITS = 4  # float knob values are rounded to this many decimals (readable labels)

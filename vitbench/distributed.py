@@ -1,63 +1,14 @@
 """``--launcher none|pytorch|slurm``: one benchmark run spread over the processes ``torchrun``
-(or ``srun``) starts.
+(or ``srun``) starts (docs/architecture.md, "Distributed runs").
 
-Under ``torchrun --nproc-per-node N vitbench run ... --launcher pytorch`` (or ``srun --ntasks N
-vitbench run ... --launcher slurm``) every rank builds the same workspace and runs the same plan;
-mmengine does the distributed part:
-
-- **evaluation**: its ``DefaultSampler`` gives each rank a disjoint part of the evaluation data
-  (padded to equal parts) and its ``Evaluator`` collects the per-sample results on rank 0, cuts
-  the padding off (``collect_results`` truncates to the data set's size) and broadcasts the
-  metrics, so every rank sees the top-1 a single process would;
-- **fine-tuning** of learnable methods (:mod:`vitbench.train.finetune`): the Runner is started
-  with ``launcher="pytorch"`` and wraps the trainer in ``MMDistributedDataParallel`` (a subclass
-  that keeps vitbench's own ``train_step``); each rank trains on its ``DefaultSampler`` shard
-  with a batch of ``batch_size // world_size`` (:func:`rank_batch_size`), gradients are averaged
-  by DDP, so every rank ends with the same weights; a non-finite loss on any rank stops every
-  rank at the same step; rank 0 alone writes the fine-tuned checkpoint. det/seg train the
-  baseline detector this way too (the default training, :func:`vitbench.tasks.det.train.train_detector`,
-  by the first run that needs it), cached under a key holding the number of ranks. det/seg fine-tune a
-  learnable method's detector (and the ``baseline+ft`` control's) the same way
-  (:mod:`vitbench.tasks.det.train`: ``DetMethodTrainer`` in the same wrapper, at least 2 images
-  per rank) and check after each stage that every rank holds the same weights
-  (:func:`same_on_every_rank`). The detectors' BatchNorm layers normalise each rank's own images
-  (SyncBN is CUDA-only; rank 0's running statistics are broadcast after each stage) and mmdet
-  normalises some loss terms per rank, so a distributed detector fine-tuning lands close to one
-  process's mAP, not exactly on it.
-
-Everything else is rank 0's alone: GMACs, parameters, throughput, latency, memory and IB are
-measured there (the other ranks wait at a barrier, so they do not load the machine while it
-times), and only rank 0 appends records to the store and writes the report. A task says it can
-run this way (``TaskSpec.distributed``): the built-in ``cls``, ``det`` and ``seg`` tasks do. What
-one rank reads alone (GMACs images) or every rank reads whole (a stage's statistics passes) is
-read without a ``DefaultSampler``: its seed, when none is given, is agreed on by a broadcast, a
-collective that a rank reading alone would wait in forever.
-
-**A rank that fails** must not leave the others waiting in a collective until the process
-group's timeout. The evaluations run mmengine's test loop through :func:`collective_test`: a
-rank whose iterations raise (a finiteness guard that finds NaN logits in its shard, but any
-error there) stops iterating and, instead of raising alone, meets the others at an agreement
-point (:func:`raise_if_any_rank_failed`, one ``all_gather_object``) that every rank reaches just
-before the evaluator gathers the results; every rank then raises the same error, naming the
-failing rank(s) (``... in batch 1 on rank 1 of 2``; the error's type is kept, so a
-NonFiniteError reads as one). After each run the executor exchanges the ranks' outcomes
-(:func:`failure_on_any_rank`, in place of a barrier, and the same collective): rank 0's record
-is an error naming the rank(s) that failed even when rank 0 itself did not. A rank that failed
-earlier in a run, before the evaluation, is met by the agreement point an evaluation or a
-training stage makes before building its Runner (whose constructor broadcasts), or by a
-decision the ranks take together (:func:`all_ranks`, itself an agreement point): the others
-raise its error there, and every rank goes on with the next run in step. Not covered: a rank failing alone while the
-others enter a collective with no agreement point before it (a DDP fine-tuning step, a
-statistics pass's seed broadcast); ``VITBENCH_DIST_TIMEOUT`` (seconds, :func:`dist_timeout`)
-bounds that wait instead of torch's 30 minutes, and must exceed the longest stretch rank 0
-works alone while the others wait (its timings of a run).
-
-``slurm``: the ranks come from ``SLURM_PROCID`` / ``SLURM_NTASKS`` / ``SLURM_LOCALID`` and the
-master address from the first host of ``SLURM_NODELIST`` (``MASTER_ADDR`` / ``MASTER_PORT``
-win when set; the port defaults to 29500, as mmengine's). On CUDA mmengine's
-``init_dist("slurm")`` starts the group (it asks ``scontrol`` for the host); on the CPU the same
-variables are set here by hand and torch's ``init_process_group("gloo")`` reads them.
-"""
+Every rank builds the same workspace and runs the same plan. mmengine shards the evaluation
+(``DefaultSampler``, results gathered on rank 0) and wraps fine-tuning in DDP
+(:func:`rank_batch_size` per rank); everything else is measured and written by rank 0 alone.
+A rank that fails meets the others at an agreement point (:func:`collective_test`,
+:func:`raise_if_any_rank_failed`, :func:`failure_on_any_rank`, :func:`all_ranks`), so every
+rank raises the same error naming it instead of waiting until the process group's timeout
+(``VITBENCH_DIST_TIMEOUT``, :func:`dist_timeout`). ``slurm`` reads the ranks and the master
+from the ``SLURM_*`` variables."""
 from __future__ import annotations
 
 import argparse

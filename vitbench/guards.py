@@ -1,4 +1,4 @@
-"""Finiteness checks that turn silent garbage into an error naming what and where (issue 9).
+"""Finiteness checks that turn silent garbage into an error naming what and where.
 
 A NaN does not announce itself: a diverged fine-tuning leaves NaN method parameters, the
 evaluation then scores NaN logits as wrong answers and the report shows a plausible-looking

@@ -1,22 +1,9 @@
 """ImageNet-style image folders for the cls task, through mmpretrain's ``CustomDataset``.
 
-Layouts accepted (``--data ROOT``):
-
-- ``ROOT/val/<class>/<image>`` (and ``ROOT/train/<class>/<image>``): the ImageNet layout;
-  evaluation reads ``val``, fine-tuning reads ``train``.
-- ``ROOT/<class>/<image>``: a folder of class folders is taken as a single evaluation split
-  (handy for a small labelled sample). A ROOT with ``train/`` but no ``val/`` is an error
-  rather than a data set with one class called "train".
-
-Class folders are sorted by name and numbered from 0, as torchvision and mmpretrain do,
-unless the caller passes a ``label_map`` (the cls task maps ImageNet ``nXXXXXXXX`` folders to
-the 1000-class index, so a subset of ImageNet classes keeps the right labels). Images may sit
-in nested folders under their class; hidden folders are ignored.
-
-Eval preprocessing (:func:`eval_pipeline`) mirrors timm's: resize the short side to
-``floor(size / crop_pct)``, centre-crop ``size``, then pack; normalisation happens in the
-classifier's data preprocessor.
-"""
+``--data ROOT`` takes ``ROOT/val/<class>/<image>`` (and ``ROOT/train/...`` for fine-tuning) or
+``ROOT/<class>/<image>`` as a single evaluation split. Class folders are numbered by sorted
+name unless a ``label_map`` is given (ImageNet synsets keep their 1000-class index).
+:func:`eval_pipeline` mirrors timm's resize and centre crop. docs/architecture.md, "Tasks"."""
 from __future__ import annotations
 
 import math

@@ -1,44 +1,12 @@
 """The embedded default data set of ``det`` and ``seg``: COCO-format shapes, generated from a seed.
 
-No package ships COCO images and nothing may be downloaded at run time, yet ``vitbench run
---task det`` / ``--task seg`` must run end to end on a CPU (docs/architecture.md, "Embedded defaults").
-So vitbench draws its own small COCO: circles, squares and triangles with boxes and instance
-masks on textured backgrounds, in ``train2017``/``val2017`` splits with the usual
-``annotations/instances_{train,val}2017.json``. The same loaders, metrics and ``--data`` check
-(:func:`find_coco`) then serve this set and a real COCO root alike.
-
-Choices, and why:
-
-* **Shapes.** Three classes that differ by outline only (colours are random per object), so a
-  detector must learn shape, not colour. Each shape is a polygon -- circles have 48 vertices,
-  within 0.2 px of a true circle at the largest size -- and that same polygon is both drawn and
-  stored as the COCO ``segmentation`` (polygon format, as real COCO uses for ``iscrowd: 0``). It
-  is plain JSON, needs no pycocotools to write, and mmdet and pycocotools rasterise it.
-  ``bbox`` is the polygon's extent, ``area`` its shoelace area.
-* **Sizes.** 320x320 images, the SSDLite input size, so no resize blurs the masks. Objects have
-  a circumradius drawn log-uniformly from 12 to 96 px (24 to 192 px across): small ones for
-  the FPN levels of Mask R-CNN, large ones for SSDLite's anchors (48 to 304 px at 320).
-* **Layout.** 1 to 4 objects per image, fully inside it, their boxes at least ``GAP`` px apart:
-  nothing is occluded, so every mask is exactly its polygon. A drawn object that finds no free
-  place in ``PLACEMENT_TRIES`` tries is left out; the first always fits.
-* **Texture.** Backgrounds are a random base colour plus smooth value noise at two scales,
-  a sinusoidal grating of random direction and period, and mild pixel noise; objects get a
-  linear shading and the same pixel noise. A flat background would let a colour threshold
-  find every object; texture and shading make the features do some work, like natural images.
-  Object colours keep a distance of at least ``MIN_CONTRAST`` from the background's base
-  colour, so every object is visible.
-* **Counts.** 200 train and 50 val images (~490 and ~120 objects): about 4.5 s of one core to
-  generate and 46 MB of PNGs -- mostly the pixel noise, which no PNG level compresses well
-  (without it the set is 19 MB). Enough for a short CPU training to reach a clearly non-zero
-  mAP, small enough to write on first use. The PNGs use zlib level 1, several times faster to
-  write than the default level for ~15% more bytes.
-
-Every image is drawn from its own generator seeded by ``(seed, split, index)``, so a split's
-images do not depend on the other split's size, and the same settings give the same bytes:
-the annotations depend only on numpy's PCG64 stream and coordinates rounded to 0.01 px; the
-PNG bytes also on the zlib build.
-:func:`default_shapes_coco` writes the default set once into the vitbench cache, atomically.
-"""
+No package ships COCO images and nothing may be downloaded at run time, so vitbench draws its
+own small COCO: circles, squares and triangles with boxes and polygon instance masks on textured
+backgrounds, 320x320, in ``train2017``/``val2017`` splits with the usual annotation files. The
+same loaders, metrics and ``--data`` check (:func:`find_coco`) serve it and a real COCO root.
+Every image comes from its own generator seeded by ``(seed, split, index)``, so the same
+settings give the same bytes; :func:`default_shapes_coco` writes the default set once into the
+cache. docs/architecture.md, "Embedded defaults", gives each choice and why."""
 from __future__ import annotations
 
 import dataclasses
@@ -55,6 +23,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 
+from vitbench.cache import cache_dir
 from vitbench.errors import DataError
 
 #: Bump when the drawing or the file layout changes: the cache stamp then no longer matches.
@@ -170,9 +139,6 @@ def default_shapes_coco(cache: str | Path | None = None, settings: ShapesSetting
     (other settings, older generator) regenerates it. If another process finishes first, its
     copy is kept and ours discarded.
     """
-    # imported here: the module imports torch, which generating and find_coco do not need
-    from vitbench.tasks.cls.default_model import cache_dir
-
     settings = dataclasses.replace(settings or ShapesSettings(), **overrides)
     parent = cache_dir(cache)
     target = parent / CACHE_NAME

@@ -110,7 +110,7 @@ def build_classifier(model: nn.Module, *, mean: Sequence[float], std: Sequence[f
     """Wrap ``model`` (not copied) in an mmpretrain ``ImageClassifier`` that returns its logits.
 
     ``mean``/``std``: the model's input normalisation in timm's 0-1 scale, one value per input
-    channel (``vitbench.tasks.cls.models.input_config(model)`` reads them from
+    channel (``vitbench.data.input_config.input_config(model)`` reads them from
     ``model.pretrained_cfg``). ``to_rgb``: True when the data arrive as BGR (mmcv's image
     loading) and the model expects RGB.
     """

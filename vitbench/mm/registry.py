@@ -1,26 +1,11 @@
 """vitbench's mmengine registries: child registries with scope ``vitbench``.
 
 pluggy owns vitbench's plugins and catalogs; these registries only let the OpenMMLab runners
-build vitbench's few mm components (docs/architecture.md, "plugin vs mm registries"). Config
-dicts name them with the scope prefix, e.g. ``dict(type="vitbench.TimmLogits", ...)``, and the
-runners run under ``default_scope="mmpretrain"`` (cls) or ``"mmdet"`` (det/seg).
-
-Why the parents are mmengine's root registries and not mmpretrain's: mmengine resolves a
-scoped name ``"vitbench.X"`` from another scope only if ``vitbench`` is a child of that scope's
-registry or of the root (``Registry.get``). As a child of mmpretrain's registries, ``vitbench.X``
-would be reachable from mmpretrain's scope but not from mmdet's, and the det/seg tasks share
-the backbone wrapper and the reduction runner hook. Under the root it is reachable from both.
-Consequence: an unscoped name looked up in these registries falls back to mmengine's own
-modules only, so configs always spell foreign types with their scope
-(``"mmpretrain.ClsHead"``), which also keeps them correct under any current default scope.
-
-Why ``vitbench`` is never the *default* scope: mmengine then imports ``vitbench.registry`` and
-searches every registry tree (loops, visualizers, optimizers, ...) for a ``vitbench`` child,
-logging a warning for each one it lacks.
-
-``locations`` lists the modules that register into each registry; mmengine imports them the
-first time a ``vitbench.*`` name is looked up, so a config needs no ``custom_imports``.
-"""
+build vitbench's few mm components, named with the scope prefix in configs
+(``dict(type="vitbench.TimmLogits", ...)``). Their parents are mmengine's root registries, so
+``vitbench.X`` resolves under both the mmpretrain (cls) and mmdet (det/seg) default scopes;
+``vitbench`` is never the default scope itself. ``locations`` lets mmengine import the
+registering modules on first lookup. docs/architecture.md, "plugin vs mm registries", says why."""
 from __future__ import annotations
 
 # (the vitbench.mm package applies the compat fixes before this module runs)

@@ -1,4 +1,4 @@
-"""The fine-tuning loop every learnable method uses (issue 3; docs/architecture.md, "Plugins").
+"""The fine-tuning loop every learnable method uses (docs/architecture.md, "The fine-tuning loop").
 
 A method declares :class:`~vitbench.catalog.TrainStage` s on its
 :class:`~vitbench.catalog.Reduction`; :func:`finetune` runs them on the mmengine ``Runner``.

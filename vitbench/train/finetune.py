@@ -1,41 +1,13 @@
-"""One fine-tuning loop for every learnable method, on the mmengine ``Runner`` (issue 3).
+"""One fine-tuning loop for every learnable method, on the mmengine ``Runner``
+(docs/architecture.md, "The fine-tuning loop").
 
-Each :class:`~vitbench.catalog.TrainStage` a method declares is one ``Runner.train()``:
-
-- **what trains**: the method's parameters (those of its ``nn.Module`` reducers, keys
-  ``blocks.i.reducer.*``), filtered by ``stage.trainable``; every backbone weight is frozen
-  (the papers' fine-tuning setup) unless ``train_backbone`` (the train-from-scratch setup, where
-  the backbone trains at the stage's learning rate);
-- **the step** (:class:`MethodTrainer.train_step`): the batch's labels go to the reduction
-  context (LTM's IB step needs them), CE with the stage's label smoothing plus the method's
-  ``extra_loss``; with ``arch_keys`` the step alternates between the architecture parameters
-  (a share ``arch_fraction`` of the steps) and the others, each with its own optimiser (DCS);
-  then the ``after_step`` callbacks;
-- **the schedule**: mmengine's ``CosineAnnealingLR`` per iteration (or constant);
-- **guards**: every step checks its loss terms and gradients (:func:`guarded_update`), and the
-  finished model its weights, so a diverging run stops at once with a
-  :class:`~vitbench.errors.NonFiniteError` naming the method, stage, epoch, iteration and the
-  term or parameter (issue 9: a NaN fine-tuning once became a silent 0.00 % row);
-- **callbacks** (:class:`StageHook`): ``before`` once, ``epoch_end`` after every epoch and
-  ``after`` when the stage ends, each given ``batches()``, an iterator over the training data
-  (normalised images, labels) run in eval mode without gradients;
-- **distributed** (``--launcher pytorch|slurm``, a process group of more than one rank): the
-  Runner runs with ``launcher="pytorch"`` and wraps the trainer in :class:`MethodDDP` (mmengine's
-  ``MMDistributedDataParallel`` keeping :meth:`MethodTrainer.train_step`, with
-  ``find_unused_parameters``: a reducer may leave parameters out of a step); each rank trains
-  on its ``DefaultSampler`` shard with ``batch_size // world_size`` images per step
-  (:func:`vitbench.distributed.rank_batch_size`), so the ranks' batches together are the
-  single process's; DDP averages the gradients, so every rank takes the same step and ends
-  with the same parameters, and the buffers are broadcast from rank 0 after each stage. The
-  loss guard is collective (:func:`check_losses_on_every_rank`): a non-finite loss on one rank
-  stops every rank at that step with the same error, instead of leaving the others waiting in
-  DDP's gradient all-reduce. The callbacks run on every rank over the whole (limited) training
-  data, so their statistics are the same everywhere.
-
-Data: the training split of the evaluation data (:meth:`ClsData.train_cfg`), the first
-``limit`` images when given, no augmentation (a choice: brief fine-tuning of a few method
-parameters; noted in the README).
-"""
+Each :class:`~vitbench.catalog.TrainStage` a method declares is one ``Runner.train()``: the
+method's parameters train (the backbone too with ``train_backbone``), the step
+(:class:`MethodTrainer`) adds the method's ``extra_loss`` to CE and may alternate architecture
+and weight optimisers, every step is guarded against non-finite losses and gradients
+(:func:`guarded_update`), and the stage's callbacks (:class:`StageHook`) see the training
+data. Under a launcher the trainer is wrapped in :class:`MethodDDP` and the loss guard is
+collective. Data: the training split, the first ``limit`` images, no augmentation."""
 from __future__ import annotations
 
 import contextlib
@@ -69,7 +41,7 @@ __all__ = ["DDP_WRAPPER", "FiniteLossHook", "FinetuneResult", "MethodDDP", "Meth
 
 OPTIMIZERS = ("SGD", "AdamW", "Adam")
 SCHEDULES = ("cosine", "constant")
-from vitbench.tasks.cls.batches import Batches
+from vitbench.train.batches import Batches
 
 
 @dataclass
@@ -229,8 +201,7 @@ def _mean_over_ranks(values: dict[str, float]) -> dict[str, float]:
     return {k: float(v) for k, v in zip(keys, tensor.tolist())}
 
 
-#: the model wrapper a distributed ``train_stage`` asks mmengine's Runner for (registered in
-#: mmengine's root ``MODEL_WRAPPERS``, reachable from the mmpretrain and mmdet scopes)
+#: the DDP wrapper's name in mmengine's root ``MODEL_WRAPPERS`` (reachable from every scope)
 DDP_WRAPPER = "VitbenchMethodDDP"
 
 
@@ -480,7 +451,7 @@ def finetune(model: nn.Module, data: Any, *, train_backbone: bool = False, limit
     from mmengine.dist import get_world_size
 
     from vitbench.mm.runner import work_dir_or_temp
-    from vitbench.tasks.cls.batches import cls_batches, data_preprocessor, loader_cfg
+    from vitbench.train.batches import cls_batches, data_preprocessor, loader_cfg
 
     ctx = reduction_context(model)
     if ctx is None or ctx.reduction is None:
