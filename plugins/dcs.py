@@ -29,6 +29,7 @@ from vitbench.engine.attention import AttnInfo
 from vitbench.engine.block import reduction_context
 from vitbench.engine.channel_select import (
     ChannelGate,
+    GatedDecisions,
     QKChannelMask,
     check_mlp,
     gated_mlp,
@@ -214,7 +215,7 @@ def _final_features(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
     return module_features(model, feature_module(model), images, channels_last(model))
 
 
-class DCSReducer(nn.Module, Reducer):
+class DCSReducer(nn.Module, GatedDecisions, Reducer):
     """One block's DCS channel selection: Q/K masks, MLP channel gate, temperature.
 
     The token step (``forward``) returns ``x`` unchanged; :meth:`qk` and :meth:`mlp_forward` are
@@ -265,22 +266,10 @@ class DCSReducer(nn.Module, Reducer):
 
     # -- the compute budget (vitbench.kit.channel_budget) --------------------------------
 
-    def snapshot_shape(self) -> None:
-        """Fix the last forward's shapes (a batch-1 count) as the ones the costs are for."""
-        if self._last_shape is None:
-            raise RuntimeError("dcs: no forward has run through this block's MLP yet")
-        self.cost_shape = self._last_shape
+    gated_part = "this block's MLP"
 
-    def hard_decision(self) -> Optional[torch.Tensor]:
-        """The search's keep/drop decision ``alpha > 0`` as 0/1 ``[C]`` (``None`` without a gate)."""
-        return None if self.mlp_gate is None else (self.mlp_gate.alpha.detach() > 0).float()
-
-    def decision(self) -> Optional[torch.Tensor]:
-        """:meth:`hard_decision` with the straight-through gradient of ``sigmoid(alpha / tau)``."""
-        return None if self.mlp_gate is None else self.mlp_gate.decision(self.tau)
-
-    def alpha_values(self) -> torch.Tensor:
-        return self.mlp_gate.alpha.detach()
+    def budget_gate(self) -> Optional[ChannelGate]:
+        return self.mlp_gate
 
     def budget_units(self) -> list[tuple[float, torch.Tensor]]:
         """What the budget drops when the search kept too much: single channels, lowest

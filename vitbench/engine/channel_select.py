@@ -11,6 +11,8 @@ reduce a mask or a convolution to the heads or channels still computed. The mask
 :func:`~vitbench.engine.masks.straight_through_mask` (shared with LTMP and LTM)."""
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import nn
 
@@ -18,6 +20,7 @@ from vitbench.engine.masks import gumbel_difference, straight_through_mask
 from vitbench.errors import UnsupportedError
 
 __all__ = [
+    "GatedDecisions",
     "KEEP_LOGIT", "ChannelGate", "NoChannels", "PointwiseConv", "QKChannelMask", "check_mlp",
     "conv_output_channels",
     "check_pointwise_proj", "gated_mlp", "gumbel_difference", "shrink_mlp", "shrink_proj_input",
@@ -268,3 +271,33 @@ def conv_output_channels(conv: nn.Conv2d, rows: torch.Tensor) -> nn.Module:
     if conv.bias is not None:
         new.bias = nn.Parameter(conv.bias[rows].detach().clone(), requires_grad=conv.bias.requires_grad)
     return new
+
+
+class GatedDecisions:
+    """The keep/drop decisions of a reducer's one :class:`ChannelGate`, as a compute budget reads them."""
+
+    #: what the reducer gates, for the error before any forward ("this LiteMLA")
+    gated_part = "this module"
+
+    def budget_gate(self) -> Optional["ChannelGate"]:
+        """The gate whose decisions the budget counts (``None``: no gate)."""
+        raise NotImplementedError
+
+    def snapshot_shape(self) -> None:
+        """Fix the last forward's shapes (a batch-1 count) as the ones the costs are for."""
+        if self._last_shape is None:  # type: ignore[attr-defined]
+            raise RuntimeError(f"dcs: no forward has run through {self.gated_part} yet")
+        self.cost_shape = self._last_shape  # type: ignore[attr-defined]
+
+    def hard_decision(self) -> Optional[torch.Tensor]:
+        """The search's keep/drop decision ``alpha > 0`` as 0/1 (``None`` without a gate)."""
+        gate = self.budget_gate()
+        return None if gate is None else (gate.alpha.detach() > 0).float()
+
+    def decision(self) -> Optional[torch.Tensor]:
+        """:meth:`hard_decision` with the straight-through gradient of ``sigmoid(alpha / tau)``."""
+        gate = self.budget_gate()
+        return None if gate is None else gate.decision(self.tau)  # type: ignore[attr-defined]
+
+    def alpha_values(self) -> torch.Tensor:
+        return self.budget_gate().alpha.detach()  # type: ignore[union-attr]

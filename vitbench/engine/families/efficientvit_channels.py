@@ -10,6 +10,7 @@ from torch import nn
 from vitbench.catalog import BlockInfo
 from vitbench.engine.channel_select import (
     ChannelGate,
+    GatedDecisions,
     QKChannelMask,
     check_pointwise_proj,
     conv_output_channels,
@@ -25,7 +26,7 @@ __all__ = ["BRANCHES", "DCSLiteMLAReducer"]
 BRANCHES = 2
 
 
-class DCSLiteMLAReducer(nn.Module, Reducer):
+class DCSLiteMLAReducer(nn.Module, GatedDecisions, Reducer):
     """One EfficientViT LiteMLA's DCS channel selection (docs/methods.md §7 on EfficientViT: "Q/K of
     each LiteMLA branch, and the concatenated branch outputs feeding the projection").
 
@@ -102,22 +103,10 @@ class DCSLiteMLAReducer(nn.Module, Reducer):
 
     # -- the compute budget (vitbench.kit.channel_budget) --------------------------------
 
-    def snapshot_shape(self) -> None:
-        """Fix the last forward's shapes (a batch-1 count) as the ones the costs are for."""
-        if self._last_shape is None:
-            raise RuntimeError("dcs: no forward has run through this LiteMLA yet")
-        self.cost_shape = self._last_shape
+    gated_part = 'this LiteMLA'
 
-    def hard_decision(self) -> Optional[torch.Tensor]:
-        """The search's keep/drop decision ``alpha > 0`` as 0/1 ``[H'*d]`` (``None`` without a gate)."""
-        return None if self.out_gate is None else (self.out_gate.alpha.detach() > 0).float()
-
-    def decision(self) -> Optional[torch.Tensor]:
-        """:meth:`hard_decision` with the straight-through gradient of ``sigmoid(alpha / tau)``."""
-        return None if self.out_gate is None else self.out_gate.decision(self.tau)
-
-    def alpha_values(self) -> torch.Tensor:
-        return self.out_gate.alpha.detach()
+    def budget_gate(self) -> Optional[ChannelGate]:
+        return self.out_gate
 
     def observe(self, mla: nn.Module, x: torch.Tensor) -> None:
         """Every forward: on the first (the module still whole), check that the ``qkv`` and
