@@ -25,7 +25,8 @@ import torch
 import vitbench
 import vitbench.plugins
 from vitbench.errors import PluginError, UnknownNameError
-from vitbench.plugins import PluginFailure, PluginHost
+from vitbench.cli.main import main
+from vitbench.plugins import PluginClash, PluginFailure, PluginHost
 from vitbench.testing import check_method
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "vitbench-example-plugin"
@@ -246,24 +247,189 @@ def test_block_list_skips_the_listed_plugins(fake_dists: FakeDistributions,
 
 
 # -- names -----------------------------------------------------------------------------------
-def test_a_duplicate_method_name_names_both_plugins(fake_dists: FakeDistributions) -> None:
-    fake_dists.add("copycat-plugin", {"copycat": fake_dists.method_plugin("tome")})
+def test_a_plugin_registering_a_builtin_name_clashes_and_the_builtin_keeps_it(
+        fake_dists: FakeDistributions, capsys: pytest.CaptureFixture[str]) -> None:
+    # 'aaa_copy' sorts before the built-in 'tome': a built-in keeps its name all the same
+    fake_dists.add("copycat-plugin", {"aaa_copy": fake_dists.method_plugin("tome", ("copy-alias",))})
     host = fresh_host()
-    with pytest.raises(PluginError, match="duplicate method name 'tome'") as caught:
+    assert BUILTIN_METHODS <= set(host.names("methods"))
+    assert host.owner("methods", "tome") == "tome" and host.specs("methods")["tome"].budget is not None
+    assert host.clashes == [PluginClash("methods", "tome", "tome", "aaa_copy")]
+    assert host.plugins["aaa_copy"].registered["methods"] == []
+    warned = warnings_in(capsys.readouterr().err)
+    assert len(warned) == 1
+    assert ("plugins 'tome' (vitbench) and 'aaa_copy' (copycat-plugin) both register the method 'tome'"
+            in warned[0]) and "VITBENCH_DISABLE_PLUGINS=aaa_copy" in warned[0]
+    host.add_plugin(object(), "late")  # a rebuild of the catalogs warns no second time
+    assert host.clashes == [PluginClash("methods", "tome", "tome", "aaa_copy")]
+    assert warnings_in(capsys.readouterr().err) == []
+    both = r"'tome' \(vitbench\), 'aaa_copy' \(copycat-plugin\); choose one: uninstall one of them, or set " \
+           r"VITBENCH_DISABLE_PLUGINS=aaa_copy or =tome"
+    with pytest.raises(PluginError, match=r"^method 'tome' is registered by more than one plugin: " + both + "$"):
         host.method("tome")
-    assert "plugin 'tome'" in str(caught.value) and "plugin 'copycat'" in str(caught.value)
+    with pytest.raises(PluginError, match=r"^method 'copy-alias' is an alias of the method 'tome' of plugin "
+                                          r"'aaa_copy', a name registered by more than one plugin: " + both):
+        host.method("copy-alias")
+    assert host.method("topk").name == "topk"  # the rest of the catalog still answers
+    assert host.describe()["clashes"] == [
+        {"kind": "methods", "name": "tome", "kept_by": "tome", "refused_from": "aaa_copy"}]
+
+
+def test_disabling_one_side_of_a_clash_resolves_it(fake_dists: FakeDistributions,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_dists.add("copycat-plugin", {"copycat": fake_dists.method_plugin("tome")})
+    monkeypatch.setenv("VITBENCH_DISABLE_PLUGINS", "tome")
+    host = fresh_host()
+    assert host.clashes == [] and host.owner("methods", "tome") == "copycat"
+    assert host.method("tome").budget is None
 
 
 @pytest.mark.parametrize("first, second, clash", [
     (("fast-a", ("fast",)), ("fast-b", ("fast",)), "fast"),  # alias vs alias
     (("fast-a", ()), ("fast-b", ("fast-a",)), "fast-a"),  # alias vs name
+    (("fast-a", ("fast-b",)), ("fast-b", ()), "fast-b"),  # name vs alias: fast-b is left out
 ])
-def test_a_duplicate_alias_names_both_plugins(fake_dists: FakeDistributions, first, second, clash) -> None:
-    fake_dists.add("first-plugin", {"first": fake_dists.method_plugin(*first)})
-    fake_dists.add("second-plugin", {"second": fake_dists.method_plugin(*second)})
-    with pytest.raises(PluginError, match=f"duplicate method name '{clash}'") as caught:
+def test_a_clash_between_two_third_party_plugins_goes_to_the_first_by_name(
+        fake_dists: FakeDistributions, capsys: pytest.CaptureFixture[str], first, second, clash) -> None:
+    # the distributions sort the other way round: the entry-point name decides
+    fake_dists.add("z-plugin", {"first": fake_dists.method_plugin(*first)})
+    fake_dists.add("a-plugin", {"second": fake_dists.method_plugin(*second)})
+    host = fresh_host()
+    assert host.clashes == [PluginClash("methods", clash, "first", "second")]
+    assert host.owner("methods", clash) == "first"
+    for name in {first[0], second[0]} - {clash}:  # the names that did not clash still answer
+        assert host.method(name).name == name
+    with pytest.raises(PluginError, match=rf"^method '{clash}' is registered by more than one plugin: "
+                                          r"'first' \(z-plugin\), 'second' \(a-plugin\); choose one: "):
+        host.method(clash)
+    [warned] = warnings_in(capsys.readouterr().err)
+    assert f"plugins 'first' (z-plugin) and 'second' (a-plugin) both register the method '{clash}'" in warned
+
+
+def test_a_clash_is_fatal_when_strict(fake_dists: FakeDistributions, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_dists.add("copycat-plugin", {"copycat": fake_dists.method_plugin("tome")})
+    monkeypatch.setenv("VITBENCH_STRICT_PLUGINS", "1")
+    with pytest.raises(PluginError, match=r"plugins 'tome' \(vitbench\) and 'copycat' \(copycat-plugin\) both "
+                                          r"register the method 'tome'; choose one: "):
         fresh_host().names("methods")
-    assert "plugin 'first'" in str(caught.value) and "plugin 'second'" in str(caught.value)
+
+
+SCORER_AND_TASK_PLUGIN = """
+from vitbench.catalog import ScorerSpec, TaskSetup
+from vitbench.hookspecs import hookimpl
+from vitbench.task import Task
+
+
+class Cls(Task):
+    name = "cls"
+    metrics = ("gmacs",)
+
+    def setup(self, options):
+        return TaskSetup(model="m", data=None, metrics=("gmacs",))
+
+    def workspace(self, request):
+        return None
+
+    def run(self, *args):
+        return {}
+
+
+@hookimpl
+def vitbench_register_scorers(register):
+    register(ScorerSpec(name="entropy", score=lambda info, prefix: None))
+
+
+@hookimpl
+def vitbench_register_tasks(register):
+    register(Cls())
+"""
+
+
+def test_a_scorer_and_a_task_clash_break_only_what_asks_for_them(
+        fake_dists: FakeDistributions, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    fake_dists.add("twin-plugin", {"twin": SCORER_AND_TASK_PLUGIN})
+    vitbench.plugins.reset_host()
+    host = vitbench.plugins.get_host()
+    assert {(c.kind, c.name, c.kept_by) for c in host.clashes} == {("scorers", "entropy", "scorers"),
+                                                                   ("tasks", "cls", "cls_task")}
+    with pytest.raises(PluginError, match=r"^scorer 'entropy' is registered by more than one plugin: "
+                                          r"'scorers' \(vitbench\), 'twin' \(twin-plugin\)"):
+        host.scorer("entropy")
+    assert len(warnings_in(capsys.readouterr().err)) == 2
+    with pytest.raises(SystemExit) as done:  # building the task options does not ask for 'cls'
+        main(["--help"])
+    assert done.value.code == 0
+    for args in (["list", "tasks"], ["list", "scorers"], ["plugins", "--json"]):
+        assert main(args) == 0
+    out = tmp_path / "out"
+    assert main(["run", "--task", "cls", "--methods", "topk", "--limit", "2", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert [line for line in err if "error" in line] == [
+        "vitbench: error: task 'cls' is registered by more than one plugin: 'cls_task' (vitbench), 'twin' "
+        "(twin-plugin); choose one: uninstall one of them, or set VITBENCH_DISABLE_PLUGINS=twin or =cls_task"]
+    assert not out.exists()
+
+
+def _vitbench(site: Path, cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """``python -m vitbench ARGS`` with the fake distributions of ``site`` installed."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("VITBENCH_")}
+    environ["PYTHONPATH"] = os.pathsep.join([str(site), *filter(None, [environ.get("PYTHONPATH")])])
+    return subprocess.run([sys.executable, "-m", "vitbench", *args], cwd=cwd, env=environ | env,
+                          capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_a_plugin_registering_tome_breaks_only_asking_for_tome(
+        fake_dists: FakeDistributions, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 22, item 1: every command runs, and ``run --methods tome`` is one line naming both."""
+    fake_dists.add("rel-dup", {"rel_dup": fake_dists.method_plugin("tome")})
+    both = "'tome' (vitbench), 'rel_dup' (rel-dup)"
+    listed = _vitbench(fake_dists.site, tmp_path, "list", "methods")
+    assert listed.returncode == 0, listed.stderr
+    assert any(line.startswith("  tome ") and "plugin: tome;" in line for line in listed.stdout.splitlines())
+    [warned] = warnings_in(listed.stderr)
+    assert "plugins 'tome' (vitbench) and 'rel_dup' (rel-dup) both register the method 'tome'" in warned
+    out = tmp_path / "out"
+    ran = _vitbench(fake_dists.site, tmp_path, "run", "--task", "cls", "--methods", "tome", "--limit", "8",
+                    "--metrics", "accuracy,gmacs", "--out", str(out))
+    assert ran.returncode == 2 and "Traceback" not in ran.stderr, ran.stderr
+    assert [line for line in ran.stderr.splitlines() if not line.startswith("vitbench: warning:")] == [
+        f"vitbench: error: method 'tome' is registered by more than one plugin: {both}; choose one: "
+        "uninstall one of them, or set VITBENCH_DISABLE_PLUGINS=rel_dup or =tome"]
+    assert not out.exists()
+
+    vitbench.plugins.reset_host()  # the same installation, in this process
+    assert main(["plugins"]) == 0
+    assert ("CLASH method 'tome'  kept by plugin 'tome', left out of plugin 'rel_dup' (asking for it is an error)"
+            in capsys.readouterr().out.splitlines())
+    assert main(["plugins", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["clashes"] == [
+        {"kind": "methods", "name": "tome", "kept_by": "tome", "refused_from": "rel_dup"}]
+    for args in (["--help"], ["--version"]):
+        with pytest.raises(SystemExit) as done:
+            main(args)
+        assert done.value.code == 0
+
+
+@pytest.mark.parametrize("args", [["list", "methods"], ["--help"]])
+def test_strict_plugins_with_a_broken_plugin_is_one_line_for_every_command(
+        fake_dists: FakeDistributions, tmp_path: Path, args: list[str]) -> None:
+    fake_dists.add("broken-plugin", {"broken": "raise RuntimeError('boom')\n"})
+    done = _vitbench(fake_dists.site, tmp_path, *args, VITBENCH_STRICT_PLUGINS="1")
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.splitlines() == [
+        "vitbench: error: plugin 'broken' (broken-plugin) failed to load: RuntimeError: boom"]
+
+
+def test_strict_plugins_is_one_line_also_for_version_and_plugins(
+        fake_dists: FakeDistributions, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    fake_dists.add("broken-plugin", {"broken": "raise RuntimeError('boom')\n"})
+    monkeypatch.setenv("VITBENCH_STRICT_PLUGINS", "1")
+    for args in (["--version"], ["plugins"], ["list", "scorers"]):
+        vitbench.plugins.reset_host()
+        assert main(args) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err == (
+            "vitbench: error: plugin 'broken' (broken-plugin) failed to load: RuntimeError: boom\n")
 
 
 def test_an_alias_finds_its_method(fake_dists: FakeDistributions) -> None:

@@ -55,7 +55,7 @@ def check_launcher(launcher: str, task: str, methods: Sequence[str]) -> None:
     from vitbench.plugins import get_host
 
     host = get_host()
-    able = [name for name in host.names("tasks") if host.task(name).distributed]
+    able = [name for name, spec in sorted(host.specs("tasks").items()) if spec.distributed]
     if not host.task(task).distributed:
         raise VitbenchError(f"--launcher {launcher} supports the {', '.join(able) or 'no'} task(s) so far "
                             f"(Task.distributed); --task is {task!r} (run it with --launcher none)")

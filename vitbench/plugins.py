@@ -4,7 +4,8 @@ the catalogs of methods, scorers, model families and tasks (docs/architecture.md
 Built-in plugins are ordinary entry points of the ``vitbench`` distribution; nothing here
 imports one by name. Loading is safe: a plugin that fails to import or to register is recorded
 (distribution, name, error) and reported once on stderr; it is fatal only when it was asked
-for by name, or with ``VITBENCH_STRICT_PLUGINS=1``.
+for by name, or with ``VITBENCH_STRICT_PLUGINS=1``. Two plugins registering one name is a
+clash, warned about the same way (see :class:`PluginHost`).
 
 Environment: ``VITBENCH_PLUGINS`` (comma-separated allow-list of entry-point names),
 ``VITBENCH_DISABLE_PLUGINS`` (block-list), ``VITBENCH_STRICT_PLUGINS``.
@@ -48,6 +49,21 @@ class PluginFailure:
     error: str
 
 
+@dataclass(frozen=True)
+class PluginClash:
+    """A ``kind`` name (or alias) registered by two plugins: ``kept_by`` keeps it, the
+    registration of ``refused_from`` is left out."""
+
+    kind: str
+    name: str
+    kept_by: str
+    refused_from: str
+
+
+def _strict() -> bool:
+    return os.environ.get("VITBENCH_STRICT_PLUGINS", "") not in ("", "0")
+
+
 def _env_list(var: str) -> set[str] | None:
     raw = os.environ.get(var)
     if raw is None:
@@ -56,7 +72,17 @@ def _env_list(var: str) -> set[str] | None:
 
 
 class PluginHost:
-    """Owns the pluggy ``PluginManager`` and the catalogs built from its register hooks."""
+    """Owns the pluggy ``PluginManager`` and the catalogs built from its register hooks.
+
+    Name clashes: the register hooks run built-in plugins (distribution ``vitbench``) first,
+    then the others by plugin (entry-point) name, and the first to register a name keeps it.
+    A later registration of a taken name or alias is left out, recorded in :attr:`clashes`
+    and warned about once on stderr (an error under ``VITBENCH_STRICT_PLUGINS``), so the
+    commands that do not ask for it go on. Asking for a clashed name (:meth:`method`,
+    :meth:`task`, ... with that name, or with an alias of the left-out registration) raises
+    :class:`~vitbench.errors.PluginError` naming both plugins, rather than quietly answering
+    with the one that kept it; :meth:`specs` lists every kept registration without asking.
+    """
 
     def __init__(self) -> None:
         self.pm = pluggy.PluginManager(hookspecs.PROJECT)
@@ -64,9 +90,12 @@ class PluginHost:
         self.plugins: dict[str, PluginInfo] = {}
         self.failures: list[PluginFailure] = []
         self.skipped: list[str] = []
+        self._clashes: list[PluginClash] = []
         self._catalogs: dict[str, dict[str, Any]] | None = None
         self._aliases: dict[str, str] = {}
         self._owner: dict[tuple[str, str], str] = {}
+        self._left_out: dict[tuple[str, str], PluginClash] = {}  # aliases of a left-out spec
+        self._warned: set[PluginClash] = set()
 
     # -- discovery ---------------------------------------------------------------------
     def load_entry_points(self) -> None:
@@ -110,7 +139,7 @@ class PluginHost:
         known = failure in self.failures  # a register hook fails again on every catalog rebuild
         if not known:
             self.failures.append(failure)
-        if os.environ.get("VITBENCH_STRICT_PLUGINS", "") not in ("", "0"):
+        if _strict():
             raise PluginError(f"plugin {name!r} ({distribution}) failed to load: {error}")
         if not known:
             print(f"vitbench: warning: plugin {name!r} ({distribution}) failed to load: {error}",
@@ -119,10 +148,10 @@ class PluginHost:
     # -- catalogs ----------------------------------------------------------------------
     def _build(self) -> dict[str, dict[str, Any]]:
         catalogs: dict[str, dict[str, Any]] = {kind: {} for kind in _KINDS}
-        self._aliases, self._owner = {}, {}
+        self._aliases, self._owner, self._left_out, self._clashes = {}, {}, {}, []
         for kind, spec_type in _KINDS.items():
             caller = getattr(self.pm.hook, f"vitbench_register_{kind}")
-            for impl in caller.get_hookimpls():
+            for impl in sorted(caller.get_hookimpls(), key=lambda impl: self._rank(impl.plugin_name)):
                 plugin = impl.plugin_name
                 register = self._register_fn(kind, spec_type, plugin, catalogs[kind])
                 try:
@@ -144,20 +173,59 @@ class PluginHost:
                 _check_knob(spec)
             if kind == "tasks":
                 _check_task(spec)
-            names = [spec.name, *getattr(spec, "aliases", ())]
-            for name in names:
-                other = self._owner.get((kind, name))
-                if other is not None:
-                    raise PluginError(
-                        f"duplicate {kind[:-1]} name {name!r}: registered by plugin {other!r} "
-                        f"and by plugin {plugin!r}")
+            names = list(dict.fromkeys([spec.name, *getattr(spec, "aliases", ())]))
+            free = [name for name in names if not self._clash(kind, name, plugin)]
+            if spec.name not in free:  # its name is taken: its aliases lead to the clash
+                primary = next(c for c in reversed(self._clashes) if (c.kind, c.name) == (kind, spec.name))
+                for alias in free:
+                    self._left_out[(kind, alias)] = primary
+                return
+            for name in free:
                 self._owner[(kind, name)] = plugin
-            for alias in names[1:]:
+            for alias in free[1:]:
                 self._aliases[f"{kind}:{alias}"] = spec.name
             catalog[spec.name] = spec
             if plugin in self.plugins:
                 self.plugins[plugin].registered[kind].append(spec.name)
         return register
+
+    def _rank(self, plugin: str) -> tuple[bool, str]:
+        """Built-in plugins first, then by name: who keeps a name two plugins register."""
+        info = self.plugins.get(plugin)
+        return (info is None or info.distribution != "vitbench", plugin)
+
+    def _label(self, plugin: str) -> str:
+        info = self.plugins.get(plugin)
+        return f"{plugin!r} ({info.distribution})" if info and info.distribution else repr(plugin)
+
+    def _clash(self, kind: str, name: str, plugin: str) -> bool:
+        """Whether ``name`` is taken; if so record, and warn once about, the clash."""
+        kept_by = self._owner.get((kind, name))
+        if kept_by is None:
+            return False
+        clash = PluginClash(kind, name, kept_by, plugin)
+        self._clashes.append(clash)
+        what = (f"plugins {self._label(kept_by)} and {self._label(plugin)} both register the "
+                f"{kind[:-1]} {name!r}" if kept_by != plugin else
+                f"plugin {self._label(plugin)} registers the {kind[:-1]} {name!r} twice")
+        if _strict():
+            raise PluginError(f"{what}; choose one: {_choose(clash)}")
+        if clash not in self._warned:
+            self._warned.add(clash)
+            print(f"vitbench: warning: {what}; {kept_by!r} keeps it, and asking for it is an error until "
+                  f"you choose one: {_choose(clash)}", file=sys.stderr)
+        return True
+
+    def _clash_error(self, kind: str, name: str, clash: PluginClash) -> PluginError:
+        plugins = list(dict.fromkeys([clash.kept_by] + [c.refused_from for c in self._clashes
+                                                        if (c.kind, c.name) == (clash.kind, clash.name)]))
+        both = ", ".join(map(self._label, plugins))
+        if name == clash.name:
+            what = f"{kind[:-1]} {name!r} is registered by more than one plugin: {both}"
+        else:
+            what = (f"{kind[:-1]} {name!r} is an alias of the {kind[:-1]} {clash.name!r} of plugin "
+                    f"{clash.refused_from!r}, a name registered by more than one plugin: {both}")
+        return PluginError(f"{what}; choose one: {_choose(clash)}")
 
     @property
     def catalogs(self) -> dict[str, dict[str, Any]]:
@@ -167,11 +235,22 @@ class PluginHost:
             self._catalogs = self._build()
         return self._catalogs
 
+    @property
+    def clashes(self) -> list[PluginClash]:
+        """The names two plugins registered (the catalogs are built first)."""
+        self.catalogs  # noqa: B018
+        return list(self._clashes)
+
     def _lookup(self, kind: str, name: str) -> Any:
         catalog = self.catalogs[kind]
+        for clash in self._clashes:
+            if (clash.kind, clash.name) == (kind, name):
+                raise self._clash_error(kind, name, clash)
         canonical = self._aliases.get(f"{kind}:{name}", name)
         if canonical in catalog:
             return catalog[canonical]
+        if (kind, name) in self._left_out:
+            raise self._clash_error(kind, name, self._left_out[(kind, name)])
         for failure in self.failures:
             if failure.name == name:
                 raise PluginError(f"{kind[:-1]} {name!r} comes from plugin {failure.name!r} "
@@ -203,6 +282,11 @@ class PluginHost:
         raise UnsupportedError(f"no model-family adapter recognises {type(model).__name__}; "
                                f"supported families: {families}")
 
+    def specs(self, kind: str) -> dict[str, Any]:
+        """Every kept registration of ``kind`` by name, clashed names included (listings, not
+        lookups: a lookup of a clashed name is an error)."""
+        return dict(self.catalogs[kind])
+
     def names(self, kind: str) -> list[str]:
         """The registered names of ``kind`` (methods, scorers, families, tasks), sorted."""
         return sorted(self.catalogs[kind])
@@ -220,15 +304,20 @@ class PluginHost:
 
     def describe(self) -> dict[str, Any]:
         """A JSON-friendly description: every plugin with what it registered, the tasks (and the
-        plugin of each), and failures."""
-        self.catalogs  # noqa: B018
+        plugin of each), failures and name clashes."""
+        tasks = self.specs("tasks")
         return {
             "plugins": [vars(info) | {"registered": dict(info.registered)} for info in self.plugins.values()],
-            "tasks": [{"name": name, "plugin": self.owner("tasks", name), "description": self.task(name).description,
-                       "options": list(self.task(name).option_flags())} for name in self.names("tasks")],
+            "tasks": [{"name": name, "plugin": self.owner("tasks", name), "description": tasks[name].description,
+                       "options": list(tasks[name].option_flags())} for name in sorted(tasks)],
             "failures": [vars(f) for f in self.failures],
+            "clashes": [vars(c) for c in self.clashes],
             "skipped": list(self.skipped),
         }
+
+
+def _choose(clash: PluginClash) -> str:
+    return f"uninstall one of them, or set VITBENCH_DISABLE_PLUGINS={clash.refused_from} or ={clash.kept_by}"
 
 
 def _check_knob(spec: MethodSpec) -> None:

@@ -122,10 +122,14 @@ def test_a_duplicate_task_name_names_both_plugins():
             register(_task("twin", metrics=("gmacs",)))
 
     host = PluginHost()
-    host.add_plugin(One(), "first")
     host.add_plugin(One(), "second")
-    with pytest.raises(PluginError, match="duplicate task name 'twin': registered by plugin 'first' and by plugin 'second'"):
-        host.names("tasks")
+    host.add_plugin(One(), "first")
+    assert host.names("tasks") == ["twin"]  # a clash is a warning: the first by name keeps it
+    assert [vars(c) for c in host.clashes] == [
+        {"kind": "tasks", "name": "twin", "kept_by": "first", "refused_from": "second"}]
+    with pytest.raises(PluginError, match="task 'twin' is registered by more than one plugin: 'first', 'second'; "
+                                          "choose one: uninstall one of them, or set VITBENCH_DISABLE_PLUGINS=second"):
+        host.task("twin")
 
 
 def test_a_task_spec_checks_what_it_counts():

@@ -18,9 +18,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    host = get_host()
+    host = get_host()  # listings read host.specs: a clashed name is listed (its keeper's), not refused
     if args.kind == "methods":
-        specs = [host.method(name) for name in host.names("methods")]
+        specs = [spec for _, spec in sorted(host.specs("methods").items())]
         for kind in METHOD_KINDS:  # grouped by what they reduce (MethodSpec.kind)
             group = [spec for spec in specs if spec.kind == kind]
             if not group:
@@ -34,16 +34,14 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  {spec.name}{extra}  [{trains}; families: {', '.join(spec.families)}; plugin: "
                       f"{host.owner('methods', spec.name)}{knob}]  {spec.description}")
     elif args.kind == "scorers":
-        for name in host.names("scorers"):
-            print(f"{name}  [plugin: {host.owner('scorers', name)}]  {host.scorer(name).description}")
+        for name, spec in sorted(host.specs("scorers").items()):
+            print(f"{name}  [plugin: {host.owner('scorers', name)}]  {spec.description}")
     elif args.kind == "families":
-        for name in host.names("families"):
-            spec = host.family(name)
+        for name, spec in sorted(host.specs("families").items()):
             print(f"{name}  [plugin: {host.owner('families', name)}; models: "
                   f"{', '.join(spec.model_patterns)}]  {spec.description}")
     elif args.kind == "tasks":
-        for name in host.names("tasks"):
-            spec = host.task(name)
+        for name, spec in sorted(host.specs("tasks").items()):
             control = "; control row" if spec.control else ""
             flags = spec.option_flags()
             options = f"; options: {', '.join(flags)}" if flags else ""
@@ -52,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         import timm
 
-        patterns = [p for name in host.names("families") for p in host.family(name).model_patterns]
+        patterns = [p for _, spec in sorted(host.specs("families").items()) for p in spec.model_patterns]
         names = sorted(set(timm.list_models(patterns)))
         if args.filter:
             import fnmatch

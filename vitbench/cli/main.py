@@ -7,6 +7,7 @@ from typing import Optional
 
 from vitbench import __version__
 from vitbench.cli import list_cmd, plugins_cmd, report_cmd, run_cmd, sweep_cmd
+from vitbench.cli.signals import Terminated, raise_on_sigterm
 from vitbench.errors import VitbenchError
 
 COMMANDS = (run_cmd, sweep_cmd, list_cmd, plugins_cmd, report_cmd)
@@ -24,9 +25,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """Entry point of the console script; bad input exits 2 with one line, no traceback."""
-    args = build_parser().parse_args(argv)
+    """Entry point of the console script; bad input exits 2 with one line, no traceback (also
+    while building the parser, which asks the plugins for their tasks' options)."""
+    raise_on_sigterm()
     try:
+        args = build_parser().parse_args(argv)
         return int(args.handler(args) or 0)
     except VitbenchError as exc:
         print(f"vitbench: error: {exc}", file=sys.stderr)
@@ -34,6 +37,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     except KeyboardInterrupt:
         print("vitbench: interrupted; finished runs are in the store (use --resume)", file=sys.stderr)
         return 130
+    except Terminated:
+        print("vitbench: terminated (SIGTERM); finished runs are in the store (use --resume)", file=sys.stderr)
+        return 143
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -36,8 +36,7 @@ def add_task_options(parser: argparse.ArgumentParser) -> None:
     remember which tasks own which (``args.task_options``, read by :func:`check_task_options`)."""
     host = get_host()
     shared: dict[Any, list[Task]] = {}
-    for name in host.names("tasks"):
-        task = host.task(name)
+    for _, task in sorted(host.specs("tasks").items()):  # listing, not asking: a clashed name is no error
         adder = type(task).add_options
         if adder is Task.add_options and not fields(task.Options):
             continue  # no options of its own
