@@ -44,8 +44,8 @@ class Results:
 
     @property
     def ok(self) -> bool:
-        """Whether every run finished (or was skipped): the CLI exits 0, else 1."""
-        return all(r["status"] in ("ok", "skipped") for r in self.records)
+        """Whether every run finished (or was skipped) and is in the store: the CLI exits 0, else 1."""
+        return all(r["status"] in ("ok", "skipped") and "rescued_to" not in r for r in self.records)
 
     def table(self) -> "pd.DataFrame":
         """This call's table: a benchmark's comparison table (the baseline first,
@@ -127,6 +127,7 @@ def run(options: RunOptions, command: Optional[Sequence[str]] = None) -> Results
     from vitbench.execute import execute_plan
     from vitbench.plugins import get_host
     from vitbench.results import ResultStore
+    from vitbench.results.writable import check_writable
 
     task = get_host().task(options.task)  # unknown -> error listing the registered tasks
     methods = _methods(options)
@@ -142,6 +143,8 @@ def run(options: RunOptions, command: Optional[Sequence[str]] = None) -> Results
     if _empty_shard(plan, options.shard):
         return Results(options, out, [], [])
     _check_device(options)
+    store = ResultStore(out, shard=options.shard)  # --shard I/N: its own file, merged on read
+    check_writable(out, store.path)  # before anything is loaded or measured
 
     say = _Progress(quiet=launcher_rank(options.launcher) != 0)
     resume = options.resume or options.is_sweep  # a sweep always resumes: re-running skips done runs
@@ -149,8 +152,6 @@ def run(options: RunOptions, command: Optional[Sequence[str]] = None) -> Results
         ws = task.workspace(WorkspaceRequest(options=options, setup=setup, plan=plan, out=out, resume=resume,
                                              note=say.note))
     init_launcher(options.launcher, options.device)
-    out.mkdir(parents=True, exist_ok=True)
-    store = ResultStore(out, shard=options.shard)  # --shard I/N: its own file, merged on read
     env = environment(options.device, command=None if command is None else list(command),
                       precision=options.precision, compiled=options.compile, cuda_graph=options.cuda_graph)
     records = execute_plan(plan, ws, store, resume=resume, env=env, progress=say.step)
@@ -235,14 +236,17 @@ def _out_dir(options: RunOptions, model_name: str) -> Path:
 
 def _report(options: RunOptions, records: list[Record], stored: list[Record], out: Path, command: str) -> Results:
     """Write the report (a sweep's, or the comparison) from the store's records."""
-    if options.is_sweep:
-        from vitbench.report import write_sweep_report
+    from vitbench.report import write_report, write_sweep_report
+    from vitbench.results.writable import OutputError
 
-        md, pngs = write_sweep_report(stored, out / "report.md", command=command)
-        return Results(options, out, records, stored, md, tuple(pngs))
-    from vitbench.report import write_report
-
-    md, png = write_report(stored, out / "report.md", command=command)
+    try:
+        if options.is_sweep:
+            md, pngs = write_sweep_report(stored, out / "report.md", command=command)
+            return Results(options, out, records, stored, md, tuple(pngs))
+        md, png = write_report(stored, out / "report.md", command=command)
+    except OSError as exc:
+        raise OutputError(f"could not write the report in {str(out)!r} ({exc.strerror or type(exc).__name__}); "
+                          f"the records are in the store: render them later with `vitbench report {out}`") from None
     return Results(options, out, records, stored, md, (png,))
 
 

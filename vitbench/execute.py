@@ -28,6 +28,7 @@ from vitbench.errors import BudgetError, VitbenchError
 from vitbench.plan import BASELINE, REFERENCES, RunSpec
 from vitbench.plugins import get_host
 from vitbench.results import ResultStore
+from vitbench.results.writable import rescue_record
 from vitbench.task import Task
 
 Progress = Callable[[str], None]
@@ -124,6 +125,15 @@ def run_spec(spec: RunSpec, ws: Any, baseline: Optional[dict], env: dict[str, An
     return record
 
 
+def _append(store: ResultStore, record: dict[str, Any]) -> None:
+    """Append ``record`` to the store; when that fails (a full disk), keep it in a rescue file
+    and say where (:func:`~vitbench.results.writable.rescue_record`), so no measurement is lost."""
+    try:
+        store.append(record)
+    except OSError as exc:
+        record["rescued_to"] = str(rescue_record(record, store.path, exc))
+
+
 def execute_plan(plan: list[RunSpec], ws: Any, store: ResultStore, *, resume: bool,
                  env: dict[str, Any], progress: Callable[[int, int, str, str], None]) -> list[dict]:
     """Run every spec of ``plan`` in order, appending each record to ``store`` as it ends.
@@ -155,7 +165,7 @@ def execute_plan(plan: list[RunSpec], ws: Any, store: ResultStore, *, resume: bo
         if failure is not None and failure != record["error"]:
             record.update(status="error", error=failure)
         if main:
-            store.append(record)
+            _append(store, record)
             host.run_finished(spec, record)
         if spec.method == BASELINE and record["status"] == "ok":
             baselines[spec.seed] = record

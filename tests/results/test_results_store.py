@@ -114,3 +114,31 @@ def test_latest_records_is_pure_and_keeps_first_position():
     latest = latest_records(records)
     assert [(r["spec_id"], r["status"]) for r in latest] == [("x", "ok"), ("y", "ok")]
     assert records[0]["status"] == "error"  # input untouched
+
+
+@pytest.mark.parametrize("line, reason", [
+    ('{"status": "ok", "task": "cls", "model": "m", "method": "tome"}', "no string 'spec_id'"),
+    ('{"spec_id": 7, "status": "ok", "task": "cls", "model": "m", "method": "tome"}', "no string 'spec_id'"),
+    ('{"spec_id": "x", "status": null, "task": "cls", "model": "m", "method": "tome"}', "no string 'status'"),
+    ('[1, 2]', "not a complete JSON object"),
+    ('"text"', "not a complete JSON object"),
+    ('[' * 100000, "not a complete JSON object"),
+])
+def test_a_line_that_is_no_run_record_is_skipped_with_its_reason(tmp_path, line, reason):
+    store = ResultStore(tmp_path)
+    store.append(rec("a"))
+    with open(store.path, "a") as f:
+        f.write(line + "\n")
+    assert [r["spec_id"] for r in store.records()] == ["a"]
+    (bad,) = store.corrupt_lines
+    assert bad.lineno == 2 and bad.reason == reason
+    assert bad.describe().startswith(f"runs.jsonl line 2 ({reason}): ")
+    assert len(bad.describe()) < 120
+
+
+def test_a_store_that_cannot_be_read_is_one_error(tmp_path):
+    from vitbench.errors import DataError
+
+    (tmp_path / "runs.jsonl").mkdir()
+    with pytest.raises(DataError, match="cannot be read"):
+        ResultStore(tmp_path).records()

@@ -19,6 +19,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from vitbench.errors import DataError
+
 __all__ = ["CorruptLine", "ResultStore", "latest_records", "shard_file", "to_jsonable", "FINISHED_STATUSES"]
 
 STORE_FILE = "runs.jsonl"
@@ -26,12 +28,32 @@ STORE_FILE = "runs.jsonl"
 FINISHED_STATUSES = frozenset({"ok", "skipped"})
 
 
+#: the fields a line must hold, as strings, to be read as a run record
+RECORD_KEYS = ("spec_id", "status", "task", "model", "method")
+
+
 class CorruptLine(NamedTuple):
-    """A line of a store file that is not a complete JSON object (1-based line number)."""
+    """A line of a store file that is not a run record (1-based line number) and why."""
 
     lineno: int
     text: str
     file: str = STORE_FILE
+    reason: str = "not a complete JSON object"
+
+    def describe(self) -> str:
+        """``runs.jsonl line 3 (not a complete JSON object): {"spec_i...``"""
+        text = self.text if len(self.text) <= 60 else self.text[:57] + "..."
+        return f"{self.file} line {self.lineno} ({self.reason}): {text}"
+
+
+def _not_a_record(rec: Any) -> str | None:
+    """Why a parsed line is no run record, or ``None`` when it is one."""
+    if not isinstance(rec, dict):
+        return "not a complete JSON object"
+    missing = [k for k in RECORD_KEYS if not isinstance(rec.get(k), str)]
+    if missing:
+        return f"no string {missing[0]!r}"
+    return None
 
 
 def to_jsonable(value: Any) -> Any:
@@ -122,8 +144,8 @@ class ResultStore:
             os.fsync(f.fileno())
 
     def records(self) -> list[dict[str, Any]]:
-        """Every complete record, file by file (:meth:`files`) in file order; unreadable lines go
-        to :attr:`corrupt_lines`."""
+        """Every run record (a JSON object with the :data:`RECORD_KEYS` as strings), file by file
+        (:meth:`files`) in file order; other lines go to :attr:`corrupt_lines`."""
         self.corrupt_lines = []
         out: list[dict[str, Any]] = []
         for path in self.files():
@@ -131,17 +153,20 @@ class ResultStore:
                 raw = path.read_bytes()
             except FileNotFoundError:
                 continue
+            except OSError as exc:  # a folder named runs.jsonl, no read permission
+                raise DataError(f"result store {str(path)!r} cannot be read: {exc.strerror or exc}") from None
             for lineno, line in enumerate(raw.split(b"\n"), start=1):
                 if not line.strip():
                     continue
                 try:
                     rec = json.loads(line.decode("utf-8"))
-                except (UnicodeDecodeError, json.JSONDecodeError):
+                except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
                     rec = None
-                if isinstance(rec, dict):
+                reason = _not_a_record(rec)
+                if reason is None:
                     out.append(rec)
                 else:
-                    self.corrupt_lines.append(CorruptLine(lineno, line.decode("utf-8", "replace"), path.name))
+                    self.corrupt_lines.append(CorruptLine(lineno, line.decode("utf-8", "replace"), path.name, reason))
         return out
 
     def latest(self) -> dict[str, dict[str, Any]]:
