@@ -17,7 +17,8 @@ CALLS: list[tuple] = []
 
 
 class Gate(nn.Module, Reducer):
-    """Scales the tokens by a learnable factor (starts at 1: the model is unchanged)."""
+    """Scales the patch tokens by a learnable factor (starts at 1: the model is unchanged); the
+    prefix tokens stay as they are (the token rules, vitbench.engine.token_rules)."""
 
     def __init__(self, dim: int) -> None:
         super().__init__()
@@ -26,7 +27,8 @@ class Gate(nn.Module, Reducer):
         self.register_buffer("epochs_seen", torch.zeros(()))
 
     def forward(self, x, state, info):
-        return x * self.scale * (1 + self.alpha)
+        p = state.prefix
+        return torch.cat([x[:, :p], x[:, p:] * self.scale * (1 + self.alpha)], dim=1)
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,17 @@ class NonFiniteError(VitbenchError):
     """
 
 
+class TokenRuleError(VitbenchError):
+    """A reduction step that breaks a token rule (docs/token-state.md): it drops, moves or changes
+    a prefix token, grows the sequence, or leaves the token state counting other tokens than it
+    returns. A bug in the method: the run is recorded as ``error`` with this message (the
+    method, the block and the rule). ``rule`` is the rule's short name."""
+
+    def __init__(self, message: str, *, rule: str = "", block: object = None) -> None:
+        super().__init__(message)
+        self.rule, self.block = rule, block
+
+
 def choices_error(kind: str, value: object, valid: Iterable[str]) -> UnknownNameError:
     """Return an :class:`UnknownNameError` for ``value`` that lists the valid ``kind`` names."""
     names = sorted(set(valid))

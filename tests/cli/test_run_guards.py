@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from vitbench.cli.main import main
@@ -92,7 +93,8 @@ class _NoParams:
 
 
 class _Poison:
-    """``test-nan``: block 1's reducer turns every token into NaN."""
+    """``test-nan``: block 1's reducer turns every patch token into NaN (the class token keeps its
+    place, as the token rules ask; block 2's attention spreads the NaN into it)."""
 
     @hookimpl
     def vitbench_register_methods(self, register):
@@ -101,7 +103,7 @@ class _Poison:
 
         class Poison(Reducer):
             def __call__(self, x, state, info):
-                return x * float("nan")
+                return torch.cat([x[:, :1], x[:, 1:] * float("nan")], dim=1)
 
         register(MethodSpec("test-nan", _NoParams,
                             lambda p, info: Reduction([Poison() if i == 1 else None for i in range(info.depth)])))

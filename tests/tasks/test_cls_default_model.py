@@ -1,7 +1,11 @@
 """The embedded default model: config, cache keys, and (slow) training + cache round trip."""
 from __future__ import annotations
 
+import io
 import json
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -122,3 +126,57 @@ def test_tiny_training_and_cache_round_trip(tmp_path: Path, monkeypatch: pytest.
     assert "unusable" in capsys.readouterr().err
     with torch.no_grad():
         assert torch.equal(fixed(x), model(x))
+
+
+class _Said(io.StringIO):
+    """stderr that notes when a process (here: a thread) says it waits for the cache lock."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = threading.Event()
+
+    def write(self, text: str) -> int:
+        if "waiting for another vitbench process" in text:
+            self.waiting.set()
+        return super().write(text)
+
+
+def test_a_second_caller_waits_for_the_training_and_loads_its_result(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two callers at once (threads here, processes alike: a lock file): the trainer runs once,
+    the other waits -- saying so once -- and then loads what the first one cached."""
+    said = _Said()
+    monkeypatch.setattr(sys, "stderr", said)
+    calls: list[int] = []
+
+    def fake_training(*, cache, verbose, **settings):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        assert said.waiting.wait(timeout=60)  # the other caller is waiting for the lock meanwhile
+        time.sleep(0.2)
+        weights, meta_path = dm.cache_paths(dm.train_config(**settings), cache)
+        model = dm.build_arch().eval()
+        torch.save(model.state_dict(), weights)
+        meta = {"name": dm.NAME, "cache_format": dm.CACHE_FORMAT, "arch": dm.ARCH, "trained_by": "fake"}
+        meta_path.write_text(json.dumps(meta))
+        return model, meta
+
+    monkeypatch.setattr(dm, "train_default_model", fake_training)
+    start = threading.Barrier(2)
+    got: list = [None, None]
+
+    def ask(i: int) -> None:
+        start.wait()
+        got[i] = dm.load_default_model(cache=tmp_path, epochs=1, max_train_images=8)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert calls == [1] and all(g is not None and g[1]["trained_by"] == "fake" for g in got)
+    a, b = (g[0].state_dict() for g in got)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    weights, _ = dm.cache_paths(dm.train_config(epochs=1, max_train_images=8), tmp_path)
+    assert said.getvalue().count("waiting for another vitbench process") == 1
+    assert f"vitbench: waiting for another vitbench process training the default model (lock {weights}.lock)" \
+        in said.getvalue()

@@ -172,7 +172,7 @@ def _keep_index(x: torch.Tensor, state, head: list[int]) -> torch.Tensor:  # typ
 
 
 BROKEN = {  # name: (params, reducer at block 3, the reason check_method must give)
-    "grows": (NoParams, _reducer(lambda x: torch.cat([x, x[:, -1:]], dim=1)), r"grows: tokens grew: \[65, 65, 65, 66,"),
+    "grows": (NoParams, _reducer(lambda x: torch.cat([x, x[:, -1:]], dim=1)), r"token rule broken by grows at block 3: the sequence grew from 65 to 66 tokens"),
     "drops-images": (NoParams, _reducer(lambda x: _halve(x)[:1]), r"drops-images: output shape \(1, 10\) != \(2, 10\)"),
     "noisy": (NoParams, _reducer(lambda x: _halve(x) + _patch_noise(_halve(x))), "noisy: two eval forwards on CPU differ"),
     "no-op": (NoParams, _reducer(lambda x: x), r"no-op: tokens did not shrink \(65 -> \[65, 65,"),
@@ -183,25 +183,25 @@ BROKEN = {  # name: (params, reducer at block 3, the reason check_method must gi
                     r"bad-default: the default parameters are not valid: bad-default\.amount=-1 is out of range"),
     # the prefix rule (docs/token-state.md): traced through the reducer on 1, 2 and 3 prefix tokens
     "drops-cls": (NoParams, _reducer(lambda x: x[:, 1: 1 + (x.shape[1] - 1) // 2]),
-                  r"drops-cls: block 3 drops or reorders the prefix tokens \(image 0: cls dropped or changed\); "
+                  r"token rule broken by drops-cls at block 3: it drops or reorders the prefix tokens \(image 0: cls dropped or changed\); "
                   r"the 1 prefix token\(s\) \['cls'\] must stay first, in order, unchanged"),
     "prefix-last": (NoParams, _reducer(lambda x: torch.cat([_halve(x)[:, 1:], x[:, :1]], dim=1)),
-                    r"prefix-last: block 3 .* \(image 0: cls moved to position 32\)"),
+                    r"token rule broken by prefix-last at block 3: .* \(image 0: cls moved to position 32\)"),
     "merges-cls": (NoParams, _reducer(lambda x: torch.cat([(x[:, :1] + x[:, 1:2]) / 2, _halve(x)[:, 2:]], dim=1)),
-                   r"merges-cls: block 3 .* \(image 0: cls dropped or changed\)"),
+                   r"token rule broken by merges-cls at block 3: .* \(image 0: cls dropped or changed\)"),
     "swaps-cls-dist": (NoParams, _with_state(_swap_first_prefix_pair),
-                       r"swaps-cls-dist: block 3 drops or reorders the prefix tokens \(image 0: cls moved to "
+                       r"token rule broken by swaps-cls-dist at block 3: it drops or reorders the prefix tokens \(image 0: cls moved to "
                        r"position 1, dist moved to position 0\); the 2 prefix token\(s\) \['cls', 'dist'\]"),
     "module-swaps": (NoParams, _SwappingModule(),
-                     r"module-swaps: block 3 drops or reorders the prefix tokens \(image 0: cls moved to "
+                     r"token rule broken by module-swaps at block 3: it drops or reorders the prefix tokens \(image 0: cls moved to "
                      r"position 1, dist moved to position 0\)"),
     "swaps-registers": (NoParams, _with_state(_swap_registers),
-                        r"swaps-registers: block 3 .* \(image 0: reg0 moved to position 2, reg1 moved to "
+                        r"token rule broken by swaps-registers at block 3: .* \(image 0: reg0 moved to position 2, reg1 moved to "
                         r"position 1\); the 3 prefix token\(s\) \['cls', 'reg0', 'reg1'\]"),
     "keep-drops-cls": (NoParams, _with_state(lambda x, s: _keep_index(x, s, list(range(1, s.prefix + 1)))),
-                       r"keep-drops-cls: TokenState.keep: the index drops prefix token\(s\) \[0\] for image 0"),
+                       r"token rule broken by keep-drops-cls at block 3: TokenState.keep: the index drops prefix token\(s\) \[0\] for image 0"),
     "keep-swaps": (NoParams, _with_state(lambda x, s: _keep_index(x, s, list(range(s.prefix))[::-1])),
-                   r"keep-swaps: TokenState.keep: the index reorders the prefix tokens \(its row starts \[1, 0\]\)"),
+                   r"token rule broken by keep-swaps at block 3: TokenState.keep: the index reorders the prefix tokens \(its row starts \[1, 0\]\)"),
     "not-a-reducer": (NoParams, _plain_function,
                       r"not-a-reducer: block 3's reducer 'function' is not a vitbench.engine.Reducer; subclass it"),
 }

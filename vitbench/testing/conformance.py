@@ -1,12 +1,14 @@
 """The conformance check every method plugin should pass (docs/architecture.md, method contract).
 
 It checks what the suite relies on: parameters have defaults and reject unknown keys; the
-reduced model keeps the output shape; tokens never grow from block to block and end fewer
-than they started (for a token method); the forward is deterministic on CPU in eval mode;
-every reducer is a :class:`vitbench.engine.Reducer` and only asks the attention for what it
-can hand over; and the prefix tokens (class, distillation, register) leave every reduction step first, in their order and unchanged
-(docs/token-state.md, "Prefix tokens"), on the model under test and on tiny models with
-several prefix tokens (a distilled DeiT: cls + dist; a ViT with two registers).
+reduced model keeps the output shape; tokens end fewer than they started (for a token
+method); the forward is deterministic on CPU in eval mode; every reducer is a
+:class:`vitbench.engine.Reducer` and only asks the attention for what it can hand over; and
+every reduction step keeps the token rules (:mod:`vitbench.engine.token_rules`, the check the
+benchmark runs before measuring): the prefix tokens (class, distillation, register) leave it
+first, in order and unchanged (docs/token-state.md, "Prefix tokens"), the sequence never
+grows, the token state counts the tokens it holds -- on the model under test and on tiny
+models with several prefix tokens (a distilled DeiT: cls + dist; a ViT with two registers).
 """
 from __future__ import annotations
 
@@ -18,11 +20,11 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
-from vitbench.engine import AttnInfo, Reducer, TokenState, apply, reduction_context
+from vitbench.engine import Reducer, apply, reduction_context
 from vitbench.engine.attention import NEEDS
-from vitbench.engine.block import ReducingBlock
+from vitbench.engine.token_rules import token_rules_traced
 from vitbench.engine.token_state import PrefixTokenError
-from vitbench.errors import ParamError
+from vitbench.errors import ParamError, TokenRuleError
 from vitbench.params import make_params
 from vitbench.plugins import get_host
 
@@ -114,9 +116,8 @@ def check_method(name: str, params: Optional[dict[str, Any]] = None,
         second = _forward(name, reduced, x)
     assert first.shape == expected.shape, f"{name}: output shape {tuple(first.shape)} != {tuple(expected.shape)}"
     assert torch.equal(first, second), f"{name}: two eval forwards on CPU differ"
-    counts = list(context.token_counts)
+    counts = list(context.token_counts)  # that they never grow, the token rules checked above
     n0 = base.patch_embed.num_patches + base.num_prefix_tokens
-    assert all(b <= a for a, b in zip([n0] + counts, counts)), f"{name}: tokens grew: {counts}"
     if reduces_tokens:
         assert counts[-1] < n0, f"{name}: tokens did not shrink ({n0} -> {counts})"
     for factory in prefix_models:
@@ -160,116 +161,22 @@ def _check_prefix_rule(name: str, params: dict[str, Any], factory: Callable[[], 
 
 
 def check_prefix_tokens(model: nn.Module, x: torch.Tensor, name: Optional[str] = None) -> torch.Tensor:
-    """``model(x)`` for a reduced ``model``, asserting that every reducer leaves the prefix tokens
-    (class, distillation, register) first, in order and unchanged (docs/token-state.md).
+    """``model(x)`` for a reduced ``model``, asserting that every reduction step keeps the token
+    rules (:mod:`vitbench.engine.token_rules`): the prefix tokens (class, distillation,
+    register) leave it first, in order and unchanged (docs/token-state.md); the sequence never
+    grows; the token state counts the tokens the step returns.
 
     :func:`check_method` runs it on freshly applied models; call it yourself on a model whose
     method only reduces once trained (e.g. LTMP with trained thresholds). Raises
-    ``AssertionError`` naming the block and what happened to which prefix token.
+    ``AssertionError`` naming the block and the broken rule (what happened to which prefix token).
     """
     context = reduction_context(model)
     assert context is not None, "check_prefix_tokens: the model is not reduced (apply a method first)"
-    name = name or context.method
-    with _PrefixTrace(name, model, _prefix_names(model)):
-        return _forward(name, model, x)
-
-
-def _prefix_names(model: nn.Module) -> list[str]:
-    """What the prefix tokens of a timm ViT are, in their order: ``cls``, ``dist``, ``reg0``..."""
-    names = ["cls"] if getattr(model, "cls_token", None) is not None else []
-    if getattr(model, "dist_token", None) is not None:
-        names.append("dist")
-    names += [f"reg{i}" for i in range(getattr(model, "num_reg_tokens", 0) or 0)]
-    n = getattr(model, "num_prefix_tokens", 0) or 0
-    return names if len(names) == n else [f"prefix{i}" for i in range(n)]
-
-
-class _PrefixTrace:
-    """While active, every reducer of ``model`` is checked as it runs: the first ``prefix``
-    tokens of its output must be the first ``prefix`` tokens of its input, in order, unchanged
-    (identified by value: a reducer never recomputes a prefix token, it only moves tokens)."""
-
-    def __init__(self, method: str, model: nn.Module, names: list[str]) -> None:
-        self.method, self.names = method, names
-        self.blocks = [m for m in model.modules() if isinstance(m, ReducingBlock) and m.reducer is not None]
-        self._undo: list[Callable[[], None]] = []
-
-    def __enter__(self) -> "_PrefixTrace":
-        for block in self.blocks:
-            reducer = block.reducer
-            if isinstance(reducer, nn.Module):
-                hook = reducer.register_forward_hook(
-                    lambda mod, args, out, b=block: self.check(b.index, args[0], args[1].prefix, out))
-                self._undo.append(hook.remove)
-            else:
-                block.reducer = _Traced(reducer, self, block.index)
-                self._undo.append(lambda b=block, r=reducer: setattr(b, "reducer", r))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for undo in reversed(self._undo):
-            undo()
-        self._undo = []
-
-    def check(self, block: int, x_in: torch.Tensor, prefix: int, x_out: torch.Tensor) -> None:
-        if prefix == 0 or x_out.dim() != 3 or x_out.shape[::2] != x_in.shape[::2]:
-            return  # no prefix; or images/channels changed, which the shape check reports
-        p_out = min(prefix, x_out.shape[1])
-        same = torch.isclose(x_out[:, :p_out, None], x_in[:, None, :prefix], rtol=1e-5, atol=1e-6).all(-1)
-        if p_out == prefix and bool(same.diagonal(dim1=1, dim2=2).all()):
-            return
-        raise AssertionError(f"{self.method}: block {block} drops or reorders the prefix tokens "
-                             f"({self._describe(x_in, x_out, prefix)}); the {prefix} prefix token(s) "
-                             f"{self.names} must stay first, in order, unchanged (docs/token-state.md)")
-
-    def _describe(self, x_in: torch.Tensor, x_out: torch.Tensor, prefix: int) -> str:
-        """What happened to each prefix token in the first image where the rule breaks."""
-        found = torch.isclose(x_out[:, :, None], x_in[:, None, :prefix], rtol=1e-5, atol=1e-6).all(-1)
-        for b in range(x_in.shape[0]):
-            details = []
-            for j, token in enumerate(self.names[:prefix]):
-                where = found[b, :, j].nonzero().flatten().tolist()
-                if not where:
-                    details.append(f"{token} dropped or changed")
-                elif j not in where:
-                    details.append(f"{token} moved to position {where[0]}")
-            if details:
-                return f"image {b}: " + ", ".join(details)
-        return "the output has fewer tokens than the prefix"
-
-
-class _Traced(Reducer):
-    """A plain reducer with :class:`_PrefixTrace`'s check around its token step; every other
-    member of the contract is the reducer's own."""
-
-    def __init__(self, reducer: Reducer, trace: _PrefixTrace, block: int) -> None:
-        self._reducer, self._trace, self._block = reducer, trace, block
-        self.needs = reducer.needs
-        self.selects_channels = reducer.selects_channels
-        self.records_grid_merge = reducer.records_grid_merge
-
-    def __call__(self, x: torch.Tensor, state: TokenState, info: AttnInfo) -> torch.Tensor:
-        out = self._reducer(x, state, info)
-        self._trace.check(self._block, x, state.prefix, out)
-        return out
-
-    def qk(self, q: torch.Tensor, k: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._reducer.qk(q, k, x)
-
-    def mlp_forward(self, mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return self._reducer.mlp_forward(mlp, x)
-
-    def proj_forward(self, proj: nn.Module, out: torch.Tensor) -> torch.Tensor:
-        return self._reducer.proj_forward(proj, out)
-
-    def selected_heads(self) -> Optional[torch.Tensor]:
-        return self._reducer.selected_heads()
-
-    def unmerge(self, y: torch.Tensor, state: TokenState) -> Optional[torch.Tensor]:
-        return self._reducer.unmerge(y, state)
-
-    def observe(self, module: nn.Module, x: torch.Tensor) -> None:
-        self._reducer.observe(module, x)
+    try:
+        with token_rules_traced(model, name or context.method):
+            return model(x)
+    except TokenRuleError as exc:
+        raise AssertionError(str(exc)) from exc
 
 
 def _input_size(model: nn.Module) -> tuple[int, int, int]:

@@ -8,13 +8,12 @@ but tensors. Reloading applies the method to a fresh model, lets the method resh
 """
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from vitbench.cache import atomic_write
 from vitbench.engine.block import reduction_context
 from vitbench.errors import CheckpointError
 
@@ -22,19 +21,10 @@ __all__ = ["load_trained", "save_trained"]
 
 
 def save_trained(model: nn.Module, path: str | Path) -> Path:
-    """Write ``model``'s state dict to ``path`` (temp file + rename: never half-written)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write ``model``'s state dict to ``path`` (temp file + rename: never half-written), with
+    the mode a plain ``open()`` gives (0666 less the umask: a shared ``--out`` stays readable)."""
     state = {k: v.detach().cpu().clone().contiguous() for k, v in model.state_dict().items()}
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        torch.save(state, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 
 def load_trained(model: nn.Module, path: str | Path) -> nn.Module:

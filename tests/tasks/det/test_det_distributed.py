@@ -63,9 +63,9 @@ def test_the_ranks_decide_together_whether_to_load_the_cached_detector(backbone_
     assert calls == [0]
     asked: list[bool] = []
 
-    def another_rank_lacks_the_file(flag: bool) -> bool:  # the load decision first, then rank 0's write
-        asked.append(flag)
-        return flag and len(asked) > 1
+    def another_rank_lacks_the_file(flag: bool) -> bool:  # the load decisions (before and under rank 0's
+        asked.append(flag)                                 # training lock), then rank 0's write
+        return flag and len(asked) > 2
 
     monkeypatch.setattr(distributed, "is_distributed", lambda: True)
     monkeypatch.setattr(distributed, "all_ranks", another_rank_lacks_the_file)
@@ -75,7 +75,7 @@ def test_the_ranks_decide_together_whether_to_load_the_cached_detector(backbone_
     ws = _workspace(backbone_factory, det_data, tmp_path)
     said: list[str] = []
     assert trained_weights(ws, 0, said.append)
-    assert calls == [0, 0] and asked == [True, True]  # this rank had the file; the ranks trained together
+    assert calls == [0, 0] and asked == [True, True, True]  # this rank had the file; the ranks trained together
     assert not any(s.startswith("loading") for s in said)
     assert cached.stat().st_mtime_ns == stamp and len(list(tmp_path.glob("*.pth"))) == 1  # rank 0 writes
 

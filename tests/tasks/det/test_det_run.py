@@ -3,12 +3,20 @@ loader, and run_dense_spec's record on the tiny generated set."""
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
+import sys
+import threading
+import time
 
 import pytest
 import torch
 
-from vitbench.errors import UnknownNameError
+from vitbench.catalog import MethodSpec, Reduction
+from vitbench.engine import Reducer
+from vitbench.errors import TokenRuleError, UnknownNameError
+from vitbench.hookspecs import hookimpl
+from vitbench.plugins import get_host
 from vitbench.plan import build_plan
 from vitbench.tasks.det import run as det_run
 from vitbench.tasks.det.run import DenseWorkspace, load_backbone, run_dense_spec, trained_weights
@@ -51,7 +59,8 @@ def test_trained_weights_are_cached_and_reloaded(backbone_factory, det_data, tmp
     key = "bbox_head.cls_convs.0.0.conv.weight"
     assert (weights[key] == 0.5).all() and all(v.device.type == "cpu" for v in weights.values())
     path = cache / f"det-mobilevit_xs-{ws.weights_key(0)}.pth"
-    assert sorted(p.name for p in cache.iterdir()) == [path.with_suffix(".json").name, path.name]  # no .tmp
+    # no .tmp; the lock file that training held stays (deleting a lock file races with its next user)
+    assert sorted(p.name for p in cache.iterdir()) == [path.with_suffix(".json").name, path.name, path.name + ".lock"]
     assert json.loads(path.with_suffix(".json").read_text())["iters"] == 2
     assert ws.training_info["images"] == 4
     assert any("training the det detector" in s for s in said)
@@ -140,7 +149,7 @@ def test_a_failed_save_leaves_no_temporary_file(backbone_factory, det_data, tmp_
     monkeypatch.setattr(det_run.torch, "save", _FailingSave())
     with pytest.raises(OSError):
         trained_weights(_workspace(backbone_factory, det_data, tmp_path), 0, lambda s: None)
-    assert list(tmp_path.iterdir()) == []
+    assert [p.name for p in tmp_path.iterdir() if p.suffix != ".lock"] == []  # the training's lock file stays
 
 
 def test_load_backbone_hybrid():
@@ -205,3 +214,88 @@ def test_load_backbone_random_init_is_seeded():
     assert all(torch.equal(a.state_dict()[k], b.state_dict()[k]) for k in a.state_dict())
     assert any(not torch.equal(a.state_dict()[k], c.state_dict()[k]) for k in a.state_dict()
                if a.state_dict()[k].is_floating_point())
+
+
+class _Said(io.StringIO):
+    """stderr that notes when a caller says it waits for the detector cache's lock."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = threading.Event()
+
+    def write(self, text: str) -> int:
+        if "waiting for another vitbench process" in text:
+            self.waiting.set()
+        return super().write(text)
+
+
+def test_a_second_caller_waits_for_the_detector_training_and_loads_it(backbone_factory, det_data, tmp_path,
+                                                                       monkeypatch):
+    """Two callers at once (threads here, processes alike: a lock file beside the cache file):
+    the detector is trained once; the other caller waits, saying so once, then loads the file."""
+    said = _Said()
+    monkeypatch.setattr(sys, "stderr", said)
+    calls: list[int] = []
+    fake = _FakeTraining()
+
+    def slow_training(ws, detector, seed):  # type: ignore[no-untyped-def]
+        calls.append(seed)
+        assert said.waiting.wait(timeout=60)  # the other caller waits for the lock meanwhile
+        time.sleep(0.2)
+        return fake(ws, detector, seed)
+
+    monkeypatch.setattr(det_run, "train_detector_weights", slow_training)
+    cache = tmp_path / "cache"
+    workspaces = [_workspace(backbone_factory, det_data, cache) for _ in range(2)]
+    start = threading.Barrier(2)
+    got: list = [None, None]
+    notes: list[list[str]] = [[], []]
+
+    def ask(i: int) -> None:
+        start.wait()
+        got[i] = trained_weights(workspaces[i], 0, notes[i].append)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=180)
+    assert calls == [0] and got[0] is not None and got[1] is not None
+    key = "bbox_head.cls_convs.0.0.conv.weight"
+    assert (got[0][key] == 0.5).all() and torch.equal(got[0][key], got[1][key])
+    path = cache / f"det-mobilevit_xs-{workspaces[0].weights_key(0)}.pth"
+    assert sorted(n[-1] for n in notes) == ["detector trained in 0 s (2 iterations)",
+                                            f"loading the trained det detector {path}"]
+    assert said.getvalue() == (f"vitbench: waiting for another vitbench process training the det detector "
+                               f"(lock {path}.lock)\n")
+
+
+@dataclasses.dataclass(frozen=True)
+class _NoParams:
+    pass
+
+
+class _DropsTheClassToken(Reducer):
+    def __call__(self, x, state, info):  # type: ignore[no-untyped-def]
+        return x[:, 1:]
+
+
+class _BrokenMethod:
+    @hookimpl
+    def vitbench_register_methods(self, register):  # type: ignore[no-untyped-def]
+        register(MethodSpec(name="drops-cls", params=_NoParams, build=lambda p, info: Reduction(
+            [_DropsTheClassToken() if i == 1 else None for i in range(info.depth)])))
+
+
+def test_a_backbone_method_that_breaks_a_token_rule_fails_before_measuring(backbone_factory, det_data, tmp_path,
+                                                                             fake_training):
+    get_host().add_plugin(_BrokenMethod(), "broken_det_method")
+    backbone = backbone_factory("deit_tiny_patch16_224", depth=3)
+    ws = _workspace(backbone_factory, det_data, tmp_path, model=backbone, model_name="deit_tiny_patch16_224")
+    (spec,) = [s for s in build_plan(task="det", model="deit_tiny_patch16_224", methods=["drops-cls"],
+                                     data=str(det_data.root), metrics=("gmacs",), device="cpu", seed=0,
+                                     overrides={}, batch_size=2)
+               if s.method == "drops-cls"]
+    with pytest.raises(TokenRuleError, match=r"^token rule broken by drops-cls at block 1: it drops or reorders "
+                                             r"the prefix tokens \(image 0: cls dropped or changed\)"):
+        run_dense_spec(spec, ws, lambda s: None)

@@ -10,14 +10,13 @@ needed -- through the mmengine ``Runner``, like every task -- and keeps the weig
 Cache entries are named by a hash of the architecture and training settings: changing either
 trains a new model instead of loading a stale one. Files are written to a temporary name and
 moved into place (``os.replace``), weights first, metadata last, so a crash never leaves a
-half-written entry that looks complete.
+half-written entry that looks complete; while one process trains, others wait on a lock file.
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
 import json
-import os
 import shlex
 import sys
 import tempfile
@@ -29,7 +28,7 @@ import numpy as np
 import torch
 from timm.models.vision_transformer import VisionTransformer
 
-from vitbench.cache import ENV_CACHE, cache_dir
+from vitbench.cache import ENV_CACHE, atomic_write, cache_dir, cache_lock
 from vitbench.data.fashion_mnist import CLASSES, load_fashion_mnist, pad_images
 from vitbench.tasks.cls import DEFAULT_MODEL
 
@@ -152,20 +151,6 @@ def cache_paths(cfg: dict[str, Any], directory: str | Path | None = None) -> tup
     return folder / f"{stem}.pth", folder / f"{stem}.json"
 
 
-def _atomic_write(path: Path, write: Any) -> None:
-    """Write through ``write(tmp_path)`` to a temp file in ``path``'s folder, then rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; a cache file is an ordinary file
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _versions() -> dict[str, str]:
     import mmengine
     import mmpretrain
@@ -238,10 +223,10 @@ def train_default_model(*, epochs: int = EPOCHS, max_train_images: int | None = 
         "config": cfg,
     }
     if save:
-        _atomic_write(weights_path, lambda p: torch.save(state, p))
+        atomic_write(weights_path, lambda p: torch.save(state, p))
         meta["weights"] = weights_path.name
         meta["weights_sha256"] = hashlib.sha256(weights_path.read_bytes()).hexdigest()
-        _atomic_write(meta_path, lambda p: p.write_text(json.dumps(meta, indent=2, default=str) + "\n"))
+        atomic_write(meta_path, lambda p: p.write_text(json.dumps(meta, indent=2, default=str) + "\n"))
     if verbose:
         print(f"vitbench: {NAME} trained in {seconds:.0f} s, test top-1 {meta['test_top1_pct']:.2f}%"
               + (f"; saved {weights_path}" if save else ""), file=sys.stderr, flush=True)
@@ -259,26 +244,43 @@ def _load_cached(weights_path: Path, meta_path: Path) -> tuple[VisionTransformer
     return model.eval(), meta
 
 
+def _from_cache(weights_path: Path, meta_path: Path,
+                say: bool = True) -> tuple[VisionTransformer, dict[str, Any]] | None:
+    """The cache entry when there is a usable one, else ``None`` (an unusable one said when ``say``)."""
+    if not (weights_path.is_file() and meta_path.is_file()):
+        return None
+    try:
+        return _load_cached(weights_path, meta_path)
+    except Exception as exc:  # noqa: BLE001 - any unreadable entry is retrained
+        if say:
+            print(f"vitbench: cached {weights_path} unusable ({type(exc).__name__}: {exc}); retraining",
+                  file=sys.stderr, flush=True)
+        return None
+
+
 def load_default_model(*, cache: str | Path | None = None, verbose: bool = True,
                        **train_kwargs: Any) -> tuple[VisionTransformer, dict[str, Any]]:
     """The default model and its metadata: from the cache, or trained now (minutes) and cached.
 
     ``train_kwargs`` (``epochs``, ``max_train_images``, ``batch_size``, ``lr``, ``seed``,
     ``max_test_images``, ``data_dir``) select a non-default training; each setting has its own cache entry. A
-    corrupt entry is reported and retrained.
+    corrupt entry is reported and retrained. Training holds a lock file beside the entry
+    (:func:`vitbench.cache.cache_lock`): a second process asking meanwhile waits, then loads
+    what the first one cached instead of training again.
     """
     keys = {"epochs", "max_train_images", "batch_size", "lr", "seed", "max_test_images", "data_dir"}
     if unknown := set(train_kwargs) - keys:
         raise TypeError(f"unknown training arguments {sorted(unknown)}; valid: {sorted(keys)}")
     cfg = train_config(**train_kwargs)
     weights_path, meta_path = cache_paths(cfg, cache)
-    if weights_path.is_file() and meta_path.is_file():
-        try:
-            return _load_cached(weights_path, meta_path)
-        except Exception as exc:  # noqa: BLE001 - any unreadable entry is retrained
-            print(f"vitbench: cached {weights_path} unusable ({type(exc).__name__}: {exc}); retraining",
-                  file=sys.stderr, flush=True)
-    return train_default_model(cache=cache, verbose=verbose, **train_kwargs)
+    found = _from_cache(weights_path, meta_path)
+    if found is not None:
+        return found
+    with cache_lock(weights_path, "training the default model"):
+        found = _from_cache(weights_path, meta_path, say=False)  # cached meanwhile by another process
+        if found is not None:
+            return found
+        return train_default_model(cache=cache, verbose=verbose, **train_kwargs)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,11 +10,10 @@ Under a launcher every rank trains and evaluates together; a detector trained on
 cached under its own key (:meth:`DenseWorkspace.weights_key`); rank 0 alone counts and times."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -23,6 +22,7 @@ import torch
 from torch import nn
 
 from vitbench import measure
+from vitbench.cache import atomic_write, cache_lock
 from vitbench.engine import apply, reduction_context
 from vitbench.measure.precision import trains_in
 from vitbench.errors import VitbenchError
@@ -116,33 +116,58 @@ def trained_weights(ws: DenseWorkspace, seed: int, progress: Progress) -> dict[s
     rank finds the file, :func:`~vitbench.distributed.all_ranks`) or to train the detector
     together with DDP (:func:`~vitbench.tasks.det.train.train_detector`); rank 0 alone writes the
     cache file and its ``.json``, and the others wait for it. A detector trained on N > 1 ranks
-    has its own cache key (:meth:`DenseWorkspace.weights_key`): it is not the single-process one."""
-    from vitbench.distributed import all_ranks, is_main
+    has its own cache key (:meth:`DenseWorkspace.weights_key`): it is not the single-process one.
+    Training holds the cache file's lock (:func:`_training_lock`): another vitbench process
+    that needs the same detector meanwhile waits, then loads it instead of training it again."""
+    from vitbench.distributed import is_main
 
     if seed in ws._weights:
         return ws._weights[seed]
     path = ws.cache_dir / f"{ws.task}-{ws.model_name}-{ws.weights_key(seed)}.pth" if ws.cache_dir else None
-    if all_ranks(path is not None and path.is_file()):  # a collective under a launcher: load or train together
-        progress(f"loading the trained {ws.task} detector {path}")
-        ws._weights[seed] = torch.load(path, map_location="cpu", weights_only=True)
-        meta = path.with_suffix(".json")
-        ws.training_infos[seed] = json.loads(meta.read_text()) if meta.is_file() else {"cached": str(path)}
+    if _load_cached(ws, seed, path, progress):
         return ws._weights[seed]
-    detector = build_detector(ws.task, copy.deepcopy(ws.model), ws.data.num_classes, width=ws.width)
-    ranks = _world_size()
-    progress(f"training the {ws.task} detector ({ws.width} heads) for {ws.epochs} epoch(s) on "
-             f"{ws.data.name}: the default training, once"
-             + (f", with DDP on {ranks} ranks" if ranks > 1 else ""))
-    info = train_detector_weights(ws, detector, seed)
-    weights = {k: v.detach().cpu().clone() for k, v in detector.state_dict().items()}
-    ws._weights[seed] = weights
-    ws.training_infos[seed] = info
-    if path is not None:
-        _save_on_rank_0(weights, info, path, is_main())
+    with _training_lock(ws, path, is_main()):
+        if _load_cached(ws, seed, path, progress):  # trained meanwhile by another vitbench process
+            return ws._weights[seed]
+        detector = build_detector(ws.task, copy.deepcopy(ws.model), ws.data.num_classes, width=ws.width)
+        ranks = _world_size()
+        progress(f"training the {ws.task} detector ({ws.width} heads) for {ws.epochs} epoch(s) on "
+                 f"{ws.data.name}: the default training, once"
+                 + (f", with DDP on {ranks} ranks" if ranks > 1 else ""))
+        info = train_detector_weights(ws, detector, seed)
+        weights = {k: v.detach().cpu().clone() for k, v in detector.state_dict().items()}
+        ws._weights[seed] = weights
+        ws.training_infos[seed] = info
+        if path is not None:
+            _save_on_rank_0(weights, info, path, is_main())
     progress(f"detector trained in {info['seconds']:.0f} s ({info['iters']} iterations"
              + (f"; {ranks} ranks x {info['rank_batch_size']} images a step" if "rank_batch_size" in info else "")
              + ")")
     return weights
+
+
+def _load_cached(ws: DenseWorkspace, seed: int, path: Optional[Path], progress: Progress) -> bool:
+    """Load ``seed``'s trained detector from the cache file ``path`` into ``ws`` when every rank
+    finds it (a collective under a launcher: the ranks load or train together)."""
+    from vitbench.distributed import all_ranks
+
+    if not all_ranks(path is not None and path.is_file()):
+        return False
+    assert path is not None
+    progress(f"loading the trained {ws.task} detector {path}")
+    ws._weights[seed] = torch.load(path, map_location="cpu", weights_only=True)
+    meta = path.with_suffix(".json")
+    ws.training_infos[seed] = json.loads(meta.read_text()) if meta.is_file() else {"cached": str(path)}
+    return True
+
+
+def _training_lock(ws: DenseWorkspace, path: Optional[Path], main: bool) -> contextlib.AbstractContextManager:
+    """The cache file's lock (:func:`vitbench.cache.cache_lock`) while the detector is trained:
+    another vitbench process training the same detector is waited for, then its file loaded.
+    Under a launcher rank 0 alone takes it (the others wait for rank 0 in the collectives)."""
+    if path is None or not main:
+        return contextlib.nullcontext(False)
+    return cache_lock(path, f"training the {ws.task} detector")
 
 
 def _world_size() -> int:
@@ -160,16 +185,8 @@ def _save_on_rank_0(weights: dict[str, torch.Tensor], info: dict[str, Any], path
     failure: Optional[BaseException] = None
     if main:
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-            os.close(fd)
-            try:
-                torch.save(weights, tmp)
-                os.replace(tmp, path)
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-            path.with_suffix(".json").write_text(json.dumps(info, indent=1))
+            atomic_write(path, lambda tmp: torch.save(weights, tmp))  # the modes a plain open() gives
+            atomic_write(path.with_suffix(".json"), lambda tmp: tmp.write_text(json.dumps(info, indent=1)))
         except Exception as exc:  # noqa: BLE001 - re-raised below, after the other ranks know
             failure = exc
     written = all_ranks(failure is None)  # the barrier after rank 0's write (a collective under a launcher)
@@ -275,6 +292,11 @@ def run_dense_spec(spec: Any, ws: DenseWorkspace, progress: Progress,
     elif trains:
         out.update(finetune_method(detector, backbone, ws.data, **training), train_precision=train_precision)
     detector.eval()
+    if ctx is not None:  # a broken token rule is an error, not a row (one forward of 4 images, model kept)
+        from vitbench.engine.token_rules import check_token_rules
+        from vitbench.tasks.det.evaluate import first_val_images
+
+        check_token_rules(backbone, first_val_images(detector, ws.data, 4))
     out.update(_measure(spec, ws, detector, backbone, progress))
     return out
 

@@ -1,0 +1,94 @@
+"""A cls run checks the token rules before measuring: a method that breaks one gets an ``error``
+record naming the rule (not a row with GMACs); a correct one is measured as before."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+import vitbench
+import vitbench.plugins
+from vitbench.catalog import MethodSpec, Reduction
+from vitbench.engine import Reducer
+from vitbench.engine import token_rules
+from vitbench.hookspecs import hookimpl
+from vitbench.plugins import get_host
+
+
+class _Step(Reducer):
+    def __init__(self, step) -> None:  # type: ignore[no-untyped-def]
+        self.step = step
+
+    def __call__(self, x, state, info):  # type: ignore[no-untyped-def]
+        return self.step(x)
+
+
+def _halve(x: torch.Tensor) -> torch.Tensor:
+    return x[:, : 1 + (x.shape[1] - 1) // 2]
+
+
+def _swap_cls(x: torch.Tensor) -> torch.Tensor:
+    order = list(range(x.shape[1]))
+    order[0], order[1] = 1, 0
+    return _halve(x[:, order])
+
+
+#: name: (the token step at block 3, what the error record says)
+BROKEN = {
+    "slices-cls": (lambda x: x[:, 1: 1 + (x.shape[1] - 1) // 2],
+                   "token rule broken by slices-cls at block 3: it drops or reorders the prefix tokens "
+                   "(image 0: cls dropped or changed)"),
+    "swaps-cls": (_swap_cls, "token rule broken by swaps-cls at block 3: it drops or reorders the prefix tokens "
+                             "(image 0: cls moved to position 1)"),
+    "grows": (lambda x: torch.cat([x, x[:, -1:]], dim=1),
+              "token rule broken by grows at block 3: the sequence grew from 65 to 66 tokens"),
+}
+
+
+@dataclass(frozen=True)
+class _NoParams:
+    pass
+
+
+class _Broken:
+    @hookimpl
+    def vitbench_register_methods(self, register):  # type: ignore[no-untyped-def]
+        for name, (step, _) in BROKEN.items():
+            register(MethodSpec(name=name, params=_NoParams,
+                                build=lambda p, info, s=step: Reduction([_Step(s) if i == 3 else None
+                                                                         for i in range(info.depth)])))
+
+
+@pytest.fixture(scope="module")
+def checked(tmp_path_factory: pytest.TempPathFactory) -> vitbench.Results:
+    """One benchmark of the default model: the broken methods, then two correct ones."""
+    get_host().add_plugin(_Broken(), "broken_token_rules")
+    try:
+        return vitbench.benchmark(methods=[*BROKEN, "tome", "topk"], metrics=["gmacs"], limit=4,
+                                  out=tmp_path_factory.mktemp("checked"))
+    finally:
+        vitbench.plugins.reset_host()
+
+
+def test_a_broken_token_rule_is_an_error_record_naming_it(checked: vitbench.Results) -> None:
+    by_method = {x["method"]: x for x in checked.records}
+    assert [by_method[m]["status"] for m in ("baseline", *BROKEN, "tome", "topk")] == \
+        ["ok", "error", "error", "error", "ok", "ok"]
+    for name, (_, message) in BROKEN.items():
+        assert by_method[name]["error"].startswith(message)
+        assert by_method[name].get("gmacs") is None
+    assert not checked.ok
+
+
+def test_a_correct_method_is_measured_as_without_the_check(checked: vitbench.Results, tmp_path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    monkeypatch.setattr(token_rules, "check_token_rules", lambda model, images, method=None: calls.append("x"))
+    unchecked = vitbench.benchmark(methods=["tome", "topk"], metrics=["gmacs"], limit=4, out=tmp_path / "unchecked")
+    assert calls == ["x", "x"]  # the check runs for the methods, not the baseline
+
+    def gmacs(results: vitbench.Results) -> list:
+        return [(x["method"], x["gmacs"], x["gmacs_std"]) for x in results.records if x["status"] == "ok"]
+
+    assert gmacs(checked) == gmacs(unchecked) and len(gmacs(unchecked)) == 3
