@@ -29,6 +29,8 @@ def test_one_seed_is_the_single_seed_plan():
     ("0,x", "--seeds item 'x' is not an integer"),
     ("0,1,0", "--seeds names seed 0 twice (0,1,0)"),
     ("0,-2", "seed -2 is out of range; seeds are integers >= 0"),
+    ("0,99999999999", "seed 99999999999 is out of range; seeds are integers >= 0 and <= 4294967295 (2**32 - 1)"),
+    ("4294967296", "seed 4294967296 is out of range"),
 ])
 def test_bad_seeds(text, message):
     with pytest.raises(ParamError, match=None) as info:
@@ -39,3 +41,7 @@ def test_bad_seeds(text, message):
 def test_parse_seeds():
     assert parse_seeds("0, 1,2") == (0, 1, 2)
     assert parse_seeds("5") == (5,)
+
+
+def test_the_largest_seed_numpy_takes_is_valid():
+    assert parse_seeds("0,4294967295") == (0, 2**32 - 1)

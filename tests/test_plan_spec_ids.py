@@ -49,3 +49,35 @@ def test_a_field_the_task_does_not_declare_is_refused():
                    batch_size=2, device="cpu", seed=0, dense_finetune="all")
     with pytest.raises(AttributeError):
         RunSpec(method="tome", params_json="{}", **DET).no_such_field  # noqa: B018
+
+
+CLS = dict(task="cls", model="test_vit", methods=["tome", "ltm"], data="fashion-mnist", overrides={},
+           metrics=("accuracy",), batch_size=2, device="cpu", seed=0)
+
+
+def test_what_decides_a_number_is_in_every_specs_id_and_old_ids_stay():
+    """``limit``, ``head`` and ``weights`` (docs/measuring.md, "What a run's identity holds"):
+    unset, the ids are those of earlier stores; set, every spec (the baseline's too) carries
+    them and each changes the id."""
+    plain = build_plan(**CLS)
+    assert all(s.limit is None and s.head is None and s.weights is None for s in plain)
+    assert RunSpec(method="baseline", params_json="{}", **DET).spec_id == "deeb830f06fe5a99"
+    assert RunSpec(method="baseline", params_json="{}", **DET, limit=None, head=None,
+                   weights=None).spec_id == "deeb830f06fe5a99"
+    ids = {s.spec_id for s in plain}
+    for extra in ({"limit": 4}, {"limit": 16}, {"head": "num_classes=2,fit_limit=12"},
+                  {"head": "num_classes=2,fit_limit=all"}, {"weights": "init_seed=0"}, {"weights": "init_seed=1"},
+                  {"weights": "sha256=" + "0" * 64}):
+        plan = build_plan(**CLS, **extra)
+        (name, value), = extra.items()
+        assert all(getattr(s, name) == value for s in plan)  # baseline included
+        assert [s.method for s in plan] == [s.method for s in plain]
+        assert not ids & {s.spec_id for s in plan}, extra
+        ids |= {s.spec_id for s in plan}
+
+
+def test_a_limit_below_one_is_refused_before_anything_runs():
+    from vitbench.errors import ParamError
+
+    with pytest.raises(ParamError, match="--limit 0 is out of range; it must be an integer >= 1"):
+        build_plan(**CLS, limit=0)

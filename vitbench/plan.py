@@ -13,6 +13,8 @@ from vitbench.spec import RunSpec
 from vitbench.task import BASELINE, CONTROL, REFERENCES
 
 DEVICES = ("cpu", "cuda")
+#: the largest throughput batch (``--batch-size``): 65536 images, far beyond any accelerator's memory at 224 px
+MAX_BATCH_SIZE = 2**16
 
 
 def parse_param_overrides(items: Iterable[str]) -> dict[str, dict[str, str]]:
@@ -21,9 +23,15 @@ def parse_param_overrides(items: Iterable[str]) -> dict[str, dict[str, str]]:
     for item in items:
         head, sep, value = item.partition("=")
         method, dot, key = head.partition(".")
-        if not sep or not dot or not method or not key:
+        if not sep or not dot or not method.strip() or not key.strip():
             raise ParamError(f"--param {item!r} is not METHOD.KEY=VALUE (e.g. tome.r=13)")
-        out.setdefault(method.strip(), {})[key.strip()] = value.strip()
+        if not value.strip():
+            raise ParamError(f"--param {item!r} has no value; give METHOD.KEY=VALUE (e.g. tome.r=13)")
+        values = out.setdefault(method.strip(), {})
+        if key.strip() in values and values[key.strip()] != value.strip():
+            raise ParamError(f"--param {method.strip()}.{key.strip()} is given twice, as "
+                             f"{values[key.strip()]!r} and {value.strip()!r}; give it once")
+        values[key.strip()] = value.strip()
     return out
 
 
@@ -33,6 +41,7 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
                pretrained: bool = False, train_backbone: bool = False,
                train_limit: Optional[int] = None, match_gmacs: Optional[float] = None, control: bool = True,
                precision: str = "fp32", compile: bool = False, cuda_graph: bool = False,
+               limit: Optional[int] = None, head: Optional[str] = None, weights: Optional[str] = None,
                **task_fields: Any) -> list[RunSpec]:
     """The baseline, then one spec per method, parameters validated (no model is built here).
 
@@ -44,7 +53,12 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
     can be compared at equal training.
 
     ``match_gmacs``: every method runs at that fraction of the baseline's GMACs, its budget knob
-    chosen when it runs (:mod:`vitbench.calibrate`); ``--param`` may not set the knob then."""
+    chosen when it runs (:mod:`vitbench.calibrate`); ``--param`` may not set the knob then.
+
+    ``limit``, ``head``, ``weights``: what else decides the numbers, as the task's
+    :meth:`~vitbench.task.Task.setup` names it (the evaluation images, a new head's inputs, a
+    random init's seed or a checkpoint's digest); every spec carries them, the baseline's too, so
+    that ``--resume`` never reuses a run measured on something else (docs/measuring.md)."""
     host = get_host()
     task_spec = host.task(task)  # unknown -> error listing the registered tasks
     unknown = [k for k in task_fields if k not in task_spec.spec_fields]
@@ -53,17 +67,28 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
                         f"{', '.join(task_spec.spec_fields) or 'none'})")
     if device not in DEVICES:
         raise choices_error("device", device, DEVICES)
-    if batch_size < 1:
-        raise ParamError(f"--batch-size {batch_size} is out of range; it must be >= 1")
-    if train_limit is not None and train_limit < 1:
-        raise ParamError(f"--train-limit {train_limit} is out of range; it must be >= 1")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_BATCH_SIZE:
+        raise ParamError(f"--batch-size {batch_size!r} is out of range; it must be an integer from 1 to "
+                         f"{MAX_BATCH_SIZE}")
+    if train_limit is not None and (isinstance(train_limit, bool) or not isinstance(train_limit, int)
+                                    or train_limit < 1):
+        raise ParamError(f"--train-limit {train_limit!r} is out of range; it must be an integer >= 1")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ParamError(f"--limit {limit!r} is out of range; it must be an integer >= 1")
     names = [host.method(name).name for name in methods]  # unknown -> error listing valid ones
     for name in overrides:
         canonical = host.method(name).name
         if canonical not in names:
             raise VitbenchError(f"--param names method {name!r}, which is not in --methods "
                                 f"({', '.join(names) or 'none'})")
-    canonical_overrides = {host.method(k).name: v for k, v in overrides.items()}
+    canonical_overrides: dict[str, dict[str, Any]] = {}
+    for name, values in overrides.items():  # an alias and its method's name are one method
+        merged = canonical_overrides.setdefault(host.method(name).name, {})
+        for key, value in values.items():
+            if key in merged and merged[key] != value:
+                raise ParamError(f"--param {host.method(name).name}.{key} is given twice, as {merged[key]!r} and "
+                                 f"{value!r} (through the alias {name!r}); give it once")
+            merged[key] = value
     if match_gmacs is not None:
         from vitbench.calibrate import check_fraction
 
@@ -78,7 +103,7 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
     common = dict(task=task, model=model, data=data, metrics=tuple(metrics), batch_size=batch_size,
                   device=device, seed=seed, checkpoint=checkpoint, pretrained=pretrained,
                   precision=None if check_precision(precision) == "fp32" else precision, compile=compile,
-                  cuda_graph=cuda_graph)
+                  cuda_graph=cuda_graph, limit=limit, head=head, weights=weights)
     plan = [RunSpec(method=BASELINE, params_json="{}", **common)]
     if control and task_spec.control and any(host.method(n).needs_training for n in names):
         control_fields = task_spec.control_fields(task_fields)
@@ -118,14 +143,19 @@ def parse_seeds(text: str) -> tuple[int, ...]:
     return check_seeds(seeds)
 
 
+#: the largest seed numpy's and torch's generators take (2**32 - 1)
+MAX_SEED = 2**32 - 1
+
+
 def check_seeds(seeds: Iterable[int]) -> tuple[int, ...]:
-    """The seeds as a tuple, refusing an empty list, a negative seed or a repeated one."""
+    """The seeds as a tuple, refusing an empty list, a seed outside 0..2**32-1 (numpy's range)
+    or a repeated one."""
     seeds = tuple(seeds)
     if not seeds:
         raise ParamError("--seeds is empty; give comma-separated integers >= 0, e.g. 0,1,2")
     for seed in seeds:
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ParamError(f"seed {seed!r} is out of range; seeds are integers >= 0")
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+            raise ParamError(f"seed {seed!r} is out of range; seeds are integers >= 0 and <= {MAX_SEED} (2**32 - 1)")
         if seeds.count(seed) > 1:
             raise ParamError(f"--seeds names seed {seed} twice ({','.join(map(str, seeds))}); "
                              f"each seed runs once")

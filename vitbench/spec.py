@@ -42,6 +42,12 @@ class RunSpec:
     cuda_graph: bool = False
     #: the task's own fields (``Task.spec_fields``), sorted ``(name, value)`` pairs; read as attributes
     task_fields: tuple[tuple[str, Any], ...] = ()
+    #: ``--limit N``: evaluated on the first N images (set by the task when it evaluates on data)
+    limit: Optional[int] = None
+    #: a new classifier head's inputs (cls ``--num-classes``: ``num_classes=10,fit_limit=12``); ``None``: the model's
+    head: Optional[str] = None
+    #: ``init_seed=S`` (random weights) or ``sha256=...`` (the ``--checkpoint``); ``None``: as model/pretrained say
+    weights: Optional[str] = None
 
     def __getattr__(self, name: str) -> Any:
         """A task field of the spec's task (``spec.dense_finetune``): its value, else ``None``."""
@@ -118,5 +124,6 @@ class RunSpec:
         return [f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in changed.items()]
 
 
+#: fields added after the first stores, hashed only when set (docs/measuring.md, "What a run's identity holds")
 _LATER_FIELDS = ("train_backbone", "train_limit", "match_gmacs", "precision", "compile",
-                 "cuda_graph")
+                 "cuda_graph", "limit", "head", "weights")

@@ -44,10 +44,14 @@ def test_bad_shard_is_a_clear_error(text):
         parse_shard(text)
 
 
+def _rec(spec_id: str) -> dict:
+    return {"spec_id": spec_id, "status": "ok", "task": "cls", "model": "m", "method": "tome"}
+
+
 def test_store_merges_shard_files(tmp_path):
-    ResultStore(tmp_path).append({"spec_id": "a", "status": "ok"})
-    ResultStore(tmp_path, shard=(2, 2)).append({"spec_id": "c", "status": "ok"})
-    ResultStore(tmp_path, shard=(1, 2)).append({"spec_id": "b", "status": "ok"})
+    ResultStore(tmp_path).append(_rec("a"))
+    ResultStore(tmp_path, shard=(2, 2)).append(_rec("c"))
+    ResultStore(tmp_path, shard=(1, 2)).append(_rec("b"))
     assert (tmp_path / "runs-shard-1-of-2.jsonl").is_file() and (tmp_path / "runs-shard-2-of-2.jsonl").is_file()
     assert [r["spec_id"] for r in ResultStore(tmp_path).records()] == ["a", "b", "c"]
     assert [r["spec_id"] for r in ResultStore(tmp_path / "runs.jsonl").records()] == ["a"]  # one file: itself

@@ -129,13 +129,14 @@ def test_method_labels(make_record):
     ppt = make_record("a", "ppt", {"r": 0.5, "adaptive": True, "blocks": [3, 6]})
     assert method_label(ppt) == "ppt (r=0.5, adaptive=true, blocks=3,6)"
     assert method_label(make_record("a", "baseline")) == "baseline"
-    # the same method and params on another data set (a store holding both): rows stay apart
+    # the same method and params on another data set (a store holding both): rows stay apart,
+    # each in the group of what it was measured on
     recs = [make_record("b", "baseline"), make_record("t0", "tome", {"r": 4}),
             make_record("t1", "tome", {"r": 4})]
     recs[2]["seed"], recs[2]["data"] = 1, "other-folder"
-    assert list(comparison_table(recs, *CLS)["Method"]) == [
-        "baseline", "tome (r=4) [seed=0]", "tome (r=4) [seed=1]",
-    ]
+    df = comparison_table(recs, *CLS)
+    assert list(df["Method"]) == ["baseline", "tome (r=4)", "tome (r=4)"]
+    assert list(df["Measured on"]) == ["data fashion-mnist"] * 2 + ["data other-folder"]
     # differing only by seed: one row (tests/report/test_report_seeds.py)
     recs[2]["data"] = recs[1]["data"]
     assert list(comparison_table(recs, *CLS)["Method"]) == ["baseline", "tome (r=4)"]

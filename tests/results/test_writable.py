@@ -52,6 +52,9 @@ def test_a_store_that_is_a_folder_exits_2(tmp_path, capsys):
 def test_the_probe_leaves_nothing_behind(tmp_path):
     out = tmp_path / "new" / "deeper"
     check_writable(out, out / "runs.jsonl")
+    assert list(tmp_path.iterdir()) == []  # the folders it made for the probe are gone
+    out.mkdir(parents=True)
+    check_writable(out, out / "runs.jsonl")
     assert out.is_dir() and list(out.iterdir()) == []
 
 

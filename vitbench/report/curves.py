@@ -59,10 +59,11 @@ def curve_key(rec: Record) -> tuple[str, str]:
     return str(rec.get("method")), json.dumps(params, sort_keys=True, default=str)
 
 
-def curves(records: Iterable[Record], task: str, model: str) -> list[Curve]:
+def curves(records: Iterable[Record], task: str, model: str, on: Optional[str] = None) -> list[Curve]:
     """One :class:`Curve` per method (and setting of its other parameters), in store order; a
-    method run with two settings of its other parameters gets them in its name."""
-    rows, _ = ok_rows(list(records), task, model)
+    method run with two settings of its other parameters gets them in its name. ``on``: only
+    the runs measured on that :func:`~vitbench.report.tables.measured_groups` key."""
+    rows, _ = ok_rows(list(records), task, model, on=on)
     by_key: dict[tuple[str, str], Curve] = {}
     for r in rows:
         b = record_budget(r)

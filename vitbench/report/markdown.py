@@ -12,11 +12,12 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from vitbench.report.doubts import row_doubts, timing_notes
+from vitbench.report.measured_on import describe
 from vitbench.report.task_shape import task_spec
 from vitbench.report.timed_how import timed_how_notes
 from vitbench.report.tables import (
     CONTROL,
-    comparison_table, group_records, groups, metric, ok_rows, pick_control, row_labels,
+    comparison_table, group_records, groups, measured_groups, metric, ok_rows, pick_control, row_labels,
 )
 from vitbench.report.words import distinct as _distinct
 from vitbench.report.words import joined as _joined
@@ -40,9 +41,9 @@ METHODOLOGY = (
     "never against a number from elsewhere. **Efficiency** = speed-up / GMACs ratio "
     "(baseline GMACs / method GMACs): 1.0 means every saved MAC turned into time. Deltas "
     "(ΔTop-1 in percentage points, GMACs ↓ in %) are against the baseline of the same task "
-    "and model. Top-1/top-5 come from mmpretrain's Accuracy, box/mask mAP from mmdet's "
-    "CocoMetric. **IB loss** = I(X~;X) - I(X~;Y) and **IB bound** (Theorem 3.1 of the IBTM paper) "
-    "are in nats, measured on the evaluation split: X~ the size-weighted mean of the final block's "
+    "and model measured on the same evaluation images, classifier head and weights. Top-1/top-5 "
+    "come from mmpretrain's Accuracy, box/mask mAP from mmdet's CocoMetric. **IB loss** = "
+    "I(X~;X) - I(X~;Y) and **IB bound** (Theorem 3.1 of the IBTM paper) are in nats, measured on the evaluation split: X~ the size-weighted mean of the final block's "
     "patch tokens, X the input image (area-downsampled to at most 32x32), soft assignments to the "
     "class centroids of each; the bound includes the input-only constant, so bound minus that "
     "constant (recorded as `ib_input_constant`) is >= the loss; lower is better for both. "
@@ -143,15 +144,29 @@ def _escape_cell(s: Any) -> str:
     return str(s).replace("|", "\\|")
 
 
-def _head_lines(rows: list[Mapping[str, Any]]) -> list[str]:
-    """cls with ``--num-classes``: the classifier head every row shares was fitted by vitbench."""
-    head = next((r.get("head") for r in rows if r.get("head")), None)
+def _head_fit(head: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What tells one fitted head from another (its size, images and saved weights)."""
+    return head.get("num_classes"), head.get("train_images"), head.get("data"), head.get("checkpoint_path")
+
+
+def _head_lines(rows: list[Mapping[str, Any]], base: Mapping[str, Any] | None) -> list[str]:
+    """cls with ``--num-classes``: the classifier head the rows start from was fitted by vitbench;
+    "the baseline and every method start from it" only where that is so."""
+    heads = [r.get("head") if isinstance(r.get("head"), Mapping) else None for r in rows]
+    head = next((h for h in heads if h), None)
     if not head:
         return []
-    return [f"Classifier head: a new {head.get('num_classes')}-way head, fitted once by a "
-            f"{head.get('method', 'linear probe')} on {head.get('train_images')} training images of "
-            f"{head.get('data')} (train top-1 {float(head.get('train_top1_pct') or 0):.2f} %); the baseline "
-            f"and every method start from it (saved as {head.get('checkpoint_path')}).", ""]
+    fitted = (f"a new {head.get('num_classes')}-way head, fitted once by a {head.get('method', 'linear probe')} "
+              f"on {head.get('train_images')} training images of {head.get('data')} (train top-1 "
+              f"{float(head.get('train_top1_pct') or 0):.2f} %)")
+    if any(h is None or _head_fit(h) != _head_fit(head) for h in heads):
+        return ["Classifier heads: the rows of this table do not all start from the same fitted head:"] + [
+            f"- {lab}: " + (f"a {h.get('num_classes')}-way head fitted on {h.get('train_images')} training "
+                            f"images (saved as {h.get('checkpoint_path')})" if h else "the model's own head")
+            for lab, h in zip(row_labels(rows), heads)] + [""]
+    who = ("the baseline and every method start from it" if base is not None else
+           "every row of this table starts from it, and no baseline was measured with it")
+    return [f"Classifier head: {fitted}; {who} (saved as {head.get('checkpoint_path')}).", ""]
 
 
 def _task_notes(task: str, rows: list[Mapping[str, Any]]) -> list[str]:
@@ -203,31 +218,17 @@ def group_section(records: list[Mapping[str, Any]], task: str, model: str,
     data = _distinct(r.get("data") for r in recs)
     head = heading or f"## {task} · {model}" + (f" (data: {', '.join(data)})" if data else "")
     lines = [head, ""]
-    rows, base = ok_rows(records, task, model)
-    if rows:
-        df = comparison_table(records, task, model).map(_escape_cell)
-        align = ("left",) + ("right",) * (len(df.columns) - 1)  # numbers line up
-        lines += [df.to_markdown(index=False, disable_numparse=True, colalign=align), ""]
-        if base is None:
-            lines += ["No successful baseline in this group: deltas and speed-ups are n/a.", ""]
-        lines += _matched_lines(row_labels(rows), rows)
-        control = pick_control(rows)  # det/seg only: no cls run has one
-        lines += timing_notes(row_labels(rows), [row_doubts(r, base, control) for r in rows])
-        lines += timed_how_notes(row_labels(rows), rows)
-        if any(int(r.get("n_seeds") or 1) > 1 for r in rows):
-            lines += [SEEDS_NOTE, ""]
-        lines += _head_lines(rows)
-        lines += _task_notes(task, rows)
-        kernels = [(lab, r.get("attention_kernel")) for lab, r in zip(row_labels(rows), rows)]
-        known = [(lab, k) for lab, k in kernels if k]
-        if known and len({k for _, k in known}) == 1 and len(known) == len(kernels):
-            lines += [f"Attention kernel: {known[0][1]} in every row.", ""]
-        elif known:
-            lines += ["Attention kernel:"] + [f"- {lab}: {k or 'n/a'}" for lab, k in kernels] + [""]
-        trained = [(lab, r) for lab, r in zip(row_labels(rows), rows) if r.get("trained")]
-        if trained:
-            lines += ["Fine-tuning (learnable methods and the det/seg control, before measuring):"]
-            lines += [f"- {lab}: {_training_line(r)}" for lab, r in trained] + [""]
+    keys = measured_groups(records, task, model)
+    if len(keys) == 1:
+        lines += _table_lines(records, task, model, keys[0], several=False)
+    elif keys:
+        sub = "#" * (len(head) - len(head.lstrip("#")) + 1)
+        lines += [f"These runs were measured on {len(keys)} different sets of evaluation images, classifier "
+                  f"heads or weights, one table each: a row is compared only with the baseline measured on "
+                  f"the same ones.", ""]
+        for key in keys:
+            lines += [f"{sub} Measured on {describe(key)}", ""]
+            lines += _table_lines(records, task, model, key, several=True)
     else:
         lines += ["No successful runs.", ""]
     for status, title, default in (("error", "Failed runs", "(no message)"),
@@ -240,6 +241,38 @@ def group_section(records: list[Mapping[str, Any]], task: str, model: str,
                 lab = f"{lab} [seed={r.get('seed')}]" if several and "[seed=" not in lab else lab
                 lines.append(f"- {lab}: {_one_line(r.get('error') or default)}")
             lines.append("")
+    return lines
+
+
+def _table_lines(records: list[Mapping[str, Any]], task: str, model: str, key: str, several: bool) -> list[str]:
+    """The table of the runs measured on ``key`` (:func:`measured_groups`) and the notes under it."""
+    rows, base = ok_rows(records, task, model, on=key)
+    df = comparison_table(records, task, model, on=key).map(_escape_cell)
+    align = ("left",) + ("right",) * (len(df.columns) - 1)  # numbers line up
+    lines = [df.to_markdown(index=False, disable_numparse=True, colalign=align), ""]
+    if base is None and several:
+        lines += ["No successful baseline was measured on these images, head and weights, so this table "
+                  "shows no deltas: a row is compared only with a baseline measured on the same ones.", ""]
+    elif base is None:
+        lines += ["No successful baseline in this group: deltas and speed-ups are n/a.", ""]
+    lines += _matched_lines(row_labels(rows), rows)
+    control = pick_control(rows)  # det/seg only: no cls run has one
+    lines += timing_notes(row_labels(rows), [row_doubts(r, base, control) for r in rows])
+    lines += timed_how_notes(row_labels(rows), rows)
+    if any(int(r.get("n_seeds") or 1) > 1 for r in rows):
+        lines += [SEEDS_NOTE, ""]
+    lines += _head_lines(rows, base)
+    lines += _task_notes(task, rows)
+    kernels = [(lab, r.get("attention_kernel")) for lab, r in zip(row_labels(rows), rows)]
+    known = [(lab, k) for lab, k in kernels if k]
+    if known and len({k for _, k in known}) == 1 and len(known) == len(kernels):
+        lines += [f"Attention kernel: {known[0][1]} in every row.", ""]
+    elif known:
+        lines += ["Attention kernel:"] + [f"- {lab}: {k or 'n/a'}" for lab, k in kernels] + [""]
+    trained = [(lab, r) for lab, r in zip(row_labels(rows), rows) if r.get("trained")]
+    if trained:
+        lines += ["Fine-tuning (learnable methods and the det/seg control, before measuring):"]
+        lines += [f"- {lab}: {_training_line(r)}" for lab, r in trained] + [""]
     return lines
 
 

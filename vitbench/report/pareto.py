@@ -1,5 +1,6 @@
 """Pareto plots of a sweep: accuracy against GMACs, and against throughput, one line per method
-across its budgets, the baseline as a black star (one row of panels per (task, model); seg:
+across its budgets, the baseline as a black star (one row of panels per (task, model) and what
+its runs were measured on, :func:`~vitbench.report.tables.panels`; seg:
 box and mask mAP side by side). matplotlib's object API on the Agg canvas, as
 :mod:`vitbench.report.plot`.
 
@@ -20,7 +21,7 @@ from matplotlib.figure import Figure
 
 from vitbench.report._atomic import atomic_write_bytes
 from vitbench.report.curves import Curve, accuracy_keys, curves, gmacs_key
-from vitbench.report.tables import groups, metric, ok_rows
+from vitbench.report.tables import metric, ok_rows, panels
 from vitbench.report.task_shape import accuracy_column
 from vitbench.results.store import latest_records
 
@@ -66,14 +67,14 @@ def plot_pareto(records: Iterable[Mapping[str, Any]], path_png: str | os.PathLik
     if x not in _X:
         raise ValueError(f"x={x!r}; valid: {', '.join(_X)}")
     records = latest_records(records)
-    pairs = groups(records) or [("cls", "(no runs)")]
-    ncols = max(len(accuracy_keys(task)) for task, _ in pairs)
+    pairs = panels(records) or [("cls", "(no runs)", None, "")]
+    ncols = max(len(accuracy_keys(task)) for task, *_ in pairs)
     fig = Figure(figsize=(7 * ncols, 5 * len(pairs)), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(len(pairs), ncols, squeeze=False)
-    for (task, model), row in zip(pairs, axes):
-        _, base = ok_rows(records, task, model)
-        cs = curves(records, task, model)
+    for (task, model, on, note), row in zip(pairs, axes):
+        _, base = ok_rows(records, task, model, on=on)  # on: runs measured on other images apart
+        cs = curves(records, task, model, on=on)
         x_key = _x_key(x, task)
         for ax, y_key in zip(row, accuracy_keys(task)):
             measured = any(metric(r, y_key) is not None for c in cs for r in c.rows.values())
@@ -87,7 +88,7 @@ def plot_pareto(records: Iterable[Mapping[str, Any]], path_png: str | os.PathLik
             axis = accuracy_column(task, y_key).axis
             ax.set_ylabel(axis if measured else "budget F (fraction of the baseline's GMACs)")
             what = axis if measured else "budget (no accuracy measured)"
-            ax.set_title(f"{task} · {model}: {what} vs {'GMACs' if x == 'gmacs' else 'throughput'}")
+            ax.set_title(f"{task} · {model}: {what} vs {'GMACs' if x == 'gmacs' else 'throughput'}{note}")
         for ax in row[len(accuracy_keys(task)):]:
             ax.set_visible(False)
     buf = io.BytesIO()

@@ -1,4 +1,5 @@
-"""Accuracy vs GMACs and accuracy vs throughput, one row of two panels per (task, model).
+"""Accuracy vs GMACs and accuracy vs throughput, one row of two panels per (task, model) and
+what its runs were measured on (:func:`~vitbench.report.tables.panels`).
 
 Fewer GMACs do not always mean more images per second (docs/measuring.md), so the two panels
 sit side by side: a method that moves left on the first but not right on the second saves
@@ -18,7 +19,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from vitbench.report._atomic import atomic_write_bytes
-from vitbench.report.tables import CONTROL, accuracy_key, groups, metric, ok_rows, row_labels
+from vitbench.report.tables import CONTROL, accuracy_key, metric, ok_rows, panels, row_labels
 from vitbench.report.task_shape import accuracy_columns
 
 __all__ = ["plot_accuracy_vs_gmacs"]
@@ -54,13 +55,13 @@ def _panel(ax: Axes, rows: list[Mapping[str, Any]], labels: list[str], base: Any
 
 
 def _speed_only(ax_g: Axes, ax_t: Axes, rows: list[Mapping[str, Any]], labels: list[str], base: Any,
-                title: str) -> None:
+                title: str, note: str = "") -> None:
     """A group without accuracy: throughput vs GMACs on the left (what was measured), and the
     right panel says why there is no accuracy panel (instead of two empty "no data" panels)."""
     _panel(ax_g, rows, labels, base, "gmacs", "gmacs_std", "throughput_img_s")
     ax_g.set_xlabel("GMACs (batch 1)")
     ax_g.set_ylabel("Throughput (img/s)")
-    ax_g.set_title(f"{title}: throughput vs GMACs")
+    ax_g.set_title(f"{title}: throughput vs GMACs{note}")
     ax_t.set_axis_off()
     ax_t.text(0.5, 0.5, "accuracy not measured\n(--metrics without accuracy)", ha="center", va="center",
               transform=ax_t.transAxes)
@@ -74,17 +75,17 @@ def plot_accuracy_vs_gmacs(
     one). Runs over several seeds are one
     point at their means, with the seeds' standard deviation as the vertical error bar."""
     records = list(records)
-    pairs = groups(records) or [("cls", "(no runs)")]
+    pairs = panels(records) or [("cls", "(no runs)", None, "")]
     fig = Figure(figsize=(12, 4.5 * len(pairs)), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(len(pairs), 2, squeeze=False)
-    for (task, model), (ax_g, ax_t) in zip(pairs, axes):
-        rows, base = ok_rows(records, task, model)
+    for (task, model, on, note), (ax_g, ax_t) in zip(pairs, axes):
+        rows, base = ok_rows(records, task, model, on=on)  # on: runs measured on other images apart
         labels = row_labels(rows)
         y_key = accuracy_key(task)
         y_label = accuracy_columns(task)[0].axis
         if not any(metric(r, y_key) is not None for r in rows):  # e.g. --metrics gmacs,throughput
-            _speed_only(ax_g, ax_t, rows, labels, base, f"{task} · {model}")
+            _speed_only(ax_g, ax_t, rows, labels, base, f"{task} · {model}", note)
             continue
         for ax, (x_key, xerr_key, x_label) in zip((ax_g, ax_t), _AXES):
             _panel(ax, rows, labels, base, x_key, xerr_key, y_key)
@@ -93,8 +94,8 @@ def plot_accuracy_vs_gmacs(
         bs = {int(b) for r in rows if (b := metric(r, "batch_size")) is not None}
         if len(bs) == 1:
             ax_t.set_xlabel(f"Throughput (img/s, bs={bs.pop()})")
-        ax_g.set_title(f"{task} · {model}: accuracy vs GMACs")
-        ax_t.set_title(f"{task} · {model}: accuracy vs throughput")
+        ax_g.set_title(f"{task} · {model}: accuracy vs GMACs{note}")
+        ax_t.set_title(f"{task} · {model}: accuracy vs throughput{note}")
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     return atomic_write_bytes(path_png, buf.getvalue())

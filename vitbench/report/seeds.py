@@ -14,6 +14,8 @@ import statistics
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from vitbench.report.measured_on import on_key
+
 __all__ = ["MEAN_STD_KEYS", "aggregate_over_seeds", "pair_with_baselines", "seed_key"]
 
 Record = Mapping[str, Any]
@@ -39,23 +41,25 @@ def _num(rec: Record, key: str) -> float | None:
 
 def seed_key(rec: Record) -> tuple[Any, ...]:
     """What a run is apart from its seed: method, label (parameters and training setup shown),
-    parameters, data, batch size and matched budget. Records with equal keys are one row."""
+    parameters, data, batch size, matched budget and what it was measured on
+    (:func:`~vitbench.report.measured_on.on_key`). Records with equal keys are one row."""
     params = json.dumps(rec.get("params") or {}, sort_keys=True, default=str)
     return (rec.get("method"), rec.get("label"), params, rec.get("data"), rec.get("batch_size"),
-            rec.get("match_gmacs"))
+            rec.get("match_gmacs"), on_key(rec))
 
 
 def pair_with_baselines(rows: list[Record]) -> list[dict[str, Any]]:
     """Copies of ``rows`` where a method record without ``speedup``/``efficiency`` gets them from
-    the baseline record of its own seed (records written by the executor have them already)."""
+    the baseline record of its own seed measured on the same images, head and weights (records
+    written by the executor have them already)."""
     base_by_seed: dict[Any, Record] = {}
     for r in rows:
         if r.get("method") == "baseline":
-            base_by_seed.setdefault(r.get("seed"), r)
+            base_by_seed.setdefault((r.get("seed"), on_key(r)), r)
     out = []
     for r in rows:
         r = dict(r)
-        base = base_by_seed.get(r.get("seed"))
+        base = base_by_seed.get((r.get("seed"), on_key(r)))
         tp, b_tp = _num(r, "throughput_img_s"), _num(base or {}, "throughput_img_s")
         if _num(r, "speedup") is None and tp is not None and b_tp:
             r["speedup"] = tp / b_tp

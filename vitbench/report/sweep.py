@@ -4,7 +4,8 @@ Per (task, model): a summary table (accuracy at each budget, and the area under 
 accuracy-vs-GMACs curve over the budget range every method covers), the Pareto plots
 (:mod:`vitbench.report.pareto`), then one comparison table per budget, built by the same
 :func:`~vitbench.report.markdown.group_section` as ``vitbench run``'s report from the baseline
-and the runs at that budget. A pure function of the store's records.
+and the runs at that budget; runs measured on other images, heads or weights get a summary and
+tables of their own. A pure function of the store's records.
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from vitbench.report.curves import (
     Curve, accuracy_keys, common_span, curve_area, curve_key, curves, gmacs_key, record_budget,
 )
 from vitbench.report.markdown import group_section, header_lines
-from vitbench.report.tables import NA, drop_unmeasured, gmacs_spec, groups, metric, ok_rows
+from vitbench.report.measured_on import describe, in_group
+from vitbench.report.tables import NA, drop_unmeasured, gmacs_spec, groups, measured_groups, metric, ok_rows
 from vitbench.report.task_shape import accuracy_column, accuracy_columns, compute_name
 from vitbench.results.store import latest_records
 
@@ -99,10 +101,10 @@ def summary_table(records: Iterable[Record], task: str, model: str, y_key: Optio
     return drop_unmeasured(df, keep=("Method", area_col)) if not df.empty else df
 
 
-def _summary_lines(records: list[Record], task: str, model: str) -> list[str]:
+def _summary_lines(records: list[Record], task: str, model: str, level: str = "###") -> list[str]:
     _, base = ok_rows(records, task, model)
     x_key = gmacs_key(task)
-    lines = ["### Summary", ""]
+    lines = [f"{level} Summary", ""]
     base_x = metric(base, x_key)
     what = compute_name(task)
     if base is not None:
@@ -140,12 +142,26 @@ def render_sweep_markdown(records: Iterable[Record], *, command: Optional[str] =
         lines += [f"## {task} · {model}", "",
                   f"Budgets: {', '.join(f'{b:g}' for b in bs) or 'none'} (fractions of the baseline's GMACs; "
                   f"each method's budget knob matched to each, within 2 %).", ""]
-        lines += _summary_lines(records, task, model)
-        for path, what in zip(plot_paths, ("GMACs", "throughput")):
-            lines += [f"![Pareto: accuracy vs {what}]({path})", ""]
-        for b in bs:
-            lines += group_section(budget_records(records, b), task, model,
-                                   heading=f"### F = {b:g} ({100 * b:g} % of the baseline's GMACs)")
+        plots = [line for path, what in zip(plot_paths, ("GMACs", "throughput"))
+                 for line in (f"![Pareto: accuracy vs {what}]({path})", "")]
+        keys = measured_groups(records, task, model)
+        if len(keys) > 1:
+            lines += [f"These runs were measured on {len(keys)} different sets of evaluation images, classifier "
+                      f"heads or weights, each with its own summary and tables: a run is compared only with "
+                      f"the baseline measured on the same ones.", ""] + plots
+        for key in keys if len(keys) > 1 else [None]:
+            level, ours = "###", records
+            if key is not None:
+                lines += [f"### Measured on {describe(key)}", ""]
+                level = "####"
+                ours = [r for r in records if (str(r.get("task")), str(r.get("model"))) != (task, model)
+                        or in_group(r, key)]
+            lines += _summary_lines(ours, task, model, level)
+            if key is None:
+                lines += plots
+            for b in budgets(ours, task, model):
+                lines += group_section(budget_records(ours, b), task, model,
+                                       heading=f"{level} F = {b:g} ({100 * b:g} % of the baseline's GMACs)")
     return "\n".join(lines)
 
 

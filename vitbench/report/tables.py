@@ -7,7 +7,8 @@ shape of docs/measuring.md; the accuracy columns are the task's (:attr:`Task.acc
 Columns that no row measured are left out (:func:`drop_unmeasured`).
 Runs that differ only by seed are one row (:mod:`vitbench.report.seeds`: accuracy as mean ±
 std with a Seeds column saying n); a timing not to be trusted, and a speed-up or efficiency
-derived from one, is marked ``†`` (:mod:`vitbench.report.doubts`).
+derived from one, is marked ``†`` (:mod:`vitbench.report.doubts`). A row is compared only with
+a baseline measured on the same images, head and weights (:mod:`vitbench.report.measured_on`).
 """
 from __future__ import annotations
 
@@ -18,14 +19,15 @@ from typing import Any
 import pandas as pd
 
 from vitbench.report.doubts import MARK, row_doubts
+from vitbench.report.measured_on import describe, on_key
 from vitbench.report.seeds import aggregate_over_seeds
 from vitbench.report.task_shape import accuracy_columns, task_spec
 from vitbench.results.store import latest_records
 from vitbench.task import CONTROL
 
 __all__ = [
-    "NA", "accuracy_key", "drop_unmeasured", "gmacs_spec", "metric", "comparison_table", "group_records", "groups", "method_label",
-    "ok_rows", "pick_baseline", "pick_control", "row_labels",
+    "NA", "accuracy_key", "drop_unmeasured", "gmacs_spec", "metric", "comparison_table", "group_records", "groups",
+    "measured_groups", "method_label", "ok_rows", "panels", "pick_baseline", "pick_control", "row_labels",
 ]
 
 NA = "n/a"
@@ -126,11 +128,37 @@ def pick_control(rows: Iterable[Record]) -> Record | None:
     return next((r for r in rows if r.get("status") == "ok" and r.get("method") == CONTROL), None)
 
 
-def ok_rows(records: Iterable[Record], task: str, model: str) -> tuple[list[Record], Record | None]:
-    """The successful runs of ``(task, model)``, one row per spec across seeds
+def measured_groups(records: Iterable[Record], task: str, model: str) -> list[str]:
+    """The :func:`~vitbench.report.measured_on.on_key` of the successful runs of ``(task, model)``
+    (what they were measured on: data and images, head, weights), in store order; one key but
+    where runs were measured on different images, heads or weights."""
+    return list(dict.fromkeys(on_key(r) for r in group_records(records, task, model) if r.get("status") == "ok"))
+
+
+def panels(records: Iterable[Record]) -> list[tuple[str, str, str | None, str]]:
+    """``(task, model, on, note)`` per (task, model) and, where its runs were measured on
+    several images, heads or weights, per :func:`measured_groups` key (``on``; ``None`` for
+    one): the plots' rows; ``note`` ends their titles (a new line saying what they were measured
+    on, or ``""``)."""
+    records = list(records)
+    out: list[tuple[str, str, str | None, str]] = []
+    for task, model in groups(records):
+        keys = measured_groups(records, task, model)
+        if len(keys) < 2:
+            out.append((task, model, None, ""))
+        else:
+            out += [(task, model, key, f"\nmeasured on {describe(key)}") for key in keys]
+    return out
+
+
+def ok_rows(records: Iterable[Record], task: str, model: str, on: str | None = None
+            ) -> tuple[list[Record], Record | None]:
+    """The successful runs of ``(task, model)`` (``on``: only those measured on that
+    :func:`measured_groups` key), one row per spec across seeds
     (:func:`~vitbench.report.seeds.aggregate_over_seeds`), the reference baseline first, and
     that baseline."""
-    ok = aggregate_over_seeds(r for r in group_records(records, task, model) if r.get("status") == "ok")
+    ok = aggregate_over_seeds(r for r in group_records(records, task, model)
+                              if r.get("status") == "ok" and (on is None or on_key(r) == on))
     base = pick_baseline(ok)
     if base is not None:
         ok = [base] + [r for r in ok if r is not base]
@@ -147,24 +175,55 @@ def row_labels(rows: list[Record]) -> list[str]:
     ]
 
 
-def comparison_table(records: Iterable[Record], task: str, model: str) -> pd.DataFrame:
+def comparison_table(records: Iterable[Record], task: str, model: str, on: str | None = None) -> pd.DataFrame:
     """One row per successful run of ``(task, model)`` (newest record per ``spec_id``), the
     baseline first; deltas, GMACs reduction, speed-up and efficiency against that baseline.
 
-    Speed-up and efficiency come from the record when the executor computed them (against
-    the baseline of the same session); otherwise from the throughputs and GMACs in this table.
+    A row is compared only with the baseline measured on the same images, head and weights
+    (:func:`measured_groups`): ``on`` selects one such group; without it every group follows
+    the one before, its own baseline first, and a "Measured on" column names each row's group
+    when there are several. Speed-up and efficiency come from the record when the executor
+    computed them (against the baseline of the same session); otherwise from the throughputs
+    and GMACs in this table.
     """
-    rows, base = ok_rows(list(records), task, model)
+    records = list(records)
+    keys = [on] if on is not None else measured_groups(records, task, model)
+    parts = [(key, *ok_rows(records, task, model, on=key)) for key in keys]
+    rows = [r for _, part, _ in parts for r in part]
     acc_cols = accuracy_columns(task)
 
     batches = {int(b) for r in rows if (b := metric(r, "batch_size")) is not None}
     one_bs = len(batches) == 1
     tp_col = f"Throughput (img/s, bs={next(iter(batches))})" if one_bs else "Throughput (img/s)"
 
-    control = pick_control(rows)  # tasks with a control row (det/seg) only
     spec = task_spec(task)
-    b_gmacs, b_tp = metric(base, "gmacs"), metric(base, "throughput_img_s")
     several_seeds = any(int(r.get("n_seeds") or 1) > 1 for r in rows)
+    several_groups = len(parts) > 1
+    table: list[dict[str, str]] = []
+    for key, part, base in parts:
+        rows_of = [{**row, "Measured on": describe(key)} if several_groups else row
+                   for row in _rows(part, base, task, spec, tp_col, one_bs, several_seeds)]
+        table += rows_of
+
+    # every column a task can have; those no row measured (all n/a) are dropped below
+    columns = (["Method"] + (["Measured on"] if several_groups else []) + (["Seeds"] if several_seeds else [])
+               + ["Params"])
+    control = any(pick_control(part) is not None for _, part, _ in parts)  # tasks with a control row (det/seg) only
+    for col in acc_cols:
+        columns += ([col.title] + [title for title, _ in col.before] + [col.delta]
+                    + ([f"{col.delta} vs +ft"] if control else []) + [title for title, _ in col.after])
+    columns += ["GMACs", "GMACs ↓ (%)", "Backbone GMACs"]
+    columns += [tp_col, "Speed-up (×)", "Efficiency", "Latency bs=1 (ms)"]
+    columns += ["IB loss", "IB bound"]
+    return drop_unmeasured(pd.DataFrame(table, columns=columns))
+
+
+def _rows(rows: list[Record], base: Record | None, task: str, spec: Any, tp_col: str, one_bs: bool,
+          several_seeds: bool) -> list[dict[str, str]]:
+    """The table rows of one :func:`measured_groups` group, against its own baseline ``base``."""
+    acc_cols = accuracy_columns(task)
+    control = pick_control(rows)
+    b_gmacs, b_tp = metric(base, "gmacs"), metric(base, "throughput_img_s")
     table: list[dict[str, str]] = []
     for rec, label in zip(rows, row_labels(rows)):
         doubts = row_doubts(rec, base, control)
@@ -211,16 +270,7 @@ def comparison_table(records: Iterable[Record], task: str, model: str) -> pd.Dat
         row["IB loss"] = _spread(metric(rec, "ib_loss"), metric(rec, "ib_loss_seed_std"), ".4f")
         row["IB bound"] = _spread(metric(rec, "ib_bound"), metric(rec, "ib_bound_seed_std"), ".4f")
         table.append(row)
-
-    # every column a task can have; those no row measured (all n/a) are dropped below
-    columns = ["Method"] + (["Seeds"] if several_seeds else []) + ["Params"]
-    for col in acc_cols:
-        columns += ([col.title] + [title for title, _ in col.before] + [col.delta]
-                    + ([f"{col.delta} vs +ft"] if control else []) + [title for title, _ in col.after])
-    columns += ["GMACs", "GMACs ↓ (%)", "Backbone GMACs"]
-    columns += [tp_col, "Speed-up (×)", "Efficiency", "Latency bs=1 (ms)"]
-    columns += ["IB loss", "IB bound"]
-    return drop_unmeasured(pd.DataFrame(table, columns=columns))
+    return table
 
 
 def drop_unmeasured(df: pd.DataFrame, keep: tuple[str, ...] = ("Method",)) -> pd.DataFrame:

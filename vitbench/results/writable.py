@@ -22,10 +22,12 @@ class OutputError(VitbenchError):
 
 
 def check_writable(out: Path, store_file: Path) -> None:
-    """Create ``out`` and prove a file can be created, written, renamed and removed in it, and
-    that ``store_file`` can be appended to; raise :class:`OutputError` naming ``out`` otherwise."""
+    """Prove a file can be created, written, renamed and removed in ``out`` (created for the probe
+    and removed again when it was new), and that ``store_file`` can be appended to; raise
+    :class:`OutputError` naming ``out`` otherwise."""
     if out.exists() and not out.is_dir():
         raise OutputError(f"--out {str(out)!r} is a file, not a folder; name a new or existing folder")
+    created = [d for d in (out, *out.parents) if not d.exists()]  # removed again: bad input leaves nothing
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -51,6 +53,11 @@ def check_writable(out: Path, store_file: Path) -> None:
     finally:
         if probe is not None:
             Path(probe).unlink(missing_ok=True)
+        for folder in created:  # deepest first
+            try:
+                folder.rmdir()
+            except OSError:
+                break
 
 
 def rescue_record(record: Mapping[str, Any], store_file: Path, error: OSError) -> Optional[Path]:

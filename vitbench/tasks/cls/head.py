@@ -11,7 +11,8 @@ extracted once, which is deterministic and needs no learning rate or epoch count
 
 The fitted model is saved under ``OUT/checkpoints/`` (a plain state dict, usable as
 ``--checkpoint``), reused by later commands with the same inputs, and the baseline and every
-method start from it; each record's ``head`` field and the report say how the head was made.
+method of the plan start from it (its inputs are in every run's ``RunSpec.head``, so
+``--resume`` re-measures when they change); records and report say how it was made.
 """
 from __future__ import annotations
 

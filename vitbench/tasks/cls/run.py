@@ -28,6 +28,7 @@ from vitbench.plugins import get_host
 from vitbench.task import BASELINE, Task
 from vitbench.tasks.cls import DEFAULT_MODEL, DEFAULT_MODEL_TRAIN_LIMIT
 from vitbench.tasks.common import Progress, attention_kernel, input_size_of, measure_timings
+from vitbench.tasks.identity import first_seed, identity_fields
 
 if TYPE_CHECKING:  # pragma: no cover
     from vitbench.options import RunOptions
@@ -60,6 +61,8 @@ class ClsWorkspace:
     head: Optional[dict] = None
     #: matched compute: one cached GMACs counter per seed (:func:`vitbench.execute.match_compute`)
     counters: dict = field(default_factory=dict)
+    #: what every record of the plan was measured on (:mod:`vitbench.report.measured_on`)
+    measured_on: dict = field(default_factory=dict)
 
 
 def _learnable(methods: Sequence[str]) -> list[str]:
@@ -81,6 +84,11 @@ def _metrics(options: "RunOptions", model: str) -> tuple[str, ...]:
               f"{' and '.join(DATA_METRICS)}", file=sys.stderr)
         return without
     return METRICS
+
+
+def _reads_data(metrics: Sequence[str], methods: Sequence[str]) -> bool:
+    """Whether the plan reads its data: accuracy (or IB) is measured, or a method fine-tunes."""
+    return any(m in metrics for m in DATA_METRICS) or bool(_learnable(methods))
 
 
 def _eval_batches(ws: ClsWorkspace, model: nn.Module, device: str, limit: Optional[int] = None):  # type: ignore[no-untyped-def]
@@ -219,7 +227,14 @@ def run_cls_spec(spec: RunSpec, ws: ClsWorkspace, params: dict[str, Any], progre
         context = reduction_context(model)
         if context is not None and context.reduction is not None and context.reduction.train:
             out.update(_train(spec, ws, model, progress))
+        from vitbench.engine.token_rules import check_token_rules  # a broken rule: an error, not a row
+
+        check_token_rules(model, _gmacs_images(spec, ws))  # one forward of 4 images; the model kept as it was
     out.update(_measure(spec, ws, model.eval(), progress))
+    from vitbench.report.measured_on import derive_measured_on
+
+    out["measured_on"] = derive_measured_on({"data": spec.data, "head": ws.head, "num_images": out.get("num_images")},
+                                            limit=spec.limit, weights=spec.weights)
     return out
 
 
@@ -250,8 +265,15 @@ class ClsTask(Task):
                 raise VitbenchError(f"{', '.join(learnable)} must be fine-tuned: pass --data PATH (an "
                                     f"ImageNet-style folder with a train/ split)")
             data = "fashion-mnist"
+        reads_data = _reads_data(metrics, options.methods)
+        head = None
+        if options.num_classes is not None and model_name != DEFAULT_MODEL:  # a new head: fitted when data is read
+            head = f"num_classes={options.num_classes}" + (
+                f",fit_limit={'all' if train_limit is None else train_limit}" if reads_data else "")
+        identity = identity_fields(options, evaluates_data=reads_data, head=head,
+                                   random_init=not options.pretrained and model_name != DEFAULT_MODEL)
         return TaskSetup(model=model_name, data=data, metrics=metrics,
-                         plan={"train_backbone": options.train_backbone, "train_limit": train_limit})
+                         plan={"train_backbone": options.train_backbone, "train_limit": train_limit, **identity})
 
     def workspace(self, request: WorkspaceRequest) -> ClsWorkspace:
         """Load the model (the default one is trained once and cached), check every method applies,
@@ -261,10 +283,10 @@ class ClsTask(Task):
         options, setup, plan = request.options, request.setup, request.plan
         request.note(f"loading model {setup.model}")
         model = load_model(setup.model, pretrained=options.pretrained, checkpoint=options.checkpoint,
-                           num_classes=options.num_classes, seed=plan[0].seed)  # a random init from the first seed
+                           num_classes=options.num_classes, seed=first_seed(options))  # random: the first seed
         check_applies(plan, model)
         cls_data = None
-        if any(m in setup.metrics for m in DATA_METRICS) or _learnable(options.methods):
+        if _reads_data(setup.metrics, options.methods):
             from vitbench.tasks.cls.data import resolve_cls_data
 
             cls_data = resolve_cls_data(setup.data, model)  # a head of another class count is refused here
@@ -277,9 +299,13 @@ class ClsTask(Task):
             head = fitted_head(model, cls_data, out / "checkpoints", model_name=setup.model,
                                limit=setup.plan.get("train_limit"), device=options.device,
                                progress=request.note).record()
+        from vitbench.report.measured_on import derive_measured_on
+
+        measured_on = derive_measured_on({"data": setup.data, "head": head}, limit=setup.plan.get("limit"),
+                                         weights=setup.plan.get("weights"))
         return ClsWorkspace(model=model, input_size=input_size_of(model), data=cls_data, work_dir=out / "work",
                             eval_limit=options.limit, checkpoint_dir=out / "checkpoints", resume=request.resume,
-                            head=head)
+                            head=head, measured_on=measured_on)
 
     def run(self, spec: RunSpec, ws: ClsWorkspace, params: dict[str, Any], progress: Progress) -> dict[str, Any]:
         """:func:`run_cls_spec`."""
@@ -290,5 +316,6 @@ class ClsTask(Task):
         return cls_gmacs_counter(spec, ws, progress)
 
     def shared_fields(self, ws: ClsWorkspace) -> dict[str, Any]:
-        """What every cls record carries, a failed run's too: the head fitted once (``--num-classes``)."""
-        return {"head": ws.head} if ws.head is not None else {}
+        """What every cls record carries, a failed run's too: the head fitted once (``--num-classes``)
+        and what the plan measures on (a run's own record says how many images it evaluated)."""
+        return {**({"head": ws.head} if ws.head is not None else {}), "measured_on": ws.measured_on}

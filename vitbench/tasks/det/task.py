@@ -14,6 +14,7 @@ from vitbench.metrics import METRICS
 from vitbench.options import parse_list
 from vitbench.task import Progress, Task
 from vitbench.tasks.det.options import DenseOptions
+from vitbench.tasks.identity import first_seed, identity_fields
 
 if TYPE_CHECKING:  # the mm stack is imported when a dense run starts, not when the plugin loads
     from vitbench.options import RunOptions
@@ -57,9 +58,10 @@ class DenseTask(Task):
         epochs = self._epochs(own)
         if epochs < 1:
             raise VitbenchError(f"--detector-epochs {epochs} is out of range; it must be >= 1")
+        identity = identity_fields(options, evaluates_data=True, random_init=not options.pretrained)
         return TaskSetup(model=options.model or DEFAULT_DENSE_MODEL, data=options.data or SHAPES, metrics=metrics,
                          plan={"train_limit": options.train_limit, "dense_finetune": protocol,
-                               "control": not own.no_control})
+                               "control": not own.no_control, **identity})
 
     def _epochs(self, own: DenseOptions) -> int:
         from vitbench.tasks.det.run import DEFAULT_EPOCHS
@@ -84,7 +86,7 @@ class DenseTask(Task):
         request.note(f"data {data.name}: {data.num_classes} classes ({', '.join(data.classes[:8])}"
                      f"{', ...' if data.num_classes > 8 else ''}); loading backbone {setup.model}")
         model = load_backbone(setup.model, data.num_classes, data.input_size, pretrained=options.pretrained,
-                              checkpoint=options.checkpoint, seed=plan[0].seed)
+                              checkpoint=options.checkpoint, seed=first_seed(options))
         check_applies(plan, model)
         request.out.mkdir(parents=True, exist_ok=True)
         return DenseWorkspace(task=self.name, model=model, model_name=setup.model, data=data,
