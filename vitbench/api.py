@@ -159,7 +159,8 @@ def run(options: RunOptions, command: Optional[Sequence[str]] = None) -> Results
     finish_launcher()  # every rank's part of the last collective evaluation is done
     if not main:
         return Results(options, out, records, [])  # rank 0 writes the report (and the records)
-    return _report(options, records, store.records(), out, env["command"])
+    stored = store.records()
+    return _report(options, records, stored, out, env["command"], [c.describe() for c in store.corrupt_lines])
 
 
 def _methods(options: RunOptions) -> list[str]:
@@ -234,16 +235,20 @@ def _out_dir(options: RunOptions, model_name: str) -> Path:
     return Path(options.out or Path("runs") / f"{prefix}{options.task}-{model_name}")
 
 
-def _report(options: RunOptions, records: list[Record], stored: list[Record], out: Path, command: str) -> Results:
-    """Write the report (a sweep's, or the comparison) from the store's records."""
+def _report(options: RunOptions, records: list[Record], stored: list[Record], out: Path, command: str,
+            skipped: Sequence[str] = ()) -> Results:
+    """Write the report (a sweep's, or the comparison) from the store's records; ``skipped``: the
+    store's lines that are no record, named on stderr and in the report."""
+    for line in skipped:
+        print(f"vitbench: warning: skipped {line}", file=sys.stderr)
     from vitbench.report import write_report, write_sweep_report
     from vitbench.results.writable import OutputError
 
     try:
         if options.is_sweep:
-            md, pngs = write_sweep_report(stored, out / "report.md", command=command)
+            md, pngs = write_sweep_report(stored, out / "report.md", command=command, skipped=skipped)
             return Results(options, out, records, stored, md, tuple(pngs))
-        md, png = write_report(stored, out / "report.md", command=command)
+        md, png = write_report(stored, out / "report.md", command=command, skipped=skipped)
     except OSError as exc:
         raise OutputError(f"could not write the report in {str(out)!r} ({exc.strerror or type(exc).__name__}); "
                           f"the records are in the store: render them later with `vitbench report {out}`") from None

@@ -162,3 +162,21 @@ def test_plot_without_accuracy_draws_throughput_vs_gmacs(tmp_path, monkeypatch):
     plot.plot_accuracy_vs_gmacs(recs, tmp_path / "p.png")
     assert points == [(1.25, 13.7), (0.62, 25.0)]
     assert "no data" not in texts and any("accuracy not measured" in t for t in texts)
+
+
+def test_the_stores_skipped_lines_are_named_in_the_report(records, tmp_path):
+    from vitbench.results import ResultStore
+
+    store = ResultStore(tmp_path)
+    for rec in records:
+        store.append(rec)
+    with open(store.path, "a") as f:
+        f.write('{"status": "ok", "method": "tome"}\n{"spec_id": "trunc\n')
+    kept = store.records()
+    skipped = [c.describe() for c in store.corrupt_lines]
+    md = render_markdown(kept, skipped=skipped)
+    n = len(records)
+    assert "**2 line(s) of the store are no run record and were skipped:**" in md
+    assert f"- `runs.jsonl line {n + 1} (no string 'spec_id'): " in md
+    assert f"- `runs.jsonl line {n + 2} (not a complete JSON object): " in md
+    assert "## None" not in md

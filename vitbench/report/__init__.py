@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 import urllib.parse
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,16 +17,18 @@ __all__ = ["comparison_table", "plot_accuracy_vs_gmacs", "render_markdown", "wri
 
 
 def write_report(records: Iterable[Mapping[str, Any]], out_md_path: str | os.PathLike[str], *,
-                 command: str | None = None, title: str | None = None) -> tuple[Path, Path]:
+                 command: str | None = None, title: str | None = None,
+                 skipped: Sequence[str] = ()) -> tuple[Path, Path]:
     """Write the markdown report and its plot beside it (same stem, ``.png``); each file is
     written whole or not at all (a temp file, then a rename), and the markdown is rendered
     before either is written, so a record the report cannot render leaves both old files as
-    they were. Returns ``(md_path, png_path)``."""
+    they were. ``skipped``: the store's lines that are no record (``CorruptLine.describe()``),
+    listed under the title. Returns ``(md_path, png_path)``."""
     records = list(records)
     md_path = Path(out_md_path)
     png_path = md_path.with_suffix(".png")
     link = urllib.parse.quote(png_path.name)
-    text = render_markdown(records, title=title, command=command, plot_path=link)
+    text = render_markdown(records, title=title, command=command, plot_path=link, skipped=skipped)
     plot_accuracy_vs_gmacs(records, png_path)
     atomic_write_bytes(md_path, text.encode("utf-8"))
     return md_path, png_path

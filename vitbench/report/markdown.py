@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from vitbench.report.doubts import row_doubts, timing_notes
@@ -277,9 +277,13 @@ def _table_lines(records: list[Mapping[str, Any]], task: str, model: str, key: s
 
 
 def header_lines(records: list[Mapping[str, Any]], *, title: str | None = None,
-                 command: str | None = None) -> list[str]:
-    """The title, chance warnings, environment, commands and methodology of a report."""
+                 command: str | None = None, skipped: Sequence[str] = ()) -> list[str]:
+    """The title, chance warnings, the store's skipped lines, environment, commands and
+    methodology of a report."""
     lines = [f"# {title or 'vitbench report'}", ""]
+    if skipped:
+        lines += [f"**{len(skipped)} line(s) of the store are no run record and were skipped:**", ""]
+        lines += [f"- `{line}`" for line in skipped] + [""]
     warnings = _chance_warnings(records)
     if warnings:
         lines += warnings + [""]
@@ -296,12 +300,12 @@ def header_lines(records: list[Mapping[str, Any]], *, title: str | None = None,
 
 
 def render_markdown(records: Iterable[Mapping[str, Any]], *, title: str | None = None,
-                    command: str | None = None, plot_path: str | None = None) -> str:
+                    command: str | None = None, plot_path: str | None = None, skipped: Sequence[str] = ()) -> str:
     """The whole report as markdown. ``command`` is shown first under "Command", then the run
     commands recorded in the records' ``env``; ``plot_path`` (relative to the markdown) adds
     the plot image link."""
     records = latest_records(records)
-    lines = header_lines(records, title=title, command=command)
+    lines = header_lines(records, title=title, command=command, skipped=skipped)
     for task, model in groups(records):
         lines += group_section(records, task, model)
     if plot_path:

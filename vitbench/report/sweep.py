@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import urllib.parse
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -133,10 +133,11 @@ def _summary_lines(records: list[Record], task: str, model: str, level: str = "#
 
 
 def render_sweep_markdown(records: Iterable[Record], *, command: Optional[str] = None,
-                          title: Optional[str] = None, plot_paths: tuple[str, ...] = ()) -> str:
+                          title: Optional[str] = None, plot_paths: tuple[str, ...] = (),
+                          skipped: Sequence[str] = ()) -> str:
     """The sweep report as markdown; ``plot_paths`` (relative links) are the Pareto plots."""
     records = latest_records(records)
-    lines = header_lines(records, title=title or "vitbench sweep", command=command)
+    lines = header_lines(records, title=title or "vitbench sweep", command=command, skipped=skipped)
     for task, model in groups(records):
         bs = budgets(records, task, model)
         lines += [f"## {task} · {model}", "",
@@ -166,7 +167,8 @@ def render_sweep_markdown(records: Iterable[Record], *, command: Optional[str] =
 
 
 def write_sweep_report(records: Iterable[Record], out_md_path: str | os.PathLike[str], *,
-                       command: Optional[str] = None, title: Optional[str] = None) -> tuple[Path, list[Path]]:
+                       command: Optional[str] = None, title: Optional[str] = None,
+                       skipped: Sequence[str] = ()) -> tuple[Path, list[Path]]:
     """Write the sweep's markdown and its two Pareto PNGs (:data:`PARETO_FILES`) beside it, each
     atomically; returns ``(md_path, [png paths])``."""
     from vitbench.report.pareto import plot_pareto
@@ -175,7 +177,7 @@ def write_sweep_report(records: Iterable[Record], out_md_path: str | os.PathLike
     md_path = Path(out_md_path)
     pngs = [md_path.with_name(name) for name in PARETO_FILES]
     text = render_sweep_markdown(records, command=command, title=title,
-                                 plot_paths=tuple(urllib.parse.quote(p.name) for p in pngs))
+                                 plot_paths=tuple(urllib.parse.quote(p.name) for p in pngs), skipped=skipped)
     plot_pareto(records, pngs[0], x="gmacs")
     plot_pareto(records, pngs[1], x="throughput")
     atomic_write_bytes(md_path, text.encode("utf-8"))
