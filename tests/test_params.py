@@ -114,6 +114,9 @@ def test_an_unknown_key_lists_the_valid_keys() -> None:
     ("tome", ToMeParams, "prop_attn", "maybe", "bool"),
     ("tome", ToMeParams, "r", "thirteen", "Union[int, list[int], tuple[int, float]]"),
     ("tome", ToMeParams, "r", "(13,-0.5,2)", "Union[int, list[int], tuple[int, float]]"),
+    ("tome", ToMeParams, "r", "(13,0.5", "Union[int, list[int], tuple[int, float]]"),
+    ("tome", ToMeParams, "r", "[1,2)", "Union[int, list[int], tuple[int, float]]"),
+    ("topk", TopKParams, "layers", "3,6]", "tuple[int, ...]"),
     ("ppt", PPTParams, "r", "1.5", "int"),
 ])
 def test_a_wrong_type_names_method_key_and_value(method, params_type, key, value, type_name) -> None:
@@ -151,3 +154,20 @@ def test_an_unknown_scorer_lists_the_valid_scorers() -> None:
 def test_a_dataclass_that_cannot_be_built_is_a_param_error() -> None:
     with pytest.raises(ParamError, match=r"^req: .*needed"):
         make_params("req", RequiredParams, {})
+
+
+@pytest.mark.parametrize("method, params_type, key, value, shown", [
+    ("ppt", PPTParams, "threshold", "nan", "ppt.threshold='nan'"),
+    ("ppt", PPTParams, "threshold", "inf", "ppt.threshold='inf'"),
+    ("ppt", PPTParams, "threshold", "1e999", "ppt.threshold='1e999'"),
+    ("ppt", PPTParams, "threshold", float("-inf"), "ppt.threshold=-inf"),
+    ("tome", ToMeParams, "r", "(13,nan)", "tome.r='(13,nan)': nan"),
+    ("tome", ToMeParams, "r", "(13, NaN)", "tome.r='(13, NaN)': nan"),
+    ("tome", ToMeParams, "r", "(13,-Infinity)", "tome.r='(13,-Infinity)': -inf"),
+    ("tome", ToMeParams, "r", (13, float("nan")), "tome.r=(13, nan): nan"),
+])
+def test_nan_and_inf_are_refused_in_floats_and_tuples(method, params_type, key, value, shown) -> None:
+    with pytest.raises(ParamError) as caught:
+        make_params(method, params_type, {key: value})
+    assert str(caught.value).startswith(shown)
+    assert str(caught.value).endswith("is not a finite number; nan and inf are not valid values")

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from vitbench.errors import choices_error
+from vitbench.errors import VitbenchError, choices_error
 
 __all__ = ["RunOptions", "option_names", "parse_list"]
 
@@ -73,10 +73,30 @@ class RunOptions:
     #: the task's own options by dest name, e.g. ``{"detector_epochs": 4}``
     task_options: Mapping[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        """Refuse what no later check would see: an empty name or path (``--model ""`` would mean
+        the default model, ``--out ""`` the current folder) and an empty metric list."""
+        for name, (what, default) in _TEXT_OPTIONS.items():
+            value = getattr(self, name)
+            if isinstance(value, str) and not value.strip():
+                raise VitbenchError(f"--{name} {value!r} is empty; give {what}, or leave the option out "
+                                    f"({default})")
+        if self.metrics is not None and not any(str(m).strip() for m in self.metrics):
+            raise VitbenchError(f"--metrics {','.join(map(str, self.metrics))!r} names no metric; give "
+                                f"comma-separated metric names (`vitbench list tasks` lists each task's), or "
+                                f"leave --metrics out for all of them")
+
     @property
     def is_sweep(self) -> bool:
         """A sweep (``budgets`` given): stored under ``runs/sweep-...``, always resumed, a sweep report."""
         return self.budgets is not None
+
+
+#: the text options an empty string is refused for, and what to give instead
+_TEXT_OPTIONS = {"model": ("a model name (`vitbench list models`)", "the task's default model"),
+                 "data": ("a data folder or an embedded set name", "the task's default data"),
+                 "checkpoint": ("the path of a weights file", "no checkpoint"),
+                 "out": ("a result folder", "runs/<task>-<model>")}
 
 
 def option_names() -> tuple[str, ...]:

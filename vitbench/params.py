@@ -8,11 +8,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import re
 import types
 import typing
 from typing import Any, Mapping
 
 from vitbench.errors import ParamError
+
+#: nan/inf as Python writes them (``nan``, ``-inf``, ``Infinity``): read as JSON's tokens, then refused
+_NON_FINITE = re.compile(r"(?<![\w.\"])([+-]?)(nan|inf(?:inity)?)(?![\w.\"])", re.IGNORECASE)
+
+
+class _NonFiniteParam(ParamError):
+    """A NaN or infinite float parameter: reported as it is, not as a type mismatch."""
 
 
 def param_names(params_type: type) -> list[str]:
@@ -34,6 +43,8 @@ def _convert(method: str, key: str, value: Any, hint: Any) -> Any:
                 continue
             try:
                 return _convert(method, key, value, arg)
+            except _NonFiniteParam:
+                raise
             except ParamError:
                 continue
         raise bad
@@ -58,15 +69,22 @@ def _convert(method: str, key: str, value: Any, hint: Any) -> Any:
         if isinstance(value, bool):
             raise bad
         try:
-            return float(value)
+            number = float(value)
         except (TypeError, ValueError):
             raise bad from None
+        if not math.isfinite(number):
+            raise _NonFiniteParam(f"{method}.{key}={value!r} is not a finite number; nan and inf are not "
+                                  f"valid values")
+        return number
     if hint is str:
         return str(value)
     if origin in (tuple, list):
         items = value
         if isinstance(value, str):
             text = value.strip()
+            if (text[:1] in "([" or text[-1:] in ")]") and (text[:1], text[-1:]) not in (("(", ")"), ("[", "]")):
+                raise bad  # an unclosed "(13,0.5" is no schedule
+            text = _NON_FINITE.sub(_json_non_finite, text)
             try:
                 items = json.loads(text if text.startswith("[") else f"[{text.strip('()')}]")
             except json.JSONDecodeError:
@@ -79,12 +97,20 @@ def _convert(method: str, key: str, value: Any, hint: Any) -> Any:
             item_hints = list(args)
         else:
             item_hints = [args[0] if args else Any] * len(items)
-        converted = [
-            item if hint is Any else _convert(method, key, item, hint)
-            for item, hint in zip(items, item_hints)
-        ]
+        try:
+            converted = [
+                item if hint is Any else _convert(method, key, item, hint)
+                for item, hint in zip(items, item_hints)
+            ]
+        except _NonFiniteParam as exc:
+            raise _NonFiniteParam(f"{method}.{key}={value!r}: {str(exc).partition('=')[2]}") from None
         return tuple(converted) if origin is tuple else converted
     return value
+
+
+def _json_non_finite(match: re.Match[str]) -> str:
+    """``nan``/``-inf`` -> JSON's ``NaN``/``-Infinity`` (parsed, then refused by the float check)."""
+    return "NaN" if match.group(2).lower() == "nan" else f"{'-' if match.group(1) == '-' else ''}Infinity"
 
 
 def _written_container_first(value: Any, args: tuple[Any, ...]) -> list[Any]:

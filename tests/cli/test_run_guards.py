@@ -147,3 +147,15 @@ def test_forced_divergence_on_the_embedded_default_is_an_error_record(tmp_path):
     assert "in stage 'finetune', epoch 1, iteration " in ltm["error"]
     assert not (out / "checkpoints" / f"{ltm['spec_id']}.pth").exists()
     assert "the loss became non-finite" in (out / "report.md").read_text().split("Failed runs:")[1]
+
+
+def test_a_plan_where_every_run_failed_says_so_instead_of_an_empty_table(tmp_path, capsys, monkeypatch):
+    def broken(spec, ws, params, progress):
+        raise RuntimeError(f"broken {spec.method}")
+
+    monkeypatch.setattr("vitbench.tasks.cls.run.run_cls_spec", broken)
+    assert main(["run", "--methods", "tome", "--model", "test_vit", "--metrics", "params",
+                 "--out", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("no run finished: 2 of 2 failed\n")
+    assert "FAILED baseline: RuntimeError: broken baseline" in out and "FAILED tome: RuntimeError: broken tome" in out

@@ -68,3 +68,29 @@ def test_label_map_skips_unmapped(image_folder: Path) -> None:
 def test_bad_crop_pct() -> None:
     with pytest.raises(DataError, match="crop_pct"):
         eval_pipeline(input_size=(32, 32), crop_pct=1.5)
+
+
+def test_an_empty_class_folder_is_refused_naming_it(image_folder: Path) -> None:
+    (image_folder / "val" / "d").mkdir()
+    (image_folder / "val" / "e").mkdir()
+    with pytest.raises(DataError, match=rf"^malformed data folder {image_folder / 'val'}: class folder "
+                                        rf"{image_folder / 'val' / 'd'} holds no images \(2 such folders: d, e\); "
+                                        rf"remove it or add its images"):
+        find_split(image_folder)
+    assert find_split(image_folder, "train").classes == ("a", "b", "c")  # the other split is fine
+
+
+def test_an_empty_image_file_is_refused_naming_it(image_folder: Path) -> None:
+    (image_folder / "train" / "b" / "img0.png").write_bytes(b"")
+    with pytest.raises(DataError, match=rf"^image {image_folder / 'train' / 'b' / 'img0.png'} is empty \(0 bytes\)"):
+        find_split(image_folder, "train")
+
+
+def test_a_corrupt_image_is_a_data_error_naming_it(image_folder: Path) -> None:
+    bad = image_folder / "val" / "b" / "img1.png"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\nno image")
+    ds = ClsImageFolder(str(image_folder), pipeline=eval_pipeline(input_size=(32, 32)))
+    assert ds[0]["inputs"].shape == (3, 32, 32)  # the others still load
+    index = [ds.get_data_info(i)["img_path"] for i in range(len(ds))].index(str(bad))
+    with pytest.raises(DataError, match=rf"^cannot read image {bad}: it is corrupt or not an image; remove or replace it$"):
+        ds[index]

@@ -89,10 +89,26 @@ def test_unsafe_checkpoint_is_refused(tmp_path: Path) -> None:
 
 def test_mismatched_checkpoint_hints_num_classes(tmp_path: Path, make_model) -> None:
     path = _save(tmp_path, make_model(num_classes=4).state_dict())
-    with pytest.raises(CheckpointError, match=r"head.weight is \[4, 32\].*pass num_classes=4"):
+    with pytest.raises(CheckpointError, match=r"only the classifier head differs \(head.weight is \[4, 32\].*"
+                                              r"the checkpoint is for 4 classes, the model predicts 6; pass --num-classes 4$"):
         from vitbench.tasks.cls.models import load_checkpoint
 
         load_checkpoint(make_model(num_classes=6), path)
+
+
+def test_a_checkpoint_of_another_architecture_says_what_differs(tmp_path: Path, make_model) -> None:
+    from vitbench.tasks.cls.models import load_checkpoint
+
+    deeper = _save(tmp_path, make_model(num_classes=6).state_dict(), "deeper.pth")
+    with pytest.raises(CheckpointError) as caught:
+        load_checkpoint(load_model("test_vit"), deeper, name="test_vit")
+    message = str(caught.value)
+    assert message.startswith(f"checkpoint {deeper} does not fit test_vit: this checkpoint is for another "
+                              f"architecture: ")
+    assert "keys of the model are missing (blocks.2." in message
+    assert "the checkpoint is a 2-block model of width 32, test_vit a 6-block model of width 64" in message
+    assert message.endswith("pass the --model it was saved from (`vitbench list models`)")
+    assert "num_classes" not in message and "\n" not in message
 
 
 def test_a_new_head_is_marked_for_fitting(tmp_path: Path) -> None:

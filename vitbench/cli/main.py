@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Optional
+from typing import NoReturn, Optional
 
 from vitbench import __version__
 from vitbench.cli import list_cmd, plugins_cmd, report_cmd, run_cmd, sweep_cmd
@@ -13,8 +13,15 @@ from vitbench.errors import VitbenchError
 COMMANDS = (run_cmd, sweep_cmd, list_cmd, plugins_cmd, report_cmd)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line, like every other bad input (exit 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"vitbench: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="vitbench",
         description="Benchmark token merging, token pruning and channel selection for vision transformers.")
     parser.add_argument("--version", action="version", version=f"vitbench {__version__}")

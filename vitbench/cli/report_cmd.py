@@ -22,22 +22,56 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     path = Path(args.store)
+    if not args.store.strip():
+        raise DataError("the result store '' is empty; give a result directory or its runs.jsonl")
     if not path.exists():
         raise DataError(f"result store {str(path)!r} does not exist")
     store = ResultStore(path)
     records = store.records()
     if not records:
-        raise DataError(f"result store {str(store.path)!r} holds no records")
+        raise DataError(f"result store {str(store.path)!r} holds no records{_why_empty(store)}")
     if store.corrupt_lines:
         print(f"vitbench: note: skipped {len(store.corrupt_lines)} unreadable line(s) of {store.path}",
               file=sys.stderr)
+    output = _output(args.output)
     command = " ".join(["vitbench", *sys.argv[1:]])
-    if args.sweep:
-        from vitbench.report import write_sweep_report
+    try:
+        if args.sweep:
+            from vitbench.report import write_sweep_report
 
-        md, pngs = write_sweep_report(records, args.output, command=command)
-        print(f"wrote {md} and {', '.join(map(str, pngs))}")
-        return 0
-    md, png = write_report(records, args.output, command=command)
+            md, pngs = write_sweep_report(records, output, command=command)
+            print(f"wrote {md} and {', '.join(map(str, pngs))}")
+            return 0
+        md, png = write_report(records, output, command=command)
+    except OSError as exc:
+        raise DataError(f"cannot write the report {str(output)!r}: {exc.strerror or exc}") from None
     print(f"wrote {md} and {png}")
     return 0
+
+
+def _why_empty(store: ResultStore) -> str:
+    """Why a store holds no records: no store file, or only lines that are no run records."""
+    if store.corrupt_lines:
+        first = store.corrupt_lines[0]
+        text = first.text if len(first.text) <= 40 else first.text[:37] + "..."
+        return (f": its {len(store.corrupt_lines)} line(s) are no run records ({first.file} line {first.lineno}, "
+                f"{first.reason}: {text!a})")
+    if not any(f.is_file() for f in store.files()):
+        return f": there is no {store.path.name} (is it a `vitbench run --out` folder?)"
+    return f": {store.path.name} is empty"
+
+
+def _output(text: str) -> Path:
+    """``-o FILE.md`` checked: a file path whose folder exists or can be made (PNGs go beside it)."""
+    output = Path(text)
+    if not text.strip() or output.name in ("", ".", ".."):
+        raise DataError(f"-o {text!r} is no file name; give the markdown file to write, e.g. -o report.md")
+    if output.is_dir():
+        raise DataError(f"-o {text!r} is a folder; give the markdown file to write, e.g. -o {output / 'report.md'}")
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DataError(f"-o {text!r}: its folder cannot be made: {exc.strerror or exc}") from None
+    if not output.parent.is_dir():
+        raise DataError(f"-o {text!r}: {str(output.parent)!r} is not a folder")
+    return output

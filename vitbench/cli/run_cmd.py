@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from vitbench.cli.task_options import OwnedOption, add_task_options, check_task_options
 from vitbench.distributed import add_launcher_option
+from vitbench.errors import ParamError, VitbenchError
 from vitbench.metrics import METRICS
 from vitbench.options import RunOptions
 from vitbench.plan import parse_param_overrides, parse_seeds
@@ -44,9 +46,9 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                    help="method parameter, e.g. tome.r=13 (repeatable)")
     p.add_argument("--metrics", default=None,
                    help=f"comma-separated subset of {','.join(METRICS)} (default: all; accuracy needs data)")
-    p.add_argument("--batch-size", type=int, default=32, help="throughput batch size (default 32)")
+    p.add_argument("--batch-size", default=32, help="throughput batch size (default 32)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--seed", type=int, default=None, help="the one seed of every run (default 0)")
+    p.add_argument("--seed", default=None, help="the one seed of every run (default 0)")
     p.add_argument("--seeds", default=None, metavar="S1,S2,...",
                    help="run every spec (the baseline too) once per seed, e.g. 0,1,2; the report shows "
                         "mean ± std over the seeds (instead of --seed)")
@@ -54,13 +56,13 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true", help="skip finished runs of the store, retry failed ones")
     p.add_argument("--pretrained", action="store_true", help="load timm's pretrained weights (needs the hub)")
     p.add_argument("--checkpoint", default=None, help="local weights file (.pth/.safetensors state dict)")
-    p.add_argument("--num-classes", type=int, default=None,
+    p.add_argument("--num-classes", default=None,
                    help="re-head the model for the data's N classes: the head of a --checkpoint with N "
                         "classes, else a new head fitted once on the data's train/ split (linear probe)")
-    p.add_argument("--limit", type=int, default=None, help="evaluate only the first N images")
+    p.add_argument("--limit", default=None, help="evaluate only the first N images")
     p.add_argument("--train-backbone", action="store_true",
                    help="learnable methods: train the backbone too (default: only the method's parameters)")
-    p.add_argument("--train-limit", type=int, default=None,
+    p.add_argument("--train-limit", default=None,
                    help="learnable methods: fine-tune on the first N training images (default: all; "
                         f"{DEFAULT_MODEL_TRAIN_LIMIT} with the default model)")
     p.add_argument("--precision", default="fp32", metavar="fp32|fp16|bf16",
@@ -105,18 +107,39 @@ def run_options(args: argparse.Namespace, task: str) -> RunOptions:
 
     owned: dict[str, OwnedOption] = getattr(args, "task_options", {}) or {}
     budgets, match = getattr(args, "budgets", None), getattr(args, "match_gmacs", None)
+    if args.metrics is not None and not _names(args.metrics):
+        raise VitbenchError(f"--metrics {args.metrics!r} names no metric; valid metrics of --task {task}: "
+                            f"{', '.join(get_host().task(task).metrics)} (or leave --metrics out for all)")
     return RunOptions(
         task=args.task, methods=_names(args.methods), model=args.model, data=args.data,
         params=parse_param_overrides(args.param), metrics=None if args.metrics is None else _names(args.metrics),
-        batch_size=args.batch_size, device=args.device, seed=args.seed,
-        seeds=None if args.seeds is None else parse_seeds(args.seeds), out=args.out, resume=args.resume,
-        pretrained=args.pretrained, checkpoint=args.checkpoint, num_classes=args.num_classes, limit=args.limit,
-        train_backbone=args.train_backbone, train_limit=args.train_limit, precision=args.precision,
+        batch_size=_integer("--batch-size", args.batch_size), device=args.device,
+        seed=_integer("--seed", args.seed), seeds=None if args.seeds is None else parse_seeds(args.seeds),
+        out=args.out, resume=args.resume, pretrained=args.pretrained, checkpoint=args.checkpoint,
+        num_classes=_integer("--num-classes", args.num_classes, 1), limit=_integer("--limit", args.limit, 1),
+        train_backbone=args.train_backbone, train_limit=_integer("--train-limit", args.train_limit, 1),
+        precision=args.precision,
         compile=args.compile, cuda_graph=args.cuda_graph,
         shard=None if args.shard is None else parse_shard(args.shard), launcher=getattr(args, "launcher", "none"),
         match_gmacs=None if match is None else check_fraction(match),
         budgets=None if budgets is None else parse_budgets(budgets),
         task_options={dest: getattr(args, dest) for dest, option in owned.items() if task in option.tasks})
+
+
+def _integer(flag: str, value: Any, minimum: int | None = None) -> int | None:
+    """An integer option (argparse keeps the text, so that a bad one is this one-line error);
+    ``None`` when it was not given. The plan checks upper bounds (seeds, batch size)."""
+    if value is None or isinstance(value, int):
+        number = value
+    else:
+        try:
+            number = int(str(value).strip())
+        except ValueError:
+            at_least = f" >= {minimum}" if minimum is not None else ""
+            raise ParamError(f"{flag} {value!r} is not an integer; give an integer{at_least}") from None
+    if number is not None and minimum is not None and number < minimum:
+        raise ParamError(f"{flag} {number} is out of range; it must be >= {minimum}")
+    return number
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -128,7 +151,13 @@ def _print_summary(records: list, md: Path, png: Path) -> None:  # type: ignore[
 
     first = records[0]
     table = comparison_table(records, first["task"], first["model"])
-    print(table.to_markdown(index=False))
+    failed = [r for r in records if r["status"] == "error"]
+    if table.empty:
+        print(f"no run finished: {len(failed)} of {len(records)} failed")
+    else:
+        print(table.to_markdown(index=False))
+    for r in failed:
+        print(f"FAILED {r.get('label') or r['method']}: {r.get('error')}")
     print(f"\nreport: {md}\nplot:   {png}")
 
 

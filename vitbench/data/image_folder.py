@@ -3,19 +3,24 @@
 ``--data ROOT`` takes ``ROOT/val/<class>/<image>`` (and ``ROOT/train/...`` for fine-tuning) or
 ``ROOT/<class>/<image>`` as a single evaluation split. Class folders are numbered by sorted
 name unless a ``label_map`` is given (ImageNet synsets keep their 1000-class index).
-:func:`eval_pipeline` mirrors timm's resize and centre crop. docs/architecture.md, "Tasks"."""
+:func:`eval_pipeline` mirrors timm's resize and centre crop. docs/architecture.md, "Tasks".
+A class folder without images or an empty image file is refused when the split is located; an
+image that does not decode is a :class:`~vitbench.errors.DataError` naming it (:class:`LoadImage`)."""
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Mapping, Sequence
+import stat
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mmcv.transforms import LoadImageFromFile
 from mmpretrain.datasets import CustomDataset
 
 from vitbench.errors import DataError, choices_error
-from vitbench.mm.registry import DATASETS
+from vitbench.mm.registry import DATASETS, TRANSFORMS
 
 IMAGE_EXTENSIONS: tuple[str, ...] = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif",
                                      ".tiff", ".webp")
@@ -34,8 +39,23 @@ class FolderSplit:
     num_images: int
 
 
-def _is_image(path: Path) -> bool:
-    return path.suffix.lower() in IMAGE_EXTENSIONS and path.is_file()
+class MissingSplitError(DataError):
+    """A data folder without the split asked for (``ROOT/train`` for fine-tuning or a new head)."""
+
+
+def _image_sizes(folder: Path) -> dict[Path, int]:
+    """The image files under ``folder`` (any depth) and their sizes in bytes."""
+    sizes = {}
+    for path in folder.rglob("*"):
+        if path.suffix.lower() not in IMAGE_EXTENSIONS:
+            continue
+        try:
+            info = path.stat()
+        except OSError:
+            continue  # a dangling link: no image
+        if stat.S_ISREG(info.st_mode):
+            sizes[path] = info.st_size
+    return sizes
 
 
 def find_split(root: str | Path, split: str = "val") -> FolderSplit:
@@ -53,21 +73,36 @@ def find_split(root: str | Path, split: str = "val") -> FolderSplit:
     if (root / split).is_dir():
         split_dir = root / split
     elif any((root / s).is_dir() for s in SPLITS):
-        raise DataError(f"malformed data folder {root}: it has no {split}/ split; {LAYOUT_HINT}")
+        raise MissingSplitError(f"malformed data folder {root}: it has no {split}/ split; {LAYOUT_HINT}")
     elif split == "val":
         split_dir = root  # ROOT/<class>/<image>: a single evaluation split
     else:
-        raise DataError(f"malformed data folder {root}: it has no {split}/ split; "
-                        f"expected ROOT/{split}/<class>/<image>")
+        raise MissingSplitError(f"malformed data folder {root}: it has no {split}/ split; "
+                                f"expected ROOT/{split}/<class>/<image>")
     classes = tuple(sorted(d.name for d in split_dir.iterdir()
                            if d.is_dir() and not d.name.startswith(".")))
     if not classes:
         raise DataError(f"malformed data folder {split_dir}: no class folders; {LAYOUT_HINT}")
-    num_images = sum(1 for c in classes for p in (split_dir / c).rglob("*") if _is_image(p))
+    images = {c: _image_sizes(split_dir / c) for c in classes}
+    num_images = sum(len(found) for found in images.values())
     if num_images == 0:
         raise DataError(f"malformed data folder {split_dir}: {len(classes)} class folders but no "
                         f"images in them; {LAYOUT_HINT}")
+    empty = [c for c in classes if not images[c]]
+    if empty:  # a class without images: a head fitted or scored without it, silently
+        raise DataError(f"malformed data folder {split_dir}: class folder {split_dir / empty[0]} holds no images"
+                        f"{f' ({len(empty)} such folders: {_listed(empty)})' if len(empty) > 1 else ''}; "
+                        f"remove it or add its images ({' '.join(IMAGE_EXTENSIONS)})")
+    blank = sorted(path for found in images.values() for path, size in found.items() if size == 0)
+    if blank:
+        raise DataError(f"image {blank[0]} is empty (0 bytes)"
+                        f"{f'; {len(blank)} such files in {split_dir}' if len(blank) > 1 else ''}; "
+                        f"remove or replace it")
     return FolderSplit(root=root, split_dir=split_dir, classes=classes, num_images=num_images)
+
+
+def _listed(names: Sequence[str], most: int = 5) -> str:
+    return ", ".join(names[:most]) + (", ..." if len(names) > most else "")
 
 
 def eval_pipeline(*, input_size: tuple[int, int], crop_pct: float = 0.875,
@@ -80,8 +115,7 @@ def eval_pipeline(*, input_size: tuple[int, int], crop_pct: float = 0.875,
     if not 0 < crop_pct <= 1:
         raise DataError(f"crop_pct must be in (0, 1], got {crop_pct}")
     h, w = input_size
-    load = {"type": "mmpretrain.LoadImageFromFile",
-            "color_type": "grayscale" if in_chans == 1 else "color"}
+    load = {"type": "vitbench.LoadImage", "color_type": "grayscale" if in_chans == 1 else "color"}
     if h == w:
         resize = {"type": "mmpretrain.ResizeEdge", "scale": math.floor(h / crop_pct),
                   "edge": "short", "backend": "pillow", "interpolation": interpolation}
@@ -91,6 +125,41 @@ def eval_pipeline(*, input_size: tuple[int, int], crop_pct: float = 0.875,
                   "backend": "pillow", "interpolation": interpolation}
     crop = {"type": "mmpretrain.CenterCrop", "crop_size": (w, h)}
     return [load, resize, crop, {"type": "mmpretrain.PackInputs"}]
+
+
+@TRANSFORMS.register_module(name="LoadImage")
+class LoadImage(LoadImageFromFile):
+    """mmcv's ``LoadImageFromFile`` (what ``mmpretrain.LoadImageFromFile`` names), an image that
+    cannot be read or decoded a :class:`DataError` naming the file: an ``error`` record while a
+    run evaluates, one line before the runs while a new head is fitted."""
+
+    def transform(self, results: dict) -> dict | None:
+        path = results.get("img_path")
+        try:
+            with _quiet_opencv():  # its decoder's warnings about a broken file would add lines
+                return super().transform(results)
+        except OSError as exc:
+            raise DataError(f"cannot read image {path}: {exc.strerror or exc}") from exc
+        except Exception as exc:  # mmcv asserts, OpenCV raises cv2.error
+            raise DataError(f"cannot read image {path}: it is corrupt or not an image; remove or replace it") from exc
+
+
+@contextlib.contextmanager
+def _quiet_opencv() -> Iterator[None]:
+    """OpenCV's log silenced for the duration (restored after)."""
+    try:
+        import cv2
+
+        log = cv2.utils.logging
+        before = log.getLogLevel()
+        log.setLogLevel(log.LOG_LEVEL_SILENT)
+    except (ImportError, AttributeError):  # no OpenCV, or one without its logging module
+        yield
+        return
+    try:
+        yield
+    finally:
+        log.setLogLevel(before)
 
 
 @DATASETS.register_module()

@@ -25,8 +25,8 @@ MODELS = Registry("model", parent=MMENGINE_MODELS, scope=SCOPE,
 #: The embedded data sets and the image-folder data set.
 DATASETS = Registry("dataset", parent=MMENGINE_DATASETS, scope=SCOPE,
                     locations=["vitbench.data.fashion_mnist", "vitbench.data.image_folder"])
-#: Data transforms (none of vitbench's own yet; here so det/seg can add theirs).
-TRANSFORMS = Registry("transform", parent=MMENGINE_TRANSFORMS, scope=SCOPE, locations=[])
+#: Data transforms (the image folders' loader that names a corrupt image).
+TRANSFORMS = Registry("transform", parent=MMENGINE_TRANSFORMS, scope=SCOPE, locations=["vitbench.data.image_folder"])
 #: Evaluation metrics (none of vitbench's own yet; the cls task uses mmpretrain's Accuracy).
 METRICS = Registry("metric", parent=MMENGINE_METRICS, scope=SCOPE, locations=[])
 #: Runner hooks (progress printing; the reduction runner hook lives with the engine).

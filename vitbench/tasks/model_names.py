@@ -1,32 +1,62 @@
-"""timm model names: the closest matches to a misspelt one, and the error that lists them."""
+"""timm model names: the closest matches to a misspelt one, and the error that lists them.
+
+Suggestions come from the models the registered families support (``vitbench list models``),
+or from every timm name when no family is registered: names whose start is close to the
+misspelt name (``deit_tinyy`` -> ``deit_tiny_patch16_224``), then names close as a whole.
+"""
 from __future__ import annotations
 
 import difflib
 import re
-from typing import Optional
 
 import timm
 
 from vitbench.errors import UnknownNameError
 
-__all__ = ["suggest_models", "unknown_model"]
+__all__ = ["suggest_models", "supported_models", "unknown_model"]
+
+#: how close (difflib ratio) a name's start of the same length must be to count as a match
+_PREFIX_CUTOFF = 0.8
+#: how close a whole name must be
+_WHOLE_CUTOFF = 0.6
+
+
+def supported_models() -> list[str]:
+    """The timm names the registered model families match (every timm name if none is registered)."""
+    from vitbench.plugins import get_host
+
+    host = get_host()
+    patterns = [p for name in host.names("families") for p in host.family(name).model_patterns]
+    return sorted(set(timm.list_models(patterns))) if patterns else timm.list_models()
 
 
 def suggest_models(name: str, limit: int = 8) -> list[str]:
-    """timm model names close to ``name``: wildcard matches of its parts, then difflib's."""
-    all_names = timm.list_models()
-    parts = [p for p in re.split(r"[_\-.\s]+", name.lower()) if p]
-    found: list[str] = []
-    if parts:
-        found += timm.list_models("*" + "*".join(parts) + "*")[:limit]
-    found += difflib.get_close_matches(name.lower(), all_names, n=limit, cutoff=0.6)
+    """Supported model names close to ``name``: wildcard matches of its parts and names whose
+    start or whole is close (difflib ratio), closest first."""
+    candidates = supported_models()
+    query = name.lower().strip()
+    if not query:
+        return []
+    parts = [p for p in re.split(r"[_\-.\s]+", query) if p]
+    wildcard = set(timm.list_models("*" + "*".join(parts) + "*")) if parts else set()
+    scored = []
+    matcher = difflib.SequenceMatcher(b=query)
+    for candidate in candidates:
+        matcher.set_seq1(candidate)
+        whole = matcher.ratio()
+        matcher.set_seq1(candidate[:len(query)])
+        start = matcher.ratio() if len(candidate) > len(query) else 0.0
+        if candidate in wildcard or start >= _PREFIX_CUTOFF or whole >= _WHOLE_CUTOFF:
+            scored.append((-max(start, whole), -whole, candidate))
+    found = [candidate for *_, candidate in sorted(scored)]
     return list(dict.fromkeys(found))[:limit]
 
 
-def unknown_model(name: str, default: Optional[str] = None) -> UnknownNameError:
+def unknown_model(name: str, default: str | None = None) -> UnknownNameError:
     """The error for a model name timm does not know, with the closest names; ``default``: the
     task's embedded default model, named as the other choice."""
     close = suggest_models(name)
     hint = f"close timm models: {', '.join(close)}" if close else "no timm model name is close"
     other = f"or {default!r}, the embedded default; " if default else ""
-    return UnknownNameError(f"unknown model {name!r}; {hint} ({other}all names: timm.list_models())")
+    return UnknownNameError(f"unknown model {name!r}; {hint} ({other}all names: `vitbench list models`, "
+                            f"timm.list_models())")

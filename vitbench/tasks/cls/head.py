@@ -158,9 +158,11 @@ def fitted_head(model: nn.Module, data: Any, out_dir: Path, *, model_name: str, 
 
     n = len(data.classes)
     classifier_layers(model)  # unsupported heads fail before the data is read
+    from vitbench.data.image_folder import MissingSplitError
+
     try:
         train = data.train_cfg(limit=limit)
-    except DataError as exc:
+    except MissingSplitError as exc:  # other data errors (an empty class folder) say what they are
         raise DataError(f"--num-classes {n} fits a new head on the data's train/ split, which {data.name} "
                         f"lacks ({exc}); add ROOT/train/<class>/<image> or pass a --checkpoint whose head "
                         f"has {n} classes") from exc

@@ -42,6 +42,8 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     removed; the classifier's other entries (``data_preprocessor.*``) are dropped.
     """
     path = Path(path).expanduser()
+    if path.is_dir():
+        raise CheckpointError(f"checkpoint {path} is a folder (pass the path of a .pth file)")
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} not found (pass the path of a .pth file)")
     apply_compat()  # registers the safe globals that mmengine checkpoints need
@@ -49,7 +51,8 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError, TypeError,
             AttributeError, ImportError, IndexError, KeyError, zipfile.BadZipFile) as exc:
-        raise CheckpointError(f"cannot read checkpoint {path}: {_first_line(exc)}") from exc
+        raise CheckpointError(f"cannot read checkpoint {path}: {_first_line(exc)} (pass a state dict saved by "
+                              f"torch.save, a .pth file)") from exc
     if isinstance(obj, Mapping):
         for key in _NESTED_KEYS:
             if isinstance(obj.get(key), Mapping):
@@ -91,18 +94,45 @@ def load_checkpoint(model: nn.Module, path: str | Path, *, name: str = "model", 
     unexpected = [k for k in state if k not in own]
     shapes = [k for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
     if missing or unexpected or shapes:
-        bits = []
-        if missing:
-            bits.append(f"{len(missing)} missing keys ({', '.join(missing[:3])}...)")
-        if unexpected:
-            bits.append(f"{len(unexpected)} unexpected keys ({', '.join(unexpected[:3])}...)")
-        for k in shapes[:3]:
-            bits.append(f"{k} is {list(state[k].shape)} in the checkpoint, {list(own[k].shape)} in the model")
-        head = next((k for k in shapes if k.endswith("head.weight")), None)
-        hint = (f"; pass num_classes={state[head].shape[0]} (--num-classes)" if head else
-                "; is it a checkpoint of this architecture?")
-        raise CheckpointError(f"checkpoint {path} does not fit {name}: {'; '.join(bits)}{hint}")
+        raise CheckpointError(f"checkpoint {path} does not fit {name}: "
+                              f"{_mismatch(model, name, state, own, missing, unexpected, shapes)}")
     model.load_state_dict(state, strict=not except_head)
+
+
+def _mismatch(model: nn.Module, name: str, state: Mapping[str, torch.Tensor], own: Mapping[str, torch.Tensor],
+              missing: list[str], unexpected: list[str], shapes: list[str]) -> str:
+    """What differs between a checkpoint's state dict and the model's, and which flag fixes it:
+    ``--num-classes N`` when only the classifier head differs, else another ``--model``."""
+    head = classifier_keys(model)
+    bits = [f"{k} is {list(state[k].shape)} in the checkpoint, {list(own[k].shape)} in the model" for k in shapes[:3]]
+    if not missing and not unexpected and set(shapes) <= head:
+        weights = [k for k in shapes if state[k].dim() == 2 and own[k].dim() == 2]
+        same_width = all(state[k].shape[1] == own[k].shape[1] for k in weights)
+        classes = {int(state[k].shape[0]) for k in weights}
+        if weights and same_width and len(classes) == 1:
+            n = classes.pop()
+            return (f"only the classifier head differs ({'; '.join(bits)}): the checkpoint is for {n} classes, "
+                    f"the model predicts {int(own[weights[0]].shape[0])}; pass --num-classes {n}")
+    if missing:
+        bits.insert(0, f"{len(missing)} keys of the model are missing ({', '.join(missing[:3])}"
+                       f"{', ...' if len(missing) > 3 else ''})")
+    if unexpected:
+        bits.insert(0, f"{len(unexpected)} keys are not the model's ({', '.join(unexpected[:3])}"
+                       f"{', ...' if len(unexpected) > 3 else ''})")
+    shape_of = f"; the checkpoint is {_architecture(state)}, {name} {_architecture(own)}"
+    return (f"this checkpoint is for another architecture: {'; '.join(bits)}"
+            f"{shape_of if _architecture(state) != _architecture(own) else ''}; pass the --model it was "
+            f"saved from (`vitbench list models`)")
+
+
+def _architecture(state: Mapping[str, torch.Tensor]) -> str:
+    """A ViT-like state dict's depth and width as words (``a 12-block model of width 192``), for errors."""
+    blocks = {int(k.split(".")[1]) for k in state if k.startswith("blocks.") and k.split(".")[1].isdigit()}
+    width = next((int(state[k].shape[-1]) for k in ("cls_token", "pos_embed") if k in state), None)
+    if width is None and "patch_embed.proj.weight" in state:
+        width = int(state["patch_embed.proj.weight"].shape[0])
+    of_width = f" of width {width}" if width is not None else ""
+    return f"a {max(blocks) + 1}-block model{of_width}" if blocks else f"a model without blocks.N keys{of_width}"
 
 
 def _checkpoint_classes(model: nn.Module, path: str | Path) -> int | None:
