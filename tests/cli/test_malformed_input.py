@@ -222,3 +222,16 @@ def test_argparse_errors_are_one_line_too(capsys, args, expected):
     assert exit_.value.code == 2
     line = _only_line(capsys.readouterr().err)
     assert line.startswith("vitbench: error: ") and expected in line and "--help" in line
+
+
+def test_report_names_each_skipped_line_on_stderr_and_in_the_report(tmp_path, capsys):
+    good = {"spec_id": "a", "status": "ok", "task": "cls", "model": "m", "method": "baseline", "label": "baseline",
+            "top1_pct": 50.0, "num_images": 4}
+    store = _store(tmp_path / "store", json.dumps(good) + '\n{"status": "ok"}\nnot json\n')
+    assert main(["report", str(store), "-o", str(tmp_path / "r.md")]) == 0
+    err = capsys.readouterr().err
+    assert "vitbench: warning: skipped runs.jsonl line 2 (no string 'spec_id'): " in err
+    assert "vitbench: warning: skipped runs.jsonl line 3 (not a complete JSON object): not json" in err
+    md = (tmp_path / "r.md").read_text()
+    assert "**2 line(s) of the store are no run record and were skipped:**" in md
+    assert "- `runs.jsonl line 3 (not a complete JSON object): not json`" in md

@@ -30,19 +30,19 @@ def run(args: argparse.Namespace) -> int:
     records = store.records()
     if not records:
         raise DataError(f"result store {str(store.path)!r} holds no records{_why_empty(store)}")
-    if store.corrupt_lines:
-        print(f"vitbench: note: skipped {len(store.corrupt_lines)} unreadable line(s) of {store.path}",
-              file=sys.stderr)
+    skipped = [line.describe() for line in store.corrupt_lines]  # named here and in the report
+    for line in skipped:
+        print(f"vitbench: warning: skipped {line}", file=sys.stderr)
     output = _output(args.output)
     command = " ".join(["vitbench", *sys.argv[1:]])
     try:
         if args.sweep:
             from vitbench.report import write_sweep_report
 
-            md, pngs = write_sweep_report(records, output, command=command)
+            md, pngs = write_sweep_report(records, output, command=command, skipped=skipped)
             print(f"wrote {md} and {', '.join(map(str, pngs))}")
             return 0
-        md, png = write_report(records, output, command=command)
+        md, png = write_report(records, output, command=command, skipped=skipped)
     except OSError as exc:
         raise DataError(f"cannot write the report {str(output)!r}: {exc.strerror or exc}") from None
     print(f"wrote {md} and {png}")
