@@ -143,3 +143,21 @@ def test_the_prefix_names_follow_the_model(broken_rules) -> None:
     with pytest.raises(TokenRuleError, match=r"\(image 0: cls dropped or changed, dist moved to position 0\); "
                                              r"the 2 prefix token\(s\) \['cls', 'dist'\]"):
         check_token_rules(model, _images())
+
+
+
+def test_a_nan_class_token_passed_on_unchanged_breaks_no_rule():
+    """NaN from an earlier block is the NaN guards' to report (an error naming where it became
+    non-finite), not a token rule's; a step that turns a finite class token into NaN breaks one."""
+    from types import SimpleNamespace
+
+    from vitbench.engine.token_rules import _RuleTrace
+
+    trace = _RuleTrace("m", torch.nn.Identity(), ["cls"])
+    state = SimpleNamespace(prefix=1, size=None, source=None)
+    x = torch.randn(2, 5, 8)
+    x[:, 0] = float("nan")
+    trace.check(3, x, state, x[:, :3])  # the NaN class token kept in place: no error
+    finite = torch.randn(2, 5, 8)
+    with pytest.raises(TokenRuleError, match="at block 3"):
+        trace.check(3, finite, state, torch.cat([finite[:, :1] * float("nan"), finite[:, 1:3]], dim=1))

@@ -156,7 +156,7 @@ class _RuleTrace:
         if prefix == 0:
             return
         p_out = min(prefix, x_out.shape[1])
-        same = torch.isclose(x_out[:, :p_out, None], x_in[:, None, :prefix], rtol=1e-5, atol=1e-6).all(-1)
+        same = torch.isclose(x_out[:, :p_out, None], x_in[:, None, :prefix], rtol=1e-5, atol=1e-6, equal_nan=True).all(-1)
         if p_out == prefix and bool(same.diagonal(dim1=1, dim2=2).all()):
             return
         raise self.error(block, "prefix", f"it drops or reorders the prefix tokens "
@@ -165,7 +165,7 @@ class _RuleTrace:
 
     def _describe(self, x_in: torch.Tensor, x_out: torch.Tensor, prefix: int) -> str:
         """What happened to each prefix token in the first image where the rule breaks."""
-        found = torch.isclose(x_out[:, :, None], x_in[:, None, :prefix], rtol=1e-5, atol=1e-6).all(-1)
+        found = torch.isclose(x_out[:, :, None], x_in[:, None, :prefix], rtol=1e-5, atol=1e-6, equal_nan=True).all(-1)
         for b in range(x_in.shape[0]):
             details = []
             for j, token in enumerate(self.names[:prefix]):
