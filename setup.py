@@ -7,4 +7,5 @@ from setuptools import find_packages, setup
 setup(
     packages=find_packages(include=["vitbench", "vitbench.*"]) + ["vitbench_plugins"],
     package_dir={"vitbench_plugins": "plugins"},
+    package_data={"vitbench.tasks.cls": ["weights/*.pth", "weights/*.json"]},
 )

@@ -1,9 +1,10 @@
-"""The embedded default model: a small ViT trained once on Fashion-MNIST, then cached.
+"""The embedded default model: a small ViT trained on Fashion-MNIST, shipped with the package.
 
-``vitbench run --task cls`` without ``--model`` must work on a CPU laptop with no download
-(docs/architecture.md, "Embedded defaults"). So vitbench trains its own model the first time it is
-needed -- through the mmengine ``Runner``, like every task -- and keeps the weights under
-``~/.cache/vitbench`` (``$VITBENCH_CACHE`` overrides). The architecture is a plain timm
+``vitbench run --task cls`` without ``--model`` must work on a CPU laptop with no download and no
+training (docs/architecture.md, "Embedded defaults"). Its weights for the default settings ship
+as package data (``weights/``, with the metadata that says how they were made); other settings,
+and ``vitbench default-model --retrain``, train it -- through the mmengine ``Runner``, like every
+task -- into ``~/.cache/vitbench`` (``$VITBENCH_CACHE`` overrides), which is read first. The architecture is a plain timm
 ``VisionTransformer`` with 12 blocks, so the methods' default layer choices (e.g. blocks
 3, 6, 9) exist, and 8x8 = 64 patch tokens, so token reduction has something to reduce.
 
@@ -144,6 +145,17 @@ def config_hash(cfg: dict[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
+#: the weights that ship with the package (package data), for the default settings
+SHIPPED_DIR = Path(__file__).with_name("weights")
+
+
+def shipped_paths(cfg: dict[str, Any]) -> tuple[Path, Path]:
+    """(weights, metadata) paths of the entry shipped with the package for ``cfg`` (present for the
+    default settings only)."""
+    stem = f"{NAME}-{config_hash(cfg)}"
+    return SHIPPED_DIR / f"{stem}.pth", SHIPPED_DIR / f"{stem}.json"
+
+
 def cache_paths(cfg: dict[str, Any], directory: str | Path | None = None) -> tuple[Path, Path]:
     """(weights ``.pth``, metadata ``.json``) paths of the cache entry for ``cfg``."""
     stem = f"{NAME}-{config_hash(cfg)}"
@@ -260,7 +272,8 @@ def _from_cache(weights_path: Path, meta_path: Path,
 
 def load_default_model(*, cache: str | Path | None = None, verbose: bool = True,
                        **train_kwargs: Any) -> tuple[VisionTransformer, dict[str, Any]]:
-    """The default model and its metadata: from the cache, or trained now (minutes) and cached.
+    """The default model and its metadata: from the cache, else the weights shipped with the
+    package (the default settings), else trained now (minutes) and cached.
 
     ``train_kwargs`` (``epochs``, ``max_train_images``, ``batch_size``, ``lr``, ``seed``,
     ``max_test_images``, ``data_dir``) select a non-default training; each setting has its own cache entry. A
@@ -273,7 +286,9 @@ def load_default_model(*, cache: str | Path | None = None, verbose: bool = True,
         raise TypeError(f"unknown training arguments {sorted(unknown)}; valid: {sorted(keys)}")
     cfg = train_config(**train_kwargs)
     weights_path, meta_path = cache_paths(cfg, cache)
-    found = _from_cache(weights_path, meta_path)
+    found = _from_cache(weights_path, meta_path)  # a retrained entry (`vitbench default-model --retrain`)
+    if found is None:
+        found = _from_cache(*shipped_paths(cfg))
     if found is not None:
         return found
     with cache_lock(weights_path, "training the default model"):
