@@ -1,5 +1,6 @@
-"""``vitbench report STORE -o FILE.md [--sweep]``: render a result store as markdown plus a PNG plot
-(``--sweep``: a sweep's report with its Pareto PNGs, :mod:`vitbench.report.sweep`)."""
+"""``vitbench report STORE [-o FILE] [--format md|csv|latex] [--sweep]``: render a result store as
+markdown plus its plots (a sweep's report, :mod:`vitbench.report.sweep`, when the store holds a
+sweep), or its tables as CSV or LaTeX (:mod:`vitbench.report.export`); ``-o`` defaults into STORE."""
 from __future__ import annotations
 
 import argparse
@@ -7,16 +8,22 @@ import sys
 from pathlib import Path
 
 from vitbench.errors import DataError
-from vitbench.report import write_report
 from vitbench.results import ResultStore
+
+FORMATS = ("md", "csv", "latex")
+SUFFIXES = {"md": ".md", "csv": ".csv", "latex": ".tex"}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("report", help="render a result store (DIR or DIR/runs.jsonl) as markdown")
+    p = sub.add_parser("report", help="render a result store (DIR or DIR/runs.jsonl) as markdown, CSV or LaTeX")
     p.add_argument("store", help="result store directory or runs.jsonl")
-    p.add_argument("-o", "--output", required=True, help="markdown file to write (PNG beside it)")
+    p.add_argument("-o", "--output", default=None,
+                   help="file to write (default: report.md, report.csv or report.tex in the store's folder; "
+                        "a markdown report's plots go beside it)")
+    p.add_argument("--format", choices=FORMATS, default=None,
+                   help="md (default; or what -o's suffix says), csv or latex: the report's tables")
     p.add_argument("--sweep", action="store_true",
-                   help="render a `vitbench sweep` store as a sweep report (summary, Pareto PNGs, a table per budget)")
+                   help="render it as a sweep report (found by itself when the store holds a sweep)")
     p.set_defaults(handler=run)
 
 
@@ -33,20 +40,36 @@ def run(args: argparse.Namespace) -> int:
     skipped = [line.describe() for line in store.corrupt_lines]  # named here and in the report
     for line in skipped:
         print(f"vitbench: warning: skipped {line}", file=sys.stderr)
-    output = _output(args.output)
+    fmt = args.format or _format_of(args.output)
+    folder = store.path.parent
+    output = _output(args.output if args.output is not None else str(folder / f"report{SUFFIXES[fmt]}"))
     command = " ".join(["vitbench", *sys.argv[1:]])
+    from vitbench.report.export import is_sweep, write_table
+
+    sweep = args.sweep or is_sweep(records)
     try:
-        if args.sweep:
+        if fmt != "md":
+            print(f"wrote {write_table(records, output, fmt, sweep)}")
+            return 0
+        if sweep:
             from vitbench.report import write_sweep_report
 
             md, pngs = write_sweep_report(records, output, command=command, skipped=skipped)
             print(f"wrote {md} and {', '.join(map(str, pngs))}")
             return 0
+        from vitbench.report import write_report
+
         md, png = write_report(records, output, command=command, skipped=skipped)
     except OSError as exc:
         raise DataError(f"cannot write the report {str(output)!r}: {exc.strerror or exc}") from None
     print(f"wrote {md} and {png}")
     return 0
+
+
+def _format_of(output: str | None) -> str:
+    """The format ``-o``'s suffix names (``.csv``, ``.tex``), else ``md``."""
+    suffix = Path(output).suffix.lower() if output else ""
+    return {".csv": "csv", ".tex": "latex"}.get(suffix, "md")
 
 
 def _why_empty(store: ResultStore) -> str:
