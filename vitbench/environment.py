@@ -1,6 +1,7 @@
 """What every record says about where it ran (docs/measuring.md, "Reproducibility")."""
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from typing import Any
 
 import torch
 
+CPUINFO = Path("/proc/cpuinfo")
 PACKAGES = ("torch", "torchvision", "timm", "mmengine", "mmcv", "mmdet", "mmpretrain", "vitbench")
 
 
@@ -31,8 +33,30 @@ def git_revision() -> str | None:
 
 
 def device_name(device: str) -> str:
+    """The GPU's name, or the processor's (``AMD EPYC, 2 cores``), not just its architecture."""
     if device.startswith("cuda") and torch.cuda.is_available():
         return torch.cuda.get_device_name(torch.device(device))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{cpu_model()}, {cores} core{'s' if cores != 1 else ''}" if cores else cpu_model()
+
+
+def cpu_model() -> str:
+    """The processor's model name (Linux ``/proc/cpuinfo``, macOS ``sysctl``), else its architecture."""
+    try:
+        for line in CPUINFO.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "Hardware", "Processor") and value.strip():
+                return value.strip()
+    except OSError:
+        pass
+    if sys.platform == "darwin":
+        try:
+            out = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,
+                                 timeout=5).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            out = ""
+        if out:
+            return out
     return platform.processor() or platform.machine() or "cpu"
 
 
