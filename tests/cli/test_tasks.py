@@ -180,7 +180,7 @@ def test_a_task_whose_options_break_is_a_plugin_failure_and_the_others_still_par
     host.add_plugin(Plugin(), "clashing_plugin")
     monkeypatch.setattr(vitbench.plugins, "_HOST", host)
     args = build_parser().parse_args(["run", "--methods", "tome", "--detector-width", "light", "--limit", "3"])
-    assert (args.detector_width, args.limit) == ("light", 3)
+    assert (args.detector_width, args.limit) == ("light", "3")  # integers are checked by run_options
     assert not hasattr(args, "clash_extra") and "clash_extra" not in args.task_options
     err = capsys.readouterr().err
     assert "plugin 'clashing_plugin'" in err and "the options of task(s) clashing-task could not be added" in err

@@ -290,7 +290,7 @@ def test_registration():
     (dict(r=-1), r"mctf\.r=-1 is out of range; it must be an integer >= 0"),
     (dict(r="many"), r"mctf\.r='many' is not a valid"),
     (dict(tau_info=-1.0), r"mctf\.tau_info=-1\.0 is out of range; it must be a finite number >= 0"),
-    (dict(tau_sim=float("inf")), r"mctf\.tau_sim=inf is out of range"),
+    (dict(tau_sim=float("inf")), r"mctf\.tau_sim=inf is not a finite number"),
     (dict(tau_size=-0.5), r"mctf\.tau_size=-0\.5 is out of range"),
     (dict(r=[1, 2]), r"mctf\.r has 2 entries; the model has 6 blocks"),
     (dict(q=1), r"unknown parameter mctf\.q; valid parameters of mctf: r, tau_sim, tau_info, tau_size, "
