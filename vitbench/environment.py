@@ -33,7 +33,7 @@ def git_revision() -> str | None:
 
 
 def device_name(device: str) -> str:
-    """The GPU's name, or the processor's (``AMD EPYC, 2 cores``), not just its architecture."""
+    """The GPU's name, or the processor's model name and the cores this process may use."""
     if device.startswith("cuda") and torch.cuda.is_available():
         return torch.cuda.get_device_name(torch.device(device))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
