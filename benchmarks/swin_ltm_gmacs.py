@@ -1,4 +1,4 @@
-"""GMACs of LTM/IBTM on Swin-T at several ratios and class counts (issue 12; README "Swin").
+"""GMACs of LTM/IBTM on Swin-T at several ratios and class counts (issue 12; docs/results.md, "Swin").
 
     python benchmarks/swin_ltm_gmacs.py
 
@@ -14,7 +14,7 @@ import copy
 
 import timm
 import torch
-from vitbench_plugins.ltm import TileMerge
+from vitbench_plugins.ltm.reduction import TileMerge
 
 import vitbench
 from vitbench.measure.flops import count_gmacs_at

@@ -1,0 +1,74 @@
+"""The plugin tutorial (docs/plugin-tutorial.md) works: every shell step of the page runs here.
+
+The page's files are included from examples/vitbench-norm-drop; ``pip install -e .`` is run as a
+plain install into a folder of the test (``--target``, on ``PYTHONPATH``) so that nothing is
+left in the environment, as tests/test_plugins.py does with its fake distributions.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "plugin-tutorial.md"
+EXAMPLE = ROOT / "examples" / "vitbench-norm-drop"
+FILES = ("vitbench_norm_drop.py", "pyproject.toml", "test_norm_drop.py")
+
+
+def shell_steps(page: str) -> list[str]:
+    """The commands of the page's ```bash blocks, in order."""
+    blocks = re.findall(r"```bash\n(.*?)```", page, flags=re.DOTALL)
+    return [line.strip() for block in blocks for line in block.splitlines() if line.strip()]
+
+
+def test_the_page_includes_every_file_of_the_example() -> None:
+    page = PAGE.read_text()
+    for name in FILES:
+        assert f'--8<-- "examples/vitbench-norm-drop/{name}"' in page
+        assert f"Save this as `{name}`" in page
+
+
+def test_every_step_of_the_tutorial_runs(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VITBENCH_")}
+    env["OMP_NUM_THREADS"] = "1"  # the default model is tiny: threads only add overhead
+    env["PYTHONPATH"] = os.pathsep.join([str(site), *filter(None, [env.get("PYTHONPATH")])])
+    cwd, ran = tmp_path, []
+    for step in shell_steps(PAGE.read_text()):
+        args = shlex.split(step)
+        if args[0] == "mkdir":
+            (cwd / args[1]).mkdir()
+        elif args[0] == "cd":
+            cwd = cwd / args[1]
+            for name in FILES:  # the files the page says to save
+                shutil.copy(EXAMPLE / name, cwd / name)
+        elif args == ["pip", "install", "-e", "."]:
+            args = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                    "--target", str(site), "."]
+        elif args[0] == "vitbench":
+            args = [sys.executable, "-m", "vitbench", *args[1:]]
+        elif args[:3] == ["python", "-m", "pytest"]:
+            args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args[3:]]
+        else:
+            raise AssertionError(f"the tutorial has a step this test does not know: {step!r}")
+        if args[0] == sys.executable:
+            done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=900,
+                                  check=False)
+            assert done.returncode == 0, f"{step}\n{done.stdout}\n{done.stderr}"
+            ran.append((step, done.stdout))
+    outputs = dict(ran)
+    assert [s for s, _ in ran] == [
+        "pip install -e .", "vitbench plugins",
+        "vitbench run --task cls --methods norm-drop --limit 100 --metrics accuracy,gmacs --out runs/norm-drop",
+        "python -m pytest -q test_norm_drop.py"]
+    [listed] = [line for line in outputs["vitbench plugins"].splitlines() if line.startswith("norm_drop ")]
+    assert "vitbench-norm-drop 0.1.0" in listed and "norm-drop" in listed.split(")", 1)[1]
+    assert f"```text\n{listed}\n```" in PAGE.read_text(), "the page shows what `vitbench plugins` prints"
+    report = (cwd / "runs" / "norm-drop" / "report.md").read_text()
+    assert re.search(r"^\| norm-drop\b", report, flags=re.MULTILINE), report
+    assert "1 passed" in outputs["python -m pytest -q test_norm_drop.py"]
