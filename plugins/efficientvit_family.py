@@ -1,8 +1,20 @@
-"""Built-in plugin: the EfficientViT (MIT, timm ``EfficientVit``) model-family adapter."""
-from vitbench.engine.families.efficientvit import SPEC
+"""Built-in plugin: the EfficientViT (MIT, timm ``EfficientVit``) model-family adapter (its code:
+:mod:`vitbench.engine.families.efficientvit`)."""
+from vitbench.catalog import FamilySpec
 from vitbench.hookspecs import hookimpl
+
+_CODE = "vitbench.engine.families.efficientvit"
 
 
 @hookimpl
 def vitbench_register_families(register):  # type: ignore[no-untyped-def]
-    register(SPEC)
+    register(FamilySpec(
+        name="efficientvit",
+        matches=f"{_CODE}:matches",
+        describe=f"{_CODE}:describe",
+        patch=f"{_CODE}:patch",
+        feature_module=f"{_CODE}:last_stage",
+        channel_reducer="vitbench.engine.families.efficientvit_channels:DCSLiteMLAReducer",
+        model_patterns=("efficientvit_b*",),
+        description="timm EfficientVit (MIT EfficientViT-B): channel methods on its LiteMLA blocks",
+    ))

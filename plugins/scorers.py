@@ -13,14 +13,15 @@ from __future__ import annotations
 
 from vitbench.catalog import ScorerSpec
 from vitbench.hookspecs import hookimpl
-from vitbench.kit import average_score, cls_attn_score, entropy_score
+
+_CODE = "vitbench.kit.scores"  # the score functions, imported when a scorer is asked for
 
 
 @hookimpl
 def vitbench_register_scorers(register):  # type: ignore[no-untyped-def]
-    register(ScorerSpec("cls-attn", cls_attn_score, frozenset({"cls_attn", "values"}),
+    register(ScorerSpec("cls-attn", f"{_CODE}:cls_attn_score", frozenset({"cls_attn", "values"}),
                         "ATS: cls attention (sum over heads) x value norm"))
-    register(ScorerSpec("entropy", entropy_score, frozenset({"attn", "values"}),
+    register(ScorerSpec("entropy", f"{_CODE}:entropy_score", frozenset({"attn", "values"}),
                         "entropy of each token's attention row x value norm"))
-    register(ScorerSpec("average", average_score, frozenset({"cls_attn"}),
+    register(ScorerSpec("average", f"{_CODE}:average_score", frozenset({"cls_attn"}),
                         "cls attention averaged over heads"))

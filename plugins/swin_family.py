@@ -1,8 +1,22 @@
-"""Built-in plugin: the Swin model-family adapter."""
-from vitbench.engine.families.swin import SPEC
+"""Built-in plugin: the Swin model-family adapter (its code: :mod:`vitbench.engine.families.swin`)."""
+from vitbench.catalog import FamilySpec
 from vitbench.hookspecs import hookimpl
+
+_CODE = "vitbench.engine.families.swin"
 
 
 @hookimpl
 def vitbench_register_families(register):  # type: ignore[no-untyped-def]
-    register(SPEC)
+    register(FamilySpec(
+        name="swin",
+        matches=f"{_CODE}:matches",
+        describe=f"{_CODE}:describe",
+        patch=f"{_CODE}:patch",
+        feature_module=f"{_CODE}:last_stage",
+        channels_last=True,
+        merge_grid="vitbench.engine.families.vit:merge_grid",  # a tile is merged as a short ViT sequence
+        reduces_tiles=True,
+        model_patterns=("swin_*", "swinv2_*_window*"),
+        description="timm Swin Transformer V1 and V2; token methods per map tile for the MLP (merged, then "
+                    "unmerged after it), channel methods in the window attention and the MLP",
+    ))

@@ -1,8 +1,20 @@
-"""Built-in plugin: the ViT/DeiT model-family adapter."""
-from vitbench.engine.families.vit import SPEC
+"""Built-in plugin: the ViT/DeiT model-family adapter (its code: :mod:`vitbench.engine.families.vit`)."""
+from vitbench.catalog import FamilySpec
 from vitbench.hookspecs import hookimpl
+
+_CODE = "vitbench.engine.families.vit"
 
 
 @hookimpl
 def vitbench_register_families(register):  # type: ignore[no-untyped-def]
-    register(SPEC)
+    register(FamilySpec(
+        name="vit",
+        matches=f"{_CODE}:matches",
+        describe=f"{_CODE}:describe",
+        patch=f"{_CODE}:patch",
+        feature_module=f"{_CODE}:last_block",
+        final_features=f"{_CODE}:final_features",
+        merge_grid=f"{_CODE}:merge_grid",
+        model_patterns=("vit_*", "deit_*", "deit3_*"),
+        description="timm VisionTransformer: ViT, DeiT (incl. distilled), DeiT-III, register tokens",
+    ))

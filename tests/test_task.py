@@ -89,7 +89,7 @@ def test_a_task_subclass_runs_end_to_end_through_the_hook(echo_host, tmp_path):
     assert all(r["status"] == "ok" for r in results.records)
     assert by_method["tome"]["score"] == 8.0 and by_method["baseline"]["score"] == 16.0
     assert by_method["ltm"]["echo_mode_seen"] == "ctl" and by_method["tome"]["echo_mode_seen"] is None
-    assert by_method["ltm"]["label"] == "ltm (mode: ctl)" and by_method[CONTROL]["label"] == f"{CONTROL} (mode: ctl)"
+    assert by_method["ltm"]["label"] == "ltm (ratio=0.7, mode: ctl)" and by_method[CONTROL]["label"] == f"{CONTROL} (mode: ctl)"
     assert list(results.table()["Score"]) == ["16.0", "22.0", "8.0", "6.0"]
     assert "ΔScore" in results.report.read_text()
 

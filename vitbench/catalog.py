@@ -2,20 +2,55 @@
 "Plugins").
 
 These are plain frozen dataclasses. The plugin host (:mod:`vitbench.plugins`) keeps one
-catalog of each and records which plugin registered what.
+catalog of each and records which plugin registered what. Every command loads every plugin, so a
+spec names its heavy code (a method's ``build``, a scorer, a family's functions) by reference, a
+``"package.module:name"`` string that is imported the first time the thing is asked for
+(:func:`resolved`); listing a spec imports nothing.
 """
 from __future__ import annotations
 
+import dataclasses
+import importlib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional, Sequence, Union
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
     from torch import nn
 
     from vitbench.options import RunOptions
+
+
+#: ``"package.module:name"`` (``name`` may be dotted): what a spec's field may hold instead of the object
+REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+def load_reference(ref: str) -> Any:
+    """The object ``"package.module:name"`` names, its module imported now."""
+    module, _, name = ref.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _check_references(spec: Any, names: tuple[str, ...]) -> None:
+    for name in names:
+        value = getattr(spec, name)
+        if isinstance(value, str) and not REFERENCE.match(value):
+            raise ValueError(f"{type(spec).__name__}.{name} of {spec.name!r} is {value!r}: a reference is "
+                             f"'package.module:name'")
+
+
+def resolved(spec: Any) -> Any:
+    """``spec`` with each reference field (:data:`REFERENCE`, the spec's ``_references``) replaced by
+    the object it names; the spec itself when it holds none."""
+    changes = {name: load_reference(getattr(spec, name)) for name in getattr(spec, "_references", ())
+               if isinstance(getattr(spec, name), str)}
+    return dataclasses.replace(spec, **changes) if changes else spec
 
 
 @dataclass(frozen=True)
@@ -193,14 +228,18 @@ class MethodSpec:
     """A reduction method as a plugin registers it.
 
     ``build(params, info)`` turns validated parameters and the model description into a
-    :class:`Reduction`. ``params`` is a dataclass type whose fields all have defaults and whose
-    ``__post_init__`` raises :class:`vitbench.errors.ParamError` on out-of-range values.
-    ``budget`` names the parameter that sets its compute (:class:`BudgetKnob`).
+    :class:`Reduction`; give it as a reference (``"my_plugin.reduction:build"``) so that the
+    plugin imports no torch when it registers. ``params`` is a dataclass type (torch-free: the
+    listings read it) whose fields all have defaults and whose ``__post_init__`` raises
+    :class:`vitbench.errors.ParamError` on out-of-range values. ``budget`` names the parameter
+    that sets its compute (:class:`BudgetKnob`).
     """
+
+    _references: ClassVar[tuple[str, ...]] = ("build",)
 
     name: str
     params: type
-    build: Callable[[Any, ModelInfo], Reduction]
+    build: Union[str, Callable[[Any, ModelInfo], Reduction]]
     #: what the method reduces, one of :data:`METHOD_KINDS` (``vitbench list methods``)
     kind: str = "other"
     families: tuple[str, ...] = ("vit",)
@@ -212,6 +251,7 @@ class MethodSpec:
     budget: Optional[BudgetKnob] = None
 
     def __post_init__(self) -> None:
+        _check_references(self, self._references)
         if self.kind not in METHOD_KINDS:
             from vitbench.errors import choices_error
 
@@ -228,13 +268,19 @@ class ScorerSpec:
     """A token significance scorer (docs/methods.md §4).
 
     ``score(info, prefix) -> [B, N - prefix]`` normalised to sum 1 per image, ``info`` the block's
-    :class:`vitbench.engine.AttnInfo`; ``needs`` says what the attention must hand over for it.
+    :class:`vitbench.engine.AttnInfo` (or its reference, ``"package.module:name"``); ``needs`` says
+    what the attention must hand over for it.
     """
 
+    _references: ClassVar[tuple[str, ...]] = ("score",)
+
     name: str
-    score: Callable[[Any, int], "torch.Tensor"]
+    score: Union[str, Callable[[Any, int], "torch.Tensor"]]
     needs: frozenset[str] = field(default_factory=frozenset)
     description: str = ""
+
+    def __post_init__(self) -> None:
+        _check_references(self, self._references)
 
 
 Grid = tuple[int, int]
@@ -246,30 +292,39 @@ SequenceGrids = Callable[[ModelInfo, Callable[[int, Grid], Grid]], list[tuple[Gr
 
 @dataclass(frozen=True)
 class FamilySpec:
-    """A model-family adapter: recognise a backbone, describe it, and patch it with a Reduction."""
+    """A model-family adapter: recognise a backbone, describe it, and patch it with a Reduction.
+
+    Each function (and ``channel_reducer``) may be given as a reference, ``"package.module:name"``.
+    """
+
+    _references: ClassVar[tuple[str, ...]] = ("matches", "describe", "patch", "feature_module", "final_features",
+                                              "merge_grid", "sequence_grids", "channel_reducer")
 
     name: str
-    matches: Callable[["nn.Module"], bool]
-    describe: Callable[["nn.Module"], ModelInfo]
-    patch: Callable[["nn.Module", Reduction], "nn.Module"]
+    matches: Union[str, Callable[["nn.Module"], bool]]
+    describe: Union[str, Callable[["nn.Module"], ModelInfo]]
+    patch: Union[str, Callable[["nn.Module", Reduction], "nn.Module"]]
     model_patterns: tuple[str, ...] = ()
     description: str = ""
     # what methods may ask of the family; a method that needs a member the family leaves at its
     # default refuses the family with an UnsupportedError
     #: ``model -> module``: the last block or stage, whose pooled output an IB bound trains on
-    feature_module: Optional[Callable[["nn.Module"], "nn.Module"]] = None
+    feature_module: Optional[Union[str, Callable[["nn.Module"], "nn.Module"]]] = None
     #: the blocks and stages give ``[B, H, W, C]`` maps (timm's ``output_fmt`` NHWC: Swin)
     channels_last: bool = False
     #: ``(model, images) -> [B, C]``, the IB metric's features; ``None``: the spatial mean
-    final_features: Optional[Callable[["nn.Module", "torch.Tensor"], "torch.Tensor"]] = None
+    final_features: Optional[Union[str, Callable[["nn.Module", "torch.Tensor"], "torch.Tensor"]]] = None
     #: token merging: ``(info, ratio) -> (P, (H', W'))``, the tokens and grid a merge keeps
-    merge_grid: Optional[MergeGrid] = None
+    merge_grid: Optional[Union[str, MergeGrid]] = None
     #: every block reduces its own tiles for the MLP only and unmerges after it (Swin)
     reduces_tiles: bool = False
     #: ``(info, shrink) -> [(grid seen, grid folded to)]`` for hybrids whose merges shrink the map
-    sequence_grids: Optional[SequenceGrids] = None
+    sequence_grids: Optional[Union[str, SequenceGrids]] = None
     #: channel reducer class for non-ViT blocks, built by ``from_block(block, arch, separate, tau0)``
-    channel_reducer: Optional[type] = None
+    channel_reducer: Optional[Union[str, type]] = None
+
+    def __post_init__(self) -> None:
+        _check_references(self, self._references)
 
 
 #: what a task's GMACs count (:attr:`vitbench.task.Task.counts`): the model (cls) or its backbone (det/seg)

@@ -3,6 +3,12 @@
 Every hook takes keyword arguments only. The ``register_*`` hooks follow the register-callback
 pattern: the host passes a ``register`` function and the plugin calls it once per thing it
 adds, so the specs can grow new optional arguments without breaking plugins.
+
+Every command (``vitbench --help`` too) imports every plugin and runs its register hooks, so a
+plugin's module imports no torch: it names its heavy code by reference,
+``build="my_plugin.reduction:build"`` (likewise a scorer's ``score``, a family's functions),
+imported when a run first asks for it (:mod:`vitbench.catalog`); a task's module imports torch
+inside the methods that run.
 """
 from __future__ import annotations
 

@@ -2,7 +2,9 @@
 the catalogs of methods, scorers, model families and tasks (docs/architecture.md, "Plugins").
 
 Built-in plugins are ordinary entry points of the ``vitbench`` distribution; nothing here
-imports one by name. Loading is safe: a plugin that fails to import or to register is recorded
+imports one by name. Every command loads every plugin, so plugins register light specs and name
+their heavy code by reference (:mod:`vitbench.catalog`): a lookup by name resolves them, a
+listing (:meth:`PluginHost.specs`) does not. Loading is safe: a plugin that fails to import or to register is recorded
 (distribution, name, error) and reported once on stderr; it is fatal only when it was asked
 for by name, or with ``VITBENCH_STRICT_PLUGINS=1``. Two plugins registering one name is a
 clash, warned about the same way (see :class:`PluginHost`).
@@ -21,13 +23,15 @@ from typing import Any, Callable, Iterable
 import pluggy
 
 from vitbench import hookspecs
-from vitbench.catalog import FamilySpec, MethodSpec, ScorerSpec
+from vitbench.catalog import FamilySpec, MethodSpec, ScorerSpec, resolved
 from vitbench.errors import PluginError, choices_error
 from vitbench.metrics import METRICS
 from vitbench.task import Task
 
 ENTRY_POINT_GROUP = "vitbench"
 _KINDS = {"methods": MethodSpec, "scorers": ScorerSpec, "families": FamilySpec, "tasks": Task}
+#: each kind in the singular, for messages ("family", not "familie")
+SINGULAR = {"methods": "method", "scorers": "scorer", "families": "family", "tasks": "task"}
 
 
 @dataclass
@@ -96,18 +100,22 @@ class PluginHost:
         self._owner: dict[tuple[str, str], str] = {}
         self._left_out: dict[tuple[str, str], PluginClash] = {}  # aliases of a left-out spec
         self._warned: set[PluginClash] = set()
+        self._resolved: dict[tuple[str, str], Any] = {}  # lookups: references imported
 
     # -- discovery ---------------------------------------------------------------------
     def load_entry_points(self) -> None:
         """Load every plugin of the ``vitbench`` entry-point group, honouring the env lists."""
         allow = _env_list("VITBENCH_PLUGINS")
         block = _env_list("VITBENCH_DISABLE_PLUGINS") or set()
+        described: dict[Any, tuple[str | None, str | None]] = {}  # a distribution's metadata, parsed once
         for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
             if (allow is not None and ep.name not in allow) or ep.name in block:
                 self.skipped.append(ep.name)
                 continue
-            dist = ep.dist.metadata["Name"] if ep.dist is not None else None
-            version = ep.dist.version if ep.dist is not None else None
+            if ep.dist is not None and ep.dist not in described:
+                meta = ep.dist.metadata
+                described[ep.dist] = (meta["Name"], meta["Version"])
+            dist, version = described.get(ep.dist, (None, None)) if ep.dist is not None else (None, None)
             try:
                 obj = ep.load()
             except Exception as exc:  # noqa: BLE001 - a broken plugin must not take the host down
@@ -206,8 +214,8 @@ class PluginHost:
         clash = PluginClash(kind, name, kept_by, plugin)
         self._clashes.append(clash)
         what = (f"plugins {self._label(kept_by)} and {self._label(plugin)} both register the "
-                f"{kind[:-1]} {name!r}" if kept_by != plugin else
-                f"plugin {self._label(plugin)} registers the {kind[:-1]} {name!r} twice")
+                f"{SINGULAR[kind]} {name!r}" if kept_by != plugin else
+                f"plugin {self._label(plugin)} registers the {SINGULAR[kind]} {name!r} twice")
         if _strict():
             raise PluginError(f"{what}; choose one: {_choose(clash)}")
         if clash not in self._warned:
@@ -221,9 +229,9 @@ class PluginHost:
                                                         if (c.kind, c.name) == (clash.kind, clash.name)]))
         both = ", ".join(map(self._label, plugins))
         if name == clash.name:
-            what = f"{kind[:-1]} {name!r} is registered by more than one plugin: {both}"
+            what = f"{SINGULAR[kind]} {name!r} is registered by more than one plugin: {both}"
         else:
-            what = (f"{kind[:-1]} {name!r} is an alias of the {kind[:-1]} {clash.name!r} of plugin "
+            what = (f"{SINGULAR[kind]} {name!r} is an alias of the {SINGULAR[kind]} {clash.name!r} of plugin "
                     f"{clash.refused_from!r}, a name registered by more than one plugin: {both}")
         return PluginError(f"{what}; choose one: {_choose(clash)}")
 
@@ -248,15 +256,30 @@ class PluginHost:
                 raise self._clash_error(kind, name, clash)
         canonical = self._aliases.get(f"{kind}:{name}", name)
         if canonical in catalog:
-            return catalog[canonical]
+            return self._resolve(kind, catalog[canonical])
         if (kind, name) in self._left_out:
             raise self._clash_error(kind, name, self._left_out[(kind, name)])
         for failure in self.failures:
             if failure.name == name:
-                raise PluginError(f"{kind[:-1]} {name!r} comes from plugin {failure.name!r} "
+                raise PluginError(f"{SINGULAR[kind]} {name!r} comes from plugin {failure.name!r} "
                                   f"({failure.distribution}), which failed to load: {failure.error}")
         valid = list(catalog) + [a.split(":", 1)[1] for a in self._aliases if a.startswith(kind + ":")]
-        raise choices_error(kind[:-1], name, valid)
+        raise choices_error(SINGULAR[kind], name, valid)
+
+    def _resolve(self, kind: str, spec: Any) -> Any:
+        """``spec`` with its references imported (once); a reference that does not import is an
+        error naming the plugin."""
+        key = (kind, spec.name)
+        if self._resolved.get(key, (None,))[0] is not spec:
+            try:
+                self._resolved[key] = (spec, resolved(spec))
+            except Exception as exc:  # noqa: BLE001 - the plugin's code is broken, not the host
+                plugin = self._owner.get(key)
+                info = self.plugins.get(plugin) if plugin else None
+                raise PluginError(f"{SINGULAR[kind]} {spec.name!r} of plugin {plugin!r} "
+                                  f"({info.distribution if info else None}) cannot be loaded: "
+                                  f"{type(exc).__name__}: {exc}") from exc
+        return self._resolved[key][1]
 
     def method(self, name: str) -> MethodSpec:
         """The method registered as ``name`` (or under that alias)."""
@@ -274,7 +297,12 @@ class PluginHost:
 
     def family_of(self, model: Any) -> FamilySpec:
         """The family adapter that recognises ``model``."""
-        for spec in self.catalogs["families"].values():
+        for listed in self.catalogs["families"].values():
+            try:
+                spec = self._resolve("families", listed)
+            except PluginError as exc:  # a broken family: a warning, the others still recognise models
+                self.plugin_failed(self._owner.get(("families", listed.name)) or listed.name, str(exc))
+                continue
             if spec.matches(model):
                 return spec
         from vitbench.errors import UnsupportedError
@@ -284,7 +312,7 @@ class PluginHost:
 
     def specs(self, kind: str) -> dict[str, Any]:
         """Every kept registration of ``kind`` by name, clashed names included (listings, not
-        lookups: a lookup of a clashed name is an error)."""
+        lookups: a lookup of a clashed name is an error; references stay unresolved)."""
         return dict(self.catalogs[kind])
 
     def names(self, kind: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""ATS: adaptive token sampling (plugins/ats.py; Fayyaz et al., ECCV 2022, §3)."""
+"""ATS: adaptive token sampling (plugins/ats/; Fayyaz et al., ECCV 2022, §3)."""
 from __future__ import annotations
 
 import math
@@ -11,7 +11,8 @@ import vitbench
 from vitbench.engine import enable_source_tracing, reduction_context
 from vitbench.errors import ParamError, UnsupportedError
 from vitbench.testing import tiny_vit
-from vitbench_plugins.ats import COUNTS, VALID, ATSParams, sample_points, sampled_tokens
+from vitbench_plugins.ats import ATSParams
+from vitbench_plugins.ats.reduction import COUNTS, VALID, sample_points, sampled_tokens
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

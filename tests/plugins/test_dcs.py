@@ -43,7 +43,7 @@ def _apply(**params):  # type: ignore[no-untyped-def]
 
 
 def _reducers(model):  # type: ignore[no-untyped-def]
-    from vitbench_plugins.dcs import dcs_reducers
+    from vitbench_plugins.dcs.reduction import dcs_reducers
 
     return dcs_reducers(model)  # in block order, on any family
 
@@ -774,7 +774,7 @@ def _family(name: str, **params):  # type: ignore[no-untyped-def]
 
 
 def _dcs_reducers(model):  # type: ignore[no-untyped-def]
-    from vitbench_plugins.dcs import dcs_reducers
+    from vitbench_plugins.dcs.reduction import dcs_reducers
 
     return dcs_reducers(model)
 

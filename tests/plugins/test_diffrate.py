@@ -1,4 +1,4 @@
-"""DiffRate (plugins/diffrate.py): prune then merge by class attention to given per-block kept
+"""DiffRate (plugins/diffrate/): prune then merge by class attention to given per-block kept
 counts (``diffrate``), and the search of those counts (``diffrate-search``)."""
 from __future__ import annotations
 
@@ -15,8 +15,13 @@ from vitbench.errors import ParamError, UnsupportedError
 from vitbench.measure import count_gmacs
 from vitbench.plugins import get_host
 from vitbench.testing import check_method, check_prefix_tokens, tiny_deit_distilled, tiny_vit, tiny_vit_registers
-from vitbench_plugins.diffrate import (
-    DiffRateReducer, DiffRateSearchReducer, default_schedule, prune_then_merge, search_cost, searched_kept,
+from vitbench_plugins.diffrate.reduction import (
+    DiffRateReducer,
+    DiffRateSearchReducer,
+    default_schedule,
+    prune_then_merge,
+    search_cost,
+    searched_kept,
 )
 
 pytestmark = pytest.mark.usefixtures("single_thread")

@@ -1,4 +1,4 @@
-"""DPC-KNN clustering merge (plugins/dpc_knn.py; TCFormer §3.2) and TokenState.cluster."""
+"""DPC-KNN clustering merge (plugins/dpc_knn/; TCFormer §3.2) and TokenState.cluster."""
 from __future__ import annotations
 
 import pytest
@@ -6,7 +6,8 @@ import torch
 
 from vitbench.engine import TokenState
 from vitbench.errors import ParamError
-from vitbench_plugins.dpc_knn import DPCKNNParams, dpc_knn
+from vitbench_plugins.dpc_knn import DPCKNNParams
+from vitbench_plugins.dpc_knn.reduction import dpc_knn
 
 
 def test_two_groups_and_their_centres():

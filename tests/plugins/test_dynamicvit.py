@@ -1,4 +1,4 @@
-"""DynamicViT (plugins/dynamicvit.py): learned keep predictors, masked in training, top-k at inference."""
+"""DynamicViT (plugins/dynamicvit/): learned keep predictors, masked in training, top-k at inference."""
 from __future__ import annotations
 
 import math
@@ -13,13 +13,8 @@ from vitbench.engine.attention import AttnInfo, attention_forward
 from vitbench.errors import ParamError
 from vitbench.plugins import get_host
 from vitbench.testing import check_method, tiny_deit_distilled, tiny_vit
-from vitbench_plugins.dynamicvit import (
-    DynamicViTParams,
-    DynamicViTReducer,
-    KeepPredictor,
-    key_bias_of,
-    stage_count,
-)
+from vitbench_plugins.dynamicvit import DynamicViTParams
+from vitbench_plugins.dynamicvit.reduction import DynamicViTReducer, KeepPredictor, key_bias_of, stage_count
 
 LAYERS = (1, 3, 5)  # test_vit has 6 blocks
 

@@ -1,11 +1,12 @@
-"""K-Medoids clustering merge (plugins/kmedoids.py)."""
+"""K-Medoids clustering merge (plugins/kmedoids/)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from vitbench.errors import ParamError
-from vitbench_plugins.kmedoids import KMedoidsParams, kmedoids
+from vitbench_plugins.kmedoids import KMedoidsParams
+from vitbench_plugins.kmedoids.reduction import kmedoids
 
 
 def test_two_groups_are_found_from_the_even_start():

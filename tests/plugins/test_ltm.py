@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from vitbench_plugins.ltm import FirstMerge, ReMerge, ib_mask_step, soft_merge
+from vitbench_plugins.ltm.reduction import FirstMerge, ReMerge, ib_mask_step, soft_merge
 
 import vitbench
 from vitbench.engine import AttnInfo, TokenState, reduction_context
@@ -331,7 +331,7 @@ def _trained_names(model, train_backbone=False):
 
 def test_the_ib_step_mlps_stay_frozen_by_default_and_train_at_mlp_lr_when_asked():
     """Default: M1, the M_l logits and the scales train; the MLPs of the IB step do not (their
-    features must stay those the statistics were taken with, plugins/ltm.py "Training")."""
+    features must stay those the statistics were taken with, plugins/ltm/ "Training")."""
     model = _ltm(stats=False)
     names = _trained_names(model)
     assert "blocks.0.reducer.logits" in names
@@ -359,7 +359,8 @@ def test_the_mlp_learning_rate_does_not_reach_the_backbone_mlps():
 
 def test_a_family_whose_adapter_offers_no_merge_grid_is_refused_clearly():
     import timm
-    from vitbench_plugins.ltm import LTMParams, build
+    from vitbench_plugins.ltm import LTMParams
+    from vitbench_plugins.ltm.reduction import build
 
     from vitbench.errors import UnsupportedError
 

@@ -9,7 +9,7 @@ import timm
 import torch
 import torch.nn.functional as F
 from mobilevit_support import block_output_shapes
-from vitbench_plugins.ltm import FirstMerge, ReMerge
+from vitbench_plugins.ltm.reduction import FirstMerge, ReMerge
 
 import vitbench
 from vitbench.engine import reduction_context

@@ -11,7 +11,7 @@ import timm
 import torch
 import torch.nn.functional as F
 from timm.models.swin_transformer import SwinTransformer
-from vitbench_plugins.ltm import TileMerge
+from vitbench_plugins.ltm.reduction import TileMerge
 
 import vitbench
 from vitbench.engine import AttnInfo, TokenState, reduction_context

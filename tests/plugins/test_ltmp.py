@@ -14,7 +14,7 @@ from vitbench.measure import count_gmacs
 from vitbench.plugins import get_host
 from vitbench.testing import check_method, tiny_vit
 from vitbench.testing import tiny_deit_distilled
-from vitbench_plugins.ltmp import LTMPReducer, clamp_thresholds, cost_model, flops_ratio, kept_tokens
+from vitbench_plugins.ltmp.reduction import LTMPReducer, clamp_thresholds, cost_model, flops_ratio, kept_tokens
 
 
 def _reducers(model):

@@ -14,7 +14,7 @@ from vitbench.engine import AttnInfo, TokenState, reduction_context
 from vitbench.errors import ParamError
 from vitbench.testing import tiny_vit
 from tests_support import sharp_vit as _sharp_vit  # tests/tests_support.py
-from vitbench_plugins.ltmp import LTMPReducer, kept_tokens
+from vitbench_plugins.ltmp.reduction import LTMPReducer, kept_tokens
 
 
 def _attend(attn, x, size):

@@ -10,7 +10,7 @@ import timm
 import torch
 import torch.nn.functional as F
 from timm.models.swin_transformer import SwinTransformer
-from vitbench_plugins.ltmp import LTMPTileReducer, swin_cost_model, swin_kept
+from vitbench_plugins.ltmp.reduction import LTMPTileReducer, swin_cost_model, swin_kept
 
 import vitbench
 from vitbench.engine import TokenState, reduction_context

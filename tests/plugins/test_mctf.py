@@ -1,4 +1,4 @@
-"""MCTF, training-free (plugins/mctf.py): hand-made oracles for each criterion of the attraction,
+"""MCTF, training-free (plugins/mctf/): hand-made oracles for each criterion of the attraction,
 the bidirectional matching and the attention-weighted fusion; token counts, sizes and sources
 on test_vit; r=0 equals the unpatched model; bad parameters; conformance."""
 from __future__ import annotations
@@ -14,8 +14,13 @@ import vitbench
 from vitbench.engine import AttnInfo, TokenState, reduction_context
 from vitbench.errors import ParamError
 from vitbench.plugins import get_host
-from vitbench_plugins.mctf import (
-    MCTFReducer, Temperatures, attraction, fusion_assignment, fusion_slots, received_attention,
+from vitbench_plugins.mctf.reduction import (
+    MCTFReducer,
+    Temperatures,
+    attraction,
+    fusion_assignment,
+    fusion_slots,
+    received_attention,
 )
 
 pytestmark = pytest.mark.usefixtures("single_thread")

@@ -1,4 +1,4 @@
-"""MCTF (plugins/mctf.py) against the paper's algorithm written out literally, token by token,
+"""MCTF (plugins/mctf/) against the paper's algorithm written out literally, token by token,
 and against the official DeiT-S setting (mlvlab/MCTF, run/eval_deit_s_mctf*.sh: r=16 at the
 start of blocks 1-11, none in block 0).
 
@@ -20,7 +20,7 @@ import torch
 
 import vitbench
 from vitbench.engine import AttnInfo, TokenState, reduction_context
-from vitbench_plugins.mctf import MCTFReducer, Temperatures
+from vitbench_plugins.mctf.reduction import MCTFReducer, Temperatures
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

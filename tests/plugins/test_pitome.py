@@ -1,4 +1,4 @@
-"""PiToMe (plugins/pitome.py): the energy function on hand-computed values, the energy-ordered
+"""PiToMe (plugins/pitome/): the energy function on hand-computed values, the energy-ordered
 split on hand-made token sets (isolated tokens protected, merges inside the cluster), token
 counts on test_vit, equality with the unpatched model at r=0, logits against a plain per-image
 reference built from the paper's description, sizes and sources, and bad parameters."""
@@ -18,9 +18,15 @@ from vitbench.engine import AttnInfo, TokenState, reduction_context
 from vitbench.errors import ParamError
 from vitbench.testing import check_method
 from vitbench.testing.reference_tome import plain_merging_forward
-from vitbench_plugins.pitome import (
-    PiToMeParams, PiToMeReducer, build, energy_function, energy_matching, energy_scores,
-    margin_schedule, ratio_schedule,
+from vitbench_plugins.pitome import PiToMeParams
+from vitbench_plugins.pitome.reduction import (
+    PiToMeReducer,
+    build,
+    energy_function,
+    energy_matching,
+    energy_scores,
+    margin_schedule,
+    ratio_schedule,
 )
 
 pytestmark = pytest.mark.usefixtures("single_thread")

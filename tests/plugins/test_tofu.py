@@ -1,4 +1,4 @@
-"""ToFu (plugins/tofu.py): merge-by-prune in the first blocks, MLERP later. Hand-made oracles
+"""ToFu (plugins/tofu/): merge-by-prune in the first blocks, MLERP later. Hand-made oracles
 for both rules, ToMe's token counts, equality with the unpatched model at r=0, conformance, and
 bad parameters."""
 from __future__ import annotations
@@ -12,7 +12,8 @@ import vitbench
 from vitbench.engine import AttnInfo, Reducer, TokenState, bipartite_soft_matching, reduction_context
 from vitbench.errors import ParamError
 from vitbench.testing import tiny_vit
-from vitbench_plugins.tofu import ToFuParams, ToFuReducer, block_schedule, mlerp
+from vitbench_plugins.tofu import ToFuParams
+from vitbench_plugins.tofu.reduction import ToFuReducer, block_schedule, mlerp
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -141,7 +141,7 @@ def test_gradients_flow_through_the_merge():
 def test_a_sequence_too_short_to_merge_is_left_alone():
     """Hybrids run ToMe on short sequences (MobileViT: 1 token at 64x64): r caps to 0."""
     from vitbench.engine import AttnInfo, TokenState
-    from vitbench_plugins.tome import ToMeReducer
+    from vitbench_plugins.tome.reduction import ToMeReducer
 
     x = torch.randn(4, 1, 8)
     state = TokenState.start(x, prefix=0)

@@ -1,6 +1,6 @@
 """topk keeps the pruned tokens in original order where EViT's code sorts them by score: the
 layout cannot change its outputs, because no later step of topk depends on token positions
-(plugins/topk.py; docs/methods.md §4). These tests hold vitbench to that claim."""
+(plugins/topk/; docs/methods.md §4). These tests hold vitbench to that claim."""
 from __future__ import annotations
 
 import functools
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import vitbench
-import vitbench_plugins.topk as topk
+import vitbench_plugins.topk.reduction as topk
 from vitbench.engine import enable_source_tracing, last_state, reduction_context
 from vitbench.testing import tiny_vit
 from tests_support import sharp_vit as _sharp_vit  # tests/tests_support.py

@@ -1,4 +1,4 @@
-"""Zero-TPrune (plugins/zero_tprune.py, docs/methods.md): the Weighted PageRank against the
+"""Zero-TPrune (plugins/zero_tprune/, docs/methods.md): the Weighted PageRank against the
 stationary distribution and a hand computation (uniform and class-token starts), the I-stage and
 S-stage choices on hand-made graphs and keys in both stage orders (the paper's I' -> S -> I and
 I -> S), the paper's order against a loop oracle, the prefix rule, token counts, equality with
@@ -15,9 +15,16 @@ import vitbench
 from vitbench.engine import AttnInfo, TokenState, reduction_context
 from vitbench.errors import ParamError
 from vitbench.testing import check_method, tiny_deit_distilled, tiny_vit
-from vitbench_plugins.zero_tprune import (
-    ZeroTPruneParams, ZeroTPruneReducer, initial_scores, kept_patches, kept_patches_s_first, split_budget,
-    sub_graph, token_importance, weighted_page_rank,
+from vitbench_plugins.zero_tprune import ZeroTPruneParams
+from vitbench_plugins.zero_tprune.reduction import (
+    ZeroTPruneReducer,
+    initial_scores,
+    kept_patches,
+    kept_patches_s_first,
+    split_budget,
+    sub_graph,
+    token_importance,
+    weighted_page_rank,
 )
 
 pytestmark = pytest.mark.usefixtures("single_thread")

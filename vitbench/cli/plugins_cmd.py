@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from vitbench.plugins import get_host
+from vitbench.plugins import SINGULAR, get_host
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -24,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
     for failure in info["failures"]:
         print(f"FAILED {failure['name']}  ({failure['distribution']})  {failure['error']}")
     for clash in info["clashes"]:
-        print(f"CLASH {clash['kind'][:-1]} {clash['name']!r}  kept by plugin {clash['kept_by']!r}, left out of "
+        print(f"CLASH {SINGULAR[clash['kind']]} {clash['name']!r}  kept by plugin {clash['kept_by']!r}, left out of "
               f"plugin {clash['refused_from']!r} (asking for it is an error)")
     if info["skipped"]:
         print(f"skipped by VITBENCH_PLUGINS / VITBENCH_DISABLE_PLUGINS: {', '.join(info['skipped'])}")

@@ -1,7 +1,7 @@
 """The method kit: helpers that method plugins share, public so that outside plugins can use them too.
 
 A built-in plugin imports no other plugin; what several methods need lives here: parameter
-checks, the top-k token selection, ToMe's merge schedule, the clustering merge, the token
+checks, the top-k token selection, ToMe's merge schedule, the clustering merges (hard and soft), the token
 significance scores, and the differentiable cost models (fixed part counted, variable part by
 formula).
 """
@@ -14,11 +14,12 @@ from vitbench.kit.merge_schedule import schedule
 from vitbench.kit.params import check_layers, check_scorer
 from vitbench.kit.scores import average_score, cls_attn_score, entropy_score
 from vitbench.kit.selection import TOKEN_ORDERS, top_tokens
+from vitbench.kit.soft_merge import soft_cluster
 from vitbench.kit.vit_costs import ViTBlockCosts, vit_block_costs
 
 __all__ = [
     "BudgetResult", "ClusterFn", "ClusterMergeReducer", "ComputeBudget", "CostModel", "Macs", "TOKEN_ORDERS",
     "ViTBlockCosts", "average_score", "check_layers", "check_scorer", "cls_attn_score", "counted_fixed",
-    "enforce_budget", "entropy_score", "linear_macs", "probe_image", "schedule", "token_distances", "top_tokens",
-    "vit_block_costs",
+    "enforce_budget", "entropy_score", "linear_macs", "probe_image", "schedule", "soft_cluster", "token_distances",
+    "top_tokens", "vit_block_costs",
 ]

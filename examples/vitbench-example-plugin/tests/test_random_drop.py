@@ -7,7 +7,7 @@ import torch
 import vitbench
 from vitbench.engine import AttnInfo, Reducer, TokenState, reduction_context
 from vitbench.errors import ParamError
-from vitbench_example_plugin import RandomDropReducer
+from vitbench_example_plugin.random_drop import RandomDropReducer
 
 
 def test_random_drop_conforms(vitbench_check_method):

@@ -7,10 +7,15 @@ import timm
 import torch
 from timm.models.swin_transformer import SwinTransformer
 
-from vitbench.engine.families import efficientvit, mobilevit, swin, vit
+from vitbench.engine.families import efficientvit, mobilevit, vit
 from vitbench.measure.ib import final_features, token_features
 from vitbench.plugins import get_host
 from vitbench.testing import tiny_vit
+
+
+def _family(name: str):  # type: ignore[no-untyped-def]
+    """The registered family adapter (its references imported)."""
+    return get_host().family(name)
 
 
 def _swin() -> SwinTransformer:
@@ -36,7 +41,7 @@ def test_vit_merge_grid_keeps_ceil_ratio_n_tokens_on_a_square_grid(ratio, patche
     info = vit.describe(tiny_vit())
     info = type(info)(**{**info.__dict__, "num_patches": patches})
     assert vit.merge_grid(info, ratio) == expected
-    assert swin.SPEC.merge_grid is vit.merge_grid  # a Swin tile merges as a short ViT sequence
+    assert _family("swin").merge_grid is vit.merge_grid  # a Swin tile merges as a short ViT sequence
 
 
 def test_mobilevit_merge_grid_scales_each_side_and_chains_the_sequences():
@@ -45,7 +50,7 @@ def test_mobilevit_merge_grid_scales_each_side_and_chains_the_sequences():
     info = mobilevit.describe(model)
     assert mobilevit.merge_grid(info, 0.7) == (196, (14, 14))  # ceil(16 * sqrt(0.7)) = 14
     assert mobilevit.merge_grid(info, 1.0) == (256, (16, 16))
-    plan = mobilevit.SPEC.sequence_grids(info, lambda s, grid: mobilevit.merge_grid(
+    plan = _family("mobilevit").sequence_grids(info, lambda s, grid: mobilevit.merge_grid(
         type(info)(**{**info.__dict__, "grid": grid, "blocks": ()}), 0.7)[1])
     assert plan == [((16, 16), (14, 14)), ((7, 7), (6, 6)), ((3, 3), (3, 3))]
 
@@ -53,9 +58,9 @@ def test_mobilevit_merge_grid_scales_each_side_and_chains_the_sequences():
 def test_feature_modules_are_the_last_block_or_stage():
     vit_model, swin_model = tiny_vit(), _swin()
     mvit = timm.create_model("mobilevit_xs", pretrained=False).eval()
-    assert vit.SPEC.feature_module(vit_model) is vit_model.blocks[-1]
-    assert swin.SPEC.feature_module(swin_model) is swin_model.layers[-1]
-    assert mobilevit.SPEC.feature_module(mvit) is mvit.stages[-1]
+    assert _family("vit").feature_module(vit_model) is vit_model.blocks[-1]
+    assert _family("swin").feature_module(swin_model) is swin_model.layers[-1]
+    assert _family("mobilevit").feature_module(mvit) is mvit.stages[-1]
 
 
 def test_vit_final_features_are_the_last_blocks_patch_token_mean():
@@ -67,16 +72,16 @@ def test_vit_final_features_are_the_last_blocks_patch_token_mean():
         model(images)
         handle.remove()
         expected = token_features(captured[0], model.num_prefix_tokens)
-        assert torch.equal(vit.SPEC.final_features(model, images), expected)
+        assert torch.equal(_family("vit").final_features(model, images), expected)
         assert torch.equal(final_features(model, images), expected)
-    assert swin.SPEC.final_features is None and mobilevit.SPEC.final_features is None  # the map's mean
+    assert _family("swin").final_features is None and _family("mobilevit").final_features is None  # the map's mean
 
 
 def test_efficientvit_channel_reducer_is_sized_from_the_block():
     torch.manual_seed(0)
     model = timm.create_model("efficientvit_b0", pretrained=False).eval()
     block = efficientvit.describe(model).blocks[0]
-    reducer = efficientvit.SPEC.channel_reducer.from_block(block, "both", False, 4.5)
+    reducer = _family("efficientvit").channel_reducer.from_block(block, "both", False, 4.5)
     assert reducer.num_heads == efficientvit.BRANCHES * block.num_heads
     assert reducer.head_dim == block.dim // block.num_heads and reducer.in_channels == block.dim
     assert reducer.out_gate.alpha.numel() == efficientvit.BRANCHES * block.dim

@@ -219,7 +219,7 @@ def test_the_other_swin_methods_run(method, params):
     outputs; on a 16-wide model their matching can cost more than it saves). LTMP's cost model
     (its target on Swin) is the counted GMACs, the V2 position-bias MLP included (it runs once
     per relative offset, not per token)."""
-    from vitbench_plugins.ltmp import swin_cost_model, swin_kept
+    from vitbench_plugins.ltmp.reduction import swin_cost_model, swin_kept
 
     base = _small(64)
     model = vitbench.apply(copy.deepcopy(base), method, **params)
@@ -262,7 +262,7 @@ def test_dcs_untrained_is_timm_and_the_shrunk_mlps_equal_the_gated_ones():
     normalisation), its MLP hook on the whole map with norm2 after it: untrained it keeps every
     channel (timm's output exactly); with random masks and gates the shrunk model equals the
     gated one, and the budget's cost model equals the counted GMACs before and after."""
-    from vitbench_plugins.dcs import dcs_reducers
+    from vitbench_plugins.dcs.reduction import dcs_reducers
 
     base = _small(64)
     model = vitbench.apply(copy.deepcopy(base), "dcs", arch="both", budget=1.0)

@@ -133,7 +133,7 @@ def test_det_sweep_matches_the_backbone_gmacs(dense_cache, tmp_path, monkeypatch
     base, tome9, tome5 = _records(out)
     assert (base["status"], tome9["status"], tome5["status"]) == ("ok", "ok", "error")
     assert abs(tome9["backbone_gmacs"] / (0.9 * base["backbone_gmacs"]) - 1) <= 0.02
-    assert tome9["budget"]["counted"] == "backbone" and tome9["label"] == f"tome (r={tome9['params']['r']})"
+    assert tome9["budget"]["counted"] == "backbone" and tome9["label"] == f"tome (r={tome9['params']['r']}; matched 0.9x GMACs)"
     assert tome5["error"].startswith("tome cannot reach F = 0.5")
     report = (out / "report.md").read_text()
     assert "Box mAP at each budget:" in report and "### F = 0.9" in report and "backbone GMACs" in report

@@ -175,13 +175,13 @@ def test_plan_carries_the_protocol_to_learnable_specs_only():
                       dense_finetune="heads")
     base, control, tome, ltm = plan
     assert base.dense_finetune is None and tome.dense_finetune is None and ltm.dense_finetune == "heads"
-    assert ltm.label == "ltm (fine-tuned: heads)"
+    assert ltm.label == "ltm (ratio=0.7, fine-tuned: heads)"  # the knob at its default too
     # the control: the baseline detector fine-tuned under the same protocol, no method
     assert control.method == CONTROL and control.params == {} and control.dense_finetune == "heads"
     assert control.label == "baseline+ft (fine-tuned: heads)"
     default = build_plan(task="det", model="mobilevit_xs", methods=["ltm"], data="shapes-coco", overrides={},
                          metrics=("accuracy",), batch_size=2, device="cpu", seed=0, dense_finetune="all")
-    assert [s.label for s in default] == ["baseline", "baseline+ft", "ltm"]
+    assert [s.label for s in default] == ["baseline", "baseline+ft", "ltm (ratio=0.7)"]
     assert default[2].spec_id != ltm.spec_id and default[1].spec_id != control.spec_id
 
 

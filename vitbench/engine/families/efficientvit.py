@@ -16,19 +16,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitbench.catalog import BlockInfo, FamilySpec, ModelInfo, Reduction
+from vitbench.catalog import BlockInfo, ModelInfo, Reduction
 from vitbench.engine.block import (
     ReductionContext,
     _add_wrapper_level,
     _drop_wrapper_level,
 )
 from vitbench.engine.families.checks import describe_for_patch
-from vitbench.engine.families.efficientvit_channels import BRANCHES, DCSLiteMLAReducer
+from vitbench.engine.families.efficientvit_channels import BRANCHES
 from vitbench.engine.families.vit import _RememberInputs
 from vitbench.engine.reducer import Reducer
 from vitbench.errors import UnsupportedError
 
-__all__ = ["BRANCHES", "FAMILY", "SPEC", "ReducingLiteMLA", "describe", "last_stage", "lite_mla_forward",
+__all__ = ["BRANCHES", "FAMILY", "ReducingLiteMLA", "describe", "last_stage", "lite_mla_forward",
            "matches", "patch"]
 
 FAMILY = "efficientvit"
@@ -208,14 +208,3 @@ def last_stage(model: nn.Module) -> nn.Module:
     """The last stage, whose ``[B, C, H, W]`` output is the final map."""
     return model.stages[-1]
 
-
-SPEC = FamilySpec(
-    name=FAMILY,
-    matches=matches,
-    describe=describe,
-    patch=patch,
-    feature_module=last_stage,
-    channel_reducer=DCSLiteMLAReducer,
-    model_patterns=("efficientvit_b*",),
-    description="timm EfficientVit (MIT EfficientViT-B): channel methods on its LiteMLA blocks",
-)

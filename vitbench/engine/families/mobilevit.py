@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitbench.catalog import BlockInfo, FamilySpec, ModelInfo, Reduction
+from vitbench.catalog import BlockInfo, ModelInfo, Reduction
 from vitbench.engine.block import ReducingBlock, ReductionContext
 from vitbench.engine.families.checks import describe_for_patch
 from vitbench.engine.families.vit import _RememberInputs
@@ -254,16 +254,3 @@ def merge_grid(info: ModelInfo, ratio: float) -> tuple[int, Grid]:
     h, w = (max(1, math.ceil(n * root - 1e-9)) for n in info.grid)  # 1e-9: float noise at ratio 1
     return h * w, (h, w)
 
-
-SPEC = FamilySpec(
-    name=FAMILY,
-    matches=matches,
-    describe=describe,
-    patch=patch,
-    feature_module=last_stage,
-    merge_grid=merge_grid,
-    sequence_grids=sequence_grids,
-    model_patterns=("mobilevit_*",),
-    description="timm MobileViT (ByobNet with MobileVitBlocks: mobilevit_xxs/xs/s); "
-                "token methods per MobileViT block, unmerged or grid-folded back to a map",
-)

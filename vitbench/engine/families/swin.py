@@ -22,11 +22,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitbench.catalog import BlockInfo, FamilySpec, ModelInfo, Reduction
+from vitbench.catalog import BlockInfo, ModelInfo, Reduction
 from vitbench.engine.attention import AttnInfo, QKHook
 from vitbench.engine.block import ReductionContext, _add_wrapper_level, _drop_wrapper_level
 from vitbench.engine.families.checks import describe_for_patch
-from vitbench.engine.families.vit import _RememberInputs, merge_grid
+from vitbench.engine.families.vit import _RememberInputs
 from vitbench.engine.host_sync import host_reads_allowed
 from vitbench.engine.reducer import Reducer
 from vitbench.engine.token_state import TokenState
@@ -370,17 +370,3 @@ def last_stage(model: nn.Module) -> nn.Module:
     """The last stage, whose ``[B, H, W, C]`` output is the final map before the norm."""
     return model.layers[-1]
 
-
-SPEC = FamilySpec(
-    name=FAMILY,
-    matches=matches,
-    describe=describe,
-    patch=patch,
-    feature_module=last_stage,
-    channels_last=True,
-    merge_grid=merge_grid,  # a tile is merged as a short ViT sequence
-    reduces_tiles=True,
-    model_patterns=("swin_*", "swinv2_*_window*"),
-    description="timm Swin Transformer V1 and V2; token methods per map tile for the MLP (merged, then "
-                "unmerged after it), channel methods in the window attention and the MLP",
-)

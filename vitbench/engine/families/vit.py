@@ -12,7 +12,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from vitbench.catalog import FamilySpec, ModelInfo, Reduction
+from vitbench.catalog import ModelInfo, Reduction
 from vitbench.engine.block import ReducingBlock, ReductionContext
 from vitbench.engine.families.checks import describe_for_patch
 from vitbench.engine.features import module_features
@@ -132,15 +132,3 @@ def merge_grid(info: ModelInfo, ratio: float) -> tuple[int, tuple[int, int]]:
     side = math.isqrt(p - 1) + 1  # ceil(sqrt(p)), exact
     return p, (side, side)
 
-
-SPEC = FamilySpec(
-    name=FAMILY,
-    matches=matches,
-    describe=describe,
-    patch=patch,
-    feature_module=last_block,
-    final_features=final_features,
-    merge_grid=merge_grid,
-    model_patterns=("vit_*", "deit_*", "deit3_*"),
-    description="timm VisionTransformer: ViT, DeiT (incl. distilled), DeiT-III, register tokens",
-)

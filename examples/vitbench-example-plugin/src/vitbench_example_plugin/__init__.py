@@ -9,16 +9,16 @@ of its patch tokens, chosen uniformly at random; prefix tokens (cls, dist, regis
 kept, first, and the kept patches stay in their original order. The choice is drawn from a
 generator seeded with ``seed + block index``, so a reduced model is deterministic (the same
 tokens for the same batch position in every forward) and two blocks do not drop alike.
+
+Every vitbench command imports this module, so it holds only what registers (the parameters and
+the hooks) and imports no torch; the reducer and ``build`` are in
+:mod:`vitbench_example_plugin.random_drop`, named by reference and imported on first use.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-import torch
-
-from vitbench.catalog import BudgetKnob, MethodSpec, ModelInfo, Reduction
-from vitbench.engine import AttnInfo, Reducer, TokenState
+from vitbench.catalog import BudgetKnob, MethodSpec
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
 
@@ -42,47 +42,13 @@ class RandomDropParams:
             raise ParamError(f"random-drop.seed={self.seed} is out of range; it must be >= 0")
 
 
-class RandomDropReducer(Reducer):
-    """Keep a random ``keep`` fraction of the patch tokens of each image (a token step only: the
-    other hooks of :class:`vitbench.engine.Reducer` keep their defaults)."""
-
-    needs: frozenset[str] = frozenset()  # nothing from the attention: the fused kernel stays
-
-    def __init__(self, keep: float, seed: int) -> None:
-        self.keep_ratio = keep
-        self.seed = seed
-
-    def __call__(self, x: torch.Tensor, state: TokenState, info: AttnInfo) -> torch.Tensor:
-        prefix = state.prefix
-        batch, patches = x.shape[0], x.shape[1] - prefix
-        k = math.ceil(self.keep_ratio * patches)
-        if k >= patches:
-            return x
-        generator = torch.Generator().manual_seed(self.seed)  # CPU draw: same on every device
-        order = torch.rand(batch, patches, generator=generator).argsort(dim=-1)
-        kept = order[:, :k].sort(dim=-1).values.to(x.device) + prefix
-        head = torch.arange(prefix, device=x.device).expand(batch, prefix)
-        return state.keep(x, torch.cat([head, kept], dim=1))
-
-
-def build(params: RandomDropParams, info: ModelInfo) -> Reduction:
-    """One reducer per listed block; the others only apply proportional attention."""
-    for layer in params.layers:
-        if layer >= info.depth:
-            raise ParamError(f"random-drop.layers contains {layer}; valid block indices for this "
-                             f"model: 0..{info.depth - 1}")
-    reducers = [RandomDropReducer(params.keep, params.seed + i) if i in params.layers else None
-                for i in range(info.depth)]
-    return Reduction(reducers, prop_attn=True)
-
-
 @hookimpl
 def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
     register(MethodSpec(
         name="random-drop",
         kind="pruning",
         params=RandomDropParams,
-        build=build,
+        build="vitbench_example_plugin.random_drop:build",  # imported when a run asks for the method
         families=("vit",),
         # the fraction of patch tokens kept at each listed block: --match-gmacs searches it
         budget=BudgetKnob("keep", larger_means="more", low=0.001, high=1.0),
@@ -92,6 +58,6 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
 
 @hookimpl
 def vitbench_register_tasks(register):  # type: ignore[no-untyped-def]
-    from vitbench_example_plugin.agreement import AgreementTask  # the task's module: what a task plugin holds
+    from vitbench_example_plugin.agreement import AgreementTask  # torch-free too: it imports torch in its methods
 
     register(AgreementTask())

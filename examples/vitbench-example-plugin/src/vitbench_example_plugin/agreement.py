@@ -12,27 +12,28 @@ it is a cheap probe of how much a method changes the model's function -- not an 
 ``--match-gmacs``/``vitbench sweep`` match budgets on that count.
 
 Training-free methods only: a learnable one would need the training data this task does not
-have, and is refused before anything runs.
+have, and is refused before anything runs. Every vitbench command imports this module (to list
+the task and its option), so torch and the model code are imported inside the methods that run.
 """
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-import torch
-from torch import nn
-
-from vitbench import apply, measure
-from vitbench.calibrate import GmacsCounter
+from vitbench import apply
 from vitbench.catalog import ReportColumn, TaskSetup, WorkspaceRequest
-from vitbench.engine.apply import check_applies
 from vitbench.errors import VitbenchError
 from vitbench.options import RunOptions, parse_list
 from vitbench.plugins import get_host
 from vitbench.task import BASELINE, Progress, Task, option
 from vitbench.tasks.cls import DEFAULT_MODEL
-from vitbench.tasks.common import input_size_of
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from vitbench.calibrate import GmacsCounter
 
 #: what the task can measure (``--metrics``); "accuracy" is the agreement
 METRICS = ("accuracy", "gmacs", "params")
@@ -60,12 +61,16 @@ class AgreementOptions:
 
 
 def _top1(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
+    import torch
+
     with torch.inference_mode():
         return model.eval()(images).argmax(dim=-1)
 
 
 def _agrees(model: nn.Module, images: torch.Tensor, reference: torch.Tensor, top: int) -> torch.Tensor:
     """Per image: whether ``reference`` is among the model's ``top`` classes."""
+    import torch
+
     with torch.inference_mode():
         logits = model.eval()(images)
     ranked = logits.topk(min(top, logits.shape[-1]), dim=-1).indices
@@ -105,7 +110,11 @@ class AgreementTask(Task):
 
     def workspace(self, request: WorkspaceRequest) -> AgreementWorkspace:
         """Load the model, check every method applies, draw the images and the reference predictions."""
+        import torch
+
+        from vitbench.engine.apply import check_applies
         from vitbench.tasks.cls.models import load_model
+        from vitbench.tasks.common import input_size_of
 
         options, plan = request.options, request.plan
         request.note(f"loading model {request.setup.model}")
@@ -119,6 +128,8 @@ class AgreementTask(Task):
 
     def run(self, spec: Any, ws: AgreementWorkspace, params: dict[str, Any], progress: Progress) -> dict[str, Any]:
         """One run: the agreement with the unreduced model, GMACs and parameters."""
+        from vitbench import measure
+
         if spec.method != BASELINE:
             progress("applying the method")
         model = _reduced(ws, None if spec.method == BASELINE else spec.method, params).eval()
@@ -136,8 +147,11 @@ class AgreementTask(Task):
             out["params_m"] = measure.count_params_m(model)
         return out
 
-    def gmacs_counter(self, spec: Any, ws: AgreementWorkspace, progress: Progress) -> GmacsCounter:
+    def gmacs_counter(self, spec: Any, ws: AgreementWorkspace, progress: Progress) -> "GmacsCounter":
         """GMACs of a reduced copy on the images :meth:`run` counts on (``--match-gmacs``)."""
+        from vitbench import measure
+        from vitbench.calibrate import GmacsCounter
+
         images = ws.images[:GMACS_IMAGES]
         return GmacsCounter(lambda method, params: measure.count_gmacs(_reduced(ws, method, params).eval(),
                                                                         images).mean)

@@ -1,0 +1,57 @@
+"""ATS: adaptive token sampling, training-free (Fayyaz et al., "Adaptive Token Sampling for
+Efficient Vision Transformers", ECCV 2022, §3; docs/methods.md §11).
+
+At each listed block (after the attention residual, docs/methods.md §0), per image: the patch
+tokens are scored by the class token's attention times the value norm (§3.1, the ``cls-attn``
+scorer), the scores' CDF is inverted at ``K`` fixed midpoints ``(i - 1/2) / K`` (§3.2), and each
+token drawn at least once is kept, so the count adapts per image. The prefix tokens stay first;
+a batch with different counts is padded (value 0, size 0, key bias ``-inf``), so every image
+gets the output it gets alone. GMACs are counted at batch 1 and are input-dependent.
+
+Parameters: ``keep`` (``K = ceil(keep * N_p0)`` of the model's patch count; ``1`` is the paper's
+setting and not a no-op), ``layers`` (default ``(3, ..., 11)``, the official DeiT-S setting;
+``()`` switches it off)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from vitbench.catalog import BudgetKnob, MethodSpec
+from vitbench.errors import ParamError
+from vitbench.hookspecs import hookimpl
+
+
+#: the largest ``keep``: eight sample points per original patch
+MAX_KEEP = 8.0
+
+
+@dataclass(frozen=True)
+class ATSParams:
+    """``keep``: sample points ``K = ceil(keep * N_p0)`` per listed block (``N_p0`` the model's
+    patch count; 1.0 = the paper's DeiT-S setting); ``layers``: the blocks that sample."""
+
+    keep: float = 1.0
+    layers: tuple[int, ...] = (3, 4, 5, 6, 7, 8, 9, 10, 11)
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.keep) and 0.0 < self.keep <= MAX_KEEP):
+            raise ParamError(f"ats.keep={self.keep} is out of range; it must be in (0, {MAX_KEEP:g}] "
+                             f"(sample points per original patch token; 1 = the paper's setting)")
+        if any(layer < 0 for layer in self.layers):
+            raise ParamError(f"ats.layers={list(self.layers)}: block indices are >= 0")
+
+
+@hookimpl
+def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
+    register(MethodSpec(
+        name="ats",
+        kind="pruning",
+        params=ATSParams,
+        build="vitbench_plugins.ats.reduction:build",
+        families=("vit",),
+        needs_attention_probs=True,
+        # sample points per original patch: more points, fewer duplicates, more tokens kept
+        budget=BudgetKnob("keep", larger_means="more", low=0.001, high=MAX_KEEP),
+        description="ATS: adaptive token sampling, inverse-transform sampling of the cls-attn CDF; "
+                    "a variable number of tokens per image (training-free)",
+    ))

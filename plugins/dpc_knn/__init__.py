@@ -1,0 +1,52 @@
+"""DPC-KNN token clustering merge, training-free (TCFormer, Zeng et al., CVPR 2022, §3.2
+"Clustering-based Token Merge"; density peaks clustering of Rodriguez & Laio, Science 2014,
+with a k-nearest-neighbour density; docs/methods.md §8).
+
+At each listed block (after the attention residual, docs/methods.md §0) the ``N_p`` patch tokens
+are clustered into ``M = ceil(keep * N_p)`` clusters: the ``M`` tokens with the largest
+``rho * delta`` (kNN density times the distance to the nearest denser token) are the centres,
+every token joins its nearest centre, and each cluster becomes the size-weighted mean of its
+members (sizes stand in for TCFormer's learned importance). Density ties break by position, so
+the method is deterministic. ``keep = 1`` changes nothing.
+
+Parameters: ``keep``, ``layers``, ``k`` (neighbours of the density)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vitbench.catalog import BudgetKnob, MethodSpec
+from vitbench.errors import ParamError
+from vitbench.hookspecs import hookimpl
+
+
+@dataclass(frozen=True)
+class DPCKNNParams:
+    """``keep``: clusters per listed block as a fraction of its patch tokens; ``layers``: the
+    blocks that cluster; ``k``: neighbours of the density estimate (TCFormer: 5)."""
+
+    keep: float = 0.5
+    layers: tuple[int, ...] = (3, 6, 9)
+    k: int = 5
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.keep <= 1.0:
+            raise ParamError(f"dpc-knn.keep={self.keep} is out of range; it must be in (0, 1]")
+        if self.k < 1:
+            raise ParamError(f"dpc-knn.k={self.k} is out of range; it must be an integer >= 1")
+        if any(layer < 0 for layer in self.layers):
+            raise ParamError(f"dpc-knn.layers={list(self.layers)}: block indices are >= 0")
+
+
+@hookimpl
+def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
+    register(MethodSpec(
+        name="dpc-knn",
+        kind="merging",
+        params=DPCKNNParams,
+        build="vitbench_plugins.dpc_knn.reduction:build",
+        families=("vit",),
+        # the fraction of patch tokens kept (as clusters) at each listed block
+        budget=BudgetKnob("keep", larger_means="more", low=0.001, high=1.0),
+        description="DPC-KNN: density-peaks clustering merge of the patch tokens at listed blocks (TCFormer's CTM, "
+                    "training-free)",
+    ))

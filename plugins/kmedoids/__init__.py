@@ -1,0 +1,51 @@
+"""K-Medoids token clustering merge, training-free (the clustering reduction evaluated beside
+DPC-KNN by Haurum et al., "Which Tokens to Use? Investigating Token Reduction in Vision
+Transformers", ICCV Workshops 2023; the algorithm: Voronoi iteration, Park & Jun 2009;
+docs/methods.md §9).
+
+At each listed block (after the attention residual, docs/methods.md §0) the ``N_p`` patch tokens
+become ``M = ceil(keep * N_p)`` tokens: ``M`` medoids start evenly spread over the tokens in their
+current order (deterministic), ``iters`` Voronoi steps move each medoid to its cluster's member
+of least summed distance, and each final cluster becomes the size-weighted mean of its members.
+``keep = 1`` changes nothing.
+
+Parameters: ``keep``, ``layers``, ``iters``."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vitbench.catalog import BudgetKnob, MethodSpec
+from vitbench.errors import ParamError
+from vitbench.hookspecs import hookimpl
+
+
+@dataclass(frozen=True)
+class KMedoidsParams:
+    """``keep``: clusters per listed block as a fraction of its patch tokens; ``layers``: the
+    blocks that cluster; ``iters``: Voronoi iterations."""
+
+    keep: float = 0.5
+    layers: tuple[int, ...] = (3, 6, 9)
+    iters: int = 3
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.keep <= 1.0:
+            raise ParamError(f"kmedoids.keep={self.keep} is out of range; it must be in (0, 1]")
+        if self.iters < 0:
+            raise ParamError(f"kmedoids.iters={self.iters} is out of range; it must be an integer >= 0")
+        if any(layer < 0 for layer in self.layers):
+            raise ParamError(f"kmedoids.layers={list(self.layers)}: block indices are >= 0")
+
+
+@hookimpl
+def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
+    register(MethodSpec(
+        name="kmedoids",
+        kind="merging",
+        params=KMedoidsParams,
+        build="vitbench_plugins.kmedoids.reduction:build",
+        families=("vit",),
+        budget=BudgetKnob("keep", larger_means="more", low=0.001, high=1.0),
+        description="K-Medoids: clustering merge of the patch tokens at listed blocks (Voronoi iteration, "
+                    "size-weighted cluster means; training-free)",
+    ))

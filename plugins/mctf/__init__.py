@@ -1,0 +1,77 @@
+"""MCTF: multi-criteria token fusion, training-free (Lee, Choi & Kim, "Multi-criteria Token
+Fusion with One-step-ahead Attention for Efficient Vision Transformers", CVPR 2024, §3.2-3.3;
+docs/methods.md §12).
+
+In every block, after the attention residual (docs/methods.md §0), ``r`` patch tokens are fused
+away on ToMe's schedule and cap: the attraction is the product of similarity (on the tokens),
+informativeness (attention received) and size, each raised to ``1/tau`` (Eq. 2); a
+bidirectional bipartite soft matching (A -> B, then B -> A reusing the step-1 attraction) picks
+the pairs; each group becomes its attention-and-size-weighted mean. The attention map is block
+``l``'s own (the paper's one-step-ahead map), but the fusion happens after its residual.
+
+Parameters: ``r`` (int, per-block list or ``(r, inflect)``), ``tau_sim``, ``tau_info``,
+``tau_size`` (``0`` switches a criterion off; defaults the paper's DeiT-S setting 1, 20, 40),
+``bidirectional``, ``prop_attn``, ``trace_source``."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+from vitbench.catalog import BudgetKnob, MethodSpec, patch_count
+from vitbench.errors import ParamError
+from vitbench.hookspecs import hookimpl
+
+
+Schedule = Union[int, list[int], tuple[int, float]]
+
+
+@dataclass(frozen=True)
+class MCTFParams:
+    """``r``: tokens fused per block -- an int, a per-block list, or ``(r, inflect)`` (ToMe's
+    schedule); ``tau_*``: the temperature of each criterion (``0`` switches it off);
+    ``bidirectional``: fuse ``r // 2`` A -> B, then the rest B -> A; ``prop_attn``: proportional
+    attention; ``trace_source``: keep the sources for unmerge."""
+
+    r: Schedule = 16
+    tau_sim: float = 1.0
+    tau_info: float = 20.0
+    tau_size: float = 40.0
+    bidirectional: bool = True
+    prop_attn: bool = True
+    trace_source: bool = False
+
+    def __post_init__(self) -> None:
+        _check_r(self.r)
+        for name in ("tau_sim", "tau_info", "tau_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < float("inf"):
+                raise ParamError(f"mctf.{name}={value!r} is out of range; it must be a finite number >= 0 "
+                                 f"(0 switches the criterion off)")
+
+
+def _check_r(r: Schedule) -> None:
+    if isinstance(r, tuple):
+        if len(r) != 2 or not isinstance(r[0], int) or isinstance(r[0], bool):
+            raise ParamError(f"mctf.r={r!r}: a schedule is (r, inflect), e.g. (16, -0.5)")
+        values = [r[0]]
+    else:
+        values = [r] if isinstance(r, int) else list(r)
+    if any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in values):
+        raise ParamError(f"mctf.r={r!r} is out of range; it must be an integer >= 0 "
+                         f"(or a list of them, one per block, or (r, inflect))")
+
+
+@hookimpl
+def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
+    register(MethodSpec(
+        name="mctf",
+        kind="merging",
+        params=MCTFParams,
+        build="vitbench_plugins.mctf.reduction:build",
+        families=("vit",),
+        needs_attention_probs=True,
+        # r tokens fused per block: more r, fewer GMACs; a per-block list lands between integers
+        budget=BudgetKnob("r", larger_means="less", low=0, high=patch_count, integer=True, per_block=True),
+        description="MCTF: multi-criteria (similarity, informativeness, size) bidirectional token fusion, "
+                    "r tokens per block (training-free)",
+    ))

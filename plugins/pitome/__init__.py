@@ -1,0 +1,75 @@
+"""PiToMe: spectrum-preserving token merging, training-free (Tran et al., *Accelerating
+Transformers with Spectrum-Preserving Token Merging*, NeurIPS 2024; §3, the energy score and
+Algorithm 1; docs/methods.md §13).
+
+In every block, after the attention residual (docs/methods.md §0), on the head-averaged keys of
+the patch tokens: each token's energy ``E_i = 1/N_p * sum_j f_m(cos(k_i, k_j))``
+(``f_m(x) = x`` above the margin ``m``, else ``alpha * (exp(x - m) - 1)``); the ``2r`` highest
+are split alternately into sets A and B, the rest are protected; every A token merges into its
+most similar B token (size-weighted, as ToMe). The margin falls with depth,
+``m_l = margin - margin_decay * l / L``.
+
+Parameters: ``r`` (ToMe's knob; :func:`ratio_schedule` turns the paper's keep ratio into it),
+``margin``, ``margin_decay``, ``alpha``, ``energy`` (``paper``, or the official code's ``elu``),
+``prop_attn``, ``trace_source``. docs/methods.md §13 lists the differences from the official code."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Union
+
+from vitbench.catalog import BudgetKnob, MethodSpec, patch_count
+from vitbench.errors import ParamError
+from vitbench.hookspecs import hookimpl
+
+
+#: the energy functions (module docstring): the paper's equation, or the official code's ELU
+ENERGIES = ("paper", "elu")
+
+
+@dataclass(frozen=True)
+class PiToMeParams:
+    """``r``: tokens merged per block (an int, or one per block); ``margin``/``margin_decay``:
+    block ``l`` of ``L`` uses the margin ``margin - margin_decay * l / L``; ``alpha``: the scale
+    below the margin; ``energy``: ``"paper"`` or ``"elu"`` (the official code's form)."""
+
+    r: Union[int, list[int]] = 16
+    margin: float = 0.9
+    margin_decay: float = 0.9
+    alpha: float = 1.0
+    energy: str = "paper"
+    prop_attn: bool = True
+    trace_source: bool = False
+
+    def __post_init__(self) -> None:
+        values = [self.r] if isinstance(self.r, int) else list(self.r)
+        if any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in values):
+            raise ParamError(f"pitome.r={self.r!r} is out of range; r must be an integer >= 0 "
+                             f"(or a list of them, one per block)")
+        if not -1.0 <= self.margin <= 1.0:
+            raise ParamError(f"pitome.margin={self.margin} is out of range; it must be in [-1, 1] "
+                             f"(a cosine similarity)")
+        low, high = self.margin - 1.0, self.margin + 1.0
+        if not low <= self.margin_decay <= high:
+            raise ParamError(f"pitome.margin_decay={self.margin_decay} is out of range; with "
+                             f"margin={self.margin} it must be in [{low:g}, {high:g}], so that every "
+                             f"block's margin stays in [-1, 1]")
+        if not (math.isfinite(self.alpha) and self.alpha >= 0.0):
+            raise ParamError(f"pitome.alpha={self.alpha} is out of range; it must be a finite number >= 0")
+        if self.energy not in ENERGIES:
+            raise ParamError(f"pitome.energy={self.energy!r} is out of range; it must be one of: "
+                             f"{', '.join(ENERGIES)}")
+
+
+@hookimpl
+def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
+    register(MethodSpec(
+        name="pitome",
+        kind="merging",
+        params=PiToMeParams,
+        build="vitbench_plugins.pitome.reduction:build",
+        families=("vit", "swin"),
+        # r tokens merged per block: more r, fewer GMACs; a per-block list lands between integers
+        budget=BudgetKnob("r", larger_means="less", low=0, high=patch_count, integer=True, per_block=True),
+        description="PiToMe: energy-protected bipartite merging, r tokens merged per block (training-free)",
+    ))

@@ -1,0 +1,81 @@
+"""PPT: adaptive token pruning and pooling (Wu et al., 2023; docs/methods.md §3).
+
+Training-free. In the listed blocks only, per image: significance scores ``s`` of the patch
+tokens (any registered scorer, normalised to sum 1). If ``var(s)`` is below ``threshold`` the
+image **pools** (ToMe matching and a size-weighted merge of ``r`` tokens, docs/methods.md §1);
+otherwise it **prunes**, keeping the ``N - r`` highest-scoring tokens. Both branches remove
+exactly ``r`` (ToMe's cap), so the batch stays rectangular. Other blocks only apply
+proportional attention.
+
+Parameters: ``r``, ``layers``, ``threshold``, ``score`` (the scorer), ``order`` (the layout of
+the pruned tokens: ``"score"``, highest first as the official code, or ``"original"``). Ties
+keep the lower position first. The methods ``entropy`` and ``average`` are PPT with that scorer."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vitbench.catalog import BudgetKnob, MethodSpec, patch_count
+from vitbench.errors import ParamError
+from vitbench.hookspecs import hookimpl
+
+
+def check_order(method: str, order: str) -> None:
+    """Raise a ParamError naming ``METHOD.order`` and the valid layouts of the tokens a pruning
+    step keeps (:data:`vitbench.kit.TOKEN_ORDERS`, module docstring)."""
+    from vitbench.kit import TOKEN_ORDERS
+
+    if order not in TOKEN_ORDERS:
+        raise ParamError(f"{method}.order={order!r}; valid orders: {', '.join(TOKEN_ORDERS)}")
+
+
+@dataclass(frozen=True)
+class PPTParams:
+    """``r`` tokens removed at each of ``layers`` (0-indexed); ``score`` names a scorer;
+    ``order`` lays out the tokens a pruning step keeps (``"score"``: highest first, as the
+    official code; ``"original"``: spatial order)."""
+
+    r: int = 50
+    layers: tuple[int, ...] = (3, 6, 9)
+    threshold: float = 7e-5
+    score: str = "cls-attn"
+    order: str = "score"
+
+    def __post_init__(self) -> None:
+        if self.r < 0:
+            raise ParamError(f"ppt.r={self.r} is out of range; r must be >= 0")
+        if self.threshold < 0:
+            raise ParamError(f"ppt.threshold={self.threshold} is out of range; it must be >= 0")
+        if any(layer < 0 for layer in self.layers):
+            raise ParamError(f"ppt.layers={list(self.layers)}: block indices are >= 0")
+        from vitbench.kit import check_scorer  # the scorers' names: the plugin host
+
+        check_scorer("ppt", self.score)
+        check_order("ppt", self.order)
+
+
+@dataclass(frozen=True)
+class EntropyParams(PPTParams):
+    score: str = "entropy"
+
+
+@dataclass(frozen=True)
+class AverageParams(PPTParams):
+    score: str = "average"
+
+
+@hookimpl
+def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
+    for name, params, what in (("ppt", PPTParams, "the scorer given by ppt.score (cls-attn)"),
+                               ("entropy", EntropyParams, "the entropy scorer"),
+                               ("average", AverageParams, "the average-attention scorer")):
+        register(MethodSpec(
+            name=name,
+            kind="hybrid",
+            params=params,
+            build="vitbench_plugins.ppt.reduction:build",
+            families=("vit",),
+            needs_attention_probs=True,
+            # r tokens pooled or pruned at each listed block: more r, fewer GMACs
+            budget=BudgetKnob("r", larger_means="less", low=0, high=patch_count, integer=True),
+            description=f"PPT: adaptive pruning or pooling per image, with {what} (training-free)",
+        ))

@@ -1,0 +1,56 @@
+"""Top-k token pruning by a significance scorer (EViT without/with fusion; docs/methods.md §4).
+
+At each listed block, keep the ``ceil(keep * (N - prefix))`` patch tokens with the highest
+scores (prefix tokens always kept, original order kept). With ``fuse=True`` (EViT), the dropped
+tokens are fused into one extra token appended at the end: the score-weighted *sum* of the
+dropped tokens, with scores normalised over all patch tokens (EViT sums with the raw cls
+attention, which also sums to about one), standing for all the patches they stood for.
+
+Order of the kept tokens: EViT's code lays them out by score, highest first (``topk`` with
+``sorted=True``, then a gather); vitbench keeps their original order. Unlike PPT's pooling
+(docs/methods.md §3), nothing after a top-k step depends on token positions -- attention,
+LayerNorm and MLP act on tokens as a set, and the class-token readout and the size-weighted
+average pool do not see the order -- so both layouts give the same tokens, counts and logits
+(tested to 1e-5); the original order is kept as the one easier to read.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vitbench.catalog import BudgetKnob, MethodSpec
+from vitbench.errors import ParamError
+from vitbench.hookspecs import hookimpl
+
+
+@dataclass(frozen=True)
+class TopKParams:
+    """``keep`` fraction of patch tokens kept at each of ``layers``; ``fuse`` adds EViT's token."""
+
+    keep: float = 0.7
+    layers: tuple[int, ...] = (3, 6, 9)
+    score: str = "cls-attn"
+    fuse: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.keep <= 1.0:
+            raise ParamError(f"topk.keep={self.keep} is out of range; it must be in (0, 1]")
+        if any(layer < 0 for layer in self.layers):
+            raise ParamError(f"topk.layers={list(self.layers)}: block indices are >= 0")
+        from vitbench.kit import check_scorer  # the scorers' names: the plugin host
+
+        check_scorer("topk", self.score)
+
+
+@hookimpl
+def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
+    register(MethodSpec(
+        name="topk",
+        kind="pruning",
+        params=TopKParams,
+        build="vitbench_plugins.topk.reduction:build",
+        families=("vit",),
+        needs_attention_probs=True,
+        # the fraction of patch tokens kept at each listed block: more keep, more GMACs
+        budget=BudgetKnob("keep", larger_means="more", low=0.001, high=1.0),
+        description="top-k pruning by a scorer at listed blocks; fuse=True adds EViT's fused token",
+    ))

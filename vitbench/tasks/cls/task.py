@@ -1,0 +1,119 @@
+"""The ``cls`` task as its plugin registers it (:class:`ClsTask`; the built-in plugin ``cls_task``):
+what it measures and how it resolves the model, data and metrics from the options. Loading the model
+and running a spec (:mod:`vitbench.tasks.cls.run`) are imported when a run starts, so that listing
+the tasks imports no torch.
+"""
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Optional
+
+from vitbench.catalog import ReportColumn, TaskSetup, WorkspaceRequest
+from vitbench.errors import VitbenchError
+from vitbench.metrics import DATA_METRICS, METRICS
+from vitbench.options import parse_list
+from vitbench.plugins import get_host
+from vitbench.task import Progress, Task
+from vitbench.tasks.cls import DEFAULT_MODEL, DEFAULT_MODEL_TRAIN_LIMIT
+from vitbench.tasks.identity import identity_fields
+
+if TYPE_CHECKING:  # pragma: no cover
+    from vitbench.calibrate import GmacsCounter
+    from vitbench.options import RunOptions
+    from vitbench.spec import RunSpec
+    from vitbench.tasks.cls.run import ClsWorkspace
+
+__all__ = ["CLS_ACCURACY", "ClsTask"]
+
+#: what the reports show as accuracy: top-1 (with top-5 beside it)
+CLS_ACCURACY = (ReportColumn("top1_pct", "Top-1 (%)", "ΔTop-1 (pp)", ".2f", before=(("Top-5 (%)", "top5_pct"),)),)
+
+
+def _learnable(methods: Sequence[str]) -> list[str]:
+    host = get_host()
+    return [host.method(m).name for m in methods if host.method(m).needs_training]
+
+
+def _metrics(options: "RunOptions", model: str) -> tuple[str, ...]:
+    if options.metrics is not None:
+        metrics = parse_list("metric", ",".join(options.metrics), METRICS)
+        needs = [m for m in metrics if m in DATA_METRICS]
+        if needs and options.data is None and model != DEFAULT_MODEL:
+            raise VitbenchError(f"{' and '.join(needs)} of {model!r} need --data PATH (an ImageNet-style "
+                                f"folder); or leave {', '.join(needs)} out of --metrics")
+        return metrics
+    if options.data is None and model != DEFAULT_MODEL:
+        without = tuple(m for m in METRICS if m not in DATA_METRICS)
+        print(f"vitbench: note: no --data for {model!r}: measuring {', '.join(without)} without "
+              f"{' and '.join(DATA_METRICS)}", file=sys.stderr)
+        return without
+    return METRICS
+
+
+def _reads_data(metrics: Sequence[str], methods: Sequence[str]) -> bool:
+    """Whether the plan reads its data: accuracy (or IB) is measured, or a method fine-tunes."""
+    return any(m in metrics for m in DATA_METRICS) or bool(_learnable(methods))
+
+
+class ClsTask(Task):
+    """``cls``: an mmpretrain ``ImageClassifier`` around the reduced model; top-1/top-5 accuracy."""
+
+    name = "cls"
+    description = "image classification (mmpretrain ImageClassifier): top-1/top-5 accuracy"
+    metrics = METRICS
+    accuracy = CLS_ACCURACY
+    counts = "model"
+    distributed = True
+
+    def setup(self, options: "RunOptions") -> TaskSetup:
+        """The model (default: the embedded Fashion-MNIST ViT), data and metrics."""
+        self.parse_options(options.task_options)  # it has none: another task's are refused
+        model_name = options.model or DEFAULT_MODEL
+        metrics = _metrics(options, model_name)
+        data: Optional[str] = options.data
+        if any(m in metrics for m in DATA_METRICS) and data is None:
+            data = "fashion-mnist"
+        train_limit = options.train_limit
+        if train_limit is None and model_name == DEFAULT_MODEL:
+            train_limit = DEFAULT_MODEL_TRAIN_LIMIT
+        learnable = _learnable(options.methods)
+        if learnable and data is None:
+            if model_name != DEFAULT_MODEL:
+                raise VitbenchError(f"{', '.join(learnable)} must be fine-tuned: pass --data PATH (an "
+                                    f"ImageNet-style folder with a train/ split)")
+            data = "fashion-mnist"
+        reads_data = _reads_data(metrics, options.methods)
+        head = None
+        if options.num_classes is not None and model_name != DEFAULT_MODEL:  # a new head: fitted when data is read
+            head = f"num_classes={options.num_classes}" + (
+                f",fit_limit={'all' if train_limit is None else train_limit}" if reads_data else "")
+        identity = identity_fields(options, evaluates_data=reads_data, head=head,
+                                   random_init=not options.pretrained and model_name != DEFAULT_MODEL)
+        return TaskSetup(model=model_name, data=data, metrics=metrics,
+                         plan={"train_backbone": options.train_backbone, "train_limit": train_limit, **identity})
+
+    def workspace(self, request: WorkspaceRequest) -> "ClsWorkspace":
+        """Load the model (the default one is trained once and cached), check every method applies,
+        resolve the data when accuracy is measured or a method trains, fit a new head when asked
+        (:func:`~vitbench.tasks.cls.run.cls_workspace`)."""
+        from vitbench.tasks.cls.run import cls_workspace
+
+        return cls_workspace(request, reads_data=_reads_data(request.setup.metrics, request.options.methods))
+
+    def run(self, spec: "RunSpec", ws: "ClsWorkspace", params: dict[str, Any], progress: Progress) -> dict[str, Any]:
+        """:func:`~vitbench.tasks.cls.run.run_cls_spec`."""
+        from vitbench.tasks.cls.run import run_cls_spec
+
+        return run_cls_spec(spec, ws, params, progress)
+
+    def gmacs_counter(self, spec: "RunSpec", ws: "ClsWorkspace", progress: Progress) -> "GmacsCounter":
+        """:func:`~vitbench.tasks.cls.run.cls_gmacs_counter`."""
+        from vitbench.tasks.cls.run import cls_gmacs_counter
+
+        return cls_gmacs_counter(spec, ws, progress)
+
+    def shared_fields(self, ws: "ClsWorkspace") -> dict[str, Any]:
+        """What every cls record carries, a failed run's too: the head fitted once (``--num-classes``)
+        and what the plan measures on (a run's own record says how many images it evaluated)."""
+        return {**({"head": ws.head} if ws.head is not None else {}), "measured_on": ws.measured_on}
