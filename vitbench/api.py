@@ -4,7 +4,7 @@
 >>> r.table()  # the report's comparison table, the baseline first  # doctest: +SKIP
 
 Both write the store and report.md under ``out`` and return :class:`Results`. The CLI builds a
-:class:`~vitbench.options.RunOptions` from its flags and calls :func:`run` (README, "Use").
+:class:`~vitbench.options.RunOptions` from its flags and calls :func:`run` (docs/guide/run.md).
 """
 from __future__ import annotations
 
@@ -131,6 +131,9 @@ def run(options: RunOptions, command: Optional[Sequence[str]] = None) -> Results
 
     task = get_host().task(options.task)  # unknown -> error listing the registered tasks
     methods = _methods(options)
+    from vitbench.measure.speed import chosen_repeats
+
+    repeats = chosen_repeats(options.quick, options.repeats)  # --quick / --repeats N, checked before anything runs
     check_launcher(options.launcher, task.name, methods)
     budgets = _budgets(options)
     setup = task.setup(options)  # its own options checked (task.parse_options)
@@ -138,7 +141,8 @@ def run(options: RunOptions, command: Optional[Sequence[str]] = None) -> Results
     plan = _plan(options, budgets, task=task.name, model=setup.model, methods=methods, data=setup.data,
                  overrides=options.params, metrics=metrics, batch_size=options.batch_size, device=options.device,
                  seeds=_seeds(options), checkpoint=options.checkpoint, pretrained=options.pretrained,
-                 precision=options.precision, compile=options.compile, cuda_graph=options.cuda_graph, **setup.plan)
+                 precision=options.precision, compile=options.compile, cuda_graph=options.cuda_graph, repeats=repeats,
+                 **setup.plan)
     out = _out_dir(options, setup.model)
     if _empty_shard(plan, options.shard):
         return Results(options, out, [], [])
@@ -252,7 +256,7 @@ def _report(options: RunOptions, records: list[Record], stored: list[Record], ou
     except OSError as exc:
         raise OutputError(f"could not write the report in {str(out)!r} ({exc.strerror or type(exc).__name__}); "
                           f"the records are in the store: render them later with `vitbench report {out}`") from None
-    return Results(options, out, records, stored, md, (png,))
+    return Results(options, out, records, stored, md, (png,) if png is not None else ())
 
 
 class _Progress:
@@ -264,7 +268,14 @@ class _Progress:
         self.console = Console(stderr=True, highlight=False, soft_wrap=True, quiet=quiet)  # quiet: ranks > 0
 
     def note(self, text: str) -> None:
-        self.console.print(f"[dim]vitbench:[/dim] {text}")
+        self._print(f"[dim]vitbench:[/dim] {text}")
 
     def step(self, i: int, n: int, label: str, what: str) -> None:
-        self.console.print(f"[bold][{i}/{n}][/bold] {label}: {what}")
+        self._print(f"[bold][{i}/{n}][/bold] {label}: {what}")
+
+    def _print(self, markup: str) -> None:
+        """Through the command line's progress sink (above its bars) where one is installed."""
+        from vitbench import progress
+
+        if not progress.say(markup):
+            self.console.print(markup)

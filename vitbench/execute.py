@@ -27,6 +27,7 @@ from vitbench.distributed import failure_on_any_rank, is_main
 from vitbench.errors import BudgetError, VitbenchError
 from vitbench.plan import BASELINE, REFERENCES, RunSpec
 from vitbench.plugins import get_host
+from vitbench.progress import steps
 from vitbench.results import ResultStore
 from vitbench.results.writable import rescue_record
 from vitbench.task import Task
@@ -149,27 +150,31 @@ def execute_plan(plan: list[RunSpec], ws: Any, store: ResultStore, *, resume: bo
         if spec.method == BASELINE and spec.spec_id in finished and latest[spec.spec_id]["status"] == "ok":
             baselines[spec.seed] = latest[spec.spec_id]
     records = []
-    for i, spec in enumerate(plan, start=1):
-        if spec.spec_id in finished:
-            progress(i, len(plan), spec.label, "already finished (resume): skipped")
-            records.append(latest[spec.spec_id])
-            continue
-        main = is_main()  # --launcher pytorch: rank 0 alone records (every rank runs every spec)
-        if main:
-            host.run_started(spec)
-        record = run_spec(spec, ws, baselines.get(spec.seed), env,
-                          lambda what: progress(i, len(plan), spec.label, what))
-        # a collective, like the barrier it replaces: the other ranks wait here while rank 0
-        # measures (no load beside its timings), then every rank learns whether any failed
-        failure = failure_on_any_rank(record["error"] if record["status"] == "error" else None)
-        if failure is not None and failure != record["error"]:
-            record.update(status="error", error=failure)
-        if main:
-            _append(store, record)
-            host.run_finished(spec, record)
-        if spec.method == BASELINE and record["status"] == "ok":
-            baselines[spec.seed] = record
-        outcome = "done" if record["status"] == "ok" else f"FAILED: {record['error']}"
-        progress(i, len(plan), spec.label, f"{outcome} ({record['wall_s']:.1f} s)")
-        records.append(record)
+    with steps("runs of the plan", len(plan), "runs") as runs:  # the plan's bar (vitbench.progress)
+        for i, spec in enumerate(plan, start=1):
+            runs.note(spec.label)
+            if spec.spec_id in finished:
+                progress(i, len(plan), spec.label, "already finished (resume): skipped")
+                records.append(latest[spec.spec_id])
+                runs.advance()
+                continue
+            main = is_main()  # --launcher pytorch: rank 0 alone records (every rank runs every spec)
+            if main:
+                host.run_started(spec)
+            record = run_spec(spec, ws, baselines.get(spec.seed), env,
+                              lambda what: progress(i, len(plan), spec.label, what))
+            # a collective, like the barrier it replaces: the other ranks wait here while rank 0
+            # measures (no load beside its timings), then every rank learns whether any failed
+            failure = failure_on_any_rank(record["error"] if record["status"] == "error" else None)
+            if failure is not None and failure != record["error"]:
+                record.update(status="error", error=failure)
+            if main:
+                _append(store, record)
+                host.run_finished(spec, record)
+            if spec.method == BASELINE and record["status"] == "ok":
+                baselines[spec.seed] = record
+            outcome = "done" if record["status"] == "ok" else f"FAILED: {record['error']}"
+            progress(i, len(plan), spec.label, f"{outcome} ({record['wall_s']:.1f} s)")
+            records.append(record)
+            runs.advance()  # also ends a step of the run that a failure left open
     return records

@@ -62,6 +62,10 @@ class RunOptions:
     compile: bool = False
     #: time a CUDA graph of the forward
     cuda_graph: bool = False
+    #: repeats of each timing, throughput and latency (``--repeats N``); ``None``: the task's (10 and 20)
+    repeats: Optional[int] = None
+    #: a fast look: every timing with ``QUICK_REPEATS`` repeats (``--quick``); exclusive with ``repeats``
+    quick: bool = False
     #: ``(I, N)``: run the I-th of N parts of the plan
     shard: Optional[tuple[int, int]] = None
     #: ``none``, ``pytorch`` or ``slurm``

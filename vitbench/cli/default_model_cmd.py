@@ -19,7 +19,10 @@ def run(args: argparse.Namespace) -> int:
     cfg = dm.train_config()
     cached, shipped = dm.cache_paths(cfg)[0], dm.shipped_paths(cfg)[0]
     if args.retrain:
-        _, meta = dm.train_default_model()
+        from vitbench import progress
+
+        with progress.reporting(progress.sink_for()):  # a bar with the time left on a terminal
+            _, meta = dm.train_default_model()
         shipped_top1 = _top1(dm.shipped_paths(cfg)[1])
         print(f"retrained {dm.NAME}: test top-1 {meta['test_top1_pct']:.2f} % (shipped: "
               f"{'none' if shipped_top1 is None else f'{shipped_top1:.2f} %'}); saved {cached}")

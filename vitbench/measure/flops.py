@@ -11,12 +11,13 @@ import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
+from vitbench import progress
 from vitbench.errors import ParamError
 from vitbench.guards import check_finite, check_metrics
 from vitbench.measure._common import (
@@ -142,7 +143,7 @@ def attention_flop_formulas() -> dict[Any, Callable[..., int]]:
 # --- counting ------------------------------------------------------------------------------
 
 
-def count_gmacs(model: nn.Module, images: torch.Tensor) -> GmacsResult:
+def count_gmacs(model: nn.Module, images: torch.Tensor, *, what: Optional[str] = None) -> GmacsResult:
     """Count the GMACs of ``model`` on each of ``images`` (``[n, C, H, W]``), one at a time.
 
     Each image runs at batch 1 through the real forward in ``eval()`` and
@@ -150,7 +151,8 @@ def count_gmacs(model: nn.Module, images: torch.Tensor) -> GmacsResult:
     afterwards. Images are moved to the model's device and floating-point dtype. Count the
     eager model: a ``torch.compile`` wrapper is refused. A forward whose output holds NaN/inf
     raises :class:`~vitbench.errors.NonFiniteError`: the count of a broken forward (whose
-    input-dependent decisions were taken on NaNs) is not a measurement.
+    input-dependent decisions were taken on NaNs) is not a measurement. ``what``: report the
+    images as a :mod:`vitbench.progress` step of that name (a run's count, not a search's).
     """
     check_model(model)
     if not isinstance(images, torch.Tensor):
@@ -165,7 +167,8 @@ def count_gmacs(model: nn.Module, images: torch.Tensor) -> GmacsResult:
     mapping = attention_flop_formulas()
     per_image: list[float] = []
     with eval_mode(model), torch.inference_mode():
-        for i in range(images.shape[0]):
+        indices = range(images.shape[0])
+        for i in indices if what is None else progress.track(indices, what, unit="images"):
             counter = FlopCounterMode(display=False, custom_mapping=mapping)
             with counter:
                 out = model(images[i : i + 1])

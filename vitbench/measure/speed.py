@@ -18,6 +18,8 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from vitbench import progress
+from vitbench.errors import ParamError
 from vitbench.measure.precision import DEFAULT_PRECISION, autocast
 from vitbench.measure._common import (
     check_input_size,
@@ -33,14 +35,37 @@ from vitbench.measure._common import (
 )
 
 __all__ = [
-    "LOAD_MARGIN", "SPREAD_LIMIT", "LatencyResult", "MachineLoad", "ThroughputResult", "default_warmup",
-    "machine_load", "measure_latency", "measure_throughput", "timing_doubt",
+    "LOAD_MARGIN", "MAX_REPEATS", "QUICK_REPEATS", "SPREAD_LIMIT", "LatencyResult", "MachineLoad",
+    "ThroughputResult", "chosen_repeats", "default_warmup", "machine_load", "measure_latency",
+    "measure_throughput", "timing_doubt",
 ]
 
 #: a timing whose interquartile spread exceeds this fraction of its median is marked
 SPREAD_LIMIT = 0.10
 #: a timing taken while the load average exceeded the usable cores plus this margin is marked
 LOAD_MARGIN = 0.5
+#: the repeats of every timing under ``--quick``: a fast look, not for publication
+QUICK_REPEATS = 3
+#: the most repeats ``--repeats`` takes
+MAX_REPEATS = 10_000
+
+
+def chosen_repeats(quick: bool, repeats: Any) -> Optional[int]:
+    """The repeats of every timing that ``--quick`` or ``--repeats N`` asks for (1 to
+    :data:`MAX_REPEATS`), or None for the task's own; both at once, or a bad N, is a ParamError."""
+    if repeats is None:
+        return QUICK_REPEATS if quick else None
+    if quick:
+        raise ParamError(f"--quick and --repeats {repeats} were both given; --quick times with {QUICK_REPEATS} "
+                         f"repeats, --repeats N with N: give one of them")
+    valid = f"an integer from 1 to {MAX_REPEATS}"
+    try:
+        number = repeats if isinstance(repeats, int) and not isinstance(repeats, bool) else int(str(repeats).strip())
+    except ValueError:
+        raise ParamError(f"--repeats {repeats!r} is not an integer; give {valid}") from None
+    if not 1 <= number <= MAX_REPEATS:
+        raise ParamError(f"--repeats {number} is out of range; give {valid}")
+    return number
 
 
 def usable_cores() -> int:
@@ -170,10 +195,11 @@ def default_warmup(repeats: int, device: str | torch.device = "cpu") -> int:
 
 def _time_forwards(
     model: nn.Module, batch_size: int, input_size: tuple[int, int, int], device: str | torch.device,
-    warmup: int | None, repeats: int, precision: str = DEFAULT_PRECISION,
+    warmup: int | None, repeats: int, precision: str = DEFAULT_PRECISION, what: str = "timing",
 ) -> tuple[list[float], int, MachineLoad, MachineLoad]:
     """Seconds of each of ``repeats`` timed forwards (after warm-up, in ``precision``), the
-    warm-up used, and the machine's load just before the warm-up and just after the last repeat."""
+    warm-up used, and the machine's load just before the warm-up and just after the last repeat.
+    Warm-up and repeats are a :mod:`vitbench.progress` step ``what``, reported between clock reads."""
     check_model(model, allow_compiled=True)  # --compile times the compiled model
     check_int("batch_size", batch_size, 1)
     size = check_input_size(input_size)
@@ -186,15 +212,18 @@ def _time_forwards(
 
     seconds: list[float] = []
     before = machine_load()
-    with eval_mode(model), torch.inference_mode(), autocast(precision, dev):
+    with eval_mode(model), torch.inference_mode(), autocast(precision, dev), \
+            progress.steps(what, warmup + repeats, "forwards", timing=True) as step:
         for _ in range(warmup):
             model(x)
+            step.advance()
         for _ in range(repeats):
             synchronize(dev)
             start = time.perf_counter()
             model(x)
             synchronize(dev)
             seconds.append(time.perf_counter() - start)
+            step.advance()
     return seconds, warmup, before, machine_load()
 
 
@@ -214,7 +243,7 @@ def measure_throughput(
     ``repeats < 1``, ``warmup < 0``, a bad ``input_size``, or a model on another device.
     """
     seconds, used_warmup, before, after = _time_forwards(model, batch_size, input_size, device, warmup, repeats,
-                                                         precision)
+                                                         precision, f"timing throughput (batch {batch_size})")
     img_s = [batch_size / max(s, 1e-12) for s in seconds]  # guard a 0.0 clock delta
     median, spread = median_and_iqr(img_s)
     return ThroughputResult(median_img_s=median, spread_img_s=spread, batch_size=batch_size,
@@ -227,7 +256,8 @@ def measure_latency(
     precision: str = DEFAULT_PRECISION,
 ) -> LatencyResult:
     """Forward latency at batch 1 in milliseconds (median and IQR over repeats), in ``precision``."""
-    seconds, used_warmup, before, after = _time_forwards(model, 1, input_size, device, warmup, repeats, precision)
+    seconds, used_warmup, before, after = _time_forwards(model, 1, input_size, device, warmup, repeats, precision,
+                                                         "timing latency (batch 1)")
     median, spread = median_and_iqr([s * 1e3 for s in seconds])
     return LatencyResult(median_ms=median, spread_ms=spread, repeats=repeats, warmup=used_warmup,
                          **_facts(before, after))

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any
+from typing import Any, Optional
 
 from mmengine.hooks import Hook
 
+from vitbench import progress
 from vitbench.mm.registry import HOOKS
 
 
@@ -17,17 +18,21 @@ class ProgressHook(Hook):
     The runners run at log level WARNING to stay quiet, which also hides mmengine's own
     ``LoggerHook`` lines; a user waiting minutes for the embedded default model to train needs
     to see it move. Lines go to stderr so stdout stays clean for results. ``interval`` is in
-    iterations; ``verbose=False`` keeps the metrics without printing.
+    iterations; ``verbose=False`` keeps the metrics without printing. The iterations are a
+    :mod:`vitbench.progress` step (``what``, default: the prefix's words); where it draws bars,
+    the loss goes beside the bar instead of into a line.
     """
 
     priority = "VERY_LOW"
 
-    def __init__(self, interval: int = 100, verbose: bool = True, prefix: str = "") -> None:
+    def __init__(self, interval: int = 100, verbose: bool = True, prefix: str = "", what: str = "") -> None:
         self.interval = max(1, int(interval))
         self.verbose = verbose
         self.prefix = prefix
+        self.what = what or prefix.removeprefix("vitbench:").strip().rstrip(":").strip() or "training"
         self.val_metrics: dict[str, float] = {}
         self._start = time.perf_counter()
+        self._step: Optional[progress.Step] = None
 
     def _print(self, line: str) -> None:
         if self.verbose:
@@ -35,18 +40,43 @@ class ProgressHook(Hook):
 
     def before_train(self, runner: Any) -> None:
         self._start = time.perf_counter()
+        self._step = progress.start(self.what, runner.max_iters, "iterations")
 
     def after_train_iter(self, runner: Any, batch_idx: int, data_batch: Any = None,
                          outputs: dict | None = None) -> None:
         n = len(runner.train_dataloader)
-        if (batch_idx + 1) % self.interval and batch_idx + 1 != n:
+        shown = (batch_idx + 1) % self.interval == 0 or batch_idx + 1 == n
+        loss = float(outputs["loss"].detach()) if shown and outputs and "loss" in outputs else float("nan")
+        if self._step is not None:
+            if shown:
+                self._step.note(f"epoch {runner.epoch + 1}/{runner.max_epochs}  loss {loss:.4f}")
+            self._step.advance()
+        if not shown or progress.shows_bars():
             return
-        loss = float(outputs["loss"].detach()) if outputs and "loss" in outputs else float("nan")
         self._print(f"epoch {runner.epoch + 1}/{runner.max_epochs}  iter {batch_idx + 1}/{n}  "
                     f"loss {loss:.4f}  {time.perf_counter() - self._start:.0f} s")
+
+    def after_train(self, runner: Any) -> None:
+        if self._step is not None:
+            self._step.close()
 
     def after_val_epoch(self, runner: Any, metrics: dict[str, float] | None = None) -> None:
         self.val_metrics = dict(metrics or {})
         shown = "  ".join(f"{k} {v:.2f}" for k, v in self.val_metrics.items())
         self._print(f"validation after epoch {runner.epoch}: {shown}  "
                     f"{time.perf_counter() - self._start:.0f} s")
+
+
+class TestProgressHook(Hook):
+    """Advances a :mod:`vitbench.progress` step after each test batch (its total: the loader's length)."""
+
+    priority = "VERY_LOW"
+
+    def __init__(self, step: progress.Step) -> None:
+        self.step = step
+
+    def before_test_epoch(self, runner: Any) -> None:
+        self.step.set_total(len(runner.test_dataloader))
+
+    def after_test_iter(self, runner: Any, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
+        self.step.advance()

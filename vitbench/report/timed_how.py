@@ -3,14 +3,15 @@ and ``--cuda-graph`` each fall back, per run, when a model cannot take them (a c
 a method whose shapes depend on the data, or a CPU run), and the record says why
 (``compile_fallback``, ``cuda_graph_fallback``; :mod:`vitbench.measure.compiled`,
 :mod:`vitbench.measure.cuda_graph`). A table whose rows were timed differently compares unlike
-with unlike, so the note under it names every row that fell back, and why.
+with unlike, so the note under it names every row that fell back, and why; and it says when
+the timings ran with ``--quick`` or ``--repeats N`` instead of the default repeats.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["timed_how_notes"]
+__all__ = ["repeats_notes", "timed_how_notes"]
 
 _FALLBACKS = (("compile_fallback", "timed without torch.compile"),
               ("cuda_graph_fallback", "timed without a CUDA graph"))
@@ -26,4 +27,29 @@ def timed_how_notes(labels: Sequence[str], rows: Sequence[Mapping[str, Any]]) ->
                 if rec.get(key):
                     items.append(f"- {label}: {what}: {rec[key]}")
     items = list(dict.fromkeys(items))  # several seeds usually fall back for the same reason
-    return ["Rows timed differently from the rest:", ""] + items + [""] if items else []
+    lines = ["Rows timed differently from the rest:", ""] + items + [""] if items else []
+    return lines + repeats_notes(labels, rows)
+
+
+#: the repeats of ``--quick`` (:data:`vitbench.measure.speed.QUICK_REPEATS`) and the fewest the defaults use
+_QUICK, _DEFAULT = 3, 10
+
+
+def repeats_notes(labels: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """A sentence under the table when its timings ran with ``--quick``/``--repeats N``
+    (``timing_repeats`` in the records): how many repeats, and that few are a fast look."""
+    asked = {label: {rec.get("timing_repeats") for rec in row.get("per_seed") or [row]} - {None}
+             for label, row in zip(labels, rows)}
+    counts = sorted({n for ns in asked.values() for n in ns})
+    if not counts:
+        return []
+
+    def how(n: int) -> str:
+        flag = "--quick" if n == _QUICK else f"--repeats {n}"
+        fast = ": a fast look, not for publication" if n < _DEFAULT else ""
+        return f"{n} repeat{'s' if n != 1 else ''} ({flag}){fast}"
+
+    if len(counts) == 1 and all(asked.values()):
+        return [f"Timed with {how(counts[0])}.", ""]
+    return (["Timed with fewer or more repeats than the defaults (10 throughput, 20 latency):", ""]
+            + [f"- {label}: {how(n)}" for label, ns in asked.items() for n in sorted(ns)] + [""])

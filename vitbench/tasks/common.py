@@ -98,12 +98,19 @@ def measure_timings(spec: Any, model: Any, input_size: tuple[int, int, int], pro
     """The timing metrics ``spec`` asks for -- throughput at its batch size, batch-1 latency, peak
     memory -- of ``model``'s forward, the same way for every task: on :func:`timed_model`'s
     module (eager, ``--compile``d or a CUDA graph; memory never on the graph), in the spec's
-    precision; the record fields of each, and how the model was timed."""
+    precision; the record fields of each, and how the model was timed. A spec's ``repeats``
+    (``--repeats N``, ``--quick``) replaces both repeat counts, and the record says so
+    (``timing_repeats``)."""
     from vitbench import measure
 
     device, precision = spec.device, spec.precision_name
+    asked = getattr(spec, "repeats", None)  # --repeats N / --quick: every timing with N repeats
+    if asked is not None:
+        throughput_repeats = latency_repeats = asked
     timed = timed_model(spec, model, input_size, progress)
     out = timed.record()
+    if asked is not None and ("throughput" in spec.metrics or "latency" in spec.metrics):
+        out["timing_repeats"] = asked
     if "throughput" in spec.metrics:
         progress(f"timing throughput (batch {spec.batch_size})")
         tp = measure.measure_throughput(timed.module, spec.batch_size, input_size, device=device,

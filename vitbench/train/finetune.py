@@ -501,7 +501,8 @@ def finetune(model: nn.Module, data: Any, *, train_backbone: bool = False, limit
                     trainer, stage, params, loader_cfg(dataset, per_rank, True),
                     [StageHook(stage, model, batches),
                      {"type": "vitbench.ProgressHook", "verbose": verbose, "interval": 50,
-                      "prefix": f"vitbench: {ctx.method} {stage.name}: "}],
+                      "prefix": f"vitbench: {ctx.method} {stage.name}: ",
+                      "what": f"fine-tuning {ctx.method} (stage {stage.name!r})"}],
                     work_dir=wd / stage.name, seed=seed, device=target)
             broadcast_buffers(model)  # under a launcher: rank 0's buffers everywhere
             last = _mean_over_ranks(trainer.last)  # the last step's losses over the whole batch

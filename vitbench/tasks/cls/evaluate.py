@@ -91,8 +91,10 @@ def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, devi
     from vitbench.measure.precision import autocast_method
     from mmengine.runner import Runner
 
+    from vitbench import progress
     from vitbench.distributed import collective_test, raise_if_any_rank_failed
     from vitbench.mm.classifier import build_classifier
+    from vitbench.mm.hooks import TestProgressHook
     from vitbench.mm.runner import release, runner_kwargs, work_dir_or_temp
 
     _positive("batch_size", batch_size)
@@ -111,7 +113,7 @@ def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, devi
     n_out = getattr(model, "num_classes", None)
     topk = (1, 5) if not isinstance(n_out, int) or n_out > 5 else (1,)
     raise_if_any_rank_failed(None)  # meets a rank that failed earlier in the run (the Runner broadcasts)
-    with work_dir_or_temp(work_dir) as wd:
+    with work_dir_or_temp(work_dir) as wd, progress.steps("evaluating accuracy", unit="batches") as step:
         runner = Runner(**runner_kwargs(
             work_dir=wd, seed=seed, model=classifier,
             test_dataloader={"batch_size": batch_size, "num_workers": 0, "persistent_workers": False,
@@ -119,6 +121,7 @@ def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, devi
                              "dataset": data.dataset_cfg(limit=limit)},
             test_evaluator=[_accuracy_metric(topk, None if work_dir is None else wd)],
             test_cfg={"type": "TestLoop"},
+            custom_hooks=[TestProgressHook(step)],
         ))
         guard = model.register_forward_hook(_FiniteLogits())
         try:

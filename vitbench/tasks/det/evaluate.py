@@ -96,19 +96,21 @@ def evaluate_detector(detector: nn.Module, data: DetData, *, masks: bool, batch_
     raised on every rank, naming that rank)."""
     from mmengine.runner import Runner
 
+    from vitbench import progress
     from vitbench.distributed import collective_test, raise_if_any_rank_failed
     from vitbench.measure.precision import autocast_method
+    from vitbench.mm.hooks import TestProgressHook
     from vitbench.mm.runner import release, runner_kwargs, work_dir_or_temp
 
     raise_if_any_rank_failed(None)  # meets a rank that failed earlier in the run (the Runner broadcasts)
     guard = _FiniteOutputs(detector)
-    with work_dir_or_temp(work_dir) as wd:
+    with work_dir_or_temp(work_dir) as wd, progress.steps("evaluating mAP", unit="batches") as step:
         runner = Runner(**runner_kwargs(
             work_dir=wd, seed=seed, default_scope="mmdet", model=detector,
             test_dataloader=_loader(data.dataset_cfg("val", masks=masks, limit=limit), batch_size, False),
             test_evaluator=[coco_metric(data, masks=masks, work_dir=None if work_dir is None else wd)],
             test_cfg={"type": "TestLoop"},
-            custom_hooks=[_PredictionsHook(guard)],
+            custom_hooks=[_PredictionsHook(guard), TestProgressHook(step)],
         ))
         try:
             runner.model.to(torch.device(device))
