@@ -1,4 +1,4 @@
-"""What the clustering merges (dpc-knn, kmedoids) share: ``keep=1`` is the unpatched model, and
+"""What the clustering merges (dpc-knn, kmedoids, atc) share: ``keep=1`` is the unpatched model, and
 the token counts and sizes of ``ceil(keep * N_p)`` clusters (vitbench/kit/clustering.py)."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 
 import vitbench
 
-METHODS = ("dpc-knn", "kmedoids")
+METHODS = ("dpc-knn", "kmedoids", "atc")
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -23,13 +23,17 @@ def token_distances(x: torch.Tensor) -> torch.Tensor:
 class ClusterMergeReducer(Reducer):
     """One listed block's clustering merge: the patch tokens become ``ceil(keep * N_p)`` tokens,
     each the size-weighted mean of one cluster (:meth:`~vitbench.engine.TokenState.cluster`);
-    the prefix tokens stay first. ``keep`` leaving every token changes nothing."""
+    the prefix tokens stay first. ``keep`` leaving every token changes nothing. ``features``:
+    what is clustered, the tokens or the attention's head-averaged keys (ATC, ToMe's metric)."""
 
     needs: frozenset[str] = frozenset()
 
-    def __init__(self, keep: float, cluster: ClusterFn) -> None:
+    def __init__(self, keep: float, cluster: ClusterFn, features: str = "tokens") -> None:
         self.keep_ratio = keep
         self.cluster = cluster
+        self.features = features
+        if features == "keys":
+            self.needs = frozenset({"keys"})
 
     def __call__(self, x: torch.Tensor, state: TokenState, info: AttnInfo) -> torch.Tensor:
         prefix = state.prefix
@@ -38,5 +42,6 @@ class ClusterMergeReducer(Reducer):
         if clusters >= patches:
             return x
         with torch.no_grad():  # the clustering is a choice; gradients flow through the merge
-            assign = self.cluster(x[:, prefix:].detach(), clusters)
+            metric = info.keys if self.features == "keys" else x
+            assign = self.cluster(metric[:, prefix:].detach(), clusters)
         return state.cluster(x, assign, clusters)

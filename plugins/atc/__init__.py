@@ -1,0 +1,54 @@
+"""ATC: agglomerative token clustering, training-free (Haurum et al., *Agglomerative Token
+Clustering*, ECCV 2024, §3; docs/methods.md §18).
+
+At each listed block, between the attention and the MLP (paper §3), the ``N_p`` patch tokens
+become ``M = ceil(keep * N_p)`` tokens: bottom-up hierarchical clustering of the attention's
+head-averaged keys under the cosine distance, with the ``single``, ``complete`` or ``average``
+linkage (paper §3, Eq. 2-4), stopped at ``M`` clusters (scipy.cluster.hierarchy); each cluster
+becomes the size-weighted mean of its members, and proportional attention follows (§3).
+``keep = 1`` changes nothing.
+
+Parameters: ``keep``, ``layers``, ``linkage``."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vitbench.catalog import BudgetKnob, MethodSpec
+from vitbench.errors import ParamError
+from vitbench.hookspecs import hookimpl
+
+#: the linkage functions of the paper (§3)
+LINKAGES = ("average", "complete", "single")
+
+
+@dataclass(frozen=True)
+class ATCParams:
+    """``keep``: clusters per listed block as a fraction of its patch tokens; ``layers``: the
+    blocks that cluster (the paper's 4th, 7th and 10th); ``linkage``: the linkage function."""
+
+    keep: float = 0.5
+    layers: tuple[int, ...] = (3, 6, 9)
+    linkage: str = "average"
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.keep <= 1.0:
+            raise ParamError(f"atc.keep={self.keep} is out of range; it must be in (0, 1]")
+        if self.linkage not in LINKAGES:
+            raise ParamError(f"atc.linkage={self.linkage!r} is not a linkage; choose one of {', '.join(LINKAGES)}")
+        if any(layer < 0 for layer in self.layers):
+            raise ParamError(f"atc.layers={list(self.layers)}: block indices are >= 0")
+
+
+@hookimpl
+def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
+    register(MethodSpec(
+        name="atc",
+        kind="merging",
+        params=ATCParams,
+        build="vitbench_plugins.atc.reduction:build",
+        families=("vit",),
+        # the fraction of patch tokens kept (as clusters) at each listed block
+        budget=BudgetKnob("keep", larger_means="more", low=0.001, high=1.0),
+        description="ATC: agglomerative (hierarchical) clustering merge of the patch tokens' keys at listed "
+                    "blocks (single/complete/average linkage; training-free)",
+    ))
