@@ -36,6 +36,7 @@ def _one_thread():
     ("topk", {"fuse": True}, [65] * 3 + [47] * 3 + [35] * 3 + [26] * 3),
     ("dpc-knn", {}, [65] * 3 + [33] * 3 + [17] * 3 + [9] * 3),  # keep 0.5 at blocks 3, 6, 9
     ("kmedoids", {}, [65] * 3 + [33] * 3 + [17] * 3 + [9] * 3),
+    ("atc", {}, [65] * 3 + [33] * 3 + [17] * 3 + [9] * 3),
     ("tofu", {"r": 8}, [57, 49, 41, 33, 25, 17, 9, 5, 3, 2, 2, 2]),  # ToMe's counts
     ("pitome", {"r": 8}, [57, 49, 41, 33, 25, 17, 9, 5, 3, 2, 2, 2]),
     ("mctf", {"r": 8}, [57, 49, 41, 33, 25, 17, 9, 5, 3, 2, 2, 2]),
@@ -53,6 +54,7 @@ def test_every_builtin_conforms(vitbench_check_method, method, params, counts) -
     ("dcs", False, [65] * 12),  # channels, not tokens
     ("diffrate-search", False, [65] * 12),  # the search starts from removing nothing
     ("dynamicvit", True, [65] * 3 + [46] * 3 + [33] * 3 + [23] * 3),  # ceil(0.7^s * 64) patches, trained or not
+    ("sinkhorn", True, [65] * 3 + [33] * 3 + [17] * 3 + [9] * 3),  # one token per centre, trained or not
 ])
 def test_the_learnable_builtins_conform_untrained(vitbench_check_method, method, reduces, counts) -> None:
     report = vitbench_check_method(method, reduces_tokens=reduces)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-NEEDS = frozenset({"keys", "cls_attn", "attn", "values"})
+NEEDS = frozenset({"keys", "cls_attn", "attn", "values", "input"})
 
 
 @dataclass
@@ -27,6 +27,7 @@ class AttnInfo:
     cls_attn: Optional[torch.Tensor] = None  # [B, h, N] attention row of token 0
     attn: Optional[torch.Tensor] = None  # [B, h, N, N] attention probabilities
     values: Optional[torch.Tensor] = None  # [B, h, N, d]
+    input: Optional[torch.Tensor] = None  # [B, N, C] the attention's input (the normed tokens; DTEM)
 
 
 def uses_fused_kernel(attn: nn.Module, needs: AbstractSet[str]) -> bool:
@@ -97,6 +98,8 @@ def attention_forward(attn: nn.Module, x: torch.Tensor, bias: Optional[torch.Ten
         info.keys = k.mean(dim=1)
     if "values" in needs:
         info.values = v
+    if "input" in needs:
+        info.input = x
     if uses_fused_kernel(attn, needs):
         dropout_p = attn.attn_drop.p if attn.training else 0.0
         if bias is not None and bias_channel(q, bias):

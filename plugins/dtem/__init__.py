@@ -1,0 +1,91 @@
+"""DTEM: decoupled token embedding for merging (Lee & Hong, *Learning to Merge Tokens via
+Decoupled Embedding for Efficient Vision Transformers*, NeurIPS 2024, §3; docs/methods.md §20).
+
+Each block gets a small embedding module, a linear map of the attention's input (its gradient
+never reaches the backbone), whose output replaces the keys as ToMe's merging metric.
+Inference (§3, discretised) is ToMe's bipartite soft matching on that metric, ``r`` tokens per
+block. Training (§3, continuous relaxation) keeps every token: a soft top-``r`` over each A
+token's ``k2`` most similar B tokens (temperatures ``tau1``, ``tau2``) gives soft assignments,
+B tokens take the size-weighted share of their A partners, A tokens lose that share of their
+size, the tokens are sorted by size and the last ``r`` stop taking part in later matchings.
+The backbone is frozen (the paper's modular training) unless ``--train-backbone``.
+
+Choices (docs/methods.md §20): ``init="keys"`` (default) adds the embedding to the head-averaged
+keys with a zero-initialised map, so an untrained DTEM is exactly ToMe; ``init="random"`` is
+the official code's fresh linear layer. Sizes are floored at float eps in training.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Union
+
+from vitbench.catalog import BudgetKnob, MethodSpec, patch_count
+from vitbench.errors import ParamError
+from vitbench.hookspecs import hookimpl
+
+#: how the embedding starts: ``keys`` (the head-averaged keys plus a zero map: ToMe) or ``random``
+INITS = ("keys", "random")
+
+
+@dataclass(frozen=True)
+class DTEMParams:
+    """``r``: tokens merged per block (an int, a per-block list, or ``(r, inflect)`` as ToMe's);
+    ``feat_dim``: the embedding's width (``None``: the head width, twice that from width 1024 on,
+    as the official code); ``init``: one of :data:`INITS`; ``k2``: B candidates per A token in
+    the soft grouping; ``tau1``, ``tau2``: its similarity and top-k temperatures; ``epochs``,
+    ``lr``, ``weight_decay``, ``batch_size``: the fine-tuning (AdamW, cosine schedule)."""
+
+    r: Union[int, list[int], tuple[int, float]] = 16
+    feat_dim: Optional[int] = None
+    init: str = "keys"
+    k2: int = 3
+    tau1: float = 0.1
+    tau2: float = 0.1
+    epochs: int = 1
+    lr: float = 1e-4
+    weight_decay: float = 1e-4
+    batch_size: int = 64
+    trace_source: bool = False
+
+    def __post_init__(self) -> None:
+        values = [self.r] if isinstance(self.r, int) else list(self.r)
+        if isinstance(self.r, tuple):
+            if len(self.r) != 2 or not isinstance(self.r[0], int):
+                raise ParamError(f"dtem.r={self.r!r}: a schedule is (r, inflect), e.g. (13, -0.5)")
+            values = [self.r[0]]
+        if any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in values):
+            raise ParamError(f"dtem.r={self.r!r} is out of range; r must be an integer >= 0 "
+                             f"(or a list of them, one per block)")
+        if self.feat_dim is not None and (not isinstance(self.feat_dim, int) or self.feat_dim < 1):
+            raise ParamError(f"dtem.feat_dim={self.feat_dim!r} is out of range; it must be an integer >= 1")
+        if self.init not in INITS:
+            raise ParamError(f"dtem.init={self.init!r}; valid inits: {', '.join(INITS)}")
+        if not isinstance(self.k2, int) or self.k2 < 1:
+            raise ParamError(f"dtem.k2={self.k2!r} is out of range; it must be an integer >= 1")
+        for name in ("tau1", "tau2"):
+            if not getattr(self, name) > 0.0:
+                raise ParamError(f"dtem.{name}={getattr(self, name)} is out of range; the temperature must be > 0")
+        if self.epochs < 1:
+            raise ParamError(f"dtem.epochs={self.epochs} is out of range; it must be >= 1")
+        if not self.lr > 0.0:
+            raise ParamError(f"dtem.lr={self.lr} is out of range; it must be > 0")
+        if not self.weight_decay >= 0.0:
+            raise ParamError(f"dtem.weight_decay={self.weight_decay} is out of range; it must be >= 0")
+        if self.batch_size < 1:
+            raise ParamError(f"dtem.batch_size={self.batch_size} is out of range; it must be >= 1")
+
+
+@hookimpl
+def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
+    register(MethodSpec(
+        name="dtem",
+        kind="merging",
+        params=DTEMParams,
+        build="vitbench_plugins.dtem.reduction:build",
+        families=("vit",),
+        needs_training=True,
+        # r tokens merged per block, as ToMe's: the counts (and GMACs) do not depend on training
+        budget=BudgetKnob("r", larger_means="less", low=0, high=patch_count, integer=True, per_block=True),
+        description="DTEM: ToMe's merging on a learned, decoupled embedding per block "
+                    "(trains the embeddings through a soft, differentiable merge)",
+    ))
