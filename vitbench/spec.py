@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 from vitbench.errors import VitbenchError
 from vitbench.params import make_params, params_dict
@@ -48,6 +48,8 @@ class RunSpec:
     head: Optional[str] = None
     #: ``init_seed=S`` (random weights) or ``sha256=...`` (the ``--checkpoint``); ``None``: as model/pretrained say
     weights: Optional[str] = None
+    #: ``--repeats N``/``--quick``: repeats of each timing (fewer make a noisier median); ``None``: the task's
+    repeats: Optional[int] = None
 
     def __getattr__(self, name: str) -> Any:
         """A task field of the spec's task (``spec.dense_finetune``): its value, else ``None``."""
@@ -85,27 +87,32 @@ class RunSpec:
 
     @property
     def label(self) -> str:
-        """``tome (r=13)``: the method with the parameters that differ from its defaults; a
-        matched run before its knob is chosen says its budget (``tome (at 0.6x GMACs)``)."""
+        """``tome (r=16)``: the method with its budget knob (always, defaults too) and the parameters
+        that differ from its defaults; a matched run before its knob is chosen says its budget
+        (``tome (matched 0.6x GMACs)``). Not part of :attr:`spec_id`."""
         if self.method == BASELINE:
             return BASELINE
         if self.method == CONTROL:
             notes = self._task_notes()
             return f"{CONTROL} ({', '.join(notes)})" if notes else CONTROL
         if self.match_gmacs is not None:
-            return self._label(self.params, notes=[f"at {self.match_gmacs:g}x GMACs"])
-        return self._label(self.params)
+            return self._label(self.params, matched=self.match_gmacs)
+        return self._label(self.params, force=self._knob())
 
     def matched_label(self, params: Mapping[str, Any]) -> str:
-        """The label of a matched run once its knob is chosen: ``params`` with the knob always
-        shown, first (``tome (r=7)``, ``topk (keep=0.7)`` even at the default)."""
-        knob = get_host().method(self.method).budget
-        return self._label(params, force=(knob.param,) if knob is not None else ())
+        """The label of a matched run once its knob is chosen: ``params`` with the knob shown first,
+        then the budget (``tome (r=7; matched 0.5x GMACs)``)."""
+        return self._label(params, force=self._knob(), matched=self.match_gmacs)
 
-    def _label(self, params: Mapping[str, Any], force: tuple[str, ...] = (), notes: Iterable[str] = ()) -> str:
+    def _knob(self) -> tuple[str, ...]:
+        knob = get_host().method(self.method).budget
+        return (knob.param,) if knob is not None else ()
+
+    def _label(self, params: Mapping[str, Any], force: tuple[str, ...] = (),
+               matched: Optional[float] = None) -> str:
         spec = get_host().method(self.method)
         defaults = params_dict(make_params(self.method, spec.params, {}))
-        changed = {k: params[k] for k in force if k in params}
+        changed = {k: params[k] for k in force if params.get(k) is not None}  # the knob, default or not
         changed.update({k: v for k, v in params.items() if k not in changed and defaults.get(k) != v})
         shown = self._shown(changed)
         task_notes = self._task_notes()  # what the task's fields change from its defaults
@@ -113,8 +120,10 @@ class RunSpec:
             shown += task_notes
         elif self.train_backbone:
             shown.append("backbone trained")
-        shown += list(notes)
-        return f"{self.method} ({', '.join(shown)})" if shown else self.method
+        inner = ", ".join(shown)
+        if matched is not None:
+            inner = f"{inner}; matched {matched:g}x GMACs" if inner else f"matched {matched:g}x GMACs"
+        return f"{self.method} ({inner})" if inner else self.method
 
     def _task_notes(self) -> list[str]:
         return get_host().task(self.task).label_notes(dict(self.task_fields)) if self.task_fields else []
@@ -126,4 +135,4 @@ class RunSpec:
 
 #: fields added after the first stores, hashed only when set (docs/measuring.md, "What a run's identity holds")
 _LATER_FIELDS = ("train_backbone", "train_limit", "match_gmacs", "precision", "compile",
-                 "cuda_graph", "limit", "head", "weights")
+                 "cuda_graph", "limit", "head", "weights", "repeats")

@@ -11,7 +11,7 @@ import pytest
 
 from vitbench.cli.main import main
 from vitbench.options import RunOptions
-from vitbench.tasks.cls.run import ClsTask
+from vitbench.tasks.cls.task import ClsTask
 
 DEFAULT = ["--task", "cls", "--metrics", "accuracy", "--batch-size", "2"]
 

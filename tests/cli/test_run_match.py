@@ -35,8 +35,8 @@ def test_matched_runs_land_within_tolerance_with_their_knobs_in_record_label_and
         assert abs(rec["gmacs"] / (0.6 * base["gmacs"]) - 1) <= TOLERANCE
         assert budget["landed_gmacs"] == rec["gmacs"] == pytest.approx(budget["calibrated_gmacs"])
         assert budget["landed_within"] is True
-    assert tome["label"] == f"tome (r={json.dumps(tome['params']['r'], separators=(',', ':'))})"
-    assert topk["label"] == f"topk (keep={topk['params']['keep']}, layers=[1,3])"
+    assert tome["label"] == f"tome (r={json.dumps(tome['params']['r'], separators=(',', ':'))}; matched 0.6x GMACs)"
+    assert topk["label"] == f"topk (keep={topk['params']['keep']}, layers=[1,3]; matched 0.6x GMACs)"
     report = (out / "report.md").read_text()
     assert tome["label"] in report and topk["label"] in report
     assert "Matched compute (F = 0.6)" in report and "found by bisection on the GMACs count" in report
@@ -48,8 +48,8 @@ def test_the_knob_shows_even_when_it_equals_its_default(tmp_path):
 
     spec = build_plan(task="cls", model="m", methods=["topk"], data=None, overrides={}, metrics=("gmacs",),
                       batch_size=1, device="cpu", seed=0, match_gmacs=0.5)[1]
-    assert "keep" not in spec.params and spec.label == "topk (at 0.5x GMACs)"
-    assert spec.matched_label({**spec.params, "keep": 0.7}) == "topk (keep=0.7)"
+    assert "keep" not in spec.params and spec.label == "topk (matched 0.5x GMACs)"
+    assert spec.matched_label({**spec.params, "keep": 0.7}) == "topk (keep=0.7; matched 0.5x GMACs)"
 
 
 @pytest.mark.parametrize("value", ["0", "1.5", "-0.2", "abc", "nan"])
@@ -76,7 +76,7 @@ def test_an_unreachable_budget_is_an_error_for_that_run_and_the_others_go_on(tmp
     base, ppt, topk = _records(out)
     assert (ppt["status"], topk["status"]) == ("error", "ok")
     assert ppt["error"].startswith("ppt cannot reach F = 0.45 ") and "valid budgets for ppt here: F >= 0.5" in ppt["error"]
-    assert ppt["label"] == "ppt (layers=[1,3], at 0.45x GMACs)"
+    assert ppt["label"] == "ppt (layers=[1,3]; matched 0.45x GMACs)"
     assert abs(topk["gmacs"] / (0.45 * base["gmacs"]) - 1) <= TOLERANCE
     report = (out / "report.md").read_text()
     assert "Failed runs:" in report and "ppt cannot reach F = 0.45" in report
@@ -103,7 +103,7 @@ def test_a_third_party_method_without_a_knob_is_reported_not_matchable(tmp_path)
     records = _records(out)
     assert [(r["method"], r["status"]) for r in records] == [("baseline", "ok"), ("knobless", "error"), ("tome", "ok")]
     assert records[1]["error"].startswith("knobless is not matchable: its plugin declares no budget knob")
-    assert "knobless (at 0.7x GMACs): knobless is not matchable" in (out / "report.md").read_text()
+    assert "knobless (matched 0.7x GMACs): knobless is not matchable" in (out / "report.md").read_text()
     # without --match-gmacs it runs at its own defaults as before
     assert main(["run", "--methods", "knobless", *FAST, "--out", str(tmp_path / "plain")]) == 0
 

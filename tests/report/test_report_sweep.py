@@ -65,7 +65,7 @@ def test_sweep_markdown_has_summary_plots_and_one_table_per_budget(sweep):
     assert "Baseline: Top-1 (%) 80.00, 10.000 GMACs." in md
     assert "![Pareto: accuracy vs GMACs](pareto_gmacs.png)" in md
     section_05 = md[md.index("### F = 0.5"):]
-    assert "tome (r=12)" in section_05 and "tome (r=3)" not in section_05
+    assert "tome (r=12; matched 0.5x GMACs)" in section_05 and "tome (r=3" not in section_05
     assert "- topk (at 0.5x GMACs): topk cannot reach F = 0.5" in section_05
     assert "r=12 found by bisection on the GMACs count (7 settings evaluated)" in section_05
 

@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         md, png = write_report(records, output, command=command, skipped=skipped)
     except OSError as exc:
         raise DataError(f"cannot write the report {str(output)!r}: {exc.strerror or exc}") from None
-    print(f"wrote {md} and {png}")
+    print(f"wrote {md} and {png}" if png is not None else f"wrote {md} (no plot: nothing to draw)")
     return 0
 
 

@@ -13,8 +13,11 @@ from typing import Any
 
 from vitbench.report.doubts import row_doubts, timing_notes
 from vitbench.report.measured_on import describe
+from vitbench.report.methodology import PARAGRAPHS, methodology
+from vitbench.report.row_facts import weights_from
 from vitbench.report.task_shape import task_spec
 from vitbench.report.timed_how import timed_how_notes
+from vitbench.report.unequal_compute import unequal_compute_lines
 from vitbench.report.tables import (
     CONTROL,
     comparison_table, group_records, groups, measured_groups, metric, ok_rows, pick_control, row_labels,
@@ -27,30 +30,8 @@ __all__ = ["render_markdown", "METHODOLOGY", "group_section", "header_lines"]
 
 _VERSION_KEYS = ("torch", "timm", "mmengine", "mmcv", "mmdet", "mmpretrain", "vitbench")
 
-METHODOLOGY = (
-    "**GMACs** are counted with `torch.utils.flop_counter.FlopCounterMode` at batch 1 on the "
-    "real forward of the reduced model, so token counts that change between blocks are counted "
-    "as they happen; fused attention (SDPA) is counted with an explicit formula, so fused and "
-    "unfused attention count the same. 1 multiply-add = 1, the papers' \"GFLOPs\" convention "
-    "(GMACs = FLOPs / 2). Input-dependent methods are averaged over real evaluation images and "
-    "shown as mean ± standard deviation. **Throughput** is the median images per second of the "
-    "model forward only (eval mode, inference mode, input already on the device, after warm-up, "
-    "device synchronised) at the batch size in the column header, ± the spread over repeats; "
-    "**latency** is the median milliseconds per image at batch 1. **Speed-ups** are taken only "
-    "against the baseline measured in the same run (same process configuration and session), "
-    "never against a number from elsewhere. **Efficiency** = speed-up / GMACs ratio "
-    "(baseline GMACs / method GMACs): 1.0 means every saved MAC turned into time. Deltas "
-    "(ΔTop-1 in percentage points, GMACs ↓ in %) are against the baseline of the same task "
-    "and model measured on the same evaluation images, classifier head and weights. Top-1/top-5 "
-    "come from mmpretrain's Accuracy, box/mask mAP from mmdet's CocoMetric. **IB loss** = "
-    "I(X~;X) - I(X~;Y) and **IB bound** (Theorem 3.1 of the IBTM paper) are in nats, measured on the evaluation split: X~ the size-weighted mean of the final block's "
-    "patch tokens, X the input image (area-downsampled to at most 32x32), soft assignments to the "
-    "class centroids of each; the bound includes the input-only constant, so bound minus that "
-    "constant (recorded as `ib_input_constant`) is >= the loss; lower is better for both. "
-    "Learnable methods are fine-tuned before they are measured (details under each table). "
-    "Columns no row measured are left out; \"n/a\": the metric does not apply to that row or was "
-    "not measured for it."
-)
+#: every paragraph of the methodology; a report shows those of what it measured (:func:`methodology`)
+METHODOLOGY = " ".join(text for _, text in PARAGRAPHS)
 
 
 SEEDS_NOTE = (
@@ -169,6 +150,19 @@ def _head_lines(rows: list[Mapping[str, Any]], base: Mapping[str, Any] | None) -
     return [f"Classifier head: {fitted}; {who} (saved as {head.get('checkpoint_path')}).", ""]
 
 
+def _weights_lines(task: str, rows: list[Mapping[str, Any]]) -> list[str]:
+    """Where the rows' weights came from, as one line when every row shares it (else the table has
+    a Weights column)."""
+    found = {weights_from(r) for r in rows}
+    if len(found) != 1:
+        return []
+    what = "Backbone weights" if task_spec(task) is not None and task_spec(task).counts == "backbone" else "Weights"
+    shared = found.pop()
+    if shared is None:
+        return [f"{what}: n/a (not recorded by the vitbench version that measured these runs).", ""]
+    return [f"{what} of every row: {shared}.", ""]
+
+
 def _task_notes(task: str, rows: list[Mapping[str, Any]]) -> list[str]:
     """The task's own sentences under its table (det/seg: the detector and its training)."""
     spec = task_spec(task)
@@ -255,6 +249,8 @@ def _table_lines(records: list[Mapping[str, Any]], task: str, model: str, key: s
                   "shows no deltas: a row is compared only with a baseline measured on the same ones.", ""]
     elif base is None:
         lines += ["No successful baseline in this group: deltas and speed-ups are n/a.", ""]
+    lines += unequal_compute_lines(task, row_labels(rows), rows)
+    lines += _weights_lines(task, rows)
     lines += _matched_lines(row_labels(rows), rows)
     control = pick_control(rows)  # det/seg only: no cls run has one
     lines += timing_notes(row_labels(rows), [row_doubts(r, base, control) for r in rows])
@@ -295,7 +291,7 @@ def header_lines(records: list[Mapping[str, Any]], *, title: str | None = None,
     )
     if commands:
         lines += ["## Command", "", "```"] + commands + ["```", ""]
-    lines += ["## Methodology", "", METHODOLOGY, ""]
+    lines += ["## Methodology", "", methodology(records), ""]
     return lines
 
 

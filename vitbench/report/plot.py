@@ -1,5 +1,6 @@
-"""Accuracy vs GMACs and accuracy vs throughput, one row of two panels per (task, model) and
-what its runs were measured on (:func:`~vitbench.report.tables.panels`).
+"""Accuracy vs GMACs and accuracy vs throughput, one row of panels per (task, model) and what its
+runs were measured on (:func:`~vitbench.report.tables.panels`); only panels with a point are drawn
+(throughput vs GMACs where no row measured accuracy), and no file at all when none has one.
 
 Fewer GMACs do not always mean more images per second (docs/measuring.md), so the two panels
 sit side by side: a method that moves left on the first but not right on the second saves
@@ -12,7 +13,7 @@ import io
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -22,7 +23,7 @@ from vitbench.report._atomic import atomic_write_bytes
 from vitbench.report.tables import CONTROL, accuracy_key, metric, ok_rows, panels, row_labels
 from vitbench.report.task_shape import accuracy_columns
 
-__all__ = ["plot_accuracy_vs_gmacs"]
+__all__ = ["plot_accuracy_vs_gmacs", "planned_panels"]
 
 _AXES = (
     ("gmacs", "gmacs_std", "GMACs (batch 1)"),
@@ -32,7 +33,6 @@ _AXES = (
 
 def _panel(ax: Axes, rows: list[Mapping[str, Any]], labels: list[str], base: Any,
            x_key: str, xerr_key: str, y_key: str) -> None:
-    drawn = 0
     for i, (rec, label) in enumerate(zip(rows, labels)):
         x, y = metric(rec, x_key), metric(rec, y_key)
         if x is None or y is None:
@@ -47,55 +47,68 @@ def _panel(ax: Axes, rows: list[Mapping[str, Any]], labels: list[str], base: Any
             markerfacecolor="none" if is_control else None,
         )
         ax.annotate(label, (x, y), xytext=(5, 5), textcoords="offset points", fontsize=8)
-        drawn += 1
-    if not drawn:
-        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
     ax.grid(True, alpha=0.3)
     ax.margins(x=0.2, y=0.15)  # room for the labels
 
 
-def _speed_only(ax_g: Axes, ax_t: Axes, rows: list[Mapping[str, Any]], labels: list[str], base: Any,
-                title: str, note: str = "") -> None:
-    """A group without accuracy: throughput vs GMACs on the left (what was measured), and the
-    right panel says why there is no accuracy panel (instead of two empty "no data" panels)."""
-    _panel(ax_g, rows, labels, base, "gmacs", "gmacs_std", "throughput_img_s")
-    ax_g.set_xlabel("GMACs (batch 1)")
-    ax_g.set_ylabel("Throughput (img/s)")
-    ax_g.set_title(f"{title}: throughput vs GMACs{note}")
-    ax_t.set_axis_off()
-    ax_t.text(0.5, 0.5, "accuracy not measured\n(--metrics without accuracy)", ha="center", va="center",
-              transform=ax_t.transAxes)
+#: one planned panel: ``(task, model, on, note, x key, x error key, y key)``
+_Planned = tuple[str, str, Optional[str], str, str, str, str]
+
+
+def _has(rows: list[Mapping[str, Any]], x_key: str, y_key: str) -> bool:
+    return any(metric(r, x_key) is not None and metric(r, y_key) is not None for r in rows)
+
+
+def planned_panels(records: Iterable[Mapping[str, Any]]) -> list[list[_Planned]]:
+    """Per (task, model) and what it was measured on, the panels that have a point to draw:
+    accuracy vs GMACs and vs throughput, or throughput vs GMACs where no row measured accuracy;
+    groups with none are left out."""
+    records = list(records)
+    out = []
+    for task, model, on, note in panels(records):
+        rows, _ = ok_rows(records, task, model, on=on)
+        y_key = accuracy_key(task)
+        wanted = ([(x, e, y_key) for x, e, _ in _AXES] if any(metric(r, y_key) is not None for r in rows)
+                  else [("gmacs", "gmacs_std", "throughput_img_s")])
+        row = [(task, model, on, note, x, e, y) for x, e, y in wanted if _has(rows, x, y)]
+        if row:
+            out.append(row)
+    return out
+
+
+def _draw(ax: Axes, records: list[Mapping[str, Any]], planned: _Planned) -> None:
+    task, model, on, note, x_key, xerr_key, y_key = planned
+    rows, base = ok_rows(records, task, model, on=on)  # on: runs measured on other images apart
+    _panel(ax, rows, row_labels(rows), base, x_key, xerr_key, y_key)
+    x_label = dict((k, lab) for k, _, lab in _AXES)[x_key]
+    bs = {int(b) for r in rows if (b := metric(r, "batch_size")) is not None}
+    if x_key == "throughput_img_s" and len(bs) == 1:
+        x_label = f"Throughput (img/s, bs={bs.pop()})"
+    y_label = "Throughput (img/s)" if y_key == "throughput_img_s" else accuracy_columns(task)[0].axis
+    ax.set_xlabel(x_label)
+    ax.set_ylabel(y_label)
+    what = "accuracy" if y_key != "throughput_img_s" else "throughput"
+    ax.set_title(f"{task} · {model}: {what} vs {'GMACs' if x_key == 'gmacs' else 'throughput'}{note}")
 
 
 def plot_accuracy_vs_gmacs(
     records: Iterable[Mapping[str, Any]], path_png: str | os.PathLike[str]
-) -> Path:
-    """Write the PNG to ``path_png`` (atomically) and return its path. Detection and
-    segmentation plot box mAP; the baseline is the black star (the det/seg control a hollow
-    one). Runs over several seeds are one
-    point at their means, with the seeds' standard deviation as the vertical error bar."""
+) -> Optional[Path]:
+    """Write the PNG to ``path_png`` (atomically) and return its path; ``None``, and no file, when
+    no panel has a point to draw (:func:`planned_panels`: only panels with data are drawn).
+    Detection and segmentation plot box mAP; the baseline is the black star (the det/seg control
+    a hollow one). Runs over several seeds are one point at their means, with the seeds'
+    standard deviation as the vertical error bar."""
     records = list(records)
-    pairs = panels(records) or [("cls", "(no runs)", None, "")]
-    fig = Figure(figsize=(12, 4.5 * len(pairs)), layout="constrained")
+    plan = planned_panels(records)
+    if not plan:
+        return None
+    cols = max(len(row) for row in plan)
+    fig = Figure(figsize=(6 * cols, 4.5 * len(plan)), layout="constrained")
     FigureCanvasAgg(fig)
-    axes = fig.subplots(len(pairs), 2, squeeze=False)
-    for (task, model, on, note), (ax_g, ax_t) in zip(pairs, axes):
-        rows, base = ok_rows(records, task, model, on=on)  # on: runs measured on other images apart
-        labels = row_labels(rows)
-        y_key = accuracy_key(task)
-        y_label = accuracy_columns(task)[0].axis
-        if not any(metric(r, y_key) is not None for r in rows):  # e.g. --metrics gmacs,throughput
-            _speed_only(ax_g, ax_t, rows, labels, base, f"{task} · {model}", note)
-            continue
-        for ax, (x_key, xerr_key, x_label) in zip((ax_g, ax_t), _AXES):
-            _panel(ax, rows, labels, base, x_key, xerr_key, y_key)
-            ax.set_xlabel(x_label)
-            ax.set_ylabel(y_label)
-        bs = {int(b) for r in rows if (b := metric(r, "batch_size")) is not None}
-        if len(bs) == 1:
-            ax_t.set_xlabel(f"Throughput (img/s, bs={bs.pop()})")
-        ax_g.set_title(f"{task} · {model}: accuracy vs GMACs{note}")
-        ax_t.set_title(f"{task} · {model}: accuracy vs throughput{note}")
+    for i, row in enumerate(plan):
+        for j, planned in enumerate(row):
+            _draw(fig.add_subplot(len(plan), cols, i * cols + j + 1), records, planned)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     return atomic_write_bytes(path_png, buf.getvalue())

@@ -8,7 +8,8 @@ Columns that no row measured are left out (:func:`drop_unmeasured`).
 Runs that differ only by seed are one row (:mod:`vitbench.report.seeds`: accuracy as mean ±
 std with a Seeds column saying n); a timing not to be trusted, and a speed-up or efficiency
 derived from one, is marked ``†`` (:mod:`vitbench.report.doubts`). A row is compared only with
-a baseline measured on the same images, head and weights (:mod:`vitbench.report.measured_on`).
+a baseline measured on the same images, head and weights (:mod:`vitbench.report.measured_on`);
+its images, accuracy interval and weights are :mod:`vitbench.report.row_facts`'.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import pandas as pd
 
 from vitbench.report.doubts import MARK, row_doubts
 from vitbench.report.measured_on import describe, on_key
+from vitbench.report.row_facts import images, interval_pct, row_label, shows_top5, weights_from
 from vitbench.report.seeds import aggregate_over_seeds
 from vitbench.report.task_shape import accuracy_columns, task_spec
 from vitbench.results.store import latest_records
@@ -55,9 +57,21 @@ def _fmt(v: float | None, spec: str, unit: str = "") -> str:
 def _spread(v: float | None, sd: float | None, spec: str) -> str:
     if v is None:
         return NA
-    if sd is not None and sd > 0:
+    if sd is not None and sd > 0 and float(_fmt(sd, spec)) > 0:  # no "± 0.0000": a spread below the shown digits
         return f"{_fmt(v, spec)} ± {_fmt(sd, spec)}"
     return _fmt(v, spec)
+
+
+def _accuracy_cell(rec: Record, key: str, spec: str) -> str:
+    """An accuracy cell: mean ± std over seeds; one run's percentage of images with its 95 %
+    interval (``85.50 [80.0, 89.6]``, :func:`~vitbench.report.row_facts.interval_pct`)."""
+    v, sd = metric(rec, key), metric(rec, f"{key}_seed_std")
+    if key == "top5_pct" and not shows_top5(rec):
+        return NA
+    ci = interval_pct(v, images(rec)) if key.endswith("_pct") and int(rec.get("n_seeds") or 1) == 1 else None
+    if ci is None:
+        return _spread(v, sd, spec)
+    return f"{_fmt(v, spec)} [{ci[0]:.1f}, {ci[1]:.1f}]"
 
 
 def _marked(cell: str, doubts: list[str]) -> str:
@@ -84,10 +98,12 @@ def _short(v: Any) -> str:
 
 
 def method_label(rec: Record) -> str:
-    """``tome (r=13)``: the record's ``label`` (parameters that differ from the defaults) when the
-    executor wrote one, else the method name with all its parameters in record order."""
-    if rec.get("label"):
-        return str(rec["label"])
+    """``tome (r=13)``: the record's ``label`` (the budget knob and the parameters that differ from
+    the defaults; :func:`~vitbench.report.row_facts.row_label`) when the executor wrote one, else
+    the method name with all its parameters in record order."""
+    label = row_label(rec)
+    if label:
+        return label
     params = rec.get("params") or {}
     method = str(rec.get("method", "?"))
     if not params:
@@ -207,7 +223,7 @@ def comparison_table(records: Iterable[Record], task: str, model: str, on: str |
 
     # every column a task can have; those no row measured (all n/a) are dropped below
     columns = (["Method"] + (["Measured on"] if several_groups else []) + (["Seeds"] if several_seeds else [])
-               + ["Params"])
+               + ["Params", "Images"])
     control = any(pick_control(part) is not None for _, part, _ in parts)  # tasks with a control row (det/seg) only
     for col in acc_cols:
         columns += ([col.title] + [title for title, _ in col.before] + [col.delta]
@@ -215,6 +231,8 @@ def comparison_table(records: Iterable[Record], task: str, model: str, on: str |
     columns += ["GMACs", "GMACs ↓ (%)", "Backbone GMACs"]
     columns += [tp_col, "Speed-up (×)", "Efficiency", "Latency bs=1 (ms)"]
     columns += ["IB loss", "IB bound"]
+    if len({weights_from(r) for r in rows}) > 1:  # shared weights are one line under the table
+        columns.append("Weights")
     return drop_unmeasured(pd.DataFrame(table, columns=columns))
 
 
@@ -227,15 +245,17 @@ def _rows(rows: list[Record], base: Record | None, task: str, spec: Any, tp_col:
     table: list[dict[str, str]] = []
     for rec, label in zip(rows, row_labels(rows)):
         doubts = row_doubts(rec, base, control)
-        row = {"Method": label, "Params": _fmt(metric(rec, "params_m"), ".2f", "M")}
+        n = images(rec)
+        row = {"Method": label, "Params": _fmt(metric(rec, "params_m"), ".2f", "M"),
+               "Images": NA if n is None else str(n), "Weights": weights_from(rec) or NA}
         if several_seeds:
             seeds = rec.get("seeds") or [rec.get("seed")]
             row["Seeds"] = f"{','.join(map(str, seeds))} (n={len(seeds)})"
         for col in acc_cols:
             for title, key in col.before + col.after:  # shown as they are (top-5; AP50, AP75)
-                row[title] = _spread(metric(rec, key), metric(rec, f"{key}_seed_std"), col.fmt)
+                row[title] = _accuracy_cell(rec, key, col.fmt)
             v, b = metric(rec, col.key), metric(base, col.key)  # means over seeds; the delta of the means
-            row[col.title] = _spread(v, metric(rec, f"{col.key}_seed_std"), col.fmt)
+            row[col.title] = _accuracy_cell(rec, col.key, col.fmt)
             row[col.delta] = _fmt(v - b, "+" + col.fmt) if v is not None and b is not None else NA
             compared = spec is not None and spec.compared_with_control(rec)  # trained as the control did
             c = metric(control, col.key) if compared else None

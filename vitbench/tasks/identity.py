@@ -2,7 +2,8 @@
 (:class:`~vitbench.spec.RunSpec` ``limit``, ``weights``; docs/measuring.md, "What a run's identity
 holds"): the evaluation images, the content of a ``--checkpoint`` file, the seed of a random
 init. A task's :meth:`~vitbench.task.Task.setup` returns them in its plan keywords, so that
-``--resume`` never reuses a run measured on something else.
+``--resume`` never reuses a run measured on something else. :func:`weights_from` says the same
+in words for a record (``weights_from``: the report's provenance of a row's weights).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from vitbench.errors import CheckpointError
 if TYPE_CHECKING:  # pragma: no cover
     from vitbench.options import RunOptions
 
-__all__ = ["file_digest", "first_seed", "identity_fields"]
+__all__ = ["file_digest", "first_seed", "identity_fields", "weights_from"]
 
 
 def first_seed(options: "RunOptions") -> int:
@@ -54,3 +55,31 @@ def identity_fields(options: "RunOptions", *, evaluates_data: bool, random_init:
     elif random_init:
         out["weights"] = f"init_seed={first_seed(options)}"
     return out
+
+
+def _timm_name(model: str) -> str:
+    """``deit_tiny_patch16_224.fb_in1k``: the model with the tag of the weights timm loads for it."""
+    try:
+        from timm.models import get_pretrained_cfg
+
+        cfg = get_pretrained_cfg(model)
+    except Exception:  # noqa: BLE001 - an unknown name or another timm: the name as given
+        return model
+    tag = getattr(cfg, "tag", None)
+    return f"{model}.{tag}" if tag and "." not in model else model
+
+
+def weights_from(spec: Any, default: Optional[str] = None) -> str:
+    """Where a run's weights came from, in words (a record's ``weights_from``): ``checkpoint
+    NAME.pth (sha256 ...)``, ``random init (seed S)``, ``timm pretrained NAME.TAG``, else
+    ``default`` (the task's own weights, e.g.
+    :func:`~vitbench.tasks.cls.weights_from.default_model_weights`) or ``n/a``."""
+    weights = str(spec.weights or "")
+    if weights.startswith("sha256="):
+        name = Path(spec.checkpoint).name if spec.checkpoint else "checkpoint"
+        return f"checkpoint {name} (sha256 {weights.partition('=')[2][:12]})"
+    if weights.startswith("init_seed="):
+        return f"random init (seed {weights.partition('=')[2]})"
+    if spec.pretrained:
+        return f"timm pretrained {_timm_name(spec.model)}"
+    return default or "n/a"

@@ -1,13 +1,10 @@
-"""The ``cls`` task (:class:`ClsTask`; the built-in plugin ``cls_task`` registers it): resolve the
-model and data from the options,
+"""What the ``cls`` task (:class:`~vitbench.tasks.cls.task.ClsTask`) runs: load the model and data,
 fit a new classifier head when asked, and per run spec apply the method, fine-tune a learnable
 one, evaluate top-1/top-5 with mmpretrain and measure (docs/measuring.md).
 """
 from __future__ import annotations
 
 import copy
-import sys
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -17,27 +14,21 @@ from torch import nn
 
 from vitbench import measure
 from vitbench.calibrate import GmacsCounter, prepared_as_trained
-from vitbench.catalog import ReportColumn, TaskSetup, WorkspaceRequest
+from vitbench.catalog import WorkspaceRequest
 from vitbench.engine import apply, reduction_context
 from vitbench.engine.apply import check_applies
 from vitbench.errors import VitbenchError
 from vitbench.measure.precision import autocast, trains_in
-from vitbench.metrics import DATA_METRICS, METRICS
-from vitbench.options import parse_list
-from vitbench.plugins import get_host
-from vitbench.task import BASELINE, Task
-from vitbench.tasks.cls import DEFAULT_MODEL, DEFAULT_MODEL_TRAIN_LIMIT
+from vitbench.task import BASELINE
+from vitbench.tasks.cls import DEFAULT_MODEL
 from vitbench.tasks.common import Progress, attention_kernel, input_size_of, measure_timings
-from vitbench.tasks.identity import first_seed, identity_fields
+from vitbench.tasks.cls.weights_from import default_model_weights
+from vitbench.tasks.identity import first_seed, weights_from
 
 if TYPE_CHECKING:  # pragma: no cover
-    from vitbench.options import RunOptions
     from vitbench.spec import RunSpec
 
-__all__ = ["CLS_ACCURACY", "ClsTask", "ClsWorkspace", "cls_gmacs_counter", "run_cls_spec"]
-
-#: what the reports show as accuracy: top-1 (with top-5 beside it)
-CLS_ACCURACY = (ReportColumn("top1_pct", "Top-1 (%)", "ΔTop-1 (pp)", ".2f", before=(("Top-5 (%)", "top5_pct"),)),)
+__all__ = ["ClsWorkspace", "cls_gmacs_counter", "cls_workspace", "run_cls_spec"]
 
 
 @dataclass
@@ -63,32 +54,6 @@ class ClsWorkspace:
     counters: dict = field(default_factory=dict)
     #: what every record of the plan was measured on (:mod:`vitbench.report.measured_on`)
     measured_on: dict = field(default_factory=dict)
-
-
-def _learnable(methods: Sequence[str]) -> list[str]:
-    host = get_host()
-    return [host.method(m).name for m in methods if host.method(m).needs_training]
-
-
-def _metrics(options: "RunOptions", model: str) -> tuple[str, ...]:
-    if options.metrics is not None:
-        metrics = parse_list("metric", ",".join(options.metrics), METRICS)
-        needs = [m for m in metrics if m in DATA_METRICS]
-        if needs and options.data is None and model != DEFAULT_MODEL:
-            raise VitbenchError(f"{' and '.join(needs)} of {model!r} need --data PATH (an ImageNet-style "
-                                f"folder); or leave {', '.join(needs)} out of --metrics")
-        return metrics
-    if options.data is None and model != DEFAULT_MODEL:
-        without = tuple(m for m in METRICS if m not in DATA_METRICS)
-        print(f"vitbench: note: no --data for {model!r}: measuring {', '.join(without)} without "
-              f"{' and '.join(DATA_METRICS)}", file=sys.stderr)
-        return without
-    return METRICS
-
-
-def _reads_data(metrics: Sequence[str], methods: Sequence[str]) -> bool:
-    """Whether the plan reads its data: accuracy (or IB) is measured, or a method fine-tunes."""
-    return any(m in metrics for m in DATA_METRICS) or bool(_learnable(methods))
 
 
 def _eval_batches(ws: ClsWorkspace, model: nn.Module, device: str, limit: Optional[int] = None):  # type: ignore[no-untyped-def]
@@ -198,7 +163,7 @@ def _measure(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progre
     if "gmacs" in spec.metrics:
         progress("counting GMACs")
         images = _gmacs_images(spec, ws)
-        result = measure.count_gmacs(model, images)
+        result = measure.count_gmacs(model, images, what="counting GMACs")
         out.update(gmacs=result.mean, gmacs_std=result.std, gmacs_images=result.n,
                    gmacs_on="evaluation images" if ws.data is not None else "random images")
     if "params" in spec.metrics:
@@ -235,87 +200,39 @@ def run_cls_spec(spec: RunSpec, ws: ClsWorkspace, params: dict[str, Any], progre
 
     out["measured_on"] = derive_measured_on({"data": spec.data, "head": ws.head, "num_images": out.get("num_images")},
                                             limit=spec.limit, weights=spec.weights)
+    out["weights_from"] = weights_from(spec, default_model_weights() if spec.model == DEFAULT_MODEL else None)
     return out
 
 
-class ClsTask(Task):
-    """``cls``: an mmpretrain ``ImageClassifier`` around the reduced model; top-1/top-5 accuracy."""
+def cls_workspace(request: WorkspaceRequest, reads_data: bool) -> ClsWorkspace:
+    """What the runs of a cls plan share (:meth:`vitbench.tasks.cls.task.ClsTask.workspace`): the model
+    (the default one is trained once and cached), every method checked to apply, the data when the
+    plan ``reads_data`` (accuracy is measured or a method trains), a new head fitted when asked."""
+    from vitbench.tasks.cls.models import load_model
 
-    name = "cls"
-    description = "image classification (mmpretrain ImageClassifier): top-1/top-5 accuracy"
-    metrics = METRICS
-    accuracy = CLS_ACCURACY
-    counts = "model"
-    distributed = True
+    options, setup, plan = request.options, request.setup, request.plan
+    request.note(f"loading model {setup.model}")
+    model = load_model(setup.model, pretrained=options.pretrained, checkpoint=options.checkpoint,
+                       num_classes=options.num_classes, seed=first_seed(options))  # random: the first seed
+    check_applies(plan, model)
+    cls_data = None
+    if reads_data:
+        from vitbench.tasks.cls.data import resolve_cls_data
 
-    def setup(self, options: "RunOptions") -> TaskSetup:
-        """The model (default: the embedded Fashion-MNIST ViT), data and metrics."""
-        self.parse_options(options.task_options)  # it has none: another task's are refused
-        model_name = options.model or DEFAULT_MODEL
-        metrics = _metrics(options, model_name)
-        data: Optional[str] = options.data
-        if any(m in metrics for m in DATA_METRICS) and data is None:
-            data = "fashion-mnist"
-        train_limit = options.train_limit
-        if train_limit is None and model_name == DEFAULT_MODEL:
-            train_limit = DEFAULT_MODEL_TRAIN_LIMIT
-        learnable = _learnable(options.methods)
-        if learnable and data is None:
-            if model_name != DEFAULT_MODEL:
-                raise VitbenchError(f"{', '.join(learnable)} must be fine-tuned: pass --data PATH (an "
-                                    f"ImageNet-style folder with a train/ split)")
-            data = "fashion-mnist"
-        reads_data = _reads_data(metrics, options.methods)
-        head = None
-        if options.num_classes is not None and model_name != DEFAULT_MODEL:  # a new head: fitted when data is read
-            head = f"num_classes={options.num_classes}" + (
-                f",fit_limit={'all' if train_limit is None else train_limit}" if reads_data else "")
-        identity = identity_fields(options, evaluates_data=reads_data, head=head,
-                                   random_init=not options.pretrained and model_name != DEFAULT_MODEL)
-        return TaskSetup(model=model_name, data=data, metrics=metrics,
-                         plan={"train_backbone": options.train_backbone, "train_limit": train_limit, **identity})
+        cls_data = resolve_cls_data(setup.data, model)  # a head of another class count is refused here
+    out = request.out
+    out.mkdir(parents=True, exist_ok=True)
+    head = None
+    if cls_data is not None and getattr(model, "vitbench_new_head", False):
+        from vitbench.tasks.cls.head import fitted_head  # --num-classes N: a new head, fitted once
 
-    def workspace(self, request: WorkspaceRequest) -> ClsWorkspace:
-        """Load the model (the default one is trained once and cached), check every method applies,
-        resolve the data when accuracy is measured or a method trains, fit a new head when asked."""
-        from vitbench.tasks.cls.models import load_model
+        head = fitted_head(model, cls_data, out / "checkpoints", model_name=setup.model,
+                           limit=setup.plan.get("train_limit"), device=options.device,
+                           progress=request.note).record()
+    from vitbench.report.measured_on import derive_measured_on
 
-        options, setup, plan = request.options, request.setup, request.plan
-        request.note(f"loading model {setup.model}")
-        model = load_model(setup.model, pretrained=options.pretrained, checkpoint=options.checkpoint,
-                           num_classes=options.num_classes, seed=first_seed(options))  # random: the first seed
-        check_applies(plan, model)
-        cls_data = None
-        if _reads_data(setup.metrics, options.methods):
-            from vitbench.tasks.cls.data import resolve_cls_data
-
-            cls_data = resolve_cls_data(setup.data, model)  # a head of another class count is refused here
-        out = request.out
-        out.mkdir(parents=True, exist_ok=True)
-        head = None
-        if cls_data is not None and getattr(model, "vitbench_new_head", False):
-            from vitbench.tasks.cls.head import fitted_head  # --num-classes N: a new head, fitted once
-
-            head = fitted_head(model, cls_data, out / "checkpoints", model_name=setup.model,
-                               limit=setup.plan.get("train_limit"), device=options.device,
-                               progress=request.note).record()
-        from vitbench.report.measured_on import derive_measured_on
-
-        measured_on = derive_measured_on({"data": setup.data, "head": head}, limit=setup.plan.get("limit"),
-                                         weights=setup.plan.get("weights"))
-        return ClsWorkspace(model=model, input_size=input_size_of(model), data=cls_data, work_dir=out / "work",
-                            eval_limit=options.limit, checkpoint_dir=out / "checkpoints", resume=request.resume,
-                            head=head, measured_on=measured_on)
-
-    def run(self, spec: RunSpec, ws: ClsWorkspace, params: dict[str, Any], progress: Progress) -> dict[str, Any]:
-        """:func:`run_cls_spec`."""
-        return run_cls_spec(spec, ws, params, progress)
-
-    def gmacs_counter(self, spec: RunSpec, ws: ClsWorkspace, progress: Progress) -> GmacsCounter:
-        """:func:`cls_gmacs_counter`."""
-        return cls_gmacs_counter(spec, ws, progress)
-
-    def shared_fields(self, ws: ClsWorkspace) -> dict[str, Any]:
-        """What every cls record carries, a failed run's too: the head fitted once (``--num-classes``)
-        and what the plan measures on (a run's own record says how many images it evaluated)."""
-        return {**({"head": ws.head} if ws.head is not None else {}), "measured_on": ws.measured_on}
+    measured_on = derive_measured_on({"data": setup.data, "head": head}, limit=setup.plan.get("limit"),
+                                     weights=setup.plan.get("weights"))
+    return ClsWorkspace(model=model, input_size=input_size_of(model), data=cls_data, work_dir=out / "work",
+                        eval_limit=options.limit, checkpoint_dir=out / "checkpoints", resume=request.resume,
+                        head=head, measured_on=measured_on)

@@ -31,7 +31,7 @@ from vitbench.tasks.det.data import DetData
 from vitbench.tasks.det.detectors import build_detector
 
 Progress = Callable[[str], None]
-#: default training of the baseline detector on the embedded shapes set (measured in the README)
+#: default training of the baseline detector on the embedded shapes set (measured: docs/results.md)
 DEFAULT_EPOCHS = {"det": 8, "seg": 4}
 TRAIN_BATCH = 8
 
@@ -271,8 +271,10 @@ def run_dense_spec(spec: Any, ws: DenseWorkspace, progress: Progress,
     from vitbench.tasks.det.train import finetune_control, finetune_method
 
     weights = trained_weights(ws, spec.seed, progress)
+    from vitbench.tasks.identity import weights_from
+
     out: dict[str, Any] = {"batch_size": spec.batch_size, "detector": _detector_name(ws),
-                           "detector_training": ws.training_infos[spec.seed]}
+                           "detector_training": ws.training_infos[spec.seed], "weights_from": weights_from(spec)}
     backbone = copy.deepcopy(ws.model)
     if spec.method not in REFERENCES:
         progress("applying the method")
@@ -333,8 +335,8 @@ def _measure(spec: Any, ws: DenseWorkspace, detector: nn.Module, backbone: nn.Mo
     if "gmacs" in spec.metrics:
         progress("counting GMACs (detector and backbone)")
         images = first_val_images(detector, ws.data, ws.gmacs_images)
-        full = measure.count_gmacs(forward, images)
-        back = measure.count_gmacs(detector.backbone, images)
+        full = measure.count_gmacs(forward, images, what="counting GMACs (detector)")
+        back = measure.count_gmacs(detector.backbone, images, what="counting GMACs (backbone)")
         out.update(gmacs=full.mean, gmacs_std=full.std, gmacs_images=full.n, gmacs_on="evaluation images",
                    backbone_gmacs=back.mean, backbone_gmacs_std=back.std,
                    gmacs_input=f"{ws.data.input_size}x{ws.data.input_size}")

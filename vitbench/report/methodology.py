@@ -1,0 +1,74 @@
+"""The report's methodology paragraph, for what was measured only: how GMACs were counted when a
+row counted them, how timings ran when a row was timed, what the IB metrics are when a row
+measured them (docs/measuring.md, "Report shape"), and always what a row says (label, images,
+interval, weights)."""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from vitbench.report.row_facts import TOP5_MIN_CLASSES
+
+__all__ = ["PARAGRAPHS", "methodology"]
+
+#: ``(record keys, text)``: shown when a successful record holds one of the keys (``None``: always)
+PARAGRAPHS: tuple[tuple[tuple[str, ...] | None, str], ...] = (
+    (None, "A row's label names the method and its settings: the budget knob always, the other "
+           "parameters where they differ from the defaults, and the budget of a matched run "
+           "(`--match-gmacs F`)."),
+    (("gmacs",),
+     "**GMACs** are counted with `torch.utils.flop_counter.FlopCounterMode` at batch 1 on the "
+     "real forward of the reduced model, so token counts that change between blocks are counted "
+     "as they happen; fused attention (SDPA) is counted with an explicit formula, so fused and "
+     "unfused attention count the same. 1 multiply-add = 1, the papers' \"GFLOPs\" convention "
+     "(GMACs = FLOPs / 2). Input-dependent methods are averaged over real evaluation images and "
+     "shown as mean ± standard deviation."),
+    (("throughput_img_s",),
+     "**Throughput** is the median images per second of the model forward only (eval mode, "
+     "inference mode, input already on the device, after warm-up, device synchronised) at the "
+     "batch size in the column header, ± the spread over repeats."),
+    (("latency_ms",), "**Latency** is the median milliseconds per image at batch 1."),
+    (("throughput_img_s",),
+     "**Speed-ups** are taken only against the baseline measured in the same run (same process "
+     "configuration and session), never against a number from elsewhere; **efficiency** = "
+     "speed-up / GMACs ratio (baseline GMACs / method GMACs): 1.0 means every saved MAC turned "
+     "into time."),
+    (("top1_pct", "box_map", "mask_map", "gmacs"),
+     "Deltas (accuracy in percentage points or mAP, GMACs ↓ in %) are against the baseline of the "
+     "same task and model measured on the same evaluation images, classifier head and weights."),
+    (("top1_pct",),
+     "Top-1/top-5 come from mmpretrain's Accuracy. Column Images is the number of evaluation "
+     "images a row was scored on, and a single run's accuracy is shown with its 95 % Wilson score "
+     "interval, `85.50 [80.0, 89.6]` (k correct of n images; asymmetric near 0 and 100 %, where a "
+     "± would leave the range): two rows whose intervals overlap may not differ. Over several "
+     "seeds the cell is the mean ± standard deviation instead."),
+    (("top5_pct",),
+     f"Top-5 is shown only for data of at least {TOP5_MIN_CLASSES} classes: with fewer, five "
+     f"guesses cover more than a tenth of the classes (half of a 10-class set) and it says little."),
+    (("box_map", "mask_map"),
+     "Box/mask mAP come from mmdet's CocoMetric, on the number of images in column Images; they "
+     "get no interval: mAP is no proportion of images, so no binomial interval applies, and an "
+     "honest one (a bootstrap over images) needs the per-image detections, which a record does "
+     "not keep."),
+    (("ib_loss", "ib_bound"),
+     "**IB loss** = I(X~;X) - I(X~;Y) and **IB bound** (Theorem 3.1 of the IBTM paper) are in "
+     "nats, measured on the evaluation split: X~ the size-weighted mean of the final block's "
+     "patch tokens, X the input image (area-downsampled to at most 32x32), soft assignments to "
+     "the class centroids of each; the bound includes the input-only constant, so bound minus "
+     "that constant (recorded as `ib_input_constant`) is >= the loss; lower is better for both."),
+    (("trained",), "Learnable methods are fine-tuned before they are measured (details under each table)."),
+    (None, "Where the weights came from (a random init and its seed, timm's pretrained weights, a "
+           "checkpoint file and its sha256, the embedded default model) is one line under a table "
+           "when every row shares it, else a column. Columns no row measured are left out; "
+           "\"n/a\": the metric does not apply to that row or was not measured for it."),
+)
+
+
+def methodology(records: Iterable[Mapping[str, Any]]) -> str:
+    """The paragraphs of :data:`PARAGRAPHS` that the successful ``records`` measured, joined."""
+    ok = [r for r in records if r.get("status") == "ok"]
+
+    def measured(keys: tuple[str, ...] | None) -> bool:
+        return keys is None or any(r.get(k) not in (None, False, "") for r in ok for k in keys)
+
+    return " ".join(text for keys, text in PARAGRAPHS if measured(keys))

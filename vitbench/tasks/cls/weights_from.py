@@ -1,0 +1,33 @@
+"""Where the default model's weights came from, in words, for a record's ``weights_from``
+(:func:`vitbench.tasks.identity.weights_from`): the shipped entry or a retrain in the cache."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+__all__ = ["default_model_weights"]
+
+
+def default_model_weights() -> str:
+    """The default model's weights in words, from the metadata of the entry
+    :func:`~vitbench.tasks.cls.default_model.load_default_model` reads (the cache first, then the
+    shipped one): ``embedded default vitbench-fmnist-vit (sha256 5286f4bc28ea)``, or ``retrained
+    here`` when the cache holds other weights than the shipped ones."""
+    from vitbench.tasks.cls import default_model as dm
+
+    cfg = dm.train_config()
+
+    def sha(meta_path: Path) -> Optional[str]:
+        try:
+            return str(json.loads(meta_path.read_text())["weights_sha256"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    cached_pth, cached_meta = dm.cache_paths(cfg)
+    shipped = sha(dm.shipped_paths(cfg)[1])
+    cached = sha(cached_meta) if cached_pth.is_file() else None
+    if cached is not None and cached != shipped:
+        return f"default {dm.NAME} retrained here (sha256 {cached[:12]}, in {cached_pth.parent})"
+    digest = cached or shipped
+    return f"embedded default {dm.NAME} (sha256 {digest[:12]})" if digest else f"embedded default {dm.NAME}"
