@@ -1,11 +1,17 @@
 # The README's quick start: `make demo` and `make test`, each from a fresh machine.
 PYTHON ?= python
 export PYTHON
+# `make install EXTRAS=dense` is `make install-dense`
+EXTRAS ?=
+export EXTRAS
 
-.PHONY: install demo demo-training-free sweep-demo test test-fast lint lint-imports
+.PHONY: install install-dense demo demo-training-free sweep-demo test test-fast test-retrain docs lint lint-imports
 
-install:  ## install everything into the active Python (idempotent, quick when done)
+install:  ## what the cls task needs, into the active Python (idempotent, quick when done)
 	bash scripts/install.sh
+
+install-dense:  ## also what det/seg need: mmdet, and mmcv's ops (compiled: minutes the first time)
+	EXTRAS=dense bash scripts/install.sh
 
 # F = 0.831: the GMACs fraction IBTM's default ratio 0.7 keeps on the default model (0.026695 of
 # 0.032115 GMACs, counted with its class statistics in place), so ToMe is matched to IBTM's cost.
@@ -21,11 +27,19 @@ demo-training-free: install  ## ToMe, PPT and top-k on the embedded default (rep
 sweep-demo: install  ## tome, ppt, topk, ltmp and ltm at 5 matched budgets on the embedded default (reports/sweep; trains ltm/ltmp 5 times each, ~30 min on 2 cores)
 	$(PYTHON) -m vitbench sweep --task cls --methods tome,ppt,topk,ltmp,ltm --budgets 0.9,0.8,0.7,0.6,0.5 --out reports/sweep
 
-test: install  ## the whole suite, slow end-to-end tests included (what CI runs)
+test: install-dense  ## the whole suite, slow end-to-end tests included (what CI runs)
 	$(PYTHON) -m pytest -q
 
-test-fast: install  ## the suite without the slow end-to-end tests
+test-fast: install-dense  ## the suite without the slow end-to-end tests
 	$(PYTHON) -m pytest -q -m "not slow"
+
+test-retrain: install  ## retrain the default model and check it reproduces the shipped one (tens of minutes)
+	$(PYTHON) -m pytest -q -m retrain tests/tasks/test_cls_default_retrain.py
+
+docs: install  ## the documentation site into site/ (mkdocs --strict; installs the docs extra once)
+	$(PYTHON) -c "import mkdocs, material, mkdocstrings_handlers.python" 2>/dev/null \
+		|| $(PYTHON) -m pip install -q --no-build-isolation -c constraints.txt -e ".[docs]"
+	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict --site-dir site
 
 lint:
 	tox -e lint

@@ -5,7 +5,8 @@
 from setuptools import find_packages, setup
 
 setup(
-    packages=find_packages(include=["vitbench", "vitbench.*"]) + ["vitbench_plugins"],
+    packages=find_packages(include=["vitbench", "vitbench.*"]) + ["vitbench_plugins"]
+    + [f"vitbench_plugins.{name}" for name in find_packages("plugins")],  # a method plugin per package
     package_dir={"vitbench_plugins": "plugins"},
     package_data={"vitbench.tasks.cls": ["weights/*.pth", "weights/*.json"]},
 )

@@ -1,18 +1,30 @@
 #!/usr/bin/env bash
-# Installs vitbench and its whole stack into the active Python (a venv when one is active).
+# Installs vitbench and its stack into the active Python (a venv when one is active): what the cls
+# task needs (mmcv without its compiled ops, no mmdet), and with EXTRAS=dense also what det/seg need
+# (mmdet, and mmcv with its ops, built from source: minutes). Prints each stage's time.
 # Idempotent: each step checks first, and a stamp skips everything when nothing changed.
 # The pins live in constraints.txt (the install order below matters: see the comments).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python}
 PIP="$PYTHON -m pip"
+EXTRAS=${EXTRAS:-}
+case "$EXTRAS" in
+    "") extras="test"; checks="mmcv, mmpretrain" ;;
+    dense) extras="test,dense"; checks="mmcv, mmcv.ops, mmdet, mmpretrain" ;;
+    *) echo "install: error: EXTRAS=$EXTRAS is not an extra; valid: dense (or none)" >&2; exit 2 ;;
+esac
+imports="import vitbench, vitbench_plugins, vitbench_example_plugin, $checks, timm, importlinter"
 root=$(pwd)
 stamp_dir=$($PYTHON -c 'import sys; print(sys.prefix)')/.vitbench-install
 key=$(cat pyproject.toml setup.py constraints.txt examples/vitbench-example-plugin/pyproject.toml | sha1sum | cut -c1-16)
-stamp="$stamp_dir/$(echo "$root" | sha1sum | cut -c1-16)-$key"
+stamp="$stamp_dir/$(echo "$root" | sha1sum | cut -c1-16)-$key"  # holds the extras installed
+start=$SECONDS
+step=$SECONDS
+took() { echo "install: $1 in $((SECONDS - step)) s"; step=$SECONDS; }
 
-if [ -f "$stamp" ] && $PYTHON -c "import vitbench, vitbench_plugins, vitbench_example_plugin, mmcv.ops, mmdet, mmpretrain, timm, importlinter" 2>/dev/null; then
-    echo "install: up to date ($PYTHON in $($PYTHON -c 'import sys; print(sys.prefix)'))"
+if [ -f "$stamp" ] && { [ -z "$EXTRAS" ] || grep -qx "$EXTRAS" "$stamp"; } && $PYTHON -c "$imports" 2>/dev/null; then
+    echo "install: up to date ($PYTHON in $($PYTHON -c 'import sys; print(sys.prefix)')${EXTRAS:+, extras: $EXTRAS})"
     exit 0
 fi
 
@@ -22,17 +34,23 @@ if [ ! -f /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz ] && comma
     echo "install: apt-get install dataset-fashion-mnist"
     { $sudo apt-get update -qq && $sudo apt-get install -y -qq dataset-fashion-mnist; } \
         || echo "install: warning: could not install dataset-fashion-mnist; the default model needs it"
+    took "dataset-fashion-mnist installed"
 fi
 
-# 2. torch/torchvision pair and the build tools mmcv needs (pins and reasons: constraints.txt).
+# 2. torch/torchvision pair and the build tools the editable install and mmcv need (pins and
+#    reasons: constraints.txt).
 if ! $PYTHON -c "import torch, torchvision, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null; then
     echo "install: torch 2.13.0 + torchvision 0.28.0"
-    $PIP install -q -c constraints.txt torch torchvision setuptools wheel ninja
+    $PIP install -q -c constraints.txt torch torchvision setuptools wheel
 fi
-$PIP install -q -c constraints.txt setuptools wheel ninja
+$PIP install -q -c constraints.txt setuptools wheel
+took "torch ready"
 
-# 3. mmcv 2.1.0 with its CPU ops, built from source (~7-10 min once; pip caches the wheel).
-if ! $PYTHON -c "import mmcv, mmcv.ops, sys; sys.exit(mmcv.__version__ != '2.1.0')" 2>/dev/null; then
+# 3. det/seg only (EXTRAS=dense): mmcv 2.1.0 with its CPU ops, built from source (~7-10 min once;
+#    pip caches the wheel). Its files are mmcv-lite's (the cls install's mmcv) plus the compiled
+#    ops, so it goes over a cls install as it is.
+if [ -n "$EXTRAS" ] && ! $PYTHON -c "import mmcv, mmcv.ops, sys; sys.exit(mmcv.__version__ != '2.1.0')" 2>/dev/null; then
+    $PIP install -q -c constraints.txt ninja
     echo "install: building mmcv 2.1.0 with ops (takes minutes the first time)"
     cuda=0; $PYTHON -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null && command -v nvcc >/dev/null && cuda=1
     if [ "$cuda" = 1 ]; then
@@ -46,11 +64,14 @@ if ! $PYTHON -c "import mmcv, mmcv.ops, sys; sys.exit(mmcv.__version__ != '2.1.0
     else
         MMCV_WITH_OPS=1 FORCE_CUDA=0 MAX_JOBS=${MAX_JOBS:-2} $PIP install -q --no-build-isolation -c constraints.txt mmcv
     fi
+    took "mmcv with ops built (or taken from pip's wheel cache)"
 fi
 
-# 4. vitbench (editable, with the test extra: pytest, import-linter), its built-in plugins, and the example plugin.
-echo "install: vitbench, mmengine, mmdet, mmpretrain, timm and the rest"
-$PIP install -q --no-build-isolation -c constraints.txt -e ".[test]" -e examples/vitbench-example-plugin
-$PYTHON -c "import vitbench, vitbench_plugins, vitbench_example_plugin, mmcv.ops, mmdet, mmpretrain, timm, importlinter"
-mkdir -p "$stamp_dir" && rm -f "$stamp_dir/$(echo "$root" | sha1sum | cut -c1-16)"-* && touch "$stamp"
-echo "install: done"
+# 4. vitbench (editable, with the test extra: pytest, import-linter; EXTRAS=dense: mmdet), its
+#    built-in plugins, and the example plugin.
+echo "install: vitbench[$extras], mmengine, mmpretrain, timm and the rest"
+$PIP install -q --no-build-isolation -c constraints.txt -e ".[$extras]" -e examples/vitbench-example-plugin
+$PYTHON -c "$imports"
+took "vitbench and the rest installed"
+mkdir -p "$stamp_dir" && rm -f "$stamp_dir/$(echo "$root" | sha1sum | cut -c1-16)"-* && echo "$EXTRAS" > "$stamp"
+echo "install: done in $((SECONDS - start)) s${EXTRAS:+ (extras: $EXTRAS)}"

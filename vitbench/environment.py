@@ -18,8 +18,8 @@ PACKAGES = ("torch", "torchvision", "timm", "mmengine", "mmcv", "mmdet", "mmpret
 def _version(dist: str) -> str | None:
     try:
         return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
+    except metadata.PackageNotFoundError:  # the cls install's mmcv is the ops-free ``mmcv-lite``
+        return _version("mmcv-lite") if dist == "mmcv" else None
 
 
 def git_revision() -> str | None:

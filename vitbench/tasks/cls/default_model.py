@@ -163,6 +163,13 @@ def cache_paths(cfg: dict[str, Any], directory: str | Path | None = None) -> tup
     return folder / f"{stem}.pth", folder / f"{stem}.json"
 
 
+def _save_state(state: dict[str, torch.Tensor], path: Path) -> None:
+    """``torch.save`` through a file object: the archive's inner name is then fixed, so the same
+    tensors give the same bytes (a path names it after the temporary file)."""
+    with open(path, "wb") as f:
+        torch.save(state, f)
+
+
 def _versions() -> dict[str, str]:
     import mmengine
     import mmpretrain
@@ -205,7 +212,8 @@ def train_default_model(*, epochs: int = EPOCHS, max_train_images: int | None = 
     with tempfile.TemporaryDirectory(prefix="vitbench-train-") as work_dir:
         kwargs = runner_kwargs(work_dir=work_dir, seed=seed, deterministic=True,
                                custom_hooks=[{"type": "vitbench.ProgressHook", "verbose": verbose,
-                                              "interval": 50, "prefix": "vitbench: "}])
+                                              "interval": 50, "prefix": "vitbench: ",
+                                              "what": "training the default model"}])
         run_cfg = Config({**cfg, **{k: v for k, v in kwargs.items() if k not in cfg}})
         runner = Runner.from_cfg(run_cfg)
         try:
@@ -235,7 +243,7 @@ def train_default_model(*, epochs: int = EPOCHS, max_train_images: int | None = 
         "config": cfg,
     }
     if save:
-        atomic_write(weights_path, lambda p: torch.save(state, p))
+        atomic_write(weights_path, lambda p: _save_state(state, p))
         meta["weights"] = weights_path.name
         meta["weights_sha256"] = hashlib.sha256(weights_path.read_bytes()).hexdigest()
         atomic_write(meta_path, lambda p: p.write_text(json.dumps(meta, indent=2, default=str) + "\n"))

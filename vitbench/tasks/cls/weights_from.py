@@ -12,7 +12,7 @@ __all__ = ["default_model_weights"]
 def default_model_weights() -> str:
     """The default model's weights in words, from the metadata of the entry
     :func:`~vitbench.tasks.cls.default_model.load_default_model` reads (the cache first, then the
-    shipped one): ``embedded default vitbench-fmnist-vit (sha256 5286f4bc28ea)``, or ``retrained
+    shipped one): ``embedded default vitbench-fmnist-vit (sha256 fe042ea1786f)``, or ``retrained
     here`` when the cache holds other weights than the shipped ones."""
     from vitbench.tasks.cls import default_model as dm
 

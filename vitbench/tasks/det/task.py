@@ -50,7 +50,9 @@ class DenseTask(Task):
         """The backbone (default :data:`DEFAULT_DENSE_MODEL`), data (default: the embedded shapes
         set), metrics and dense fine-tuning protocol."""
         from vitbench.tasks.det.data import SHAPES
+        from vitbench.tasks.det.requires import check_dense_stack
 
+        check_dense_stack(self.name)  # mmdet and mmcv's ops: the dense extra, not the cls install
         own = self.parse_options(options.task_options)
         metrics = (parse_list("metric", ",".join(options.metrics), DENSE_METRICS) if options.metrics is not None
                    else DENSE_METRICS)
