@@ -382,3 +382,69 @@ class WorkspaceRequest:
     out: Path
     resume: bool
     note: Callable[[str], None]
+
+
+#: the key of a params field's one-line meaning: ``field(default=..., metadata={HELP: "..."})``
+HELP = "help"
+
+
+@dataclass(frozen=True)
+class ParamDoc:
+    """One parameter of a method as ``vitbench describe`` and the docs show it."""
+
+    name: str
+    type: str
+    default: Any
+    help: str
+
+
+def type_name(tp: Any) -> str:
+    """A readable annotation: ``int | list[int] | (int, float)``, not ``Union[...]``."""
+    import types
+    import typing
+
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        return " | ".join(type_name(a) for a in args)
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return f"tuple[{type_name(args[0])}, ...]"
+        return "(" + ", ".join(type_name(a) for a in args) + ")"
+    if origin is not None:
+        inner = ", ".join(type_name(a) for a in args)
+        name = getattr(origin, "__name__", str(origin))
+        return f"{name}[{inner}]" if inner else name
+    if tp is type(None):
+        return "None"
+    return getattr(tp, "__name__", str(tp))
+
+
+def param_docs(params: type) -> list[ParamDoc]:
+    """The fields of a method's params dataclass: name, readable type, default and the one-line
+    meaning from the field's ``metadata[HELP]`` (``""`` when it has none)."""
+    import typing
+
+    try:
+        hints = typing.get_type_hints(params)
+    except Exception:  # noqa: BLE001 - an annotation that does not resolve is shown as written
+        hints = {}
+    docs = []
+    for f in dataclasses.fields(params):
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = dataclasses.MISSING
+        tp = hints.get(f.name, f.type)
+        docs.append(ParamDoc(f.name, tp if isinstance(tp, str) else type_name(tp), default, _help(params, f.name)))
+    return docs
+
+
+def _help(params: type, name: str) -> str:
+    """The field's help, else that of the base class field it overrides (PPT's ``entropy``)."""
+    for cls in params.__mro__:
+        found = getattr(cls, "__dataclass_fields__", {}).get(name)
+        if found is not None and HELP in found.metadata:
+            return str(found.metadata[HELP])
+    return ""

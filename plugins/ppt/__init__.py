@@ -12,9 +12,9 @@ the pruned tokens: ``"score"``, highest first as the official code, or ``"origin
 keep the lower position first. The methods ``entropy`` and ``average`` are PPT with that scorer."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from vitbench.catalog import BudgetKnob, MethodSpec, patch_count
+from vitbench.catalog import HELP, BudgetKnob, MethodSpec, patch_count
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
 
@@ -34,11 +34,11 @@ class PPTParams:
     ``order`` lays out the tokens a pruning step keeps (``"score"``: highest first, as the
     official code; ``"original"``: spatial order)."""
 
-    r: int = 50
-    layers: tuple[int, ...] = (3, 6, 9)
-    threshold: float = 7e-5
-    score: str = "cls-attn"
-    order: str = "score"
+    r: int = field(default=50, metadata={HELP: "tokens pooled or pruned at each listed block"})
+    layers: tuple[int, ...] = field(default=(3, 6, 9), metadata={HELP: "blocks (0-indexed) that reduce"})
+    threshold: float = field(default=7e-5, metadata={HELP: "pool when the scores' variance is below it, else prune"})
+    score: str = field(default="cls-attn", metadata={HELP: "the scorer (vitbench list scorers)"})
+    order: str = field(default="score", metadata={HELP: "layout of kept tokens: score (highest first) or original"})
 
     def __post_init__(self) -> None:
         if self.r < 0:

@@ -15,10 +15,10 @@ the family adapter unmerges each sequence back to its full map (docs/methods.md 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Union
 
-from vitbench.catalog import BudgetKnob, MethodSpec, patch_count
+from vitbench.catalog import HELP, BudgetKnob, MethodSpec, patch_count
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
 
@@ -27,9 +27,10 @@ from vitbench.hookspecs import hookimpl
 class ToMeParams:
     """``r``: tokens removed per block — an int, a per-block list, or ``(r, inflect)``."""
 
-    r: Union[int, list[int], tuple[int, float]] = 16
-    prop_attn: bool = True
-    trace_source: bool = False
+    r: Union[int, list[int], tuple[int, float]] = field(default=16, metadata={HELP: (
+        "tokens merged per block: one int, one per block, or (r, inflect) for a linear schedule")})
+    prop_attn: bool = field(default=True, metadata={HELP: "proportional attention: add log(size) to the logits"})
+    trace_source: bool = field(default=False, metadata={HELP: "record the patches each token stands for"})
 
     def __post_init__(self) -> None:
         values = [self.r] if isinstance(self.r, int) else list(self.r)

@@ -15,9 +15,9 @@ average pool do not see the order -- so both layouts give the same tokens, count
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from vitbench.catalog import BudgetKnob, MethodSpec
+from vitbench.catalog import HELP, BudgetKnob, MethodSpec
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
 
@@ -26,10 +26,10 @@ from vitbench.hookspecs import hookimpl
 class TopKParams:
     """``keep`` fraction of patch tokens kept at each of ``layers``; ``fuse`` adds EViT's token."""
 
-    keep: float = 0.7
-    layers: tuple[int, ...] = (3, 6, 9)
-    score: str = "cls-attn"
-    fuse: bool = False
+    keep: float = field(default=0.7, metadata={HELP: "fraction of patch tokens kept at each listed block, in (0, 1]"})
+    layers: tuple[int, ...] = field(default=(3, 6, 9), metadata={HELP: "blocks (0-indexed) that prune"})
+    score: str = field(default="cls-attn", metadata={HELP: "the scorer that ranks tokens (vitbench list scorers)"})
+    fuse: bool = field(default=False, metadata={HELP: "fuse the dropped tokens into one extra token (EViT)"})
 
     def __post_init__(self) -> None:
         if not 0.0 < self.keep <= 1.0:
@@ -41,16 +41,26 @@ class TopKParams:
         check_scorer("topk", self.score)
 
 
+@dataclass(frozen=True)
+class EViTParams(TopKParams):
+    """EViT (Liang et al., ICLR 2022): top-k with the dropped tokens fused, a preset of ``topk``."""
+
+    fuse: bool = True
+
+
 @hookimpl
 def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
-    register(MethodSpec(
-        name="topk",
-        kind="pruning",
-        params=TopKParams,
-        build="vitbench_plugins.topk.reduction:build",
-        families=("vit",),
-        needs_attention_probs=True,
-        # the fraction of patch tokens kept at each listed block: more keep, more GMACs
-        budget=BudgetKnob("keep", larger_means="more", low=0.001, high=1.0),
-        description="top-k pruning by a scorer at listed blocks; fuse=True adds EViT's fused token",
-    ))
+    for name, params, description in (
+            ("topk", TopKParams, "top-k pruning by a scorer at listed blocks; fuse=True adds EViT's fused token"),
+            ("evit", EViTParams, "EViT: topk with fuse=True, the dropped tokens fused into one (training-free)")):
+        register(MethodSpec(
+            name=name,
+            kind="pruning",
+            params=params,
+            build="vitbench_plugins.topk.reduction:build",
+            families=("vit",),
+            needs_attention_probs=True,
+            # the fraction of patch tokens kept at each listed block: more keep, more GMACs
+            budget=BudgetKnob("keep", larger_means="more", low=0.001, high=1.0),
+            description=description,
+        ))

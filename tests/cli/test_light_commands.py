@@ -17,7 +17,7 @@ from vitbench.plugins import PluginHost, get_host
 
 HEAVY = ("torch", "timm", "mmengine", "mmcv", "mmdet", "mmpretrain", "pandas", "matplotlib")
 LIGHT_COMMANDS = (["--help"], ["list", "methods"], ["list", "scorers"], ["list", "families"], ["list", "tasks"],
-                  ["plugins"], ["plugins", "--json"], ["run", "--help"], ["sweep", "--help"])
+                  ["plugins"], ["plugins", "--json"], ["run", "--help"], ["sweep", "--help"], ["describe", "tome"])
 
 _PROBE = textwrap.dedent("""
     import contextlib, io, json, sys

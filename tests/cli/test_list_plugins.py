@@ -6,9 +6,21 @@ import json
 from vitbench.cli.main import main
 
 
+def _unwrapped(out: str) -> str:
+    """The listing with each entry's wrapped continuation lines (indented 4 more) joined back on."""
+    lines: list[str] = []
+    for line in out.splitlines():
+        indent = len(line) - len(line.lstrip())
+        if lines and indent >= 4 + len(lines[-1]) - len(lines[-1].lstrip()):
+            lines[-1] += " " + line.strip()
+        else:
+            lines.append(line)
+    return "\n".join(lines)
+
+
 def test_list_methods_and_scorers(capsys):
     assert main(["list", "methods"]) == 0
-    out = capsys.readouterr().out
+    out = _unwrapped(capsys.readouterr().out)
     for name in ("tome", "ppt", "topk", "entropy", "average"):
         assert any(line.startswith("  " + name + " ") for line in out.splitlines())
     # grouped by kind (issue 12, item 4), each saying whether it is fine-tuned
@@ -25,7 +37,15 @@ def test_list_methods_and_scorers(capsys):
     tome = next(line for line in out.splitlines() if line.startswith("  tome "))
     assert "learnable: fine-tuned before measuring" in ltm and "training-free" in tome
     assert main(["list", "scorers"]) == 0
-    assert {line.split()[0] for line in capsys.readouterr().out.splitlines()} >= {"cls-attn", "entropy", "average"}
+    assert {line.split()[0] for line in _unwrapped(capsys.readouterr().out).splitlines()} >= {"cls-attn", "entropy",
+                                                                                                "average"}
+
+
+def test_every_listing_fits_100_columns(capsys):
+    for kind in ("methods", "scorers", "families", "tasks"):
+        assert main(["list", kind]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert lines and all(len(line) <= 100 for line in lines), (kind, max(lines, key=len))
 
 
 def test_list_models_includes_the_default_and_timm_vits(capsys):

@@ -2,12 +2,22 @@
 from __future__ import annotations
 
 import argparse
+import textwrap
 
 from vitbench.catalog import METHOD_KINDS
 from vitbench.plugins import get_host
 from vitbench.tasks.cls import DEFAULT_MODEL
 
 KINDS = ("methods", "scorers", "models", "families", "tasks")
+#: the widest line a listing prints (a terminal's 100 columns)
+WIDTH = 100
+
+
+def fit(text: str, indent: int = 0, width: int = WIDTH) -> str:
+    """``text`` wrapped to ``width`` columns, continuation lines indented 4 more than the first."""
+    lead = " " * indent
+    return textwrap.fill(text, width=width, initial_indent=lead, subsequent_indent=lead + "    ",
+                         break_on_hyphens=False)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -31,22 +41,22 @@ def run(args: argparse.Namespace) -> int:
                 trains = "learnable: fine-tuned before measuring" if spec.needs_training else "training-free"
                 knob = (f"; budget knob: {spec.budget.param} ({spec.budget.mode})" if spec.budget is not None
                         else "; not matchable (no budget knob)")
-                print(f"  {spec.name}{extra}  [{trains}; families: {', '.join(spec.families)}; plugin: "
-                      f"{host.owner('methods', spec.name)}{knob}]  {spec.description}")
+                print(fit(f"{spec.name}{extra}  [{trains}; families: {', '.join(spec.families)}; plugin: "
+                          f"{host.owner('methods', spec.name)}{knob}]  {spec.description}", indent=2))
     elif args.kind == "scorers":
         for name, spec in sorted(host.specs("scorers").items()):
-            print(f"{name}  [plugin: {host.owner('scorers', name)}]  {spec.description}")
+            print(fit(f"{name}  [plugin: {host.owner('scorers', name)}]  {spec.description}"))
     elif args.kind == "families":
         for name, spec in sorted(host.specs("families").items()):
-            print(f"{name}  [plugin: {host.owner('families', name)}; models: "
-                  f"{', '.join(spec.model_patterns)}]  {spec.description}")
+            print(fit(f"{name}  [plugin: {host.owner('families', name)}; models: "
+                      f"{', '.join(spec.model_patterns)}]  {spec.description}"))
     elif args.kind == "tasks":
         for name, spec in sorted(host.specs("tasks").items()):
             control = "; control row" if spec.control else ""
             flags = spec.option_flags()
             options = f"; options: {', '.join(flags)}" if flags else ""
-            print(f"{name}  [plugin: {host.owner('tasks', name)}; metrics: {', '.join(spec.metrics)}; budgets "
-                  f"matched on the {spec.counts}'s GMACs{control}{options}]  {spec.description}")
+            print(fit(f"{name}  [plugin: {host.owner('tasks', name)}; metrics: {', '.join(spec.metrics)}; budgets "
+                      f"matched on the {spec.counts}'s GMACs{control}{options}]  {spec.description}"))
     else:
         import timm
 
