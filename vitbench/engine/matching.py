@@ -17,6 +17,8 @@ from typing import Optional
 
 import torch
 
+from vitbench.engine.rows import add_rows, take_rows
+
 
 @dataclass(frozen=True)
 class Matching:
@@ -52,9 +54,10 @@ class Matching:
 
         Written to touch ``x`` as few times as possible, because in half precision on a GPU the
         merge is memory-bound: the new sizes and the weights ``size / new size`` are
-        worked out on the small ``[B, N]`` tensors first; then one gather lays ``x`` out as
-        ``[prefix, unmerged A, B]``, the B rows are scaled by their weights in place, and the
-        weighted sources are added into their destinations (``scatter_add_``). The textbook form
+        worked out on the small ``[B, N]`` tensors first; then one concatenation lays ``x`` out
+        as ``[prefix, unmerged A, B scaled by their weights]`` (the unmerged A tokens by one row
+        gather, :func:`~vitbench.engine.rows.take_rows`), and the weighted sources are added into
+        their destinations (:func:`~vitbench.engine.rows.add_rows`). The textbook form
         (``x * size``, concatenate the size channel, gather, ``scatter_reduce``, concatenate,
         divide) reads and writes the whole ``x`` about five times; this about twice.
 
@@ -62,34 +65,42 @@ class Matching:
         are not merged but keep the tokens at ``index`` (PPT's per-image choice between pooling
         and pruning, docs/methods.md §3) -- the same single gather, their weights 1 and their
         sources' contributions 0, instead of a merge, a keep and a select over the whole ``x``.
+        Every step is one operation on the whole batch, so that a small batch (batch 1 on a CPU:
+        docs/measuring.md, "Batch 1 on a CPU") pays for few operations.
         """
-        c = x.shape[-1]
         p, a0 = self.prefix, self.a_start
-        s = size[:, p:, 0]
-        s_a, s_b = s[:, a0::2], s[:, 1 - a0 :: 2]
+        batch, n = x.shape[:2]
+        s = size.reshape(batch, n)
+        s_a, s_b = s[:, p + a0 :: 2], s[:, p + 1 - a0 :: 2]
         s_src = s_a.gather(1, self.src_idx)
         s_dst = s_b.scatter_add(1, self.dst_idx, s_src)  # [B, |B|]: the B tokens' new sizes
-        n_b = s_b.shape[1]
-        n_unm = self.unm_idx.shape[1]
-        # positions in x of the output's tokens: prefix, unmerged A, then every B token
-        head = torch.arange(p, device=x.device).expand(x.shape[0], p)
-        b_pos = torch.arange(n_b, device=x.device).mul_(2).add_(p + 1 - a0).expand(x.shape[0], n_b)
-        order = torch.cat([head, self.unm_idx * 2 + (p + a0), b_pos], dim=1)
         w_b = s_b / s_dst
         w_src = s_src / s_dst.gather(1, self.dst_idx)
-        size_new = torch.cat([size[:, :p, 0], s_a.gather(1, self.unm_idx), s_dst], dim=1)
-        if keep is not None:
+        size_new = torch.cat([s[:, :p], s_a.gather(1, self.unm_idx), s_dst], dim=1)
+        unm_pos = self.unm_idx * 2 + (p + a0)  # positions in x
+        n_unm = unm_pos.shape[1]
+        if keep is None:  # [prefix, unmerged A, B scaled by its weights]: one copy of x
+            out = torch.cat([x[:, :p], take_rows(x, unm_pos),
+                             x[:, p + 1 - a0 :: 2] * _as(w_b[..., None], x.dtype)], dim=1)
+        else:
             rows, index = keep
+            b_pos = torch.arange(p + 1 - a0, n, 2, device=x.device).expand(batch, -1)
+            order = torch.cat([torch.arange(p, device=x.device).expand(batch, p), unm_pos, b_pos], dim=1)
             order = torch.where(rows[:, None], order, index)
             w_b = torch.where(rows[:, None], w_b, torch.ones_like(w_b))
             w_src = w_src * rows[:, None].to(w_src.dtype)
-            size_new = torch.where(rows[:, None], size_new, size[..., 0].gather(1, index))
-        out = x.gather(1, order[..., None].expand(-1, -1, c))
-        out[:, p + n_unm :] *= w_b[..., None].to(out.dtype)
-        src = x.gather(1, (self.src_idx * 2 + (p + a0))[..., None].expand(-1, -1, c))
-        src = src * w_src[..., None].to(src.dtype)
-        out.scatter_add_(1, (self.dst_idx + (p + n_unm))[..., None].expand(-1, -1, c), src)
+            size_new = torch.where(rows[:, None], size_new, s.gather(1, index))
+            out = take_rows(x, order)
+            out[:, p + n_unm :].mul_(_as(w_b[..., None], out.dtype))  # a view, scaled in place
+        src = take_rows(x, self.src_idx * 2 + (p + a0))
+        src = src * _as(w_src[..., None], src.dtype)
+        add_rows(out, self.dst_idx + (p + n_unm), src)
         return out, size_new[..., None]
+
+
+def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` in ``dtype`` (itself when it already is)."""
+    return t if t.dtype == dtype else t.to(dtype)
 
 
 def max_merge(num_tokens: int, prefix: int) -> int:

@@ -17,6 +17,7 @@ import torch
 
 from vitbench.engine.host_sync import host_reads_allowed
 from vitbench.engine.matching import Matching
+from vitbench.engine.rows import take_rows
 from vitbench.errors import VitbenchError
 
 
@@ -61,7 +62,9 @@ class TokenState:
         """
         if self.size is None:
             return self.key_bias.to(dtype) if self.key_bias is not None else None
-        bias = self.size.log().to(dtype)[:, None, None, :, 0]
+        b, n = self.size.shape[:2]
+        bias = self.size.log().reshape(b, 1, 1, n)
+        bias = bias if bias.dtype == dtype else bias.to(dtype)
         return bias if self.key_bias is None else bias + self.key_bias.to(dtype)
 
     def bias(self, dtype: torch.dtype, prop_attn: bool) -> Optional[torch.Tensor]:
@@ -131,10 +134,10 @@ class TokenState:
             values = torch.einsum("btp,btc->bpc", covers, x.detach())
             covered = covers.sum(1)[..., None] > 0
             self.fill = torch.where(covered, values, self.fill)
-            self.source = _gather(self.source, index)
+            self.source = take_rows(self.source, index)
         if self.size is not None:
-            self.size = _gather(self.size, index)
-        return _gather(x, index)
+            self.size = take_rows(self.size, index)
+        return take_rows(x, index)
 
     def cluster(self, x: torch.Tensor, assign: torch.Tensor, clusters: int) -> torch.Tensor:
         """Merge the patch tokens into ``clusters`` tokens by ``assign [B, N - prefix]`` (each
@@ -218,6 +221,3 @@ def _check_prefix_first(index: torch.Tensor, prefix: int) -> None:
         f"{prefix} prefix token(s) {expected.tolist()} in that order (class/distillation/register "
         f"tokens are never pruned or moved), then the kept patches")
 
-
-def _gather(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    return t.gather(1, index[..., None].expand(-1, -1, t.shape[-1]))
