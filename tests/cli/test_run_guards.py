@@ -158,4 +158,4 @@ def test_a_plan_where_every_run_failed_says_so_instead_of_an_empty_table(tmp_pat
                  "--out", str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert out.startswith("no run finished: 2 of 2 failed\n")
-    assert "FAILED baseline: RuntimeError: broken baseline" in out and "FAILED tome: RuntimeError: broken tome" in out
+    assert "FAILED baseline: RuntimeError: broken baseline" in out and "FAILED tome (r=16): RuntimeError: broken tome" in out
