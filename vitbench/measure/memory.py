@@ -155,15 +155,18 @@ def _sampled_growth(fn: Callable[[], object], read_rss: Callable[[], int]) -> in
     before = read_rss()
     peak = before
     done = threading.Event()
+    sampling = threading.Event()
 
     def sample() -> None:
         nonlocal peak
         while not done.is_set():
             peak = max(peak, read_rss())
+            sampling.set()
             done.wait(_SAMPLE_INTERVAL_S)
 
     thread = threading.Thread(target=sample, name="vitbench-rss-sampler", daemon=True)
     thread.start()
+    sampling.wait()  # the sampler is running before fn starts, even on a loaded machine
     try:
         fn()
         last = read_rss()
