@@ -41,11 +41,11 @@ def _num(rec: Record, key: str) -> float | None:
 
 def seed_key(rec: Record) -> tuple[Any, ...]:
     """What a run is apart from its seed: method, label (parameters and training setup shown),
-    parameters, data, batch size, matched budget and what it was measured on
-    (:func:`~vitbench.report.measured_on.on_key`). Records with equal keys are one row."""
+    parameters, data, batch size, matched budget, timing repeats (``--quick``) and what it was
+    measured on (:func:`~vitbench.report.measured_on.on_key`). Records with equal keys are one row."""
     params = json.dumps(rec.get("params") or {}, sort_keys=True, default=str)
     return (rec.get("method"), rec.get("label"), params, rec.get("data"), rec.get("batch_size"),
-            rec.get("match_gmacs"), on_key(rec))
+            rec.get("match_gmacs"), rec.get("timing_repeats"), on_key(rec))
 
 
 def pair_with_baselines(rows: list[Record]) -> list[dict[str, Any]]:

@@ -19,6 +19,7 @@ from typing import Any
 
 import pandas as pd
 
+from vitbench.measure.speed import QUICK_REPEATS
 from vitbench.report.doubts import MARK, row_doubts
 from vitbench.report.measured_on import describe, on_key
 from vitbench.report.row_facts import images, interval_pct, row_label, shows_top5, weights_from
@@ -182,13 +183,20 @@ def ok_rows(records: Iterable[Record], task: str, model: str, on: str | None = N
 
 
 def row_labels(rows: list[Record]) -> list[str]:
-    """:func:`method_label` of each row, with the seed added where labels would repeat."""
+    """:func:`method_label` of each row; where labels would repeat, what tells the rows apart:
+    the timing repeats (``--quick``, ``--repeats N``) where they differ, else the seed."""
     labels = [method_label(r) for r in rows]
-    # the same method and params measured with several seeds: tell the rows apart
     dup = {lab for lab in labels if labels.count(lab) > 1}
-    return [
-        f"{lab} [seed={r.get('seed')}]" if lab in dup else lab for lab, r in zip(labels, rows)
-    ]
+    repeats_differ = {lab for lab in dup
+                      if len({r.get("timing_repeats") for r, x in zip(rows, labels) if x == lab}) > 1}
+
+    def tag(lab: str, rec: Record) -> str:
+        if lab in repeats_differ:
+            n = rec.get("timing_repeats")
+            return f"{lab} [{'--quick' if n == QUICK_REPEATS else f'--repeats {n}' if n else 'default repeats'}]"
+        return f"{lab} [seed={rec.get('seed')}]" if lab in dup else lab
+
+    return [tag(lab, r) for lab, r in zip(labels, rows)]
 
 
 def comparison_table(records: Iterable[Record], task: str, model: str, on: str | None = None) -> pd.DataFrame:
