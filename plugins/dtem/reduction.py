@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitbench.catalog import ModelInfo, Reduction, TrainStage
+from vitbench.catalog import ModelInfo, Reduction
 from vitbench.engine import AttnInfo, Reducer, TokenState, bipartite_soft_matching, max_merge
 from vitbench.errors import ParamError
-from vitbench.kit import schedule
+from vitbench.kit import adamw_cosine, schedule
 from vitbench_plugins.dtem import DTEMParams
 
 _ALIVE = "dtem_alive"  # training: tokens (prefix included) that still take part in matchings
@@ -133,13 +133,5 @@ def build(params: DTEMParams, info: ModelInfo) -> Reduction:
     reducers: list[Optional[DTEMReducer]] = [
         DTEMReducer(r, info.embed_dim, feat_dim, head_dim, params.init, params.k2, params.tau1, params.tau2)
         if r > 0 else None for r in schedule(params.r, info.depth)]
-    stage = TrainStage(
-        name="embedding",
-        epochs=params.epochs,
-        optimizer="AdamW",
-        lr=params.lr,
-        weight_decay=params.weight_decay,
-        schedule="cosine",
-        batch_size=params.batch_size,
-    )
-    return Reduction(reducers, prop_attn=True, trace_source=params.trace_source, train=(stage,))
+    return Reduction(reducers, prop_attn=True, trace_source=params.trace_source,
+                     train=(adamw_cosine("embedding", params),))

@@ -6,9 +6,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vitbench.catalog import ModelInfo, Reduction, TrainStage
+from vitbench.catalog import ModelInfo, Reduction
 from vitbench.engine import AttnInfo, Reducer, TokenState
 from vitbench.errors import ParamError
+from vitbench.kit import adamw_cosine
 from vitbench_plugins.patchmerger import PatchMergerParams
 
 
@@ -54,13 +55,4 @@ def build(params: PatchMergerParams, info: ModelInfo) -> Reduction:
         raise ParamError(f"patchmerger.tokens={params.tokens} is out of range; this model has "
                          f"{info.num_patches} patch tokens, so it must be in 1..{info.num_patches}")
     reducers = [PatchMergerReducer(info.embed_dim, params.tokens) if i == layer else None for i in range(info.depth)]
-    stage = TrainStage(
-        name="merger",
-        epochs=params.epochs,
-        optimizer="AdamW",
-        lr=params.lr,
-        weight_decay=params.weight_decay,
-        schedule="cosine",
-        batch_size=params.batch_size,
-    )
-    return Reduction(reducers, prop_attn=False, train=(stage,))
+    return Reduction(reducers, prop_attn=False, train=(adamw_cosine("merger", params),))

@@ -14,7 +14,7 @@ from vitbench.reproduce.check import validated_params
 
 #: every built-in method whose paper the project cites a number of (docs/reproduce.md)
 CITED_METHODS = {"tome", "ppt", "entropy", "average", "ltmp", "ibtm", "dcs", "tofu", "mctf", "zero-tprune",
-                 "diffrate", "diffrate-search", "dynamicvit"}
+                 "diffrate", "diffrate-search", "dynamicvit", "atc", "sinkhorn", "patchmerger", "dtem"}
 
 
 def test_list_prints_a_row_per_cited_paper(capsys):

@@ -2,16 +2,12 @@
 from __future__ import annotations
 
 import copy
-import json
-import math
 
 import pytest
 import torch
 
 import vitbench
-from vitbench import measure
-from vitbench.calibrate import TOLERANCE, GmacsCounter, calibrate, prepared_as_trained
-from vitbench.cli.main import main
+from vitbench.calibrate import TOLERANCE
 from vitbench.engine import bipartite_soft_matching, reduction_context
 from vitbench.errors import ParamError
 from vitbench.plugins import get_host
@@ -157,42 +153,12 @@ def test_conforms():
     assert check_method("dtem", {"r": 8}).token_counts == COUNTS_R8
 
 
-def test_matched_compute_sets_r():
-    tiny = tiny_vit()
-    images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
-
-    def count(method, params):
-        m = copy.deepcopy(tiny)
-        if method is not None:
-            m = prepared_as_trained(vitbench.apply(m, method, **params), images)
-        return measure.count_gmacs(m.eval(), images).mean
-
-    host = get_host()
-    result = calibrate(host.method("dtem"), {}, 0.6, GmacsCounter(count), host.family_of(tiny).describe(tiny))
+def test_matched_compute_sets_r(calibrated_on_tiny_vit):
+    result = calibrated_on_tiny_vit("dtem", 0.6)
     assert result.param == "r"
     assert abs(result.calibrated_gmacs / (0.6 * result.baseline_gmacs) - 1) <= TOLERANCE
 
 
-def _image_folder(root):
-    import numpy as np
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    for split, per_class in (("val", 3), ("train", 4)):
-        for c in ("cat", "dog"):
-            (root / split / c).mkdir(parents=True)
-            for i in range(per_class):
-                Image.fromarray(rng.integers(0, 255, (48, 64, 3), dtype=np.uint8)).save(root / split / c / f"{i}.png")
-    return root
-
-
-def test_fine_tunes_through_the_run_path(tmp_path):
+def test_fine_tunes_through_the_run_path(fine_tuned_run):
     """A short fine-tuning on test_vit through ``vitbench run``: finite numbers, fewer GMACs."""
-    data = _image_folder(tmp_path / "data")
-    out = tmp_path / "out"
-    assert main(["run", "--methods", "dtem", "--param", "dtem.r=8", "--model", "test_vit", "--data", str(data),
-                 "--num-classes", "2", "--metrics", "accuracy,gmacs", "--train-limit", "8", "--out", str(out)]) == 0
-    base, dtem = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
-    assert dtem["status"] == "ok" and dtem["trained"] == "fine-tuned" and dtem["train_images"] == 8
-    assert math.isfinite(dtem["top1_pct"]) and 0.0 <= dtem["top1_pct"] <= 100.0
-    assert math.isfinite(dtem["gmacs"]) and dtem["gmacs"] < base["gmacs"]
+    fine_tuned_run("dtem", "dtem.r=8")

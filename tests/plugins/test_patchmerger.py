@@ -2,17 +2,12 @@
 from __future__ import annotations
 
 import copy
-import json
-import math
 
 import pytest
-import timm
 import torch
 
 import vitbench
-from vitbench import measure
-from vitbench.calibrate import TOLERANCE, GmacsCounter, calibrate, prepared_as_trained
-from vitbench.cli.main import main
+from vitbench.calibrate import TOLERANCE
 from vitbench.engine import TokenState, reduction_context
 from vitbench.engine.attention import AttnInfo
 from vitbench.errors import ParamError
@@ -112,43 +107,12 @@ def test_conforms():
     assert check_method("patchmerger", {"tokens": 16, "layer": 0}).token_counts == [17] * 12
 
 
-def test_matched_compute_sets_m():
-    tiny = tiny_vit()
-    images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
-
-    def count(method, params):
-        m = copy.deepcopy(tiny)
-        if method is not None:
-            m = prepared_as_trained(vitbench.apply(m, method, **params), images)
-        return measure.count_gmacs(m.eval(), images).mean
-
-    host = get_host()
-    result = calibrate(host.method("patchmerger"), {}, 0.6, GmacsCounter(count), host.family_of(tiny).describe(tiny))
+def test_matched_compute_sets_m(calibrated_on_tiny_vit):
+    result = calibrated_on_tiny_vit("patchmerger", 0.6)
     assert result.param == "tokens" and isinstance(result.value, int) and 1 <= result.value <= 64
     assert abs(result.calibrated_gmacs / (0.6 * result.baseline_gmacs) - 1) <= TOLERANCE
 
 
-def _image_folder(root):
-    from PIL import Image
-    import numpy as np
-
-    rng = np.random.default_rng(0)
-    for split, per_class in (("val", 3), ("train", 4)):
-        for c in ("cat", "dog"):
-            (root / split / c).mkdir(parents=True)
-            for i in range(per_class):
-                Image.fromarray(rng.integers(0, 255, (48, 64, 3), dtype=np.uint8)).save(root / split / c / f"{i}.png")
-    return root
-
-
-def test_fine_tunes_through_the_run_path(tmp_path):
+def test_fine_tunes_through_the_run_path(fine_tuned_run):
     """A short fine-tuning on test_vit through ``vitbench run``: finite numbers, fewer GMACs."""
-    data = _image_folder(tmp_path / "data")
-    out = tmp_path / "out"
-    assert main(["run", "--methods", "patchmerger", "--param", "patchmerger.tokens=8", "--model", "test_vit",
-                 "--data", str(data), "--num-classes", "2", "--metrics", "accuracy,gmacs", "--train-limit", "8",
-                 "--out", str(out)]) == 0
-    base, merged = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
-    assert merged["status"] == "ok" and merged["trained"] == "fine-tuned" and merged["train_images"] == 8
-    assert math.isfinite(merged["top1_pct"]) and 0.0 <= merged["top1_pct"] <= 100.0
-    assert math.isfinite(merged["gmacs"]) and merged["gmacs"] < base["gmacs"]
+    fine_tuned_run("patchmerger", "patchmerger.tokens=8")

@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
             return 0
         from vitbench.report import write_report
 
-        md, png = write_report(records, output, command=command, skipped=skipped)
+        md, png = write_report(records, output, command=command, skipped=skipped, folder=folder)
     except OSError as exc:
         raise DataError(f"cannot write the report {str(output)!r}: {exc.strerror or exc}") from None
     print(f"wrote {md} and {png}" if png is not None else f"wrote {md} (no plot: nothing to draw)")

@@ -111,22 +111,10 @@ def visualize_run(results: Any) -> Optional[Path]:
 
 
 def link_in_report(md: Path, png: Path) -> None:
-    """Add one image line for ``png`` under report.md's "## Plot" section (a new section if none)."""
-    import urllib.parse
-
+    """Add one image line for ``png`` under report.md's "## Plot" section (a new section if none);
+    ``vitbench report`` adds it again from the file (:mod:`vitbench.report.attached`)."""
     from vitbench.cache import atomic_write
+    from vitbench.report.attached import with_figure
 
-    line = f"![Patches merged (colour) and pruned (grey) after each block]({urllib.parse.quote(png.name)})"
-    lines = md.read_text(encoding="utf-8").splitlines()
-    if line in lines:
-        return
-    if "## Plot" in lines:
-        end = next((i for i in range(lines.index("## Plot") + 1, len(lines)) if lines[i].startswith("## ")),
-                   len(lines))
-        while end > 0 and not lines[end - 1].strip():
-            end -= 1
-        lines[end:end] = ["", line]
-    else:
-        lines += ["", "## Plot", "", line]
-    text = "\n".join(lines) + "\n"
+    text = with_figure(md.read_text(encoding="utf-8"), png.name)
     atomic_write(md, lambda tmp: tmp.write_text(text, encoding="utf-8"))

@@ -2,8 +2,8 @@
 
 A built-in plugin imports no other plugin; what several methods need lives here: parameter
 checks, the top-k token selection, ToMe's merge schedule, the clustering merges (hard and soft), the token
-significance scores, and the differentiable cost models (fixed part counted, variable part by
-formula).
+significance scores, the AdamW-cosine training stage, and the differentiable cost models (fixed
+part counted, variable part by formula).
 """
 from __future__ import annotations
 
@@ -15,11 +15,12 @@ from vitbench.kit.params import check_layers, check_scorer
 from vitbench.kit.scores import average_score, cls_attn_score, entropy_score
 from vitbench.kit.selection import TOKEN_ORDERS, top_tokens
 from vitbench.kit.soft_merge import soft_cluster
+from vitbench.kit.train_stages import adamw_cosine
 from vitbench.kit.vit_costs import ViTBlockCosts, vit_block_costs
 
 __all__ = [
     "BudgetResult", "ClusterFn", "ClusterMergeReducer", "ComputeBudget", "CostModel", "Macs", "TOKEN_ORDERS",
-    "ViTBlockCosts", "average_score", "check_layers", "check_scorer", "cls_attn_score", "counted_fixed",
+    "ViTBlockCosts", "adamw_cosine", "average_score", "check_layers", "check_scorer", "cls_attn_score", "counted_fixed",
     "enforce_budget", "entropy_score", "linear_macs", "probe_image", "schedule", "soft_cluster", "token_distances",
     "top_tokens", "vit_block_costs",
 ]

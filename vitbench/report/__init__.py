@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from vitbench.report._atomic import atomic_write_bytes
+from vitbench.report.attached import attach
 from vitbench.report.markdown import render_markdown
 from vitbench.report.plot import planned_panels, plot_accuracy_vs_gmacs
 from vitbench.report.sweep import write_sweep_report
@@ -18,18 +19,22 @@ __all__ = ["comparison_table", "plot_accuracy_vs_gmacs", "render_markdown", "wri
 
 def write_report(records: Iterable[Mapping[str, Any]], out_md_path: str | os.PathLike[str], *,
                  command: str | None = None, title: str | None = None,
-                 skipped: Sequence[str] = ()) -> tuple[Path, Optional[Path]]:
+                 skipped: Sequence[str] = (), folder: str | os.PathLike[str] | None = None
+                 ) -> tuple[Path, Optional[Path]]:
     """Write the markdown report and its plot beside it (same stem, ``.png``; none when nothing
     can be drawn, :func:`~vitbench.report.plot.planned_panels`); each file is written whole or
     not at all (a temp file, then a rename), and the markdown is rendered before either is
     written, so a record the report cannot render leaves both old files as they were.
     ``skipped``: the store's lines that are no record (``CorruptLine.describe()``), listed under
-    the title. Returns ``(md_path, png_path or None)``."""
+    the title. ``folder``: the run's folder, whose figures and published row are attached
+    (:mod:`~vitbench.report.attached`; default the markdown's folder). Returns ``(md_path,
+    png_path or None)``."""
     records = list(records)
     md_path = Path(out_md_path)
     png_path = md_path.with_suffix(".png") if planned_panels(records) else None
     link = urllib.parse.quote(png_path.name) if png_path is not None else None
     text = render_markdown(records, title=title, command=command, plot_path=link, skipped=skipped)
+    text = attach(text, Path(folder) if folder is not None else md_path.parent, records, md_path.parent)
     if png_path is not None:
         plot_accuracy_vs_gmacs(records, png_path)
     atomic_write_bytes(md_path, text.encode("utf-8"))
