@@ -5,13 +5,18 @@ export PYTHON
 EXTRAS ?=
 export EXTRAS
 
-.PHONY: install install-dense demo demo-training-free sweep-demo test test-fast test-retrain docs lint lint-imports
+.PHONY: install install-dense install-example demo demo-training-free sweep-demo test test-fast test-retrain docs lint lint-imports
 
 install:  ## what the cls task needs, into the active Python (idempotent, quick when done)
 	bash scripts/install.sh
 
 install-dense:  ## also what det/seg need: mmdet, and mmcv's ops (compiled: minutes the first time)
 	EXTRAS=dense bash scripts/install.sh
+
+# the example plugin (random-drop, the agreement task, --agreement-top) is for the tests, not for users
+install-example:  ## the example plugin (examples/vitbench-example-plugin), which the suite tests
+	$(PYTHON) -c "import os, vitbench_example_plugin as m; assert os.path.realpath(m.__file__).startswith(os.path.realpath('examples'))" 2>/dev/null \
+		|| $(PYTHON) -m pip install -q --no-deps --no-build-isolation -e examples/vitbench-example-plugin
 
 # F = 0.831: the GMACs fraction IBTM's default ratio 0.7 keeps on the default model (0.026695 of
 # 0.032115 GMACs, counted with its class statistics in place), so ToMe is matched to IBTM's cost.
@@ -27,10 +32,10 @@ demo-training-free: install  ## ToMe, PPT and top-k on the embedded default (rep
 sweep-demo: install  ## tome, ppt, topk, ltmp and ltm at 5 matched budgets on the embedded default (reports/sweep; trains ltm/ltmp 5 times each, ~30 min on 2 cores)
 	$(PYTHON) -m vitbench sweep --task cls --methods tome,ppt,topk,ltmp,ltm --budgets 0.9,0.8,0.7,0.6,0.5 --out reports/sweep
 
-test: install-dense  ## the whole suite, slow end-to-end tests included (what CI runs)
+test: install-dense install-example  ## the whole suite, slow end-to-end tests included (what CI runs)
 	$(PYTHON) -m pytest -q
 
-test-fast: install-dense  ## the suite without the slow end-to-end tests
+test-fast: install-dense install-example  ## the suite without the slow end-to-end tests
 	$(PYTHON) -m pytest -q -m "not slow"
 
 test-retrain: install  ## retrain the default model and check it reproduces the shipped one (tens of minutes)

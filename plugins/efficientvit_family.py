@@ -16,5 +16,6 @@ def vitbench_register_families(register):  # type: ignore[no-untyped-def]
         feature_module=f"{_CODE}:last_stage",
         channel_reducer="vitbench.engine.families.efficientvit_channels:DCSLiteMLAReducer",
         model_patterns=("efficientvit_b*",),
+        model_modules=("efficientvit_mit",),
         description="timm EfficientVit (MIT EfficientViT-B): channel methods on its LiteMLA blocks",
     ))

@@ -16,6 +16,7 @@ def vitbench_register_families(register):  # type: ignore[no-untyped-def]
         merge_grid=f"{_CODE}:merge_grid",
         sequence_grids=f"{_CODE}:sequence_grids",
         model_patterns=("mobilevit_*",),
+        model_modules=("mobilevit",),
         description="timm MobileViT (ByobNet with MobileVitBlocks: mobilevit_xxs/xs/s); "
                     "token methods per MobileViT block, unmerged or grid-folded back to a map",
     ))

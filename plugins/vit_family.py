@@ -16,5 +16,8 @@ def vitbench_register_families(register):  # type: ignore[no-untyped-def]
         final_features=f"{_CODE}:final_features",
         merge_grid=f"{_CODE}:merge_grid",
         model_patterns=("vit_*", "deit_*", "deit3_*"),
+        model_modules=("vision_transformer", "vision_transformer_hybrid", "deit"),  # not Eva, RelPos
+        # describe refuses attention pooling (siglip map heads) and blocks other than timm Block
+        model_excludes=("*_siglip_[0-9]*", "*_map_*", "*_xp_*", "*_18x2_*", "*_rpn_*", "*pwee_*"),
         description="timm VisionTransformer: ViT, DeiT (incl. distilled), DeiT-III, register tokens",
     ))

@@ -14,10 +14,10 @@ case "$EXTRAS" in
     dense) extras="test,dense"; checks="mmcv, mmcv.ops, mmdet, mmpretrain" ;;
     *) echo "install: error: EXTRAS=$EXTRAS is not an extra; valid: dense (or none)" >&2; exit 2 ;;
 esac
-imports="import vitbench, vitbench_plugins, vitbench_example_plugin, $checks, timm, importlinter"
+imports="import vitbench, vitbench_plugins, $checks, timm, importlinter"
 root=$(pwd)
 stamp_dir=$($PYTHON -c 'import sys; print(sys.prefix)')/.vitbench-install
-key=$(cat pyproject.toml setup.py constraints.txt examples/vitbench-example-plugin/pyproject.toml | sha1sum | cut -c1-16)
+key=$(cat pyproject.toml setup.py constraints.txt | sha1sum | cut -c1-16)
 stamp="$stamp_dir/$(echo "$root" | sha1sum | cut -c1-16)-$key"  # holds the extras installed
 start=$SECONDS
 step=$SECONDS
@@ -67,10 +67,10 @@ if [ -n "$EXTRAS" ] && ! $PYTHON -c "import mmcv, mmcv.ops, sys; sys.exit(mmcv._
     took "mmcv with ops built (or taken from pip's wheel cache)"
 fi
 
-# 4. vitbench (editable, with the test extra: pytest, import-linter; EXTRAS=dense: mmdet), its
-#    built-in plugins, and the example plugin.
+# 4. vitbench (editable, with the test extra: pytest, import-linter; EXTRAS=dense: mmdet) and its
+#    built-in plugins; not the example plugin (`make install-example`, which `make test` runs).
 echo "install: vitbench[$extras], mmengine, mmpretrain, timm and the rest"
-$PIP install -q --no-build-isolation -c constraints.txt -e ".[$extras]" -e examples/vitbench-example-plugin
+$PIP install -q --no-build-isolation -c constraints.txt -e ".[$extras]"
 $PYTHON -c "$imports"
 took "vitbench and the rest installed"
 mkdir -p "$stamp_dir" && rm -f "$stamp_dir/$(echo "$root" | sha1sum | cut -c1-16)"-* && echo "$EXTRAS" > "$stamp"

@@ -305,6 +305,10 @@ class FamilySpec:
     describe: Union[str, Callable[["nn.Module"], ModelInfo]]
     patch: Union[str, Callable[["nn.Module", Reduction], "nn.Module"]]
     model_patterns: tuple[str, ...] = ()
+    #: the ``timm.models`` modules whose matching names the adapter accepts; empty: any module
+    model_modules: tuple[str, ...] = ()
+    #: wildcards of names the patterns match that the adapter refuses (e.g. attention pooling)
+    model_excludes: tuple[str, ...] = ()
     description: str = ""
     # what methods may ask of the family; a method that needs a member the family leaves at its
     # default refuses the family with an UnsupportedError

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from vitbench.catalog import BudgetKnob, MethodSpec, ModelInfo, Reduction
+from vitbench.catalog import HELP, BudgetKnob, MethodSpec, ModelInfo, Reduction
 from vitbench.engine import AttnInfo, Reducer, TokenState
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
@@ -16,8 +16,9 @@ from vitbench.hookspecs import hookimpl
 class NormDropParams:
     """``keep``: fraction of patch tokens kept at each of ``layers`` (0-indexed blocks)."""
 
-    keep: float = 0.7
-    layers: tuple[int, ...] = (3, 6, 9)
+    # each field's metadata[HELP] is the one-line meaning `vitbench describe norm-drop` prints
+    keep: float = field(default=0.7, metadata={HELP: "fraction of patch tokens kept at each listed block"})
+    layers: tuple[int, ...] = field(default=(3, 6, 9), metadata={HELP: "the blocks that drop tokens (0-based)"})
 
     def __post_init__(self) -> None:
         if not 0.0 < self.keep <= 1.0:

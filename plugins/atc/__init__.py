@@ -11,9 +11,9 @@ becomes the size-weighted mean of its members, and proportional attention follow
 Parameters: ``keep``, ``layers``, ``linkage``."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from vitbench.catalog import BudgetKnob, MethodSpec
+from vitbench.catalog import HELP, BudgetKnob, MethodSpec
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
 
@@ -26,9 +26,12 @@ class ATCParams:
     """``keep``: clusters per listed block as a fraction of its patch tokens; ``layers``: the
     blocks that cluster (the paper's 4th, 7th and 10th); ``linkage``: the linkage function."""
 
-    keep: float = 0.5
-    layers: tuple[int, ...] = (3, 6, 9)
-    linkage: str = "average"
+    keep: float = field(default=0.5, metadata={HELP: (
+        "clusters per listed block, as a fraction of its patch tokens (1 changes nothing)")})
+    layers: tuple[int, ...] = field(default=(3, 6, 9), metadata={HELP: (
+        "the blocks that cluster (0-based; the paper's 4th, 7th and 10th)")})
+    linkage: str = field(default="average", metadata={HELP: (
+        "the linkage of the hierarchical clustering: average, complete or single")})
 
     def __post_init__(self) -> None:
         if not 0.0 < self.keep <= 1.0:

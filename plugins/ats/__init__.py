@@ -14,9 +14,9 @@ setting and not a no-op), ``layers`` (default ``(3, ..., 11)``, the official Dei
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from vitbench.catalog import BudgetKnob, MethodSpec
+from vitbench.catalog import HELP, BudgetKnob, MethodSpec
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
 
@@ -30,8 +30,10 @@ class ATSParams:
     """``keep``: sample points ``K = ceil(keep * N_p0)`` per listed block (``N_p0`` the model's
     patch count; 1.0 = the paper's DeiT-S setting); ``layers``: the blocks that sample."""
 
-    keep: float = 1.0
-    layers: tuple[int, ...] = (3, 4, 5, 6, 7, 8, 9, 10, 11)
+    keep: float = field(default=1.0, metadata={HELP: (
+        "sample points K = ceil(keep * patches) per listed block (1.0: the paper's DeiT-S setting)")})
+    layers: tuple[int, ...] = field(default=(3, 4, 5, 6, 7, 8, 9, 10, 11), metadata={HELP: (
+        "the blocks that sample (0-based)")})
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.keep) and 0.0 < self.keep <= MAX_KEEP):

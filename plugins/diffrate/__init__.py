@@ -15,10 +15,10 @@ Parameters: ``keep``, ``merge_share``, ``prune_kept``, ``merge_kept``; the searc
 ``gmacs_fraction``, ``lambda_flops``, ``epochs``, ``lr``, ``batch_size``, ``label_smoothing``."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from vitbench.catalog import BudgetKnob, MethodSpec
+from vitbench.catalog import HELP, BudgetKnob, MethodSpec
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
 
@@ -68,10 +68,14 @@ class DiffRateParams:
     pruned; ``prune_kept``/``merge_kept``: patch tokens kept after each block's pruning/merging
     (one count per block; given, they replace the default schedule and ``keep`` is not used)."""
 
-    keep: float = 0.3
-    merge_share: float = 0.5
-    prune_kept: Optional[tuple[int, ...]] = None
-    merge_kept: Optional[tuple[int, ...]] = None
+    keep: float = field(default=0.3, metadata={HELP: (
+        "fraction of patch tokens left after the last block, removed evenly over the blocks")})
+    merge_share: float = field(default=0.5, metadata={HELP: (
+        "share of each block's removed tokens that merge rather than being pruned")})
+    prune_kept: Optional[tuple[int, ...]] = field(default=None, metadata={HELP: (
+        "patch tokens kept after each block's pruning (one per block; replaces keep)")})
+    merge_kept: Optional[tuple[int, ...]] = field(default=None, metadata={HELP: (
+        "patch tokens kept after each block's merging (one per block; replaces keep)")})
 
     def __post_init__(self) -> None:
         if not 0.0 < self.keep <= 1.0:
@@ -95,13 +99,14 @@ class DiffRateSearchParams:
     ``lambda_flops``: weight of the penalty ``(gmacs_ratio - gmacs_fraction)^2``;
     the rest: the training stage (only the rate distributions train; the backbone is frozen)."""
 
-    gmacs_fraction: float = 0.63
-    lambda_flops: float = 10.0
-    epochs: int = 1
-    lr: float = 0.05
-    optimizer: str = "Adam"
-    batch_size: int = 64
-    label_smoothing: float = 0.0
+    gmacs_fraction: float = field(default=0.63, metadata={HELP: (
+        "fraction of the model's counted GMACs the search aims at")})
+    lambda_flops: float = field(default=10.0, metadata={HELP: "weight of the penalty (gmacs_ratio - gmacs_fraction)^2"})
+    epochs: int = field(default=1, metadata={HELP: "epochs of the rate search (the backbone is frozen)"})
+    lr: float = field(default=0.05, metadata={HELP: "learning rate of the rate distributions"})
+    optimizer: str = field(default="Adam", metadata={HELP: "the search's optimizer: SGD, AdamW or Adam"})
+    batch_size: int = field(default=64, metadata={HELP: "images per training batch"})
+    label_smoothing: float = field(default=0.0, metadata={HELP: "label smoothing of the cross-entropy"})
 
     def __post_init__(self) -> None:
         m = "diffrate-search"

@@ -12,9 +12,9 @@ the method is deterministic. ``keep = 1`` changes nothing.
 Parameters: ``keep``, ``layers``, ``k`` (neighbours of the density)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from vitbench.catalog import BudgetKnob, MethodSpec
+from vitbench.catalog import HELP, BudgetKnob, MethodSpec
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
 
@@ -24,9 +24,10 @@ class DPCKNNParams:
     """``keep``: clusters per listed block as a fraction of its patch tokens; ``layers``: the
     blocks that cluster; ``k``: neighbours of the density estimate (TCFormer: 5)."""
 
-    keep: float = 0.5
-    layers: tuple[int, ...] = (3, 6, 9)
-    k: int = 5
+    keep: float = field(default=0.5, metadata={HELP: (
+        "clusters per listed block, as a fraction of its patch tokens (1 changes nothing)")})
+    layers: tuple[int, ...] = field(default=(3, 6, 9), metadata={HELP: "the blocks that cluster (0-based)"})
+    k: int = field(default=5, metadata={HELP: "neighbours of the kNN density estimate (TCFormer: 5)"})
 
     def __post_init__(self) -> None:
         if not 0.0 < self.keep <= 1.0:

@@ -16,10 +16,10 @@ the official code's fresh linear layer. Sizes are floored at float eps in traini
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Union
 
-from vitbench.catalog import BudgetKnob, MethodSpec, patch_count
+from vitbench.catalog import HELP, BudgetKnob, MethodSpec, patch_count
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
 
@@ -35,17 +35,20 @@ class DTEMParams:
     the soft grouping; ``tau1``, ``tau2``: its similarity and top-k temperatures; ``epochs``,
     ``lr``, ``weight_decay``, ``batch_size``: the fine-tuning (AdamW, cosine schedule)."""
 
-    r: Union[int, list[int], tuple[int, float]] = 16
-    feat_dim: Optional[int] = None
-    init: str = "keys"
-    k2: int = 3
-    tau1: float = 0.1
-    tau2: float = 0.1
-    epochs: int = 1
-    lr: float = 1e-4
-    weight_decay: float = 1e-4
-    batch_size: int = 64
-    trace_source: bool = False
+    r: Union[int, list[int], tuple[int, float]] = field(default=16, metadata={HELP: (
+        "tokens merged per block: one int, one per block, or (r, inflect) for a linear schedule")})
+    feat_dim: Optional[int] = field(default=None, metadata={HELP: (
+        "width of the learned merging embedding (None: the head width, doubled from width 1024)")})
+    init: str = field(default="keys", metadata={HELP: (
+        "how the embedding starts: keys (the attention's keys) or random")})
+    k2: int = field(default=3, metadata={HELP: "B candidates per A token in the soft grouping"})
+    tau1: float = field(default=0.1, metadata={HELP: "temperature of the soft grouping's similarity"})
+    tau2: float = field(default=0.1, metadata={HELP: "temperature of the soft grouping's top-k"})
+    epochs: int = field(default=1, metadata={HELP: "fine-tuning epochs (AdamW, cosine schedule)"})
+    lr: float = field(default=1e-4, metadata={HELP: "fine-tuning learning rate"})
+    weight_decay: float = field(default=1e-4, metadata={HELP: "fine-tuning weight decay"})
+    batch_size: int = field(default=64, metadata={HELP: "images per training batch"})
+    trace_source: bool = field(default=False, metadata={HELP: "record the patches each token stands for"})
 
     def __post_init__(self) -> None:
         values = [self.r] if isinstance(self.r, int) else list(self.r)

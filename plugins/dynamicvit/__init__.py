@@ -12,9 +12,9 @@ Parameters: ``keep`` (the paper's ``rho``), ``layers`` (default ``(3, 6, 9)`` as
 ``batch_size``. docs/methods.md §16 lists every choice and where vitbench differs."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from vitbench.catalog import BudgetKnob, MethodSpec
+from vitbench.catalog import HELP, BudgetKnob, MethodSpec
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
 
@@ -27,13 +27,16 @@ class DynamicViTParams:
     Gumbel-softmax temperature; ``epochs``, ``lr``, ``batch_size``: the fine-tuning of the
     prediction modules (AdamW, cosine schedule)."""
 
-    keep: float = 0.7
-    layers: tuple[int, ...] = (3, 6, 9)
-    ratio_weight: float = 2.0
-    tau: float = 1.0
-    epochs: int = 1
-    lr: float = 1e-2
-    batch_size: int = 64
+    keep: float = field(default=0.7, metadata={HELP: "keep ratio rho: stage s keeps ceil(rho^s * patches) tokens"})
+    layers: tuple[int, ...] = field(default=(3, 6, 9), metadata={HELP: (
+        "the blocks with a prediction module (one stage each, in order)")})
+    ratio_weight: float = field(default=2.0, metadata={HELP: (
+        "weight of the keep-ratio loss (the paper's lambda_ratio)")})
+    tau: float = field(default=1.0, metadata={HELP: "Gumbel-softmax temperature"})
+    epochs: int = field(default=1, metadata={HELP: (
+        "fine-tuning epochs of the prediction modules (AdamW, cosine schedule)")})
+    lr: float = field(default=1e-2, metadata={HELP: "fine-tuning learning rate"})
+    batch_size: int = field(default=64, metadata={HELP: "images per training batch"})
 
     def __post_init__(self) -> None:
         if not 0.0 < self.keep <= 1.0:

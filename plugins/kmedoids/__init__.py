@@ -12,9 +12,9 @@ of least summed distance, and each final cluster becomes the size-weighted mean 
 Parameters: ``keep``, ``layers``, ``iters``."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from vitbench.catalog import BudgetKnob, MethodSpec
+from vitbench.catalog import HELP, BudgetKnob, MethodSpec
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
 
@@ -24,9 +24,10 @@ class KMedoidsParams:
     """``keep``: clusters per listed block as a fraction of its patch tokens; ``layers``: the
     blocks that cluster; ``iters``: Voronoi iterations."""
 
-    keep: float = 0.5
-    layers: tuple[int, ...] = (3, 6, 9)
-    iters: int = 3
+    keep: float = field(default=0.5, metadata={HELP: (
+        "clusters per listed block, as a fraction of its patch tokens (1 changes nothing)")})
+    layers: tuple[int, ...] = field(default=(3, 6, 9), metadata={HELP: "the blocks that cluster (0-based)"})
+    iters: int = field(default=3, metadata={HELP: "Voronoi iterations of the medoid search"})
 
     def __post_init__(self) -> None:
         if not 0.0 < self.keep <= 1.0:

@@ -14,10 +14,10 @@ Parameters: ``target`` (or ``gmacs_fraction`` at matched compute), ``tau``, ``la
 ``layers``, ``order`` (``bipartite``, the official layout, or ``original``)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
-from vitbench.catalog import BudgetKnob, MethodSpec
+from vitbench.catalog import HELP, BudgetKnob, MethodSpec
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
 
@@ -39,18 +39,22 @@ class LTMPParams:
     the model's exact cost (:class:`CostModel`, as ``vitbench.measure.count_gmacs`` counts it)
     against ``gmacs_fraction``, and ``target`` is not used."""
 
-    target: float = 0.75
-    tau: float = 0.1
-    lambda_flops: float = 10.0
-    epochs: int = 1
-    lr_merge: float = 5e-3
-    lr_prune: float = 5e-6
-    optimizer: str = "SGD"
-    label_smoothing: float = 0.1
-    batch_size: int = 64
-    layers: Optional[tuple[int, ...]] = None
-    order: str = "bipartite"
-    gmacs_fraction: Optional[float] = None
+    target: float = field(default=0.75, metadata={HELP: (
+        "FLOPs ratio to reach (Swin: a fraction of the counted GMACs); unused with gmacs_fraction")})
+    tau: float = field(default=0.1, metadata={HELP: "temperature of the learned thresholds' maskers"})
+    lambda_flops: float = field(default=10.0, metadata={HELP: "weight of the FLOPs penalty"})
+    epochs: int = field(default=1, metadata={HELP: "fine-tuning epochs of the thresholds"})
+    lr_merge: float = field(default=5e-3, metadata={HELP: "learning rate of the merging thresholds theta_m"})
+    lr_prune: float = field(default=5e-6, metadata={HELP: "learning rate of the pruning thresholds theta_p"})
+    optimizer: str = field(default="SGD", metadata={HELP: "the fine-tuning's optimizer: SGD, AdamW or Adam"})
+    label_smoothing: float = field(default=0.1, metadata={HELP: "label smoothing of the cross-entropy"})
+    batch_size: int = field(default=64, metadata={HELP: "images per training batch"})
+    layers: Optional[tuple[int, ...]] = field(default=None, metadata={HELP: (
+        "the blocks that reduce (0-based; None: all)")})
+    order: str = field(default="bipartite", metadata={HELP: (
+        "token layout after a reducing block: bipartite (prefix, A, B) or original")})
+    gmacs_fraction: Optional[float] = field(default=None, metadata={HELP: (
+        "fraction of the counted GMACs to reach (--match-gmacs sets it; None: use target)")})
 
     def __post_init__(self) -> None:
         if not 0.0 < self.target <= 1.0:

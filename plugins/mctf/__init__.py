@@ -14,10 +14,10 @@ Parameters: ``r`` (int, per-block list or ``(r, inflect)``), ``tau_sim``, ``tau_
 ``bidirectional``, ``prop_attn``, ``trace_source``."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Union
 
-from vitbench.catalog import BudgetKnob, MethodSpec, patch_count
+from vitbench.catalog import HELP, BudgetKnob, MethodSpec, patch_count
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
 
@@ -32,13 +32,15 @@ class MCTFParams:
     ``bidirectional``: fuse ``r // 2`` A -> B, then the rest B -> A; ``prop_attn``: proportional
     attention; ``trace_source``: keep the sources for unmerge."""
 
-    r: Schedule = 16
-    tau_sim: float = 1.0
-    tau_info: float = 20.0
-    tau_size: float = 40.0
-    bidirectional: bool = True
-    prop_attn: bool = True
-    trace_source: bool = False
+    r: Schedule = field(default=16, metadata={HELP: (
+        "tokens fused per block: one int, one per block, or (r, inflect) for a linear schedule")})
+    tau_sim: float = field(default=1.0, metadata={HELP: "temperature of the similarity criterion (0 switches it off)"})
+    tau_info: float = field(default=20.0, metadata={HELP: (
+        "temperature of the informativeness criterion (0 switches it off)")})
+    tau_size: float = field(default=40.0, metadata={HELP: "temperature of the size criterion (0 switches it off)"})
+    bidirectional: bool = field(default=True, metadata={HELP: "fuse r // 2 tokens A -> B, then the rest B -> A"})
+    prop_attn: bool = field(default=True, metadata={HELP: "proportional attention: add log(size) to the logits"})
+    trace_source: bool = field(default=False, metadata={HELP: "record the patches each token stands for"})
 
     def __post_init__(self) -> None:
         _check_r(self.r)

@@ -14,10 +14,10 @@ merged nor queries; no proportional attention.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
-from vitbench.catalog import BudgetKnob, MethodSpec, patch_count
+from vitbench.catalog import HELP, BudgetKnob, MethodSpec, patch_count
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
 
@@ -28,12 +28,13 @@ class PatchMergerParams:
     ``M`` tokens (``None``: ``depth // 2 - 1``, the middle); ``epochs``, ``lr``, ``weight_decay``,
     ``batch_size``: the fine-tuning of the merger (AdamW, cosine schedule)."""
 
-    tokens: int = 8
-    layer: Optional[int] = None
-    epochs: int = 1
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    batch_size: int = 64
+    tokens: int = field(default=8, metadata={HELP: "the output token count M"})
+    layer: Optional[int] = field(default=None, metadata={HELP: (
+        "the block whose MLP and later blocks see M tokens (None: the middle, depth // 2 - 1)")})
+    epochs: int = field(default=1, metadata={HELP: "fine-tuning epochs of the merger (AdamW, cosine schedule)"})
+    lr: float = field(default=1e-3, metadata={HELP: "fine-tuning learning rate"})
+    weight_decay: float = field(default=0.0, metadata={HELP: "fine-tuning weight decay"})
+    batch_size: int = field(default=64, metadata={HELP: "images per training batch"})
 
     def __post_init__(self) -> None:
         if not isinstance(self.tokens, int) or isinstance(self.tokens, bool) or self.tokens < 1:

@@ -15,10 +15,10 @@ Parameters: ``r`` (ToMe's knob; :func:`ratio_schedule` turns the paper's keep ra
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Union
 
-from vitbench.catalog import BudgetKnob, MethodSpec, patch_count
+from vitbench.catalog import HELP, BudgetKnob, MethodSpec, patch_count
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
 
@@ -33,13 +33,15 @@ class PiToMeParams:
     block ``l`` of ``L`` uses the margin ``margin - margin_decay * l / L``; ``alpha``: the scale
     below the margin; ``energy``: ``"paper"`` or ``"elu"`` (the official code's form)."""
 
-    r: Union[int, list[int]] = 16
-    margin: float = 0.9
-    margin_decay: float = 0.9
-    alpha: float = 1.0
-    energy: str = "paper"
-    prop_attn: bool = True
-    trace_source: bool = False
+    r: Union[int, list[int]] = field(default=16, metadata={HELP: "tokens merged per block: one int, or one per block"})
+    margin: float = field(default=0.9, metadata={HELP: (
+        "energy margin at the first block (block l of L uses margin - margin_decay * l / L)")})
+    margin_decay: float = field(default=0.9, metadata={HELP: (
+        "how much the margin falls from the first block to the last")})
+    alpha: float = field(default=1.0, metadata={HELP: "the energy's scale below the margin"})
+    energy: str = field(default="paper", metadata={HELP: "the energy score: paper, or elu (the official code's form)"})
+    prop_attn: bool = field(default=True, metadata={HELP: "proportional attention: add log(size) to the logits"})
+    trace_source: bool = field(default=False, metadata={HELP: "record the patches each token stands for"})
 
     def __post_init__(self) -> None:
         values = [self.r] if isinstance(self.r, int) else list(self.r)

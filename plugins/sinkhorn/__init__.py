@@ -13,9 +13,9 @@ of the patches. ``M = ceil(keep * M_prev)`` per listed block; ``keep = 1`` chang
 Parameters: ``keep``, ``layers``, ``eps``, ``iters``, ``epochs``, ``lr``, ``batch_size``."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from vitbench.catalog import BudgetKnob, MethodSpec
+from vitbench.catalog import HELP, BudgetKnob, MethodSpec
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
 
@@ -27,13 +27,14 @@ class SinkhornParams:
     Sinkhorn iterations (official: 3); ``epochs``, ``lr``, ``batch_size``: the training of the
     centres (AdamW, cosine schedule)."""
 
-    keep: float = 0.5
-    layers: tuple[int, ...] = (3, 6, 9)
-    eps: float = 1.0
-    iters: int = 3
-    epochs: int = 1
-    lr: float = 1e-2
-    batch_size: int = 64
+    keep: float = field(default=0.5, metadata={HELP: "centres per listed block, as a fraction of its patch tokens"})
+    layers: tuple[int, ...] = field(default=(3, 6, 9), metadata={HELP: "the blocks that cluster (0-based)"})
+    eps: float = field(default=1.0, metadata={HELP: (
+        "entropic regularisation of the Sinkhorn assignment (official code: 1.0)")})
+    iters: int = field(default=3, metadata={HELP: "Sinkhorn iterations (official code: 3)"})
+    epochs: int = field(default=1, metadata={HELP: "training epochs of the centres (AdamW, cosine schedule)"})
+    lr: float = field(default=1e-2, metadata={HELP: "learning rate of the centres"})
+    batch_size: int = field(default=64, metadata={HELP: "images per training batch"})
 
     def __post_init__(self) -> None:
         if not 0.0 < self.keep <= 1.0:

@@ -13,10 +13,10 @@ Parameters: ``r`` (ToMe's schedule forms), ``prune_layers`` (the paper's boundar
 no class token beyond ``state.prefix``, so other backbone adapters can reuse it."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Union
 
-from vitbench.catalog import BudgetKnob, MethodSpec, patch_count
+from vitbench.catalog import HELP, BudgetKnob, MethodSpec, patch_count
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
 
@@ -29,10 +29,12 @@ class ToFuParams:
     ``d = 6`` on 12 blocks); ``prop_attn``: proportional attention; ``trace_source``: keep
     sources (unmerge)."""
 
-    r: Union[int, list[int], tuple[int, float]] = 16
-    prune_layers: Optional[int] = None
-    prop_attn: bool = True
-    trace_source: bool = False
+    r: Union[int, list[int], tuple[int, float]] = field(default=16, metadata={HELP: (
+        "tokens removed per block: one int, one per block, or (r, inflect) for a linear schedule")})
+    prune_layers: Optional[int] = field(default=None, metadata={HELP: (
+        "leading blocks that prune-by-merge, the rest merge with MLERP (None: depth // 2)")})
+    prop_attn: bool = field(default=True, metadata={HELP: "proportional attention: add log(size) to the logits"})
+    trace_source: bool = field(default=False, metadata={HELP: "record the patches each token stands for"})
 
     def __post_init__(self) -> None:
         check_r(self.r)

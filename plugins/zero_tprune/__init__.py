@@ -14,10 +14,10 @@ Parameters: ``r`` (int or per-block list), ``i_share`` (the I-stage's share of `
 says which choices are the paper's and which are ours, and the sources used."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Union
 
-from vitbench.catalog import BudgetKnob, MethodSpec, patch_count
+from vitbench.catalog import HELP, BudgetKnob, MethodSpec, patch_count
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
 
@@ -39,14 +39,17 @@ class ZeroTPruneParams:
     ``partition``, ``init`` and ``order`` as in the module docstring; ``layers`` the pruning
     blocks (``None``: all)."""
 
-    r: Union[int, list[int]] = 11
-    i_share: float = 0.5
-    iters: int = 30
-    heads: str = "eir"
-    partition: str = "sequential"
-    layers: Optional[tuple[int, ...]] = None
-    init: str = "cls"
-    order: str = "s_first"
+    r: Union[int, list[int]] = field(default=11, metadata={HELP: (
+        "tokens pruned per pruning block: one int, or one per block")})
+    i_share: float = field(default=0.5, metadata={HELP: (
+        "share of r pruned by importance (I-stage); the rest by similarity (S-stage)")})
+    iters: int = field(default=30, metadata={HELP: "Weighted PageRank iterations of the I-stage"})
+    heads: str = field(default="eir", metadata={HELP: "how per-head importance combines: eir or mean"})
+    partition: str = field(default="sequential", metadata={HELP: (
+        "how the kept tokens split into sources and targets: sequential or alternate")})
+    layers: Optional[tuple[int, ...]] = field(default=None, metadata={HELP: "the pruning blocks (0-based; None: all)"})
+    init: str = field(default="cls", metadata={HELP: "the Weighted PageRank's starting scores: cls or uniform"})
+    order: str = field(default="s_first", metadata={HELP: "order of the stages in a pruning block: s_first or i_first"})
 
     def __post_init__(self) -> None:
         values = [self.r] if isinstance(self.r, int) else list(self.r)

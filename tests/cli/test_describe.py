@@ -3,8 +3,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vitbench.catalog import HELP, param_docs
+import pytest
+
+from vitbench.catalog import HELP, MethodSpec, param_docs
+from vitbench.cli.describe_cmd import card
 from vitbench.cli.main import main
+from vitbench.plugins import get_host
 
 
 def test_describe_tome_shows_r_with_its_type_default_and_meaning(capsys):
@@ -23,7 +27,26 @@ def test_describe_by_alias_and_a_method_without_help_texts(capsys):
     assert main(["describe", "ibtm"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("ltm\n") and "learnable: fine-tuned before measuring" in out
-    assert "(no description)" in out
+
+    @dataclass(frozen=True)
+    class Bare:
+        keep: float = 0.5
+
+    lines = card(MethodSpec(name="bare", params=Bare, build="no_such_module:build"))
+    assert lines[lines.index("    keep: float = 0.5") + 1] == "        (no description)"
+
+
+@pytest.mark.parametrize("method", get_host().names("methods"))
+def test_every_parameter_of_every_method_has_a_meaning_that_describe_prints(method, capsys):
+    spec = get_host().specs("methods")[method]
+    docs = param_docs(spec.params)
+    assert [d.name for d in docs if not d.help] == []
+    assert main(["describe", method]) == 0
+    out = capsys.readouterr().out
+    assert "(no description)" not in out and all(len(line) <= 100 for line in out.splitlines())
+    for doc in docs:
+        assert f"    {doc.name}: {doc.type} = " in out
+        assert " ".join(doc.help.split()[:4]) in " ".join(out.split())
 
 
 def test_describe_an_unknown_method_is_one_line_naming_it_and_the_valid_ones(capsys):
@@ -55,8 +78,6 @@ def test_evit_is_the_topk_preset_with_fuse_on(capsys):
 
 
 def test_run_help_is_grouped_and_states_the_defaults(capsys):
-    import pytest
-
     with pytest.raises(SystemExit):
         main(["run", "--help"])
     out = capsys.readouterr().out

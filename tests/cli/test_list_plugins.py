@@ -50,9 +50,75 @@ def test_every_listing_fits_100_columns(capsys):
 
 def test_list_models_includes_the_default_and_timm_vits(capsys):
     assert main(["list", "models", "--filter", "deit_small*"]) == 0
-    out = capsys.readouterr().out
-    assert out.startswith("vitbench-fmnist-vit")
-    assert "deit_small_patch16_224" in out.splitlines()
+    header, *names = _unwrapped(capsys.readouterr().out).splitlines()
+    assert header.startswith("# 2 timm models matching 'deit_small*' `run` accepts") and "--filter" in header
+    assert names == ["deit_small_distilled_patch16_224", "deit_small_patch16_224"]
+    assert main(["list", "models", "--filter", "vitbench-*"]) == 0  # the default, when the wildcard matches it
+    assert _unwrapped(capsys.readouterr().out).splitlines()[1:] == [
+        "vitbench-fmnist-vit  (the embedded default: a small ViT trained on Fashion-MNIST)"]
+
+
+def _listed_models(capsys) -> list[str]:
+    assert main(["list", "models"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert all(len(line) <= 100 for line in lines)
+    header, default, *names = _unwrapped("\n".join(lines)).splitlines()
+    assert header == f"# {len(names)} timm models `run` accepts (families' patterns less what they refuse); " \
+                     "filter: --filter 'deit*'"
+    assert default.split()[0] == "vitbench-fmnist-vit"
+    return names
+
+
+# run refuses these (its family check, on the built model): Eva and RelPos are other classes; the
+# ViT adapter refuses attention pooling and blocks other than timm's Block
+REFUSED = ("vit_small_patch16_rope_224", "vit_pe_core_base_patch16_224", "vit_relpos_small_patch16_224",
+           "vit_srelpos_small_patch16_224", "vit_base_patch16_siglip_224", "vit_so150m_patch16_reg4_map_256",
+           "vit_base_patch16_xp_224", "vit_small_patch16_18x2_224", "vit_base_patch16_rpn_224",
+           "vit_pwee_patch16_reg1_gap_256")
+ACCEPTED = ("deit_tiny_patch16_224", "deit_tiny_distilled_patch16_224", "vit_tiny_r_s16_p8_224",
+            "vit_base_patch16_siglip_gap_224", "swin_tiny_patch4_window7_224", "swinv2_tiny_window8_256",
+            "mobilevit_xxs", "efficientvit_b0")
+
+
+def test_list_models_names_only_what_the_families_accept_and_no_refused_variant(capsys):
+    import timm
+
+    from vitbench.plugins import get_host
+    from vitbench.tasks.model_names import accepted_models, family_models
+
+    names = _listed_models(capsys)
+    accepted = accepted_models()
+    assert names == list(accepted) and len(names) > 150
+    families = get_host().specs("families")
+    for name in names:  # each through its family's own check: patterns, timm modules, exclusions
+        assert name in family_models(families[accepted[name]]), name
+    assert not set(names) & set(REFUSED)
+    assert not set(names) & set(timm.list_models(module="eva") + timm.list_models(module="vision_transformer_relpos"))
+    assert set(ACCEPTED) <= set(names)
+
+
+def test_the_listed_and_refused_names_agree_with_runs_check_on_the_built_model():
+    """run's own refusal (host.family_of + describe on the model) agrees with the listing, for one
+    model of each accepted timm module and each refused variant (built on the meta device: no weights)."""
+    import timm
+    import torch
+
+    from vitbench.errors import UnsupportedError
+    from vitbench.plugins import get_host
+
+    host = get_host()
+
+    def accepted_by_run(name: str) -> bool:
+        with torch.device("meta"):
+            model = timm.create_model(name, pretrained=False)
+        try:
+            host.family_of(model).describe(model)
+        except UnsupportedError:
+            return False
+        return True
+
+    assert [n for n in ACCEPTED if not accepted_by_run(n)] == []
+    assert [n for n in REFUSED if accepted_by_run(n)] == []
 
 
 def test_plugins_json_names_distribution_version_and_registrations(capsys):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import textwrap
 
 from vitbench.catalog import METHOD_KINDS
@@ -58,14 +59,15 @@ def run(args: argparse.Namespace) -> int:
             print(fit(f"{name}  [plugin: {host.owner('tasks', name)}; metrics: {', '.join(spec.metrics)}; budgets "
                       f"matched on the {spec.counts}'s GMACs{control}{options}]  {spec.description}"))
     else:
-        import timm
+        from vitbench.tasks.model_names import accepted_models
 
-        patterns = [p for _, spec in sorted(host.specs("families").items()) for p in spec.model_patterns]
-        names = sorted(set(timm.list_models(patterns)))
-        if args.filter:
-            import fnmatch
-
-            names = [n for n in names if fnmatch.fnmatch(n, args.filter)]
-        print(f"{DEFAULT_MODEL}  (the embedded default: a small ViT trained on Fashion-MNIST)")
-        print("\n".join(names))
+        accepted = accepted_models()
+        names = [n for n in accepted if args.filter is None or fnmatch.fnmatch(n, args.filter)]
+        shown = f" matching {args.filter!r}" if args.filter else ""
+        print(fit(f"# {len(names)} timm models{shown} `run` accepts (families' patterns less what they refuse); "
+                  f"filter: --filter 'deit*'"))
+        if args.filter is None or fnmatch.fnmatch(DEFAULT_MODEL, args.filter):
+            print(f"{DEFAULT_MODEL}  (the embedded default: a small ViT trained on Fashion-MNIST)")
+        for name in names:
+            print(name)
     return 0

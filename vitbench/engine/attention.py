@@ -21,13 +21,29 @@ NEEDS = frozenset({"keys", "cls_attn", "attn", "values", "input"})
 
 @dataclass
 class AttnInfo:
-    """What a block's attention hands to its reducer (each ``None`` unless asked for)."""
+    """What a block's attention hands to its reducer: each field is ``None`` unless the reducer
+    lists its name in ``needs`` (:func:`attention_forward` fills it; docs/token-state.md).
 
-    keys: Optional[torch.Tensor] = None  # [B, N, d] keys averaged over heads, before scaling
-    cls_attn: Optional[torch.Tensor] = None  # [B, h, N] attention row of token 0
-    attn: Optional[torch.Tensor] = None  # [B, h, N, N] attention probabilities
-    values: Optional[torch.Tensor] = None  # [B, h, N, d]
-    input: Optional[torch.Tensor] = None  # [B, N, C] the attention's input (the normed tokens; DTEM)
+    ``B`` images in the batch (MobileViT: its token sequences, ``B*4``), ``N`` tokens now, prefix
+    tokens (cls, dist, registers) first, ``h`` heads, ``d`` the head width, ``C = h*d``. Dtype:
+    the block's (the model's, or autocast's), except the probabilities under CUDA autocast
+    (softmax gives float32). The probabilities include the key bias (``log(size)`` under
+    proportional attention; ``-inf`` for padding keys, whose probability is 0).
+
+    - ``keys`` ``[B, N, d]``: the keys after qk-norm, averaged over the heads, not scaled.
+    - ``cls_attn`` ``[B, h, N]``: the attention row of token 0 (the class token): the
+      probabilities with which it attends to every token, summing to 1 per head.
+    - ``attn`` ``[B, h, N, N]``: the full probabilities (query, key), before attention dropout;
+      asking for it gives up the fused kernel.
+    - ``values`` ``[B, h, N, d]``: the values per head.
+    - ``input`` ``[B, N, C]``: the attention's input, the block's normed tokens (DTEM).
+    """
+
+    keys: Optional[torch.Tensor] = None
+    cls_attn: Optional[torch.Tensor] = None
+    attn: Optional[torch.Tensor] = None
+    values: Optional[torch.Tensor] = None
+    input: Optional[torch.Tensor] = None
 
 
 def uses_fused_kernel(attn: nn.Module, needs: AbstractSet[str]) -> bool:

@@ -1,6 +1,7 @@
 """timm model names: the closest matches to a misspelt one, and the error that lists them.
 
-Suggestions come from the models the registered families support (``vitbench list models``),
+Suggestions come from the models the registered families accept (``vitbench list models``: each
+family's patterns, timm modules and exclusions, :func:`family_models`),
 or from every timm name when no family is registered: names whose start is close to the
 misspelt name (``deit_tinyy`` -> ``deit_tiny_patch16_224``), then names close as a whole.
 """
@@ -11,9 +12,10 @@ import re
 
 import timm
 
+from vitbench.catalog import FamilySpec
 from vitbench.errors import UnknownNameError
 
-__all__ = ["suggest_models", "supported_models", "unknown_model"]
+__all__ = ["accepted_models", "family_models", "suggest_models", "supported_models", "unknown_model"]
 
 #: how close (difflib ratio) a name's start of the same length must be to count as a match
 _PREFIX_CUTOFF = 0.8
@@ -21,13 +23,31 @@ _PREFIX_CUTOFF = 0.8
 _WHOLE_CUTOFF = 0.6
 
 
-def supported_models() -> list[str]:
-    """The timm names the registered model families match (every timm name if none is registered)."""
+def family_models(family: FamilySpec) -> list[str]:
+    """The timm names ``family`` declares it accepts: those its ``model_patterns`` match, from its
+    ``model_modules`` (any module when empty), less its ``model_excludes``."""
+    if not family.model_patterns:
+        return []
+    modules = family.model_modules or ("",)
+    return sorted({name for module in modules for name in timm.list_models(
+        list(family.model_patterns), module=module, exclude_filters=list(family.model_excludes))})
+
+
+def accepted_models() -> dict[str, str]:
+    """Each timm name a registered family accepts (:func:`family_models`), mapped to that family."""
     from vitbench.plugins import get_host
 
     host = get_host()
-    patterns = [p for name in host.names("families") for p in host.family(name).model_patterns]
-    return sorted(set(timm.list_models(patterns))) if patterns else timm.list_models()
+    found: dict[str, str] = {}
+    for family in sorted(host.names("families")):
+        for name in family_models(host.specs("families")[family]):
+            found.setdefault(name, family)
+    return dict(sorted(found.items()))
+
+
+def supported_models() -> list[str]:
+    """The timm names the registered model families accept (every timm name if none declares any)."""
+    return list(accepted_models()) or timm.list_models()
 
 
 def suggest_models(name: str, limit: int = 8) -> list[str]:

@@ -16,9 +16,9 @@ the hooks) and imports no torch; the reducer and ``build`` are in
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from vitbench.catalog import BudgetKnob, MethodSpec
+from vitbench.catalog import HELP, BudgetKnob, MethodSpec
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
 
@@ -29,9 +29,9 @@ __version__ = "0.1.0"
 class RandomDropParams:
     """``keep``: fraction of patch tokens kept at each of ``layers``; ``seed``: the draw's seed."""
 
-    keep: float = 0.5
-    layers: tuple[int, ...] = (3, 6, 9)
-    seed: int = 0
+    keep: float = field(default=0.5, metadata={HELP: "fraction of patch tokens kept at each listed block"})
+    layers: tuple[int, ...] = field(default=(3, 6, 9), metadata={HELP: "the blocks that drop tokens (0-based)"})
+    seed: int = field(default=0, metadata={HELP: "seed of the random draw (block b draws with seed + b)"})
 
     def __post_init__(self) -> None:
         if not 0.0 < self.keep <= 1.0:
