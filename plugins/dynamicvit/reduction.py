@@ -10,10 +10,10 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from vitbench.catalog import ModelInfo, Reduction, TrainStage
+from vitbench.catalog import ModelInfo, Reduction
 from vitbench.engine import AttnInfo, Reducer, TokenState, reduction_context
 from vitbench.engine.masks import straight_through_mask
-from vitbench.kit import check_layers, top_tokens
+from vitbench.kit import adamw_cosine, check_layers, top_tokens
 from vitbench_plugins.dynamicvit import DynamicViTParams
 
 
@@ -142,15 +142,5 @@ def build(params: DynamicViTParams, info: ModelInfo) -> Reduction:
     stage_of = {layer: s + 1 for s, layer in enumerate(sorted(params.layers))}
     reducers = [DynamicViTReducer(stage_of[i], info.embed_dim, params.keep, params.tau) if i in stage_of else None
                 for i in range(info.depth)]
-    stage = TrainStage(
-        name="predictor",
-        epochs=params.epochs,
-        optimizer="AdamW",
-        lr=params.lr,
-        weight_decay=0.0,
-        schedule="cosine",
-        batch_size=params.batch_size,
-        trainable=("predictor",),
-        extra_loss=ratio_penalty_of(params),
-    )
+    stage = adamw_cosine("predictor", params, trainable=("predictor",), extra_loss=ratio_penalty_of(params))
     return Reduction(reducers, prop_attn=True, train=(stage,))

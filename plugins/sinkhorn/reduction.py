@@ -9,9 +9,9 @@ import math
 import torch
 from torch import nn
 
-from vitbench.catalog import ModelInfo, Reduction, TrainStage
+from vitbench.catalog import ModelInfo, Reduction
 from vitbench.engine import AttnInfo, Reducer, TokenState
-from vitbench.kit import check_layers, soft_cluster
+from vitbench.kit import adamw_cosine, check_layers, soft_cluster
 from vitbench_plugins.sinkhorn import SinkhornParams
 
 
@@ -72,6 +72,4 @@ def build(params: SinkhornParams, info: ModelInfo) -> Reduction:
     counts = dict(zip(layers, site_counts(params.keep, len(layers), info.num_patches)))
     reducers = [SinkhornReducer(counts[i], info.embed_dim, params.eps, params.iters, seed=i)
                 if i in counts and params.keep < 1.0 else None for i in range(info.depth)]
-    stage = TrainStage(name="centres", epochs=params.epochs, optimizer="AdamW", lr=params.lr, weight_decay=0.0,
-                       schedule="cosine", batch_size=params.batch_size, trainable=("centres",))
-    return Reduction(reducers, prop_attn=True, train=(stage,))
+    return Reduction(reducers, prop_attn=True, train=(adamw_cosine("centres", params, trainable=("centres",)),))

@@ -199,8 +199,8 @@ RECIPES: tuple[Recipe, ...] = (
                   "at the 4th, 7th and 10th blocks (the paper's classification table; docs/methods.md §18)",
            gmacs_reason=_KEEP_RATES + "; the official schedule keeps int(196 * 0.5^s) = 98, 49, 24 tokens, "
                         "vitbench ceil(keep * N): 98, 49, 25 (docs/methods.md §18)",
-           note="the paper's top-1 for this row is not recorded in the project (its table was not read in this "
-                "session; nothing is filled in from memory). The paper fine-tunes the whole model 30 epochs; ATC "
+           note="the paper's top-1 for this row is not recorded in the project (its table has not been quoted "
+                "from the paper; nothing is filled in from memory). The paper fine-tunes the whole model 30 epochs; ATC "
                 "itself is training-free, so this row runs off the shelf. " + _HAURUM_LINKAGE),
     Recipe("sinkhorn-deit-s", "sinkhorn", _DEIT_S, params={"keep": 0.5, "layers": (3, 6, 9)},
            paper_baseline_gflops=4.6,
@@ -209,8 +209,8 @@ RECIPES: tuple[Recipe, ...] = (
                   "docs/methods.md §19)",
            gmacs_reason=_KEEP_RATES + "; the official code clusters to int(196 * 0.5^s) = 98, 49, 24 centres, "
                         "vitbench to 98, 49, 25, and counts the transport (N_p M C MACs per listed block)",
-           note="the paper's top-1 for this row is not recorded in the project (its table was not read in this "
-                "session; nothing is filled in from memory). The paper trains the whole model 30 epochs, "
+           note="the paper's top-1 for this row is not recorded in the project (its table has not been quoted "
+                "from the paper; nothing is filled in from memory). The paper trains the whole model 30 epochs, "
                 "vitbench the centres one epoch (docs/methods.md §19 lists the other deviations)."),
     Recipe("patchmerger-deit-s", "patchmerger", _DEIT_S, params={"tokens": 24, "layer": 5},
            paper_baseline_gflops=4.6,
@@ -220,8 +220,8 @@ RECIPES: tuple[Recipe, ...] = (
            gmacs_reason=_KEEP_RATES + "; and the benchmark's PatchMerger merges at blocks 4, 7 and 10 to "
                         "int(196 * 0.5^s) = 98, 49, 24 tokens, vitbench's (the layer of Renggli et al.) once: "
                         "24 tokens in block 6 (layer=5) is vitbench's nearest setting, not the benchmark's",
-           note="the paper's top-1 for this row is not recorded in the project (its table was not read in this "
-                "session; nothing is filled in from memory). Renggli et al.'s own rows (JFT pre-training) are "
+           note="the paper's top-1 for this row is not recorded in the project (its table has not been quoted "
+                "from the paper; nothing is filled in from memory). Renggli et al.'s own rows (JFT pre-training) are "
                 "not cited in the project. The benchmark trains the whole model 30 epochs, vitbench the merger "
                 "one epoch."),
     Recipe("dtem-deit-s", "dtem", _DEIT_S, params={"r": 12}, paper_fraction=0.628, paper_top1=79.85,
