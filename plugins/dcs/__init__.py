@@ -4,20 +4,21 @@ paper; docs/methods.md §7, the IB bound §6).
 Channels, not tokens: one :class:`DCSReducer` per block acts through the channel hooks of
 :class:`~vitbench.engine.Reducer`, with an input-dependent Q/K channel mask (``arch`` both|qk)
 and architecture logits ``alpha`` gating the attention-output/MLP channels (``arch``
-both|out), both straight-through Gumbel-sigmoid masks. Training is two stages: a search that
-alternates weights and ``alpha`` under a penalty towards a compute ``budget`` of the counted
-GMACs, after which the budget is enforced and the MLPs are shrunk; then a retraining on
-``CE + eta * IB bound``. Family-specific parts (EfficientViT's LiteMLA reducer, the IB
-features) come from the family adapters. No public implementation exists: this is the reference.
+both|out), both straight-through Gumbel-sigmoid masks. Training: a search alternating weights
+and ``alpha`` under a penalty towards a compute ``budget`` of the counted GMACs (then the
+budget is enforced and the MLPs shrunk), and a retraining on ``CE + eta * IB bound``, whose
+clusters are class centroids (``clusters=class``) or the paper's k-means with A = B = C
+(``clusters=kmeans``). No public implementation exists: this is the reference.
 
-Parameters: ``arch``, ``qk_mask``, ``budget``, ``lam``, ``tau0``, ``tau_decay``,
-``search_epochs``, ``retrain_epochs``, ``t_warm``, ``eta``, ``lr``, ``arch_lr``, ``optimizer``,
-``batch_size``. docs/methods.md §7 gives each default and why."""
+Parameters: ``arch``, ``qk_mask``, ``budget``, ``lam``, ``tau0``, ``tau_decay``, ``search_epochs``,
+``retrain_epochs``, ``t_warm``, ``eta``, ``clusters``, ``num_clusters``, ``lr``, ``arch_lr``,
+``optimizer``, ``batch_size``. docs/methods.md §7 gives each default and why."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Optional
 
-from vitbench.catalog import BudgetKnob, MethodSpec
+from vitbench.catalog import HELP, BudgetKnob, MethodSpec
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
 
@@ -25,30 +26,41 @@ from vitbench.hookspecs import hookimpl
 ARCHS = ("both", "qk", "out")
 QK_MASKS = ("shared", "separate")
 OPTIMIZERS = ("SGD", "AdamW", "Adam")
+#: the IB bound's clusters: ``class`` centroids (ours) or ``kmeans`` (the paper's A = B = C)
+CLUSTERS = ("class", "kmeans")
 
 
 @dataclass(frozen=True)
 class DCSParams:
     """DCS options (docs/methods.md §7); docs/methods.md §7 gives the defaults' reasons."""
 
-    arch: str = "out"
-    qk_mask: str = "shared"
-    tau0: float = 4.5
-    tau_decay: float = 0.95
-    budget: float = 0.9
-    lam: float = 1.0
-    search_epochs: int = 1
-    retrain_epochs: int = 1
-    t_warm: int = 0
-    eta: float = 1.0
-    lr: float = 1e-3
-    arch_lr: float = 0.1
-    optimizer: str = "AdamW"
-    batch_size: int = 64
+    arch: str = field(default="out", metadata={HELP: (
+        "which channels are selected: out (MLP and proj), qk (Q/K masks), both")})
+    qk_mask: str = field(default="shared", metadata={HELP: (
+        "one Q/K channel mask shared by Q and K, or separate ones")})
+    tau0: float = field(default=4.5, metadata={HELP: "the search's initial Gumbel temperature"})
+    tau_decay: float = field(default=0.95, metadata={HELP: (
+        "factor on the temperature after every search epoch")})
+    budget: float = field(default=0.9, metadata={HELP: (
+        "share of the baseline's GMACs to keep (the budget knob)")})
+    lam: float = field(default=1.0, metadata={HELP: (
+        "weight of the search's compute penalty while over budget")})
+    search_epochs: int = field(default=1, metadata={HELP: "epochs of the channel search"})
+    retrain_epochs: int = field(default=1, metadata={HELP: "epochs of retraining after the search"})
+    t_warm: int = field(default=0, metadata={HELP: "retraining epochs before the IB term is on"})
+    eta: float = field(default=1.0, metadata={HELP: "weight of the IB bound in the retraining loss"})
+    clusters: str = field(default="class", metadata={HELP: (
+        "the IB clusters: class centroids or k-means (the paper's A = B = C)")})
+    num_clusters: Optional[int] = field(default=None, metadata={HELP: (
+        "k-means clusters of the IB bound (None: the class count)")})
+    lr: float = field(default=1e-3, metadata={HELP: "the weights' learning rate"})
+    arch_lr: float = field(default=0.1, metadata={HELP: "the architecture logits' learning rate"})
+    optimizer: str = field(default="AdamW", metadata={HELP: "the optimizer"})
+    batch_size: int = field(default=64, metadata={HELP: "search and retraining batch size"})
 
     def __post_init__(self) -> None:
         for name, value, valid in (("arch", self.arch, ARCHS), ("qk_mask", self.qk_mask, QK_MASKS),
-                                   ("optimizer", self.optimizer, OPTIMIZERS)):
+                                   ("optimizer", self.optimizer, OPTIMIZERS), ("clusters", self.clusters, CLUSTERS)):
             if value not in valid:
                 raise ParamError(f"dcs.{name}={value!r} is not valid; valid values: {', '.join(valid)}")
         for name in ("tau0", "lr", "arch_lr"):
@@ -63,6 +75,12 @@ class DCSParams:
                              f"budget, or budget=1 for the qk ablation (no budget enforced)")
         if not 0 < self.tau_decay <= 1:
             raise ParamError(f"dcs.tau_decay={self.tau_decay} is out of range; it must be in (0, 1]")
+        if self.num_clusters is not None and self.num_clusters < 1:
+            raise ParamError(f"dcs.num_clusters={self.num_clusters} is out of range; it must be an integer >= 1 "
+                             f"(None: the class count)")
+        if self.clusters == "class" and self.num_clusters is not None:
+            raise ParamError(f"dcs.num_clusters={self.num_clusters!r} applies to clusters=kmeans only; valid "
+                             f"with clusters=class: None (one cluster per class)")
         for name in ("lam", "eta"):
             if not getattr(self, name) >= 0:
                 raise ParamError(f"dcs.{name}={getattr(self, name)} is out of range; it must be >= 0")

@@ -21,8 +21,10 @@ from vitbench.engine.channel_select import (
 from vitbench.engine.token_state import TokenState
 from vitbench.errors import UnsupportedError
 from vitbench.kit.channel_budget import ComputeBudget, enforce_budget
+from vitbench.measure.clusters import KMEANS_SAMPLES, kmeans_centroids, run_seed
 from vitbench.measure.ib import (
-    class_centroids, ib_terms, input_vectors, log_q_given_y, module_features, pooled_features, soft_assign,
+    class_centroids, feature_source, ib_terms, input_vectors, log_q_given_y, module_features, pooled_features,
+    soft_assign,
 )
 from vitbench.plugins import get_host
 from vitbench_plugins.dcs import DCSParams
@@ -37,14 +39,17 @@ _TOKENS_KEY = "dcs_final_tokens"
 class IBStatistics(nn.Module):
     """What the retraining's IB bound needs from the previous epoch (docs/methods.md §6), as buffers.
 
-    ``feature_centroids [K, C]`` and ``input_centroids [K, D]`` (class centroids of the final
-    features and of the inputs), ``log_q [K, K]`` (``log Q(a|y)``), ``epochs_done`` (finished
-    retraining epochs, for ``t_warm``). Empty until the first statistics pass; a checkpoint
-    carries them (``prepare_load`` gives an empty module the saved shapes).
+    ``feature_centroids [A, C]`` and ``input_centroids [A, D]`` (class centroids of the final
+    features and of the inputs, ``A = K``; or with ``num_clusters`` the DCS paper's k-means
+    centroids, ``A = num_clusters``), ``log_q [K, A]`` (``log Q(a|y)``), ``epochs_done``
+    (finished retraining epochs, for ``t_warm``). Empty until the first statistics pass; a
+    checkpoint carries them (``prepare_load`` gives an empty module the saved shapes).
+    ``num_clusters``: ``None`` for class centroids, ``0`` for k-means with the class count.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, num_clusters: Optional[int] = None) -> None:
         super().__init__()
+        self.num_clusters = num_clusters
         self.register_buffer("feature_centroids", torch.zeros(0))
         self.register_buffer("input_centroids", torch.zeros(0))
         self.register_buffer("log_q", torch.zeros(0))
@@ -62,6 +67,8 @@ class IBStatistics(nn.Module):
         device = self.log_q.device
         feats, labels = [], []
         input_sums: Optional[torch.Tensor] = None  # per class, summed once: inputs never change
+        inputs: list[torch.Tensor] = []  # k-means: the first KMEANS_SAMPLES input vectors, once
+        kmeans = self.num_clusters is not None
         num_classes = int(getattr(model, "num_classes", 0) or 0)
         was_training = model.training
         model.eval()
@@ -71,14 +78,24 @@ class IBStatistics(nn.Module):
                 num_classes = max(num_classes, int(y.max()) + 1)
                 feats.append(_final_features(model, images).float())
                 labels.append(y)
-                if not self.input_centroids.numel():
+                if self.input_centroids.numel():
+                    continue
+                if not kmeans:
                     input_sums = _add_per_class(input_sums, input_vectors(images), y, num_classes)
+                elif sum(len(v) for v in inputs) < KMEANS_SAMPLES:
+                    inputs.append(input_vectors(images).cpu())
         finally:
             model.train(was_training)
         if not feats:
             raise ValueError("dcs: the statistics pass of the IB bound got no training batches")
         f, y = torch.cat(feats), torch.cat(labels)
-        self.feature_centroids = class_centroids(f, y, num_classes)
+        if kmeans:  # the DCS paper's A = B = C k-means clusters (docs/methods.md §7)
+            a, seed = self.num_clusters or num_classes, run_seed()
+            self.feature_centroids = kmeans_centroids(f[:KMEANS_SAMPLES], a, seed).to(device)
+            if inputs:
+                self.input_centroids = kmeans_centroids(torch.cat(inputs)[:KMEANS_SAMPLES], a, seed).to(device)
+        else:
+            self.feature_centroids = class_centroids(f, y, num_classes)
         self.log_q = log_q_given_y(soft_assign(f, self.feature_centroids), y, num_classes)
         if input_sums is not None:
             self.input_centroids = nn.functional.normalize(_grow(input_sums, num_classes), dim=1)
@@ -120,13 +137,13 @@ def _family(model: nn.Module) -> FamilySpec:
 
 
 def feature_module(model: nn.Module) -> nn.Module:
-    """The module whose output the retraining's IB bound reads: the family's last block or stage
-    (:attr:`~vitbench.catalog.FamilySpec.feature_module`)."""
-    family = _family(model)
-    if family.feature_module is None:
-        raise UnsupportedError(f"dcs: the {family.name!r} family adapter names no feature module "
+    """The module whose output the retraining's IB bound reads, the ``ib`` metric's
+    (:func:`vitbench.measure.ib.feature_source`: the family's last block or stage)."""
+    source = feature_source(model)
+    if source is None:
+        raise UnsupportedError(f"dcs: the {_family(model).name!r} family adapter names no feature module "
                                f"(FamilySpec.feature_module) for the IB bound of the retraining")
-    return family.feature_module(model)
+    return source[0]
 
 
 def channels_last(model: nn.Module) -> bool:
@@ -435,7 +452,7 @@ def _reducers(params: DCSParams, info: ModelInfo) -> list[Any]:
 def build(params: DCSParams, info: ModelInfo) -> Reduction:
     reducers = _reducers(params, info)
     if params.uses_ib:
-        reducers[-1].ib = IBStatistics()
+        reducers[-1].ib = IBStatistics(None if params.clusters == "class" else params.num_clusters or 0)
     for reducer in reducers:  # a new module trains; these start as inference (no Gumbel noise)
         reducer.eval()
     gated = params.arch != "qk"

@@ -1,23 +1,24 @@
 """LTM / IBTM: learnable token merging guided by the information bottleneck (the IBTM and LTM
 papers, §3 and Algorithm 1; docs/methods.md §5, the IB bound §6).
 
-One method, registered as ``ltm`` with the alias ``ibtm``; no public implementation exists, so
-this is the reference. The first block merges the ``N_p`` patch tokens into
-``P = ceil(ratio * N_p)`` with a learned soft mask (:class:`FirstMerge`); every later block
-re-merges ``P -> P`` by one gradient step on the IB bound under a learned binary mask
-(:class:`ReMerge`, :func:`ib_mask_step`); sizes and sources follow each token's row shares,
-without gradient. The class statistics the step needs are refreshed around each epoch
-(:func:`refresh_statistics`). On conv hybrids merges fold to a smaller map, on Swin each tile
-is merged for the MLP and unmerged after it (:class:`TileMerge`).
+One method, registered as ``ltm`` with the alias ``ibtm``. The authors' repository
+(Statistical-Deep-Learning/LTM) holds their training harness and IB loss but no LTM model, so
+the merge is ours (docs/methods.md §5 names each deviation). The first block merges the ``N_p``
+patch tokens into ``P = ceil(ratio * N_p)`` with a learned soft mask (:class:`FirstMerge`);
+every later block re-merges ``P -> P`` by one gradient step on the IB bound under a learned
+binary mask (:class:`ReMerge`, :func:`ib_mask_step`). The cluster statistics are refreshed
+around each epoch (:func:`refresh_statistics`); conv hybrids fold merges to a smaller map, Swin
+merges each tile for the MLP (:class:`TileMerge`).
 
-Parameters: ``ratio``, ``eta``, ``tau``, ``epochs``, ``lr``, ``mlp_lr``, ``ib_weight``,
-``batch_size``, ``mlp_ratio``, ``stats_images``, ``step_labels``, ``init``, ``trace_source``."""
+Parameters: ``ratio``, ``eta``, ``tau``, ``epochs``, ``lr``, ``mlp_lr``, ``ib_weight``, ``recipe``,
+``clusters``, ``num_clusters``, ``batch_size``, ``mlp_ratio``, ``stats_images``, ``step_labels``,
+``init``, ``trace_source``."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
-from vitbench.catalog import MethodSpec
+from vitbench.catalog import HELP, MethodSpec
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
 
@@ -26,32 +27,57 @@ OPTIMIZERS = ("SGD", "AdamW", "Adam")
 STEP_LABELS = ("prior", "true")
 #: the first merge's initialisation: ``runs`` (ViT), ``grid`` (pooling; conv hybrids' only), ``auto``
 INITS = ("auto", "runs", "grid")
+#: the fine-tuning recipe: ``tuned`` (ours, docs/methods.md §5) or ``official`` (the authors' code)
+RECIPES = ("tuned", "official")
+#: the ``clusters`` of the IB step and bound (:data:`vitbench.measure.clusters.CLUSTERS`)
+CLUSTERS = ("class", "kmeans")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A fine-tuning recipe's IB weight, the share of the epochs before the IB term is on, and CE's
+    label smoothing."""
+
+    ib_weight: float
+    ib_warmup: float
+    label_smoothing: float
+
+
+#: ``official``: the authors' harness (docs/methods.md §5 "Recipes"); ``tuned``: ours
+RECIPE_VALUES = {"tuned": Recipe(1.0, 0.0, 0.0), "official": Recipe(0.1, 0.3, 0.1)}
 
 
 @dataclass(frozen=True)
 class LTMParams:
-    """``ratio``: P = ceil(ratio * N_p) tokens after block 1; ``eta``: the IB step size;
-    ``tau``: Gumbel temperature of both masks; ``ib_weight``: weight of the IB bound in the
-    loss; ``mlp_ratio``: hidden width of the per-block MLP / C; ``stats_images``: training
-    images per statistics pass (0: all)."""
+    """LTM/IBTM options (docs/methods.md §5); each field's help says what it is."""
 
-    ratio: float = 0.7
-    eta: float = 1.0
-    tau: float = 1.0
-    #: fine-tuning epochs; the statistics are refreshed between them (docs/methods.md §5)
-    epochs: int = 2
-    #: AdamW's rate for ``M1``, the ``M_l`` logits and the scales ``s_l`` (large: logits live in nats)
-    lr: float = 0.3
-    #: the IB step's per-block MLPs: 0 keeps them frozen (stale clusters otherwise), ``None``: ``lr``
-    mlp_lr: Optional[float] = 0.0
-    optimizer: str = "AdamW"
-    ib_weight: float = 1.0
-    batch_size: int = 64
-    mlp_ratio: float = 0.25
-    stats_images: int = 2048
-    trace_source: bool = False
-    step_labels: str = "prior"
-    init: str = "auto"
+    ratio: float = field(default=0.7, metadata={HELP: (
+        "P = ceil(ratio * N_p) tokens after the first block (the budget knob)")})
+    eta: float = field(default=1.0, metadata={HELP: "step size of the IB gradient step in every later block"})
+    tau: float = field(default=1.0, metadata={HELP: "Gumbel temperature of both masks"})
+    epochs: int = field(default=2, metadata={HELP: (
+        "fine-tuning epochs; the class statistics are refreshed between them")})
+    lr: float = field(default=0.3, metadata={HELP: "AdamW's rate for M1, the M_l logits and the scales s_l"})
+    mlp_lr: Optional[float] = field(default=0.0, metadata={HELP: (
+        "rate of the IB step's per-block MLPs: 0 keeps them frozen, None: lr")})
+    optimizer: str = field(default="AdamW", metadata={HELP: "the fine-tuning optimizer"})
+    ib_weight: Optional[float] = field(default=None, metadata={HELP: (
+        "weight of the IB bound in the loss (None: the recipe's; given, it overrides it)")})
+    recipe: str = field(default="tuned", metadata={HELP: (
+        "tuned (IB weight 1) or official (the authors': 0.1 after a 30 % warm-up, smoothing 0.1)")})
+    clusters: str = field(default="class", metadata={HELP: (
+        "the IB clusters: class centroids or k-means on features and inputs")})
+    num_clusters: Optional[int] = field(default=None, metadata={HELP: (
+        "k-means clusters (None: the class count)")})
+    batch_size: int = field(default=64, metadata={HELP: "fine-tuning batch size"})
+    mlp_ratio: float = field(default=0.25, metadata={HELP: (
+        "hidden width of the per-block MLP as a share of the token width")})
+    stats_images: int = field(default=2048, metadata={HELP: "training images per statistics pass (0: all)"})
+    trace_source: bool = field(default=False, metadata={HELP: "record the patches each token stands for"})
+    step_labels: str = field(default="prior", metadata={HELP: (
+        "log Q(a|y) in training: under the class prior (as at inference) or the true label")})
+    init: str = field(default="auto", metadata={HELP: (
+        "the first merge's initialisation: runs (ViT), grid (pooling), auto")})
 
     def __post_init__(self) -> None:
         checks = [
@@ -61,7 +87,9 @@ class LTMParams:
             ("epochs", self.epochs >= 0, "an integer >= 0"),
             ("lr", self.lr > 0.0, "> 0"),
             ("mlp_lr", self.mlp_lr is None or self.mlp_lr >= 0.0, ">= 0 (0: frozen; None: the same as lr)"),
-            ("ib_weight", self.ib_weight >= 0.0, ">= 0"),
+            ("ib_weight", self.ib_weight is None or self.ib_weight >= 0.0, ">= 0 (None: the recipe's)"),
+            ("num_clusters", self.num_clusters is None or self.num_clusters >= 1,
+             "an integer >= 1 (None: the class count)"),
             ("batch_size", self.batch_size >= 1, "an integer >= 1"),
             ("mlp_ratio", self.mlp_ratio > 0.0, "> 0"),
             ("stats_images", self.stats_images >= 0, "an integer >= 0 (0: all training images)"),
@@ -75,6 +103,21 @@ class LTMParams:
             raise ParamError(f"ltm.step_labels={self.step_labels!r} is not supported; valid: {', '.join(STEP_LABELS)}")
         if self.optimizer not in OPTIMIZERS:
             raise ParamError(f"ltm.optimizer={self.optimizer!r} is not supported; valid: {', '.join(OPTIMIZERS)}")
+        if self.recipe not in RECIPES:
+            raise ParamError(f"ltm.recipe={self.recipe!r} is not supported; valid: {', '.join(RECIPES)}")
+        if self.clusters not in CLUSTERS:
+            raise ParamError(f"ltm.clusters={self.clusters!r} is not supported; valid: {', '.join(CLUSTERS)}")
+        if self.clusters == "class" and self.num_clusters is not None:
+            raise ParamError(f"ltm.num_clusters={self.num_clusters!r} applies to clusters=kmeans only; valid "
+                             f"with clusters=class: None (one cluster per class)")
+
+    @property
+    def schedule(self) -> Recipe:
+        """The recipe's values, its IB weight replaced by ``ib_weight`` when given."""
+        recipe = RECIPE_VALUES[self.recipe]
+        if self.ib_weight is None:
+            return recipe
+        return Recipe(self.ib_weight, recipe.ib_warmup, recipe.label_smoothing)
 
 
 @hookimpl

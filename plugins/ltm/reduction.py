@@ -8,7 +8,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +19,10 @@ from vitbench.engine import AttnInfo, Reducer, TokenState, reduction_context
 from vitbench.engine.grid_merge import record_grid_merge
 from vitbench.engine.masks import straight_through_mask
 from vitbench.errors import UnsupportedError
-from vitbench.measure.ib import ClassSums, ib_terms, input_vectors, module_features, pooled_features, soft_assign
+from vitbench.measure.clusters import KMEANS_SAMPLES, kmeans_centroids, run_seed
+from vitbench.measure.ib import (
+    ClassSums, feature_source, ib_terms, input_vectors, module_features, pooled_features, soft_assign,
+)
 from vitbench.plugins import get_host
 from vitbench_plugins.ltm import LTMParams
 
@@ -30,7 +33,9 @@ __all__ = [
     "ReMerge",
     "TileMerge",
     "block_assign",
+    "feature_module",
     "ib_mask_step",
+    "ib_weight_at",
     "pooling_cells",
     "pooling_logits",
     "refresh_statistics",
@@ -120,6 +125,11 @@ class _Shared:
         self.hook: Any = None
         #: whether the training IB step uses the true label (``step_labels="true"``), not the prior
         self.true_labels = False
+        #: ``clusters=kmeans`` and ``num_clusters`` (``None``: the class count) of the IB step and bound
+        self.kmeans = False
+        self.num_clusters: int | None = None
+        #: the fine-tuning epoch under way (from 0), for the IB term's warm-up
+        self.epoch = 0
 
 
 class FirstMerge(nn.Module, Reducer):
@@ -333,11 +343,23 @@ def _image_rows(onehot: torch.Tensor, rows: int) -> torch.Tensor:
     return onehot if rows == onehot.shape[0] else onehot.repeat_interleave(rows // onehot.shape[0], dim=0)
 
 
+def feature_module(model: nn.Module) -> tuple[nn.Module, bool]:
+    """The module whose pooled output the IB bound trains on, and whether its map is
+    channels-last: :func:`vitbench.measure.ib.feature_source`, the very tensor the ``ib`` metric
+    reads (a ViT's last block, a hybrid's or Swin's last stage)."""
+    source = feature_source(model)
+    if source is None:
+        raise UnsupportedError(f"ltm: the {_family(model).name!r} family adapter names no feature module "
+                               f"(FamilySpec.feature_module) for the IB bound")
+    return source
+
+
 def final_features(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
-    """``[B, C]``: the last reducing block's output pooled per image
-    (:func:`vitbench.measure.ib.module_features`: the size-weighted mean of its patch tokens, a
-    hybrid's sequences of an image as one; a Swin block's map averaged over its positions)."""
-    return module_features(model, _reducing_blocks(model)[-1], images, _family(model).channels_last)
+    """``[B, C]``: the feature module's output pooled per image
+    (:func:`vitbench.measure.ib.module_features`: the size-weighted mean of a ViT's patch
+    tokens; a hybrid's or Swin's map averaged over its positions)."""
+    module, channels_last = feature_module(model)
+    return module_features(model, module, images, channels_last)
 
 
 def _bind(model: nn.Module) -> FirstMerge:
@@ -357,15 +379,40 @@ def _limited(batches: Callable[[], Iterator[Any]], max_images: int) -> Iterator[
             return
 
 
+class _Samples:
+    """The first ``cap`` rows of a statistics pass, kept for a k-means fit."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap, self.rows, self.parts = cap, 0, []  # type: ignore[var-annotated]
+
+    def add(self, vectors: torch.Tensor) -> None:
+        if self.rows < self.cap:
+            self.parts.append(vectors[: self.cap - self.rows].cpu())
+            self.rows += self.parts[-1].shape[0]
+
+    def all(self) -> torch.Tensor:
+        return torch.cat(self.parts)
+
+
+#: the floats the k-means samples of all blocks' ``X~`` may hold together (1 GiB)
+_BLOCK_SAMPLE_FLOATS = 2**28
+
+
 def refresh_statistics(model: nn.Module, batches: Callable[[], Iterator[Any]], max_images: int = 0) -> None:
     """Algorithm 1's refresh: recompute every block's centroids, ``Q`` and the class prior, and
     the IB bound's feature/input centroids and ``Q``, over the first ``max_images`` images of
-    ``batches()`` (0: all), in eval mode without gradients (docs/methods.md §5, "Statistics")."""
+    ``batches()`` (0: all), in eval mode without gradients (docs/methods.md §5, "Statistics").
+    The centroids are the class means, or with ``clusters=kmeans`` k-means centroids
+    (:func:`vitbench.measure.clusters.kmeans_centroids`, the run's seed) of the same vectors."""
     first, later = _modules(model)
     shared = _bind(model)._shared
     k = int(getattr(model, "num_classes", 0) or 0)
     if k < 1:
         raise UnsupportedError("ltm needs a classification head (model.num_classes >= 1) for its class clusters")
+    kmeans = shared.kmeans
+    clusters = (shared.num_clusters or k) if kmeans else k
+    block_cap = max(clusters, min(KMEANS_SAMPLES, _BLOCK_SAMPLE_FLOATS // max(
+        1, sum(m.centroids.shape[1:].numel() for m in later))))
     was_training = model.training
     model.eval()
     shared.recording = {}
@@ -375,18 +422,34 @@ def refresh_statistics(model: nn.Module, batches: Callable[[], Iterator[Any]], m
             # tiles give k samples per image)
             block_sums = {m: ClassSums() for m in later}
             feat_sums, input_sums = ClassSums(), ClassSums()
+            samples = {key: _Samples(block_cap if isinstance(key, nn.Module) else KMEANS_SAMPLES)
+                       for key in (*later, "features", "inputs")} if kmeans else {}
             for images, labels in _limited(batches, max_images):
                 feats = final_features(model, images).float()
                 onehot = F.one_hot(labels.long(), k).float().to(feats.device)
                 for m in later:
                     rec = shared.recording[m].flatten(1).float()
-                    block_sums[m].add(_image_rows(onehot, rec.shape[0]), rec)
+                    if kmeans:
+                        samples[m].add(rec)
+                    else:
+                        block_sums[m].add(_image_rows(onehot, rec.shape[0]), rec)
                 feat_sums.add(onehot, F.normalize(feats, dim=1))
-                input_sums.add(onehot, input_vectors(images))
+                if kmeans:
+                    samples["features"].add(feats)
+                    samples["inputs"].add(input_vectors(images))
+                else:
+                    input_sums.add(onehot, input_vectors(images))
             if feat_sums.counts is None:
                 raise ValueError("ltm: the statistics pass got no training batches")
-            centroids = {m: block_sums[m].means().view(k, *m.centroids.shape[1:]) for m in later}
-            feat_centroids, input_centroids = feat_sums.centroids(), input_sums.centroids()
+            if kmeans:
+                seed = run_seed()
+                centroids = {m: kmeans_centroids(samples[m].all(), clusters, seed, normalize=False)
+                             .view(clusters, *m.centroids.shape[1:]).to(feats.device) for m in later}
+                feat_centroids = kmeans_centroids(samples["features"].all(), clusters, seed).to(feats.device)
+                input_centroids = kmeans_centroids(samples["inputs"].all(), clusters, seed).to(feats.device)
+            else:
+                centroids = {m: block_sums[m].means().view(k, *m.centroids.shape[1:]) for m in later}
+                feat_centroids, input_centroids = feat_sums.centroids(), input_sums.centroids()
             prior = feat_sums.counts / feat_sums.counts.sum()
             # pass 2: Q(a|y) against the new centroids (the forward still uses the old ones)
             block_q, feat_q = {m: ClassSums() for m in later}, ClassSums()
@@ -413,7 +476,8 @@ def refresh_statistics(model: nn.Module, batches: Callable[[], Iterator[Any]], m
 
 # -- training hooks --------------------------------------------------------------------------
 class _FinalFeatures:
-    """Forward hook on the last block: its pooled features (:func:`final_features`) into ``ctx.extras``."""
+    """Forward hook on the feature module (:func:`feature_module`): its pooled output, the
+    features of :func:`final_features` and of the ``ib`` metric, into ``ctx.extras``."""
 
     def __init__(self, ctx: Any, channels_last: bool) -> None:
         self.ctx = ctx
@@ -428,16 +492,23 @@ class _FinalFeatures:
 def _before(model: nn.Module, batches: Callable[[], Iterator[Any]], max_images: int, ib_loss: bool) -> None:
     first = _bind(model)
     shared = first._shared
+    shared.epoch = 0
     if ib_loss and shared.hook is None:
-        hook = _FinalFeatures(shared.ctx, _family(model).channels_last)
-        shared.hook = _reducing_blocks(model)[-1].register_forward_hook(hook)
+        shared.hook = _feature_hook(model)
     refresh_statistics(model, batches, max_images)
+
+
+def _feature_hook(model: nn.Module) -> Any:
+    """Register :class:`_FinalFeatures` on the feature module; returns its handle."""
+    module, channels_last = feature_module(model)
+    return module.register_forward_hook(_FinalFeatures(reduction_context(model), channels_last))
 
 
 def _epoch_end(model: nn.Module, epoch: int, batches: Callable[[], Iterator[Any]], max_images: int,
                epochs: int) -> None:
     """Algorithm 1's refresh for the *next* epoch: none after the last one (``epoch`` counts from
     0), so the evaluated model runs the statistics its masks and MLPs were trained against."""
+    _modules(model)[0]._shared.epoch = epoch + 1
     if epoch + 1 < epochs:
         refresh_statistics(model, batches, max_images)
 
@@ -449,11 +520,22 @@ def _after(model: nn.Module) -> None:
         shared.hook = None
 
 
-def ib_bound_loss(model: nn.Module, logits: torch.Tensor, labels: torch.Tensor, weight: float) -> torch.Tensor:
+def ib_weight_at(epoch: int, epochs: int, weight: float, warmup: float) -> float:
+    """The IB term's weight in fine-tuning epoch ``epoch`` (from 0) of ``epochs``: 0 during the
+    first ``int(warmup * epochs)`` epochs (the authors' code, ``warmup`` 0.3), ``weight`` after."""
+    return 0.0 if epoch < int(warmup * epochs + 1e-9) else weight
+
+
+def ib_bound_loss(model: nn.Module, logits: torch.Tensor, labels: torch.Tensor, weight: float,
+                  warmup: float = 0.0, epochs: int = 1) -> Optional[torch.Tensor]:
     """``weight *`` the IB bound (§6) of this forward's final features, with the previous
-    refresh's centroids and ``log Q`` (the stage's ``extra_loss``)."""
+    refresh's centroids and ``log Q`` (the stage's ``extra_loss``); ``None`` while the epoch is
+    in the warm-up (:func:`ib_weight_at`)."""
     ctx = reduction_context(model)
     first, _ = _modules(model)
+    weight = ib_weight_at(first._shared.epoch, epochs, weight, warmup)
+    if weight == 0.0:
+        return None
     feats = ctx.extras.get(FEATURES_KEY) if ctx is not None else None
     if feats is None or first.feature_log_q.shape[0] == 0:
         raise RuntimeError("ltm: the IB loss needs the statistics pass and the feature hook of the "
@@ -540,6 +622,7 @@ def build(params: LTMParams, info: ModelInfo) -> Reduction:
                                f"folds back to a grid; valid there: auto, grid")
     shared = _Shared()
     shared.true_labels = params.step_labels == "true"
+    shared.kmeans, shared.num_clusters = params.clusters == "kmeans", params.num_clusters
     if family.reduces_tiles:
         reducers = _tile_reducers(params, info, grid_fn, shared)
     elif info.blocks:
@@ -552,13 +635,15 @@ def build(params: LTMParams, info: ModelInfo) -> Reduction:
         reducers += [ReMerge(p, info.embed_dim, hidden, params.eta, params.tau, shared) for _ in range(1, info.depth)]
     for module in reducers:  # start deterministic, like the (eval-mode) models vitbench reduces;
         module.eval()  # model.train() turns the Gumbel noise on
-    ib_loss = params.ib_weight > 0
+    recipe = params.schedule
+    ib_loss = recipe.ib_weight > 0
     mlp_lr = params.lr if params.mlp_lr is None else params.mlp_lr
     stage = TrainStage(
         name="finetune", epochs=params.epochs, optimizer=params.optimizer, lr=params.lr,
         batch_size=params.batch_size, lr_groups=((".reducer.mlp.", mlp_lr),) if mlp_lr > 0 else (),
-        trainable=None if mlp_lr > 0 else TRAINED_WITHOUT_MLPS,
-        extra_loss=functools.partial(ib_bound_loss, weight=params.ib_weight) if ib_loss else None,
+        trainable=None if mlp_lr > 0 else TRAINED_WITHOUT_MLPS, label_smoothing=recipe.label_smoothing,
+        extra_loss=functools.partial(ib_bound_loss, weight=recipe.ib_weight, warmup=recipe.ib_warmup,
+                                     epochs=params.epochs) if ib_loss else None,
         before=(functools.partial(_before, max_images=params.stats_images, ib_loss=ib_loss),),
         epoch_end=(functools.partial(_epoch_end, max_images=params.stats_images, epochs=params.epochs),),
         after=(_after,),

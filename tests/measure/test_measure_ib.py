@@ -99,17 +99,20 @@ def test_measure_ib_on_a_model_baseline_and_reduced():
     assert reduced.bound.item() - reduced.input_constant.item() >= reduced.loss.item() - 1e-6
 
 
-def test_final_features_of_a_conv_hybrid_is_the_final_map_mean():
+def test_final_features_of_a_conv_hybrid_is_the_last_stage_map_mean():
+    """The family's feature module (the last stage, before ``final_conv``), the map LTM's and
+    DCS's IB terms train on (:func:`vitbench.measure.ib.feature_source`)."""
     import timm
 
     import vitbench
-    from vitbench.measure.ib import final_features
+    from vitbench.measure.ib import feature_source, final_features
 
     torch.manual_seed(0)
     plain = timm.create_model("mobilevit_xs", num_classes=3).eval()
     images = torch.randn(2, 3, 64, 64)
+    assert feature_source(plain) == (plain.stages[-1], False)
     with torch.no_grad():
-        expected = plain.forward_features(images).mean(dim=(-2, -1))
+        expected = plain.stages(plain.stem(images)).mean(dim=(-2, -1))
         assert torch.equal(final_features(plain, images), expected)
     reduced = vitbench.apply(timm.create_model("mobilevit_xs", num_classes=3).eval(), "tome", r=0)
     reduced.load_state_dict(plain.state_dict())
@@ -133,17 +136,19 @@ def test_non_finite_features_are_an_error_naming_the_batch() -> None:
 
 def test_final_features_of_a_swin_pool_its_channels_last_map():
     """timm's Swin returns its last stage as [B, H, W, C] (output_fmt NHWC): the features are the
-    mean over H and W, one value per channel (a mean over W and C was a bug)."""
+    mean over H and W, one value per channel (a mean over W and C was a bug), of the last stage's
+    output (before the final norm: the feature module the IB training terms read)."""
     from timm.models.swin_transformer import SwinTransformer
 
-    from vitbench.measure.ib import final_features
+    from vitbench.measure.ib import feature_source, final_features
 
     torch.manual_seed(0)
     swin = SwinTransformer(img_size=56, embed_dim=16, depths=(2, 2), num_heads=(1, 2), window_size=7,
                            num_classes=3).eval()
     images = torch.randn(2, 3, 56, 56)
+    assert feature_source(swin) == (swin.layers[-1], True)
     with torch.no_grad():
-        fmap = swin.forward_features(images)
+        fmap = swin.layers(swin.patch_embed(images))
         features = final_features(swin, images)
     assert fmap.shape == (2, 7, 7, 32) and features.shape == (2, 32)
     assert torch.allclose(features, fmap.mean(dim=(1, 2)))

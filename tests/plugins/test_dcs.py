@@ -9,6 +9,7 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
+from vitbench_plugins.dcs import DCSParams
 
 import vitbench
 from vitbench.engine import reduction_context
@@ -365,6 +366,31 @@ def test_ib_bound_waits_t_warm_epochs_and_matches_section_6():
     assert int(ib.epochs_done) == 2
 
 
+@pytest.mark.parametrize("num_clusters, expected", [(3, 3), (None, 10)])
+def test_kmeans_clusters_are_the_papers_a_b_c_and_the_bound_stays_finite(num_clusters, expected):
+    """``clusters=kmeans`` (the DCS paper's A = B = C k-means): ``num_clusters`` centroids of the
+    features and of the inputs (default: the class count), ``Q(a|y)`` ``[classes, clusters]``."""
+    _, model = _apply(retrain_epochs=1, eta=1.0, clusters="kmeans", num_clusters=num_clusters)
+    with torch.inference_mode():
+        model(_images(1))
+    _shrink(model)
+    retrain = _stage(model, "retrain")
+    data = _data()
+    retrain.before[0](model, lambda: iter(data))
+    ib = model.blocks[-1].reducer.ib
+    assert ib.feature_centroids.shape[0] == ib.input_centroids.shape[0] == expected
+    assert ib.log_q.shape == (10, expected)
+    torch.testing.assert_close(ib.feature_centroids.norm(dim=1), torch.ones(expected))
+    images, labels = data[0]
+    with torch.no_grad():
+        bound = retrain.extra_loss(model, model(images), labels)
+        tau_f = soft_assign(final_features(model, images), ib.feature_centroids)
+        tau_x = soft_assign(input_vectors(images), ib.input_centroids)
+        expected_bound = ib_terms(tau_f, tau_x, labels, 10, log_q=ib.log_q).bound
+    assert torch.isfinite(bound) and math.isclose(bound.item(), expected_bound.item(), rel_tol=1e-5)
+    assert DCSParams().clusters == "class"
+
+
 def test_a_non_timm_mlp_is_refused_clearly():
     from timm.layers import GluMlp
 
@@ -392,6 +418,9 @@ def test_a_non_timm_mlp_is_refused_clearly():
     (dict(lr=0), r"dcs.lr=0.0 is out of range"),
     (dict(arch_lr=-1), r"dcs.arch_lr=-1.0 is out of range"),
     (dict(batch_size=0), r"dcs.batch_size=0 is out of range"),
+    (dict(clusters="gmm"), r"^dcs.clusters='gmm' is not valid; valid values: class, kmeans$"),
+    (dict(clusters="kmeans", num_clusters=0), r"^dcs.num_clusters=0 is out of range; it must be an integer >= 1"),
+    (dict(num_clusters=4), r"^dcs.num_clusters=4 applies to clusters=kmeans only; valid with clusters=class: None"),
 ])
 def test_bad_parameters(bad, message):
     with pytest.raises(ParamError, match=message):

@@ -100,7 +100,8 @@ def test_statistics_training_and_checkpoints_with_per_block_widths(tmp_path):
     assert buffers["stages.2.1.transformer.1.reducer.centroids"] == (10, 9, 96)
     assert buffers["stages.3.1.transformer.3.reducer.centroids"] == (10, 4, 120)
     assert buffers["stages.4.1.transformer.2.reducer.centroids"] == (10, 1, 144)
-    assert buffers["stages.2.1.transformer.0.reducer.feature_centroids"] == (10, 144)  # final block's width
+    # the bound's features: the last stage's map (the ib metric's), 96 channels, not a block's 144
+    assert buffers["stages.2.1.transformer.0.reducer.feature_centroids"] == (10, 96)
     # one training step: labels per image reach the B*4 sequences, the IB bound is the extra loss
     images, labels = next(_data()())
     ctx = reduction_context(model)

@@ -23,7 +23,7 @@ from vitbench.guards import check_finite, check_metrics
 __all__ = [
     "ClassSums", "IBTerms", "block_output", "class_centroids", "ib_terms", "input_vectors", "log_q_from_sums",
     "log_q_given_y", "measure_ib", "module_features", "pooled_features", "soft_assign", "token_features",
-    "final_features",
+    "feature_source", "final_features",
 ]
 
 #: inputs are area-downsampled so that their longer side is at most this (ImageNet stays tractable)
@@ -136,14 +136,28 @@ def ib_terms(tau_f: torch.Tensor, tau_x: torch.Tensor, labels: torch.Tensor, num
                    mi_feature_label=mi_fy, input_constant=input_constant)
 
 
-def final_features(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
-    """``[B, C]``: the final features of ``model(images)``, as its family adapter defines them
-    (:attr:`~vitbench.catalog.FamilySpec.final_features`; a ViT: :func:`token_features` of the
-    last block's output, merged tokens counted by their size).
+def feature_source(model: nn.Module) -> Optional[tuple[nn.Module, bool]]:
+    """The module whose pooled output is ``model``'s final features, and whether its map is
+    ``[B, H, W, C]``: the family's :attr:`~vitbench.catalog.FamilySpec.feature_module` (a ViT's
+    last block, a hybrid's or Swin's last stage) and ``channels_last``; ``None`` when no family
+    names one. The IB metric and every IB training term (LTM, DCS) read this one module."""
+    family = _family_of(model)
+    if family is None or family.feature_module is None:
+        return None
+    return family.feature_module(model), family.channels_last
 
-    By default (conv hybrids, Swin, a model no family recognises) the spatial mean of the final
-    feature map, which every method's output is folded back into: ``[B, C, H, W]``, or
-    ``[B, H, W, C]`` where timm says its output is channels-last (``output_fmt`` NHWC: Swin)."""
+
+def final_features(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
+    """``[B, C]``: the final features of ``model(images)``: :func:`module_features` of
+    :func:`feature_source` (a ViT: the size-weighted mean of the last block's patch tokens; a
+    hybrid or Swin: the last stage's map averaged over its positions).
+
+    A family that names no feature module: its ``final_features``, else the spatial mean of
+    ``forward_features`` (``[B, C, H, W]``, or ``[B, H, W, C]`` where timm says its output is
+    channels-last, ``output_fmt`` NHWC)."""
+    source = feature_source(model)
+    if source is not None:
+        return module_features(model, source[0], images, channels_last=source[1])
     family = _family_of(model)
     if family is not None and family.final_features is not None:
         return family.final_features(model, images)
