@@ -62,3 +62,28 @@ def test_run_with_compile_records_it(tmp_path: Path):
     assert all(r["compiled"] is True and r["throughput_img_s"] > 0 for r in records)
     assert all(r["env"]["compiled"] == "torch.compile (timings)" for r in records)
     assert "- Compiled: torch.compile (timings)" in (out / "report.md").read_text()
+
+
+def _four_block_vit() -> nn.Module:
+    from timm.models.vision_transformer import VisionTransformer
+
+    torch.manual_seed(0)
+    return VisionTransformer(img_size=32, patch_size=4, embed_dim=64, depth=4, num_heads=2, num_classes=10).eval()
+
+
+@pytest.mark.parametrize("method, params", [("tome", {"r": 8}), ("ppt", {"layers": (1, 2), "r": 8}),
+                                            ("topk", {"layers": (1, 2)})])
+def test_a_reduced_vit_compiles_to_one_graph_without_breaks(method, params):
+    """The whole reduced forward is one graph (issue 23, item 5): no host reads (PPT's branch,
+    the prefix check of ``keep``) and no per-block recompiles; its logits are the eager ones."""
+    import vitbench
+
+    model = vitbench.apply(_four_block_vit(), method, **params).eval()
+    x = torch.randn(1, 3, 32, 32)
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        explained = torch._dynamo.explain(model)(x)
+        assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+        compiled = torch.compile(model, fullgraph=True, backend="eager")
+        assert torch.allclose(compiled(x), model(x), atol=1e-5)
+    torch._dynamo.reset()

@@ -65,6 +65,9 @@ class ReducingBlock(nn.Module):
         super().__init__()
         self.block = block
         self.index = index
+        # a bool, not ``index == 0`` in forward: torch.compile guards on a module's int
+        # attributes, which would compile one frame per block wherever a block's frame is compiled
+        self.starts_forward = index == 0
         self.starts_sequence = index == 0 if starts_sequence is None else starts_sequence
         self.reducer = reducer  # an nn.Module reducer (learnable methods) becomes a submodule
         self.needs = frozenset(reducer.needs) if reducer is not None else frozenset()
@@ -81,7 +84,7 @@ class ReducingBlock(nn.Module):
         if attn_mask is not None or is_causal:
             raise ValueError("vitbench reducing blocks do not take an external attention mask")
         ctx = self._context
-        new_forward = self.index == 0 or ctx.state is None
+        new_forward = self.starts_forward or ctx.state is None
         if new_forward or self.starts_sequence:
             ctx.state = TokenState.start(x, ctx.prefix, ctx.trace_source)
         if new_forward:

@@ -5,8 +5,9 @@ Nothing in a captured forward may copy a device value to the host (``bool(t)``, 
 ``nonzero``): the host would decide on a value from capture time. The two places in the engine
 that do give way inside :func:`device_only`: :meth:`TokenState.keep`'s prefix check is skipped
 (the same forward ran, checked, outside the capture first), and PPT computes both branches and
-selects per image. :func:`host_reads_allowed` is ``False`` inside :func:`device_only` and while a
-stream captures. A method whose shapes depend on the data cannot be captured; the capture in
+selects per image. :func:`host_reads_allowed` is ``False`` inside :func:`device_only`, while a
+stream captures and while ``torch.compile`` traces (a host read there breaks the graph). A
+method whose shapes depend on the data cannot be captured; the capture in
 :mod:`vitbench.measure.cuda_graph` finds that out and times it eagerly."""
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def device_only() -> Iterator[None]:
 
 def host_reads_allowed() -> bool:
     """Whether the forward may read a device value on the host: not inside :func:`device_only`,
-    nor while the current CUDA stream captures a graph."""
-    if _DEPTH > 0:
+    nor while ``torch.compile`` traces it, nor while the current CUDA stream captures a graph."""
+    if _DEPTH > 0 or torch.compiler.is_compiling():
         return False
     return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())

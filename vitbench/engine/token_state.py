@@ -90,9 +90,10 @@ class TokenState:
         size = self.sizes(x)
         if self.source is not None:
             self.source = m.merge(self.source, mode="sum")
-        if hasattr(m, "weighted_merge"):  # ToMe's Matching: the few-pass merge
-            x_new, self.size = m.weighted_merge(x, size)
+        if hasattr(m, "weighted_merge") and not torch.compiler.is_compiling():
+            x_new, self.size = m.weighted_merge(x, size)  # ToMe's Matching: the few-pass merge
             return x_new
+        # (compiled, the textbook form: inductor fuses it into fewer loops than the few-pass one)
         merged = m.merge(torch.cat([x * size, size], dim=-1), mode="sum")
         x_new, size_new = merged[..., :-1], merged[..., -1:]
         self.size = size_new

@@ -42,9 +42,10 @@ def compile_for_timing(model: nn.Module, input_size: tuple[int, int, int], batch
     """``torch.compile(model)``, already compiled for each of ``batch_sizes`` (the timing loops'
     shapes), or ``model`` itself with the reason when compilation fails."""
     compiled = torch.compile(model)
-    # a reducing block's frame is compiled once per block and model (its index is a static
-    # attribute): dynamo's default limit of 8 would leave the deeper blocks eager. Raised for the
-    # process, as later calls of the timing loops may compile too.
+    # tome, ppt and top-k compile to one graph per model; a method with a graph break has its
+    # blocks' frames compiled apart, one variant per block whose reducer settings differ, and
+    # dynamo's default limit of 8 would leave the deeper blocks eager. Raised for the process, as
+    # later calls of the timing loops may compile too.
     dynamo = torch._dynamo.config
     dynamo.recompile_limit = max(dynamo.recompile_limit, 4 * sum(1 for _ in model.modules()))
     try:
