@@ -10,8 +10,8 @@ not removed (straight-through masks, key bias ``log(mask + 1e-6)``) and the loss
 its largest count. On Swin (:class:`LTMPTileReducer`) the thresholds act per tile for the MLP.
 
 Parameters: ``target`` (or ``gmacs_fraction`` at matched compute), ``tau``, ``lambda_flops``,
-``epochs``, ``lr_merge``, ``lr_prune``, ``optimizer``, ``label_smoothing``, ``batch_size``,
-``layers``, ``order`` (``bipartite``, the official layout, or ``original``)."""
+``epochs``, ``lr_merge``, ``lr_prune``, ``max_grad``, ``optimizer``, ``label_smoothing``,
+``batch_size``, ``layers``, ``order`` (``bipartite``, the official layout, or ``original``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -37,7 +37,9 @@ class LTMPParams:
     matched compute (``--match-gmacs F`` sets it to ``F``): the fraction of the model's counted GMACs to reach. ``None``
     (default): the penalty measures the paper's FLOPs ratio against ``target``; set: it measures
     the model's exact cost (:class:`CostModel`, as ``vitbench.measure.count_gmacs`` counts it)
-    against ``gmacs_fraction``, and ``target`` is not used."""
+    against ``gmacs_fraction``, and ``target`` is not used. ``max_grad``: the bound on each
+    threshold's gradient per step (``None``: unbounded, as the paper), so one step moves a
+    threshold by at most ``lr * max_grad`` (docs/methods.md §2, "Thresholds")."""
 
     target: float = field(default=0.75, metadata={HELP: (
         "FLOPs ratio to reach (Swin: a fraction of the counted GMACs); unused with gmacs_fraction")})
@@ -46,6 +48,8 @@ class LTMPParams:
     epochs: int = field(default=1, metadata={HELP: "fine-tuning epochs of the thresholds"})
     lr_merge: float = field(default=5e-3, metadata={HELP: "learning rate of the merging thresholds theta_m"})
     lr_prune: float = field(default=5e-6, metadata={HELP: "learning rate of the pruning thresholds theta_p"})
+    max_grad: Optional[float] = field(default=10.0, metadata={HELP: (
+        "bound on each threshold's gradient per step (None: unbounded, as the paper)")})
     optimizer: str = field(default="SGD", metadata={HELP: "the fine-tuning's optimizer: SGD, AdamW or Adam"})
     label_smoothing: float = field(default=0.1, metadata={HELP: "label smoothing of the cross-entropy"})
     batch_size: int = field(default=64, metadata={HELP: "images per training batch"})
@@ -71,6 +75,8 @@ class LTMPParams:
         for name in ("lr_merge", "lr_prune"):
             if not getattr(self, name) >= 0.0:
                 raise ParamError(f"ltmp.{name}={getattr(self, name)} is out of range; it must be >= 0")
+        if self.max_grad is not None and not self.max_grad > 0.0:
+            raise ParamError(f"ltmp.max_grad={self.max_grad} is out of range; it must be > 0 (or None: unbounded)")
         if self.optimizer not in _OPTIMIZERS:
             raise ParamError(f"ltmp.optimizer={self.optimizer!r}; valid optimizers: {', '.join(_OPTIMIZERS)}")
         if not 0.0 <= self.label_smoothing < 1.0:

@@ -14,6 +14,7 @@ from vitbench.measure import count_gmacs
 from vitbench.plugins import get_host
 from vitbench.testing import check_method, tiny_vit
 from vitbench.testing import tiny_deit_distilled
+from vitbench_plugins.ltmp import LTMPParams
 from vitbench_plugins.ltmp.reduction import LTMPReducer, clamp_thresholds, cost_model, flops_ratio, kept_tokens
 
 
@@ -113,6 +114,29 @@ def test_straight_through_gradients_reach_both_thresholds():
             assert theta.grad is not None and torch.isfinite(theta.grad) and theta.grad != 0
     extras = reduction_context(model).extras
     assert 0 < extras["ltmp_flops_ratio"] <= 1 and sorted(extras["ltmp_kept"]) == list(range(12))
+
+
+def _threshold_grads(max_grad, scale):
+    model = _set(vitbench.apply(_sharp_vit(), "ltmp", max_grad=max_grad), theta_m=0.3).train()
+    for name, p in model.named_parameters():
+        p.requires_grad_("reducer" in name)
+    x, labels = _images(), torch.tensor([0, 1, 2, 3])
+    logits = model(x)
+    loss = scale * F.cross_entropy(logits, labels, label_smoothing=0.1) + _stage(model).extra_loss(model, logits, labels)
+    loss.backward()
+    return torch.stack([torch.stack([r.theta_m.grad, r.theta_p.grad]) for r in _reducers(model)])
+
+
+def test_each_threshold_gradient_is_bounded_by_max_grad():
+    # docs/methods.md §2 "Thresholds": a threshold's straight-through CE gradient can be huge
+    # (one step would throw it onto a clamp bound, where the masker's gradient vanishes); each
+    # threshold's gradient of a step is clamped to [-max_grad, max_grad], no more and no less
+    free = _threshold_grads(None, scale=1e3)
+    bounded = _threshold_grads(0.5, scale=1e3)
+    assert float(free.abs().max()) > 0.5  # the bound binds somewhere
+    assert torch.equal(bounded, free.clamp(-0.5, 0.5))
+    assert torch.equal(_threshold_grads(1e9, scale=1e3), free)  # a bound never reached changes nothing
+    assert LTMPParams().max_grad == 10.0
 
 
 def test_training_masks_tokens_instead_of_removing_them():
@@ -292,6 +316,28 @@ def test_matched_penalty_trains_towards_the_counted_gmacs_fraction():
     assert abs(float(own) - float(ratio)) > 0.01  # the two measures differ on the same tokens
 
 
+@pytest.mark.slow
+def test_default_fine_tuning_of_the_default_model_lands_near_its_target():
+    # the embedded default model, default LTMP (target 0.75): the first steps' CE gradients of
+    # some thresholds exceed 10^2; unbounded (max_grad=None) they threw block 0's theta_m to 0,
+    # where every similarity sits > 6 tau above it and the masker's gradient vanishes, and the
+    # run ended at 0.34 x the baseline's GMACs. Bounded, 40 steps land near 0.75 x (0.748 measured).
+    from vitbench.tasks.cls import default_model as dm
+    from vitbench.tasks.cls.data import resolve_cls_data
+    from vitbench.train import finetune
+    from vitbench.train.batches import cls_batches, data_preprocessor, first_images
+
+    base = dm.build_arch()
+    base.load_state_dict(torch.load(dm.shipped_paths(dm.train_config())[0], weights_only=True))
+    base.eval()
+    data = resolve_cls_data(None, base)
+    images = first_images(cls_batches(data.dataset_cfg(limit=16), data_preprocessor(base, data.bgr)), 16)
+    model = vitbench.apply(copy.deepcopy(base), "ltmp")
+    finetune(model, data, limit=2560, seed=0)
+    ratio = count_gmacs(model.eval(), images).mean / count_gmacs(base, images).mean
+    assert abs(ratio - 0.75) < 0.08, ratio
+
+
 def test_matched_compute_sets_gmacs_fraction():
     knob = get_host().method("ltmp").budget
     assert (knob.param, knob.mode, knob.larger_means) == ("gmacs_fraction", "fraction", "more")
@@ -307,6 +353,7 @@ def test_matched_compute_sets_gmacs_fraction():
     (dict(lambda_flops=-1.0), r"ltmp.lambda_flops=-1.0 is out of range"),
     (dict(epochs=0), r"ltmp.epochs=0 is out of range"),
     (dict(lr_merge=-1e-3), r"ltmp.lr_merge=-0.001 is out of range"),
+    (dict(max_grad=0.0), r"ltmp.max_grad=0.0 is out of range; it must be > 0 \(or None: unbounded\)"),
     (dict(optimizer="LBFGS"), r"valid optimizers: SGD, AdamW, Adam"),
     (dict(label_smoothing=1.0), r"ltmp.label_smoothing=1.0 is out of range"),
     (dict(batch_size=0), r"ltmp.batch_size=0 is out of range"),
