@@ -23,7 +23,10 @@ start=$SECONDS
 step=$SECONDS
 took() { echo "install: $1 in $((SECONDS - step)) s"; step=$SECONDS; }
 
-if [ -f "$stamp" ] && { [ -z "$EXTRAS" ] || grep -qx "$EXTRAS" "$stamp"; } && $PYTHON -c "$imports" 2>/dev/null; then
+# up to date: stamped, importable, and the editable install is this tree (a clone elsewhere re-points it)
+here="import os, vitbench; assert os.path.realpath(vitbench.__file__).startswith(os.path.realpath('$root') + os.sep)"
+if [ -f "$stamp" ] && { [ -z "$EXTRAS" ] || grep -qx "$EXTRAS" "$stamp"; } && $PYTHON -c "$imports" 2>/dev/null \
+    && $PYTHON -c "$here" 2>/dev/null; then
     echo "install: up to date ($PYTHON in $($PYTHON -c 'import sys; print(sys.prefix)')${EXTRAS:+, extras: $EXTRAS})"
     exit 0
 fi
