@@ -284,9 +284,10 @@ def _outside_any_launcher(monkeypatch) -> None:
 # --- learnable methods: DDP fine-tuning -------------------------------------------------------
 
 #: ltmp (the fastest learnable method here: 24 threshold parameters) fine-tuned on 256 images,
-#: 4 steps of 64 (32 per rank), evaluated on the odd LIMIT
-LEARNABLE = ["run", "--task", "cls", "--methods", "ltmp", "--metrics", "accuracy", "--limit", LIMIT,
-             "--train-limit", "256"]
+#: 4 steps of 64 (32 per rank), evaluated on the odd LIMIT; its gradient bound off, because it
+#: clamps each rank's gradient before DDP averages them (docs/methods.md §2)
+LEARNABLE = ["run", "--task", "cls", "--methods", "ltmp", "--param", "ltmp.max_grad=None", "--metrics", "accuracy",
+             "--limit", LIMIT, "--train-limit", "256"]
 
 
 @pytest.fixture(scope="module")
@@ -305,7 +306,7 @@ def _weights(out: Path) -> dict[str, torch.Tensor]:
 
 def _like_single_process(out: Path, single: Path) -> None:
     """``out`` (a 2-rank run) against ``single``: one store, one checkpoint, the same baseline
-    top-1, ltmp's within one image of it (equal in the runs so far: ltmp trains deterministically
+    top-1, ltmp's within one image of it (often equal: ltmp trains deterministically
     and its CE is a mean over the batch, so the ranks' halves average to the whole batch's; its
     FLOPs penalty is not quite additive, so the weights agree to ~1e-6, not bit for bit)."""
     records = _records(out)
@@ -313,7 +314,8 @@ def _like_single_process(out: Path, single: Path) -> None:
     assert all(r["status"] == "ok" and r["num_images"] == int(LIMIT) for r in records)
     one, two = _top1(single), _top1(out)
     assert two["baseline"] == one["baseline"]
-    assert abs(two["ltmp"] - one["ltmp"]) <= 100 / int(LIMIT) + 1e-9, (one, two)
+    correct = {k: round(v * int(LIMIT) / 100) for k, v in (("one", one["ltmp"]), ("two", two["ltmp"]))}
+    assert abs(correct["two"] - correct["one"]) <= 1, (one, two)  # in images: top-1 is a float32
     (stage,) = records[1]["train_stages"]
     assert (stage["iters"], stage["images"], stage["ranks"], stage["rank_batch_size"],
             stage["effective_batch_size"]) == (4, 256, 2, 32, 64)
