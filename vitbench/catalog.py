@@ -136,6 +136,8 @@ class TrainStage:
     before: tuple[StatsCallback, ...] = ()
     #: ``callback(model, epoch, batches)`` after every epoch (statistics, temperature schedules)
     epoch_end: tuple[Callable[["nn.Module", int, Callable[[], Any]], None], ...] = ()
+    #: every gradient clamped to ``[-value, value]`` after DDP's average, before each step (LTMP)
+    clip_grad_value: Optional[float] = None
     #: ``callback(model)`` after every optimiser step (LTMP clamps its thresholds)
     after_step: tuple[Callable[["nn.Module"], None], ...] = ()
     #: ``callback(model)`` when the stage ends (DCS shrinks its MLPs after the search)

@@ -34,27 +34,6 @@ def straight_through(value: torch.Tensor, theta: torch.Tensor, tau: float) -> to
     return straight_through_mask(value - theta, tau, noisy=False)
 
 
-class _BoundedGrad(torch.autograd.Function):
-    """The identity forward; backward, the gradient clamped to ``[-bound, bound]``."""
-
-    @staticmethod
-    def forward(ctx, theta: torch.Tensor, bound: float) -> torch.Tensor:  # type: ignore[no-untyped-def, override]
-        ctx.bound = bound
-        return theta.view_as(theta)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[no-untyped-def, override]
-        return grad.clamp(-ctx.bound, ctx.bound), None
-
-
-def bounded_grad(theta: torch.Tensor, bound: Optional[float]) -> torch.Tensor:
-    """``theta`` whose gradient is clamped to ``[-bound, bound]`` (``None``: unchanged), the whole
-    gradient of one forward when ``theta`` is used once in it (docs/methods.md §2, "Thresholds":
-    the straight-through CE gradient of a threshold can reach 10^3 in one step, which would throw
-    it onto a clamp bound where the masker's gradient vanishes)."""
-    return theta if bound is None else _BoundedGrad.apply(theta, bound)
-
-
 def _front(flags: torch.Tensor,
            group: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Positions ``[B, K]`` of the flagged tokens first, ``K`` the most flagged in any image; and
@@ -191,12 +170,11 @@ class LTMPReducer(nn.Module, Reducer):
     needs = frozenset({"keys", "attn"})
 
     def __init__(self, index: int, tau: float, merge_init: float = 0.9, prune_init: float = 0.0,
-                 order: str = "bipartite", max_grad: Optional[float] = None) -> None:
+                 order: str = "bipartite") -> None:
         super().__init__()
         self.index = index
         self.tau = tau
         self.order = order
-        self.max_grad = max_grad  # the bound on each threshold's gradient per forward (bounded_grad)
         self.theta_m = nn.Parameter(torch.tensor(float(merge_init)))
         self.theta_p = nn.Parameter(torch.tensor(float(prune_init)))
         # Inference until ``model.train()``: methods are applied to eval models, and a new
@@ -204,7 +182,7 @@ class LTMPReducer(nn.Module, Reducer):
         self.train(False)
 
     def extra_repr(self) -> str:
-        return f"index={self.index}, tau={self.tau}, order={self.order}, max_grad={self.max_grad}"
+        return f"index={self.index}, tau={self.tau}, order={self.order}"
 
     def forward(self, x: torch.Tensor, state: TokenState, info: AttnInfo) -> torch.Tensor:
         if info.keys is None or info.attn is None:
@@ -221,12 +199,12 @@ class LTMPReducer(nn.Module, Reducer):
             mask = torch.ones(b, n, device=x.device, dtype=self.theta_m.dtype)
         current = mask.detach() > 0.5
         best, dst = best_partners(info.keys, current, state.prefix)
-        merge = straight_through(best, bounded_grad(self.theta_m, self.max_grad), self.tau)  # 0 (no grad) outside A
+        merge = straight_through(best, self.theta_m, self.tau)  # 0 (no grad) outside A
         merged = merge.detach() > 0.5
         x = merge_into_partners(x, state, merge, dst)
         importance = group_importance(received_attention(info.attn, current), dst, merged)
         alive = current & ~merged
-        prune = straight_through(importance, bounded_grad(self.theta_p, self.max_grad), self.tau)
+        prune = straight_through(importance, self.theta_p, self.tau)
         prune = torch.where(_protected(alive, importance, state.prefix), torch.ones_like(prune), prune)
         mask = mask * (1.0 - merge) * prune
         if self.order == "bipartite":
@@ -462,7 +440,7 @@ class LTMPTileReducer(LTMPReducer):
         current = torch.ones(b, n, device=x.device, dtype=torch.bool)
         best, dst = best_partners(info.keys, current, 0)
         if self.training:
-            merge = straight_through(best, bounded_grad(self.theta_m, self.max_grad), self.tau)  # 0 (no grad) outside A
+            merge = straight_through(best, self.theta_m, self.tau)  # 0 (no grad) outside A
         else:
             merge = (best > self.theta_m).to(x.dtype)
         merged = merge.detach() > 0.5
@@ -472,7 +450,7 @@ class LTMPTileReducer(LTMPReducer):
         alive = ~merged
         protected = _protected(alive, importance, 0)
         if self.training:
-            prune = straight_through(importance, bounded_grad(self.theta_p, self.max_grad), self.tau)
+            prune = straight_through(importance, self.theta_p, self.tau)
             keep = (1.0 - merge) * torch.where(protected, torch.ones_like(prune), prune)
             self._kept[self.index] = keep.mean(dim=1)
         else:
@@ -602,11 +580,11 @@ def build(params: LTMPParams, info: ModelInfo) -> Reduction:
                              f"0..{info.depth - 1}")
     if info.family == "swin":
         kept: dict[int, torch.Tensor] = {}
-        reducers: list[Optional[nn.Module]] = [LTMPTileReducer(i, params.tau, kept, max_grad=params.max_grad)
+        reducers: list[Optional[nn.Module]] = [LTMPTileReducer(i, params.tau, kept)
                                                if i in layers else None for i in range(info.depth)]
         penalty = _swin_penalty(params, info, kept)
     else:
-        reducers = [LTMPReducer(i, params.tau, order=params.order, max_grad=params.max_grad)
+        reducers = [LTMPReducer(i, params.tau, order=params.order)
                     if i in layers else None for i in range(info.depth)]
         penalty = flops_penalty_of(params, info)
     stage = TrainStage(
@@ -622,6 +600,7 @@ def build(params: LTMPParams, info: ModelInfo) -> Reduction:
         batch_size=params.batch_size,
         trainable=("theta_m", "theta_p"),
         extra_loss=penalty,
+        clip_grad_value=params.max_grad,  # after DDP's average: two ranks train as one process
         after_step=(clamp_thresholds,),
     )
     return Reduction(reducers, prop_attn=True, train=(stage,))

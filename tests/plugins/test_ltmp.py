@@ -116,26 +116,39 @@ def test_straight_through_gradients_reach_both_thresholds():
     assert 0 < extras["ltmp_flops_ratio"] <= 1 and sorted(extras["ltmp_kept"]) == list(range(12))
 
 
-def _threshold_grads(max_grad, scale):
+def _one_step(max_grad):
+    """The thresholds' raw gradients of one large-CE step and how far the stage's optimiser
+    (with its gradient clamp) moves them, each divided by its learning rate."""
+    from vitbench.train.finetune import _optim_wrapper
+
     model = _set(vitbench.apply(_sharp_vit(), "ltmp", max_grad=max_grad), theta_m=0.3).train()
+    params = {n: p for n, p in model.named_parameters() if "reducer" in n}
     for name, p in model.named_parameters():
-        p.requires_grad_("reducer" in name)
+        p.requires_grad_(name in params)
+    stage = _stage(model)
+    wrapper = _optim_wrapper(stage, params)
+    before = {n: p.detach().clone() for n, p in params.items()}
     x, labels = _images(), torch.tensor([0, 1, 2, 3])
     logits = model(x)
-    loss = scale * F.cross_entropy(logits, labels, label_smoothing=0.1) + _stage(model).extra_loss(model, logits, labels)
+    loss = 1e3 * F.cross_entropy(logits, labels, label_smoothing=0.1) + stage.extra_loss(model, logits, labels)
     loss.backward()
-    return torch.stack([torch.stack([r.theta_m.grad, r.theta_p.grad]) for r in _reducers(model)])
+    grads = torch.stack([p.grad.clone() for p in params.values()])
+    wrapper.step()
+    lr = {n: next(v for k, v in stage.lr_groups if k in n) for n in params}
+    moved = torch.stack([(before[n] - p.detach()) / lr[n] for n, p in params.items()])
+    return grads, moved
 
 
-def test_each_threshold_gradient_is_bounded_by_max_grad():
+def test_each_threshold_step_is_bounded_by_max_grad():
     # docs/methods.md §2 "Thresholds": a threshold's straight-through CE gradient can be huge
-    # (one step would throw it onto a clamp bound, where the masker's gradient vanishes); each
-    # threshold's gradient of a step is clamped to [-max_grad, max_grad], no more and no less
-    free = _threshold_grads(None, scale=1e3)
-    bounded = _threshold_grads(0.5, scale=1e3)
-    assert float(free.abs().max()) > 0.5  # the bound binds somewhere
-    assert torch.equal(bounded, free.clamp(-0.5, 0.5))
-    assert torch.equal(_threshold_grads(1e9, scale=1e3), free)  # a bound never reached changes nothing
+    # (one step would throw it onto a clamp bound, where the masker's gradient vanishes); the
+    # stage clamps each gradient to [-max_grad, max_grad] before the step (after DDP's average)
+    grads, moved = _one_step(0.5)
+    assert float(grads.abs().max()) > 0.5  # the bound binds somewhere
+    assert torch.allclose(moved, grads.clamp(-0.5, 0.5), rtol=1e-3, atol=1e-6)
+    free_grads, free_moved = _one_step(None)
+    assert torch.equal(free_grads, grads)  # the forward and backward are the same; only the step differs
+    assert torch.allclose(free_moved, free_grads, rtol=1e-3, atol=1e-6)
     assert LTMPParams().max_grad == 10.0
 
 

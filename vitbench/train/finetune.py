@@ -100,15 +100,16 @@ def _optimizer(stage: TrainStage, params: dict[str, nn.Parameter]) -> torch.opti
 
 
 def _optim_wrapper(stage: TrainStage, params: dict[str, nn.Parameter]) -> OptimWrapper:
+    clip = None if stage.clip_grad_value is None else {"type": "value", "clip_value": stage.clip_grad_value}
     if not stage.arch_keys or stage.arch_fraction == 0:
-        return OptimWrapper(_optimizer(stage, params))
+        return OptimWrapper(_optimizer(stage, params), clip_grad=clip)
     arch = {n: p for n, p in params.items() if any(k in n for k in stage.arch_keys)}
     weights = {n: p for n, p in params.items() if n not in arch}
     wrappers = {}
     if weights:
-        wrappers["weights"] = OptimWrapper(_optimizer(stage, weights))
+        wrappers["weights"] = OptimWrapper(_optimizer(stage, weights), clip_grad=clip)
     if arch:
-        wrappers["arch"] = OptimWrapper(_optimizer(stage, arch))
+        wrappers["arch"] = OptimWrapper(_optimizer(stage, arch), clip_grad=clip)
     return OptimWrapperDict(**wrappers)
 
 
