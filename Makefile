@@ -29,7 +29,7 @@ demo: install  ## the main job on the embedded default: IBTM (fine-tuned) and To
 demo-training-free: install  ## ToMe, PPT and top-k on the embedded default (reports/demo)
 	$(PYTHON) -m vitbench run --task cls --methods tome,ppt,topk --param tome.r=4 --param ppt.r=12 --out reports/demo
 
-sweep-demo: install  ## tome, ppt, topk, ltmp and ltm at 5 matched budgets on the embedded default (reports/sweep; trains ltm/ltmp 5 times each, ~30 min on 2 cores)
+sweep-demo: install  ## tome, ppt, topk, ltmp and ltm at 5 matched budgets on the embedded default (reports/sweep; trains ltm/ltmp 5 times each, ~40 min on 2 cores)
 	$(PYTHON) -m vitbench sweep --task cls --methods tome,ppt,topk,ltmp,ltm --budgets 0.9,0.8,0.7,0.6,0.5 --out reports/sweep
 
 test: install-dense install-example  ## the whole suite, slow end-to-end tests included (what CI runs)
