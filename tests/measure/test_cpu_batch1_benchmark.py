@@ -36,3 +36,29 @@ def test_smoke_on_the_tiny_model(capsys):
     assert out.splitlines()[0] == "python benchmarks/cpu_batch1.py " + " ".join(
         a if "(" not in a else f"'{a}'" for a in argv)
     assert "torch.get_num_threads() 1" in out and "| method " in out
+
+
+def test_tome_overhead_models_run_on_tomes_token_counts(capsys):
+    # benchmarks/cpu_tome_overhead.py: every model it times runs ToMe's token counts, so the
+    # differences it prints are the cost of the steps switched on, not of other counts
+    spec = importlib.util.spec_from_file_location("cpu_tome_overhead", SCRIPT.with_name("cpu_tome_overhead.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    import timm
+    import torch
+
+    from vitbench.engine import reduction_context
+
+    torch.manual_seed(0)
+    base = timm.create_model("test_vit", pretrained=False).eval()
+    images = torch.randn(1, *base.pretrained_cfg["input_size"])
+    models = bench.overhead_models(base, 4, images)
+    counts = models["limit"].counts
+    for name, model in list(models.items())[1:]:
+        with torch.inference_mode():
+            model(images)
+        assert reduction_context(model).token_counts == counts, name
+    over = bench.main(["--model", "test_vit", "--r", "4", "--threads", "1", "--rounds", "2"])
+    assert list(over) == ["limit", "blocks + keys", "+ prop attn", "+ matching", "+ merge (ToMe)"]
+    out = capsys.readouterr().out
+    assert out.startswith("python benchmarks/cpu_tome_overhead.py --model test_vit") and "| + merge (ToMe) |" in out
