@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import mmap
 import time
 
 import pytest
@@ -29,9 +30,13 @@ class Allocates(nn.Module):
 
 
 def hold(mib: int, seconds: float = 0.02) -> None:
-    big = torch.ones(mib * MIB // 4)
-    time.sleep(seconds)
-    del big
+    """Write ``mib`` MiB of pages the process never held before, for ``seconds``: a fresh anonymous
+    mapping (a tensor could reuse pages the allocator kept from earlier tests; RSS would not grow)."""
+    with mmap.mmap(-1, mib * MIB) as buf:
+        pages = torch.frombuffer(buf, dtype=torch.uint8)
+        pages.fill_(1)
+        time.sleep(seconds)
+        del pages
 
 
 def test_tiny_vit_reports_a_non_negative_float_and_restores_training(tiny_vit: nn.Module) -> None:
