@@ -123,6 +123,7 @@ def run(options: RunOptions, command: Optional[Sequence[str]] = None) -> Results
     from vitbench.catalog import WorkspaceRequest
     from vitbench.distributed import (check_launcher, finish_launcher, init_launcher, is_main, launcher_rank,
                                       one_rank_at_a_time)
+    from vitbench.engine import cpu_kernels
     from vitbench.environment import environment
     from vitbench.execute import execute_plan
     from vitbench.plugins import get_host
@@ -158,6 +159,8 @@ def run(options: RunOptions, command: Optional[Sequence[str]] = None) -> Results
     init_launcher(options.launcher, options.device)
     env = environment(options.device, command=None if command is None else list(command),
                       precision=options.precision, compiled=options.compile, cuda_graph=options.cuda_graph)
+    if options.device == "cpu":
+        env["cpu_kernels"] = cpu_kernels.describe()
     records = execute_plan(plan, ws, store, resume=resume, env=env, progress=say.step)
     main = is_main()
     finish_launcher()  # every rank's part of the last collective evaluation is done

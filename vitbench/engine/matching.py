@@ -12,11 +12,13 @@ nor a destination) so that prefix tokens stay first and untouched.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
+import numpy as np
 import torch
 
+from vitbench.engine import cpu_kernels
 from vitbench.engine.rows import add_rows, take_rows
 
 
@@ -29,6 +31,8 @@ class Matching:
     unm_idx: torch.Tensor  # [B, |A| - r] indices into A, ascending
     src_idx: torch.Tensor  # [B, r] indices into A
     dst_idx: torch.Tensor  # [B, r] indices into B
+    #: the three indices as NumPy arrays, when :mod:`~vitbench.engine.cpu_kernels` matched
+    host: Optional[tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default=None, repr=False, compare=False)
 
     @property
     def r(self) -> int:
@@ -68,6 +72,9 @@ class Matching:
         Every step is one operation on the whole batch, so that a small batch (batch 1 on a CPU:
         docs/measuring.md, "Batch 1 on a CPU") pays for few operations.
         """
+        if keep is None and cpu_kernels.usable(x, size):  # one compiled loop (batch 1 on a CPU)
+            indices = self.host or tuple(cpu_kernels.array(i) for i in (self.unm_idx, self.src_idx, self.dst_idx))
+            return cpu_kernels.weighted_merge(x, size, self.prefix, self.a_start, indices)
         p, a0 = self.prefix, self.a_start
         batch, n = x.shape[:2]
         s = size.reshape(batch, n)
@@ -112,10 +119,15 @@ def bipartite_soft_matching(metric: torch.Tensor, r: int, prefix: int) -> Matchi
     """Match ``metric [B, N, d]`` (ToMe's head-averaged keys) to remove ``r`` tokens.
 
     ``r`` is capped at ``(N - prefix) // 2``. Runs under ``no_grad``: gradients flow through the
-    merge, not through the choice of partners (§1).
+    merge, not through the choice of partners (§1). In inference on a CPU, one compiled loop
+    (:mod:`vitbench.engine.cpu_kernels`).
     """
     r = min(r, max_merge(metric.shape[1], prefix))
     a_start = prefix % 2
+    if cpu_kernels.usable(metric):  # one compiled loop (batch 1 on a CPU)
+        found = cpu_kernels.match(metric, r, prefix)
+        if found is not None:
+            return Matching(prefix, a_start, *(torch.from_numpy(i) for i in found), host=found)
     with torch.no_grad():
         rest = metric[:, prefix:]
         rest = rest / rest.norm(dim=-1, keepdim=True)

@@ -90,7 +90,8 @@ def _environment(records: list[Mapping[str, Any]]) -> list[str]:
         versions.append(f"{key} {' / '.join(vals) if vals else 'n/a'}")
     lines = [f"- Versions: {', '.join(versions)}"]
     for label, key in (("Device", "device"), ("Threads", "threads"), ("Precision", "precision"),
-                       ("Compiled", "compiled"), ("CUDA graph", "cuda_graph"), ("Git revision", "git_rev")):
+                       ("Compiled", "compiled"), ("CUDA graph", "cuda_graph"), ("CPU kernels", "cpu_kernels"),
+                       ("Git revision", "git_rev")):
         if not any(key in e for e in envs):  # a fact older stores did not record (--compile)
             continue
         lines.append(f"- {label}: {_joined(_distinct(e.get(key) for e in envs))}")
