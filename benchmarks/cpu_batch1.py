@@ -30,6 +30,7 @@ import timm
 import torch
 
 import vitbench
+from vitbench.engine import cpu_kernels
 from vitbench.environment import device_name
 from vitbench.measure import count_gmacs
 from vitbench.measure.compiled import compile_for_timing
@@ -189,7 +190,8 @@ def _run(args: argparse.Namespace, argv: Optional[list[str]]) -> pd.DataFrame:
     print(f"{args.model}, batch {args.batch}, fp32, {device_name('cpu')}, torch.get_num_threads() "
           f"{torch.get_num_threads()}, torch {torch.__version__}, timm {timm.__version__}; "
           f"{args.rounds} interleaved rounds (median); baseline {rows[0]['GMACs']:.2f} GMACs; "
-          f"load average {_load(load_before)} before, {_load(load_after)} after")
+          f"load average {_load(load_before)} before, {_load(load_after)} after; "
+          f"CPU kernels: {cpu_kernels.describe()}")
     print(df.to_markdown(index=False, floatfmt=".3g"))
     for note in notes:
         print(note)

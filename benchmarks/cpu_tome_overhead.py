@@ -23,7 +23,7 @@ import timm
 import torch
 
 import vitbench
-from vitbench.engine import bipartite_soft_matching, max_merge
+from vitbench.engine import bipartite_soft_matching, cpu_kernels, max_merge
 from vitbench.environment import device_name
 from vitbench.measure.limit import TokenCountLimit, token_counts
 from vitbench_plugins.tome.reduction import ToMeReducer
@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     over = {name: statistics.median(t - l for t, l in zip(times[name], times["limit"])) for name in models}
     print(f"python benchmarks/cpu_tome_overhead.py {' '.join(sys.argv[1:] if argv is None else argv)}")
     print(f"{args.model}, r={args.r}, batch 1, fp32, {device_name('cpu')}, {args.threads} threads, "
-          f"{args.rounds} interleaved rounds; limit {statistics.median(times['limit']):.1f} ms (median)")
+          f"{args.rounds} interleaved rounds; limit {statistics.median(times['limit']):.1f} ms (median); "
+          f"CPU kernels: {cpu_kernels.describe()}")
     print("| model | ms over the limit (median per round) | step's own ms |")
     print("|---|---:|---:|")
     previous = 0.0

@@ -71,10 +71,11 @@ def test_a_zero_or_non_finite_key_leaves_it_to_the_tensor_path():
     assert m.host is None and m.r == 4
 
 
-def test_used_only_where_no_gradient_compile_or_dispatch_mode_needs_tensor_ops():
+def test_used_only_at_small_batches_where_nothing_needs_the_tensor_ops():
     x = torch.randn(1, 9, 4)
     assert cpu_kernels.usable(x)
     assert not cpu_kernels.usable(x.double()) and not cpu_kernels.usable(x.half())
+    assert not cpu_kernels.usable(x.expand(cpu_kernels.MAX_BATCH + 1, -1, -1))  # threaded ops win there
     w = x.clone().requires_grad_()
     assert not cpu_kernels.usable(w)  # autograd tracks it
     with torch.no_grad():

@@ -116,7 +116,10 @@ def attention_forward(attn: nn.Module, x: torch.Tensor, bias: Optional[torch.Ten
         info.values = v
     if "input" in needs:
         info.input = x
-    if uses_fused_kernel(attn, needs):
+    # compiled on a CPU, a biased attention is written out: inductor fuses the bias into the
+    # softmax, faster than the CPU flash kernel's float mask (docs/measuring.md, "Batch 1 on a CPU")
+    if uses_fused_kernel(attn, needs) and not (bias is not None and x.device.type == "cpu"
+                                               and torch.compiler.is_compiling()):
         dropout_p = attn.attn_drop.p if attn.training else 0.0
         if bias is not None and bias_channel(q, bias):
             out = sdpa_with_key_bias(q, k, v, bias, attn.scale, dropout_p)

@@ -1,16 +1,12 @@
-"""ToMe's matching and merge as compiled loops on a CPU, for inference (docs/measuring.md,
-"Batch 1 on a CPU").
+"""ToMe's matching and merge as one compiled loop each, for CPU inference at small batches
+(docs/measuring.md, "Batch 1 on a CPU").
 
-At batch 1 on a CPU, a matching and a merge are some thirty small tensor operations, and each
-one after a block's large matrix products starts cold: together they cost more than the
-arithmetic. Here each is one numba loop (:mod:`vitbench.engine._numba_kernels`), which
-:func:`~vitbench.engine.matching.bipartite_soft_matching` and
-:meth:`~vitbench.engine.matching.Matching.weighted_merge` use whenever :func:`usable` says so:
-float32 tensors on the CPU that autograd does not track, outside ``torch.compile``, tracing and
-dispatch modes (FLOP counting sees the tensor operations). The results equal the tensor path:
-the same partners (a tie between similarities equal to the last bit goes to the first token, as
-``max`` does; the products are summed in another order, so a near-tie that rounding decides may
-go the other way) and the same merged values. ``VITBENCH_CPU_KERNELS=0`` switches them off.
+At batch 1 on a CPU, a matching and a merge are some thirty small tensor operations, each
+starting cold after the block's matrix products; here each is one numba loop
+(:mod:`vitbench.engine._numba_kernels`), taken where :func:`usable` allows. Both paths give the
+same partners (exact ties go to the first token, as ``max`` does; a near-tie that rounding
+decides may differ, the products being summed in another order) and the same merged values.
+``VITBENCH_CPU_KERNELS=0`` switches the loops off.
 """
 from __future__ import annotations
 
@@ -24,7 +20,11 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-__all__ = ["array", "describe", "enabled", "match", "usable", "warm", "weighted_merge"]
+__all__ = ["MAX_BATCH", "array", "describe", "enabled", "match", "usable", "warm", "weighted_merge"]
+
+#: the largest batch the kernels take: they loop over the images on one thread, and from about
+#: 8 images on the tensor path's threaded operations are as fast (docs/measuring.md)
+MAX_BATCH = 4
 
 _ON: Optional[bool] = None  # None: read VITBENCH_CPU_KERNELS and try numba on first use
 _kernels: Optional[ModuleType] = None
@@ -70,9 +70,10 @@ def enabled(on: bool) -> Iterator[None]:
 
 
 def usable(*tensors: torch.Tensor) -> bool:
-    """Whether the kernels may take ``tensors``: on, float32 plain CPU tensors no gradient needs,
-    and no compiling, tracing or dispatch mode watching the operations."""
-    if not _load():
+    """Whether the kernels may take ``tensors`` (``[B, ...]``): on, at most :data:`MAX_BATCH`
+    images, float32 plain CPU tensors no gradient needs, and no compiling, tracing or dispatch
+    mode watching the operations."""
+    if not _load() or tensors[0].shape[0] > MAX_BATCH:
         return False
     grad = torch.is_grad_enabled()
     for t in tensors:
