@@ -22,8 +22,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 __all__ = ["MAX_BATCH", "array", "describe", "enabled", "match", "usable", "warm", "weighted_merge"]
 
-#: the largest batch the kernels take: they loop over the images on one thread, and from about
-#: 8 images on the tensor path's threaded operations are as fast (docs/measuring.md)
+#: the largest batch the loops take (one thread; from 8 images on the tensor path is as fast)
 MAX_BATCH = 4
 
 _ON: Optional[bool] = None  # None: read VITBENCH_CPU_KERNELS and try numba on first use
