@@ -9,7 +9,8 @@ method's *limit* (the unpatched blocks on the method's token counts,
 ``torch.compile``d; speed-ups over the baseline of the same kind, and the method's share of the
 limit's speed-up. ``--reference PATH`` adds the official ToMe code (a clone of
 facebookresearch/ToMe, imported from PATH at run time, its ``tome.patch.timm`` applied to a
-copy of the model) for ``tome`` with an integer ``r``. Every model is timed in one process,
+copy of the model) for ``tome`` with an integer ``r``, and the median over rounds of its time
+over vitbench's in the same round (above 1: vitbench is faster). Every model is timed in one process,
 interleaved (one forward of each per round, in turn, many rounds; the median per model), so
 that machine noise falls on all alike. fp32, random weights and images (speed does not depend
 on them). Methods: ``name:key=value,...`` separated by commas (or ``;`` as in gpu_reduction.py).
@@ -127,7 +128,8 @@ def _compiled(models: dict[str, torch.nn.Module], images: torch.Tensor, notes: l
     return out
 
 
-def _table(rows: list[dict[str, Any]], ms: dict[str, float], variants: list[str]) -> pd.DataFrame:
+def _table(rows: list[dict[str, Any]], times: dict[str, list[float]], variants: list[str]) -> pd.DataFrame:
+    ms = {name: statistics.median(t) for name, t in times.items()}
     table = []
     for row in rows[1:]:
         for variant in variants:
@@ -141,8 +143,10 @@ def _table(rows: list[dict[str, Any]], ms: dict[str, float], variants: list[str]
                     "share of limit": limit / ours}
             official = ms.get(f"tome official{tag}") if row["key"] == "tome" else None
             if official is not None:
+                paired = statistics.median(o / v for o, v in zip(times[f"tome official{tag}"],
+                                                                  times[f"tome vitbench{tag}"]))
                 line.update({"official ms": official, "official x": base / official,
-                             "official share": limit / official})
+                             "official share": limit / official, "official / vitbench (paired)": paired})
             table.append(line)
     return pd.DataFrame(table)
 
@@ -183,8 +187,7 @@ def _run(args: argparse.Namespace, argv: Optional[list[str]]) -> pd.DataFrame:
     load_before = machine_load().load_1min
     times = interleaved_ms(models, images, args.rounds, args.warmup)
     load_after = machine_load().load_1min
-    ms = {name: statistics.median(t) for name, t in times.items()}
-    df = _table(rows, ms, variants)
+    df = _table(rows, times, variants)
 
     print(f"python benchmarks/cpu_batch1.py {shlex.join(sys.argv[1:] if argv is None else argv)}")
     print(f"{args.model}, batch {args.batch}, fp32, {device_name('cpu')}, torch.get_num_threads() "
