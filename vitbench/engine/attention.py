@@ -116,10 +116,10 @@ def attention_forward(attn: nn.Module, x: torch.Tensor, bias: Optional[torch.Ten
         info.values = v
     if "input" in needs:
         info.input = x
-    # compiled on a CPU, a biased attention is written out: inductor fuses the bias into the
-    # softmax, faster than the CPU flash kernel's float mask (docs/measuring.md, "Batch 1 on a CPU")
-    if uses_fused_kernel(attn, needs) and not (bias is not None and x.device.type == "cpu"
-                                               and torch.compiler.is_compiling()):
+    # compiled on a CPU, a biased attention is written out: inductor fuses scale, bias and softmax,
+    # faster than the CPU flash kernel's float mask (docs/measuring.md, "Batch 1 on a CPU")
+    written_out = bias is not None and x.device.type == "cpu" and torch.compiler.is_compiling()
+    if uses_fused_kernel(attn, needs) and not written_out:
         dropout_p = attn.attn_drop.p if attn.training else 0.0
         if bias is not None and bias_channel(q, bias):
             out = sdpa_with_key_bias(q, k, v, bias, attn.scale, dropout_p)
@@ -131,7 +131,10 @@ def attention_forward(attn: nn.Module, x: torch.Tensor, bias: Optional[torch.Ten
                 row = row + bias
             info.cls_attn = row.softmax(dim=-1)[:, :, 0]
     else:
-        logits = (q * attn.scale) @ k.transpose(-2, -1)
+        if written_out:  # the scale after the product, where inductor fuses it into the softmax
+            logits = (q @ k.transpose(-2, -1)) * attn.scale
+        else:
+            logits = (q * attn.scale) @ k.transpose(-2, -1)
         if bias is not None:
             logits = logits + bias
         probs = logits.softmax(dim=-1)
