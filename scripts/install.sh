@@ -78,7 +78,7 @@ $PYTHON -c "$imports"
 took "vitbench and the rest installed"
 
 # 5. numba's machine code for ToMe's CPU kernels (vitbench/engine/cpu_kernels.py), kept in numba's
-#    cache, so that a first run does not wait for it (about 20 s on 2 cores).
+#    cache, so that a first run does not wait for it (about 17 s on 2 cores).
 $PYTHON -c "from vitbench.engine import cpu_kernels; cpu_kernels.warm()"
 took "CPU kernels compiled"
 mkdir -p "$stamp_dir" && rm -f "$stamp_dir/$(echo "$root" | sha1sum | cut -c1-16)"-* && echo "$EXTRAS" > "$stamp"
