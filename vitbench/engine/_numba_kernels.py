@@ -97,4 +97,3 @@ def weighted_merge(x: np.ndarray, size: np.ndarray, prefix: int, a_start: int, u
             for t in range(c):
                 out[b, first_b + j, t] += x[b, pos, t] * w
     return out, size_new
-

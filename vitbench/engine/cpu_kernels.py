@@ -20,15 +20,13 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-__all__ = ["MAX_BATCH", "array", "describe", "enabled", "match", "usable", "warm", "weighted_merge"]
+__all__ = ["MAX_BATCH", "describe", "enabled", "match", "usable", "warm", "weighted_merge"]
 
 #: the largest batch the loops take (one thread; from 8 images on the tensor path is as fast)
 MAX_BATCH = 4
 
 _ON: Optional[bool] = None  # None: read VITBENCH_CPU_KERNELS and try numba on first use
 _kernels: Optional[ModuleType] = None
-
-
 _why_off = ""
 
 
@@ -84,26 +82,26 @@ def usable(*tensors: torch.Tensor) -> bool:
                 or _get_current_dispatch_mode() is not None)
 
 
-def array(t: torch.Tensor) -> np.ndarray:
+def _array(t: torch.Tensor) -> np.ndarray:
     """``t``'s memory as a NumPy array (no copy when ``t`` is contiguous)."""
     t = t.detach() if t.requires_grad else t
     return (t if t.is_contiguous() else t.contiguous()).numpy()
 
 
-def match(metric: torch.Tensor, r: int, prefix: int) -> Optional[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+def match(metric: torch.Tensor, r: int, prefix: int) -> Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """``(unm_idx, src_idx, dst_idx)`` of the bipartite matching of ``metric [B, N, d]`` (``r``
-    already capped) as int64 arrays, or ``None`` where a row's norm is 0 or not finite."""
+    already capped), or ``None`` where a row's norm is 0 or not finite."""
     assert _kernels is not None
-    ok, unm, src, dst = _kernels.match(array(metric), r, prefix)
-    return (unm, src, dst) if ok else None
+    ok, unm, src, dst = _kernels.match(_array(metric), r, prefix)
+    return (torch.from_numpy(unm), torch.from_numpy(src), torch.from_numpy(dst)) if ok else None
 
 
 def weighted_merge(x: torch.Tensor, size: torch.Tensor, prefix: int, a_start: int,
-                   indices: tuple[np.ndarray, np.ndarray, np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+                   indices: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """``(x_new [B, N-r, C], size_new [B, N-r, 1])``: ToMe's size-weighted merge of ``x [B, N, C]``
     with sizes ``size [B, N, 1]`` by a matching's ``(unm_idx, src_idx, dst_idx)``."""
     assert _kernels is not None
-    out, size_new = _kernels.weighted_merge(array(x), array(size), prefix, a_start, *indices)
+    out, size_new = _kernels.weighted_merge(_array(x), _array(size), prefix, a_start, *map(_array, indices))
     return torch.from_numpy(out), torch.from_numpy(size_new)
 
 

@@ -12,10 +12,9 @@ nor a destination) so that prefix tokens stay first and untouched.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
-import numpy as np
 import torch
 
 from vitbench.engine import cpu_kernels
@@ -31,8 +30,6 @@ class Matching:
     unm_idx: torch.Tensor  # [B, |A| - r] indices into A, ascending
     src_idx: torch.Tensor  # [B, r] indices into A
     dst_idx: torch.Tensor  # [B, r] indices into B
-    #: the three indices as NumPy arrays, when :mod:`~vitbench.engine.cpu_kernels` matched
-    host: Optional[tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default=None, repr=False, compare=False)
 
     @property
     def r(self) -> int:
@@ -73,8 +70,8 @@ class Matching:
         docs/measuring.md, "Batch 1 on a CPU") pays for few operations.
         """
         if keep is None and cpu_kernels.usable(x, size):  # one compiled loop (batch 1 on a CPU)
-            indices = self.host or tuple(cpu_kernels.array(i) for i in (self.unm_idx, self.src_idx, self.dst_idx))
-            return cpu_kernels.weighted_merge(x, size, self.prefix, self.a_start, indices)
+            return cpu_kernels.weighted_merge(x, size, self.prefix, self.a_start,
+                                              (self.unm_idx, self.src_idx, self.dst_idx))
         p, a0 = self.prefix, self.a_start
         batch, n = x.shape[:2]
         s = size.reshape(batch, n)
@@ -127,7 +124,7 @@ def bipartite_soft_matching(metric: torch.Tensor, r: int, prefix: int) -> Matchi
     if cpu_kernels.usable(metric):  # one compiled loop (batch 1 on a CPU)
         found = cpu_kernels.match(metric, r, prefix)
         if found is not None:
-            return Matching(prefix, a_start, *(torch.from_numpy(i) for i in found), host=found)
+            return Matching(prefix, a_start, *found)
     with torch.no_grad():
         rest = metric[:, prefix:]
         rest = rest / rest.norm(dim=-1, keepdim=True)
