@@ -18,6 +18,7 @@ from typing import Optional
 import torch
 
 from vitbench.engine import cpu_kernels
+from vitbench.engine.ordering import descending_order
 from vitbench.engine.rows import add_rows, take_rows
 
 
@@ -131,7 +132,7 @@ def bipartite_soft_matching(metric: torch.Tensor, r: int, prefix: int) -> Matchi
         a, b = rest[:, a_start::2], rest[:, 1 - a_start :: 2]
         scores = a @ b.transpose(-1, -2)
         node_max, node_idx = scores.max(dim=-1)
-        order = node_max.argsort(dim=-1, descending=True, stable=True)
+        order = descending_order(node_max)
         src_idx = order[:, :r]
         unm_idx = order[:, r:].sort(dim=-1).values
         dst_idx = node_idx.gather(1, src_idx)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from vitbench.engine.ordering import descending_order
+
 __all__ = ["TOKEN_ORDERS", "top_tokens"]
 
 #: layouts of the kept patches: ``"score"`` highest first, ``"original"`` in their current order
@@ -17,7 +19,7 @@ def top_tokens(scores: torch.Tensor, k: int, prefix: int, *, order: str = "origi
     """
     if order not in TOKEN_ORDERS:
         raise ValueError(f"order={order!r}; valid orders: {', '.join(TOKEN_ORDERS)}")
-    best = scores.sort(dim=-1, descending=True, stable=True).indices[:, :k]
+    best = descending_order(scores)[:, :k]
     if order == "original":
         best = best.sort(dim=-1).values
     head = torch.arange(prefix, device=scores.device).expand(scores.shape[0], prefix)
