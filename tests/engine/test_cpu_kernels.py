@@ -135,3 +135,20 @@ def test_the_environment_variable_switches_them_off():
     env = {**os.environ, "VITBENCH_CPU_KERNELS": "0"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True off (VITBENCH_CPU_KERNELS=0)"
+
+
+def test_compiling_reads_no_kernel_state(monkeypatch):
+    """Compiled, ``usable`` answers before it reads the switch: a graph compiled before the
+    switch was first read is not compiled again once it has been (no guard on it)."""
+    from torch._dynamo.testing import CompileCounter
+
+    monkeypatch.setattr(cpu_kernels, "_ON", None)
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    matched = torch.compile(lambda m: bipartite_soft_matching(m, 4, 1).src_idx, backend=counter)
+    metric = torch.randn(1, 17, 8)
+    with torch.inference_mode():
+        first = matched(metric)
+        assert cpu_kernels.usable(metric)  # eager: reads the switch
+        assert torch.equal(matched(metric), first)
+    assert counter.frame_count == 1

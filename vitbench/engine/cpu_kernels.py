@@ -70,6 +70,9 @@ def usable(*tensors: torch.Tensor) -> bool:
     """Whether the kernels may take ``tensors`` (``[B, ...]``): on, at most :data:`MAX_BATCH`
     images, float32 plain CPU tensors no gradient needs, and no compiling, tracing or dispatch
     mode watching the operations."""
+    # compiling first: dynamo then reads no module state here, so it sets no guard on it
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return False
     if not _load() or tensors[0].shape[0] > MAX_BATCH:
         return False
     grad = torch.is_grad_enabled()
@@ -78,8 +81,7 @@ def usable(*tensors: torch.Tensor) -> bool:
             return False
         if grad and t.requires_grad:
             return False
-    return not (torch.compiler.is_compiling() or torch.jit.is_tracing()
-                or _get_current_dispatch_mode() is not None)
+    return _get_current_dispatch_mode() is None
 
 
 def _array(t: torch.Tensor) -> np.ndarray:
