@@ -1,7 +1,8 @@
 """Issue 23, item 5: how much of its possible speed-up each method keeps at batch 1 on a CPU.
 
     python benchmarks/cpu_batch1.py [--model deit_small_patch16_224] [--batch 1] [--threads 2]
-        [--methods tome:r=13,ppt,topk] [--rounds 30] [--no-compile] [--reference /path/to/ToMe]
+        [--methods tome:r=13,ppt,topk] [--rounds 30] [--copies 3] [--no-compile]
+        [--reference /path/to/ToMe]
 
 For each method: its GMACs, and the milliseconds per forward of the timm baseline, of the
 method's *limit* (the unpatched blocks on the method's token counts,
@@ -12,17 +13,21 @@ facebookresearch/ToMe, imported from PATH at run time, its ``tome.patch.timm`` a
 copy of the model) for ``tome`` with an integer ``r``, and the median over rounds of its time
 over vitbench's in the same round (above 1: vitbench is faster). Every model is timed in one process,
 interleaved (one forward of each per round, in turn, many rounds; the median per model), so
-that machine noise falls on all alike. fp32, random weights and images (speed does not depend
+that machine noise falls on all alike. Each model is built ``--copies`` times, copy by copy,
+and a round's time is the mean over its copies: where a model's weights happen to lie in memory
+moves its time by up to 3 % on a small VM, between two copies of the same model. fp32, random weights and images (speed does not depend
 on them). Methods: ``name:key=value,...`` separated by commas (or ``;`` as in gpu_reduction.py).
 """
 from __future__ import annotations
 
 import argparse
 import copy
+import re
 import shlex
 import statistics
 import sys
 import time
+import types
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -91,40 +96,72 @@ def interleaved_ms(models: dict[str, Callable[[torch.Tensor], Any]], images: tor
 def _build(args: argparse.Namespace, base: torch.nn.Module, images: torch.Tensor
            ) -> tuple[dict[str, torch.nn.Module], list[dict[str, Any]], list[str]]:
     """The eager models to time (``baseline``, ``<method> limit``, ``<method> vitbench``, maybe
-    ``tome official``), a row stub per method, and notes."""
-    models: dict[str, torch.nn.Module] = {"baseline": base}
-    rows: list[dict[str, Any]] = []
+    ``tome official``), a row stub per method, and notes; each model in ``--copies`` copies
+    (``name#i``), built copy by copy, so that each copy's weights lie elsewhere in memory."""
+    models: dict[str, torch.nn.Module] = {}
+    rows: list[dict[str, Any]] = [{"method": "baseline", "GMACs": count_gmacs(base, images).mean}]
     notes: list[str] = []
-    gmacs = count_gmacs(base, images).mean
-    rows.append({"method": "baseline", "GMACs": gmacs})
-    for name, params in split_methods(args.methods):
-        method = vitbench.apply(copy.deepcopy(base), name, **params).eval()
-        models[f"{name} limit"] = TokenCountLimit(base, token_counts(method, images))
-        models[f"{name} vitbench"] = method
-        rows.append({"method": name + "".join(f" {k}={v}" for k, v in params.items()),
-                     "key": name, "GMACs": count_gmacs(method, images).mean})
-        if args.reference and name == "tome":
-            r = str(params.get("r", 16))
-            if not r.isdigit():
-                notes.append(f"official ToMe left out: r={r} is not one integer")
-                continue
-            official = official_tome(base, args.reference, int(r))
-            with torch.inference_mode():
-                diff = (official(images) - method(images)).abs().max().item()
-            notes.append(f"max |vitbench ToMe - official ToMe| logits (fp32): {diff:.2e}")
-            models["tome official"] = official
+    for i in range(args.copies):
+        own = base if i == 0 else copy.deepcopy(base)
+        models[f"baseline#{i}"] = own
+        for name, params in split_methods(args.methods):
+            method = vitbench.apply(copy.deepcopy(own), name, **params).eval()
+            models[f"{name} limit#{i}"] = TokenCountLimit(own, token_counts(method, images))
+            models[f"{name} vitbench#{i}"] = method
+            if i == 0:
+                rows.append({"method": name + "".join(f" {k}={v}" for k, v in params.items()),
+                             "key": name, "GMACs": count_gmacs(method, images).mean})
+            if args.reference and name == "tome":
+                r = str(params.get("r", 16))
+                if not r.isdigit():
+                    if i == 0:
+                        notes.append(f"official ToMe left out: r={r} is not one integer")
+                    continue
+                official = official_tome(own, args.reference, int(r))
+                if i == 0:
+                    with torch.inference_mode():
+                        diff = (official(images) - method(images)).abs().max().item()
+                    notes.append(f"max |vitbench ToMe - official ToMe| logits (fp32): {diff:.2e}")
+                models[f"tome official#{i}"] = official
     return models, rows, notes
+
+
+def _per_model(times: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Per round, each model's mean time over its copies (``name#i`` -> ``name``)."""
+    copies: dict[str, list[list[float]]] = {}
+    for key, values in times.items():
+        copies.setdefault(key.rsplit("#", 1)[0], []).append(values)
+    return {name: [statistics.fmean(round_) for round_ in zip(*runs)] for name, runs in copies.items()}
+
+
+class OwnCache(torch.nn.Module):
+    """``model`` behind a forward whose code object is its own, so that compiled it has a dynamo
+    cache of its own. Dynamo keeps one cache per code object, checks its entries in turn and
+    moves the one that matched to the front: models of one class (timm's VisionTransformer is
+    the baseline and every reduced model) called in turn would each first fail the guards of
+    all the others, every call -- a cost a process that runs one model does not pay."""
+
+    def __init__(self, model: torch.nn.Module, name: str) -> None:
+        super().__init__()
+        self.model = model
+        code = OwnCache._forward.__code__.replace(co_name="forward_" + re.sub(r"\W", "_", name))
+        self.forward = types.MethodType(types.FunctionType(code, globals(), code.co_name), self)
+
+    def _forward(self, images: torch.Tensor) -> Any:
+        return self.model(images)
 
 
 def _compiled(models: dict[str, torch.nn.Module], images: torch.Tensor, notes: list[str]
               ) -> dict[str, torch.nn.Module]:
     out = {}
     for name, model in models.items():
-        result = compile_for_timing(model, tuple(images.shape[1:]), (images.shape[0],), "cpu")
+        result = compile_for_timing(OwnCache(model, name), tuple(images.shape[1:]), (images.shape[0],), "cpu")
         if result.compiled:
-            out[f"{name} compiled"] = result.module
+            label, _, i = name.rpartition("#")
+            out[f"{label} compiled#{i}"] = result.module
         else:
-            notes.append(f"{name}: {result.fallback}; left out of the compiled rows")
+            if name.endswith("#0"):
+                notes.append(f"{name[:-2]}: {result.fallback}; left out of the compiled rows")
     return out
 
 
@@ -163,6 +200,8 @@ def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
     parser.add_argument("--methods", default=DEFAULT_METHODS)
     parser.add_argument("--rounds", type=int, default=30, help="timed forwards of each model (median)")
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--copies", type=int, default=3,
+                        help="independently built copies of each model, timed in turn (mean per round)")
     parser.add_argument("--no-compile", action="store_true", help="time the eager models only")
     parser.add_argument("--reference", metavar="PATH", help="a clone of facebookresearch/ToMe: time it too")
     args = parser.parse_args(argv)
@@ -185,14 +224,14 @@ def _run(args: argparse.Namespace, argv: Optional[list[str]]) -> pd.DataFrame:
     if not args.no_compile:
         models.update(_compiled(models, images, notes))
     load_before = machine_load().load_1min
-    times = interleaved_ms(models, images, args.rounds, args.warmup)
+    times = _per_model(interleaved_ms(models, images, args.rounds, args.warmup))
     load_after = machine_load().load_1min
     df = _table(rows, times, variants)
 
     print(f"python benchmarks/cpu_batch1.py {shlex.join(sys.argv[1:] if argv is None else argv)}")
     print(f"{args.model}, batch {args.batch}, fp32, {device_name('cpu')}, torch.get_num_threads() "
           f"{torch.get_num_threads()}, torch {torch.__version__}, timm {timm.__version__}; "
-          f"{args.rounds} interleaved rounds (median); baseline {rows[0]['GMACs']:.2f} GMACs; "
+          f"{args.rounds} interleaved rounds (median), {args.copies} copies of each model (mean); baseline {rows[0]['GMACs']:.2f} GMACs; "
           f"load average {_load(load_before)} before, {_load(load_after)} after; "
           f"CPU kernels: {cpu_kernels.describe()}")
     print(df.to_markdown(index=False, floatfmt=".3g"))

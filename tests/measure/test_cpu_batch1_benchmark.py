@@ -27,7 +27,7 @@ def test_split_methods_commas_and_semicolons():
 def test_smoke_on_the_tiny_model(capsys):
     bench = _load()
     argv = ["--model", "test_vit", "--threads", "1", "--rounds", "1", "--warmup", "0", "--no-compile",
-            "--methods", "tome:r=4,topk:keep=0.5,layers=(1,3)"]
+            "--copies", "2", "--methods", "tome:r=4,topk:keep=0.5,layers=(1,3)"]
     df = bench.main(argv)
     assert list(df["method"]) == ["tome r=4", "topk keep=0.5 layers=(1,3)"]
     assert list(df["timed"]) == ["eager", "eager"]
@@ -35,7 +35,30 @@ def test_smoke_on_the_tiny_model(capsys):
     out = capsys.readouterr().out
     assert out.splitlines()[0] == "python benchmarks/cpu_batch1.py " + " ".join(
         a if "(" not in a else f"'{a}'" for a in argv)
-    assert "torch.get_num_threads() 1" in out and "| method " in out
+    assert "torch.get_num_threads() 1" in out and "| method " in out and "2 copies of each model" in out
+
+
+def test_a_rounds_time_is_the_mean_over_the_copies():
+    bench = _load()
+    times = {"baseline#0": [1.0, 4.0], "baseline#1": [3.0, 2.0], "tome vitbench#0": [5.0, 5.0]}
+    assert bench._per_model(times) == {"baseline": [2.0, 3.0], "tome vitbench": [5.0, 5.0]}
+
+
+def test_each_compiled_model_has_a_dynamo_cache_of_its_own():
+    import torch
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    bench = _load()
+    torch.manual_seed(0)
+    models = [bench.OwnCache(torch.nn.Linear(4, 2), f"linear#{i}") for i in range(2)]
+    compiled = [torch.compile(m) for m in models]
+    x = torch.randn(3, 4)
+    for _ in range(2):
+        for model, fast in zip(models, compiled):
+            assert torch.allclose(fast(x), model.model(x))
+    codes = [m.forward.__code__ for m in models]
+    assert codes[0] is not codes[1]
+    assert [len(_debug_get_cache_entry_list(code)) for code in codes] == [1, 1]
 
 
 def test_tome_overhead_models_run_on_tomes_token_counts(capsys):
