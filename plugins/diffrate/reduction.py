@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitbench.catalog import ModelInfo, Reduction, TrainStage
-from vitbench.engine import AttnInfo, Reducer, TokenState, reduction_context
+from vitbench.engine import AttnInfo, Reducer, TokenState, descending_order, reduction_context
 from vitbench.errors import ParamError, UnsupportedError
 from vitbench.kit import cost, vit_block_costs
 from vitbench_plugins.diffrate import DiffRateParams, DiffRateSearchParams
@@ -77,7 +77,7 @@ def class_attention(info: AttnInfo, prefix: int) -> torch.Tensor:
 def importance_ranks(importance: torch.Tensor) -> torch.Tensor:
     """Each token's place ``[B, n]`` when sorted by ``importance``, most important ``0``; equal
     importances: the lower position first."""
-    order = importance.argsort(dim=1, descending=True, stable=True)
+    order = descending_order(importance)
     positions = torch.arange(order.shape[1], device=order.device).expand_as(order)
     return torch.empty_like(order).scatter_(1, order, positions)
 

@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 
 from vitbench.catalog import ModelInfo, Reduction
-from vitbench.engine import AttnInfo, Reducer, TokenState, max_merge
+from vitbench.engine import AttnInfo, Reducer, TokenState, descending_order, max_merge
 from vitbench.errors import ParamError
 from vitbench.kit import schedule as tome_schedule
 from vitbench_plugins.mctf import MCTFParams, Schedule
@@ -80,7 +80,7 @@ def _best_edges(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
     """Every row takes its best column; the ``k`` rows with the best edges fuse.
     Returns ``(sources [B, k], their columns [B, k], rows left [B, rows - k] ascending)``."""
     best, column = scores.max(dim=-1)
-    order = best.argsort(dim=-1, descending=True, stable=True)
+    order = descending_order(best)
     sources = order[:, :k]
     return sources, column.gather(1, sources), order[:, k:].sort(dim=-1).values
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from vitbench.catalog import ModelInfo, Reduction
-from vitbench.engine import AttnInfo, Reducer, TokenState, max_merge
+from vitbench.engine import AttnInfo, Reducer, TokenState, descending_order, max_merge
 from vitbench.errors import ParamError
 from vitbench_plugins.pitome import PiToMeParams
 
@@ -89,7 +89,7 @@ def energy_matching(metric: torch.Tensor, r: int, margin: float, alpha: float,
     with torch.no_grad():
         sim = cosine_similarity(metric)
         scores = energy_function(sim, margin, alpha, energy).mean(dim=-1)
-        order = scores.argsort(dim=-1, descending=True, stable=True)
+        order = descending_order(scores)
         a_idx, b_idx = order[:, : 2 * r : 2], order[:, 1 : 2 * r : 2]
         a_to_b = sim.gather(1, a_idx[..., None].expand(-1, -1, sim.shape[-1])).gather(
             2, b_idx[:, None, :].expand(-1, r, -1))  # [B, r, r]

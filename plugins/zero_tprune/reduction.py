@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from vitbench.catalog import ModelInfo, Reduction
-from vitbench.engine import AttnInfo, Reducer, TokenState, max_merge
+from vitbench.engine import AttnInfo, Reducer, TokenState, descending_order, max_merge
 from vitbench.errors import ParamError
 from vitbench.kit import check_layers
 from vitbench_plugins.zero_tprune import HEAD_MODES, INITS, PARTITIONS, ZeroTPruneParams
@@ -93,7 +93,7 @@ def most_similar_sources(keys: torch.Tensor, sources: torch.Tensor, targets: tor
     k_src = k.gather(1, sources[..., None].expand(-1, -1, d))
     k_dst = k.gather(1, targets[..., None].expand(-1, -1, d))
     best = (k_src @ k_dst.transpose(-1, -2)).max(dim=-1).values  # [B, S]
-    rank = best.argsort(dim=-1, descending=True, stable=True)[:, :r]
+    rank = descending_order(best)[:, :r]
     return sources.gather(1, rank)
 
 
@@ -106,7 +106,7 @@ def kept_patches(importance: torch.Tensor, keys: torch.Tensor, r_i: int, r_s: in
     (``r_s <= floor((N_p - r_i) / 2)``).
     """
     n = importance.shape[1]
-    order = importance.argsort(dim=-1, descending=True, stable=True)
+    order = descending_order(importance)
     survivors = order[:, : n - r_i]  # I-stage: most important first
     if r_s > 0:
         sources, targets = partition_by_importance(survivors, partition)
@@ -133,7 +133,7 @@ def kept_patches_s_first(attn: torch.Tensor, keys: torch.Tensor, prefix: int, r_
     survivors = torch.arange(n_p, device=keys.device).expand(b, n_p)
     if r_s > 0:
         pre = token_importance(attn, 1, heads, init)[:, prefix:]  # I'-stage: one vote
-        order = pre.argsort(dim=-1, descending=True, stable=True)
+        order = descending_order(pre)
         sources, targets = partition_by_importance(order, partition)
         if r_s > sources.shape[1]:
             raise ValueError(f"the S-stage cannot prune {r_s} of {sources.shape[1]} sources")
@@ -143,7 +143,7 @@ def kept_patches_s_first(attn: torch.Tensor, keys: torch.Tensor, prefix: int, r_
         head = torch.arange(prefix, device=keys.device).expand(b, prefix)
         graph = sub_graph(attn.float(), torch.cat([head, survivors + prefix], dim=1))
         importance = token_importance(graph, iters, heads, init)[:, prefix:]
-        keep = importance.argsort(dim=-1, descending=True, stable=True)[:, : survivors.shape[1] - r_i]
+        keep = descending_order(importance)[:, : survivors.shape[1] - r_i]
         survivors = survivors.gather(1, keep)
     return survivors.sort(dim=-1).values
 
