@@ -11,12 +11,13 @@ method's *limit* (the unpatched blocks on the method's token counts,
 limit's speed-up. ``--reference PATH`` adds the official ToMe code (a clone of
 facebookresearch/ToMe, imported from PATH at run time, its ``tome.patch.timm`` applied to a
 copy of the model) for ``tome`` with an integer ``r``, and the median over rounds of its time
-over vitbench's in the same round (above 1: vitbench is faster). Every model is timed in one process,
-interleaved (one forward of each per round, in turn, many rounds; the median per model), so
-that machine noise falls on all alike. Each model is built ``--copies`` times, copy by copy,
-and a round's time is the mean over its copies: where a model's weights happen to lie in memory
-moves its time by up to 3 % on a small VM, between two copies of the same model. fp32, random weights and images (speed does not depend
-on them). Methods: ``name:key=value,...`` separated by commas (or ``;`` as in gpu_reduction.py).
+over vitbench's in the same round (above 1: vitbench is faster). Every model is timed in one
+process, interleaved (one forward of each per round, in turn, many rounds; the median per
+model), so that machine noise falls on all alike. Each model is built ``--copies`` times, copy
+by copy, and a round's time is the mean over its copies: where a model's weights happen to lie
+in memory moves its time by up to 3 % on a small VM. fp32, random weights and images (speed
+does not depend on them). Methods: ``name:key=value,...`` separated by commas (or ``;`` as in
+gpu_reduction.py).
 """
 from __future__ import annotations
 
@@ -159,9 +160,8 @@ def _compiled(models: dict[str, torch.nn.Module], images: torch.Tensor, notes: l
         if result.compiled:
             label, _, i = name.rpartition("#")
             out[f"{label} compiled#{i}"] = result.module
-        else:
-            if name.endswith("#0"):
-                notes.append(f"{name[:-2]}: {result.fallback}; left out of the compiled rows")
+        elif name.endswith("#0"):  # said once, not per copy
+            notes.append(f"{name[:-2]}: {result.fallback}; left out of the compiled rows")
     return out
 
 
@@ -231,7 +231,8 @@ def _run(args: argparse.Namespace, argv: Optional[list[str]]) -> pd.DataFrame:
     print(f"python benchmarks/cpu_batch1.py {shlex.join(sys.argv[1:] if argv is None else argv)}")
     print(f"{args.model}, batch {args.batch}, fp32, {device_name('cpu')}, torch.get_num_threads() "
           f"{torch.get_num_threads()}, torch {torch.__version__}, timm {timm.__version__}; "
-          f"{args.rounds} interleaved rounds (median), {args.copies} copies of each model (mean); baseline {rows[0]['GMACs']:.2f} GMACs; "
+          f"{args.rounds} interleaved rounds (median), {args.copies} copies of each model (mean); "
+          f"baseline {rows[0]['GMACs']:.2f} GMACs; "
           f"load average {_load(load_before)} before, {_load(load_after)} after; "
           f"CPU kernels: {cpu_kernels.describe()}")
     print(df.to_markdown(index=False, floatfmt=".3g"))
