@@ -183,3 +183,14 @@ def test_the_stores_skipped_lines_are_named_in_the_report(records, tmp_path):
     assert f"- `runs.jsonl line {n + 1} (no string 'spec_id'): " in md
     assert f"- `runs.jsonl line {n + 2} (not a complete JSON object): " in md
     assert "## None" not in md
+
+
+def test_a_method_slower_than_the_baseline_is_said_in_words(make_record):
+    base = make_record("b", "baseline", gmacs=0.35, throughput_img_s=100.0, batch_size=32, latency_ms=10.0)
+    fast = make_record("t", "tome", {"r": 8}, gmacs=0.29, throughput_img_s=120.0, batch_size=32, latency_ms=9.0)
+    slow = make_record("p", "ppt", {"r": 8}, gmacs=0.29, throughput_img_s=80.0, batch_size=32, latency_ms=12.5)
+    md = render_markdown([base, fast, slow])
+    assert "**Slower than the baseline**" in md
+    assert "- ppt (r=8): 0.80x the baseline's throughput at batch 32 and 1.25x its latency at batch 1." in md
+    assert "- tome" not in md.split("**Slower than the baseline**")[1].split("\n\n")[0]
+    assert "Slower than the baseline" not in render_markdown([base, fast])

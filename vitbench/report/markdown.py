@@ -15,6 +15,7 @@ from vitbench.report.doubts import row_doubts, timing_notes
 from vitbench.report.measured_on import describe
 from vitbench.report.methodology import PARAGRAPHS, methodology
 from vitbench.report.row_facts import weights_from
+from vitbench.report.slower import slower_lines
 from vitbench.report.task_shape import task_spec
 from vitbench.report.timed_how import timed_how_notes
 from vitbench.report.unequal_compute import unequal_compute_lines
@@ -251,6 +252,7 @@ def _table_lines(records: list[Mapping[str, Any]], task: str, model: str, key: s
     elif base is None:
         lines += ["No successful baseline in this group: deltas and speed-ups are n/a.", ""]
     lines += unequal_compute_lines(task, row_labels(rows), rows)
+    lines += slower_lines(row_labels(rows), rows, base)
     lines += _weights_lines(task, rows)
     lines += _matched_lines(row_labels(rows), rows)
     control = pick_control(rows)  # det/seg only: no cls run has one
