@@ -1,7 +1,14 @@
-"""Shared fixtures: small random timm models (no weights are downloaded)."""
+"""Shared fixtures: small random timm models (no weights are downloaded).
+
+The plumbing tests run on the legacy embedded model (65 tokens): the default (197 tokens) costs
+ten times more per image. Tests of the default itself name it (``DEIT_MODEL``).
+"""
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+os.environ.setdefault("VITBENCH_DEFAULT_MODEL", "vitbench-fmnist-vit")  # before vitbench is imported
 
 import numpy as np
 import pytest

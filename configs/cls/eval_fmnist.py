@@ -14,16 +14,16 @@ default_scope = "mmpretrain"
 model = dict(
     type="mmpretrain.ImageClassifier",
     backbone=dict(type="vitbench.TimmLogits",
-                  model=dict(type="vitbench.ClsModel", name="vitbench-fmnist-vit", checkpoint=None)),
+                  model=dict(type="vitbench.ClsModel", name="vitbench-fmnist-deit", checkpoint=None)),
     head=dict(type="mmpretrain.ClsHead",
               loss=dict(type="mmpretrain.CrossEntropyLoss", loss_weight=1.0), topk=(1, 5)),
-    data_preprocessor=dict(type="mmpretrain.ClsDataPreprocessor", mean=[55.845], std=[84.609],
+    data_preprocessor=dict(type="mmpretrain.ClsDataPreprocessor", mean=[72.93], std=[90.015],
                            to_rgb=False),
 )
 test_dataloader = dict(
     batch_size=128, num_workers=0, persistent_workers=False,
     sampler=dict(type="DefaultSampler", shuffle=False),
-    dataset=dict(type="vitbench.OfflineFashionMNIST", split="test", pad_to=32, channels=1,
+    dataset=dict(type="vitbench.OfflineFashionMNIST", split="test", pad_to=28, channels=1,
                  pipeline=[dict(type="mmpretrain.PackInputs")]),
 )
 test_evaluator = dict(type="mmpretrain.Accuracy", topk=(1, 5))

@@ -1,4 +1,4 @@
-"""The default model's weights ship with the package: a first run with an empty cache trains nothing."""
+"""The embedded models' weights ship with the package: a first run with an empty cache trains nothing."""
 from __future__ import annotations
 
 import hashlib
@@ -8,33 +8,47 @@ import pytest
 import torch
 
 from vitbench.cli.main import main
+from vitbench.tasks.cls import DEIT_MODEL, LEGACY_MODEL
 from vitbench.tasks.cls import default_model as dm
 
+#: the top-1 (%) each shipped model must reach on the 10,000 test images
+TOP1_RANGE = {DEIT_MODEL: (90.0, 100.0), LEGACY_MODEL: (80.0, 83.0)}
+#: the most a shipped entry may weigh (weights and metadata)
+MAX_MB = 10.0
+EMBEDDED = pytest.mark.parametrize("name", [DEIT_MODEL, LEGACY_MODEL])
 
-def _shipped_meta() -> dict:
-    return json.loads(dm.shipped_paths(dm.train_config())[1].read_text())
+
+def _shipped_meta(name: str) -> dict:
+    return json.loads(dm.shipped_paths(dm.train_config(model=name), name)[1].read_text())
 
 
-def test_the_shipped_weights_are_those_of_the_default_settings():
-    weights, meta_path = dm.shipped_paths(dm.train_config())
-    meta = _shipped_meta()
-    assert meta["config_hash"] == dm.config_hash(dm.train_config())  # a change of settings must retrain
+@EMBEDDED
+def test_the_shipped_weights_are_those_of_the_recipe(name):
+    model = dm.embedded(name)
+    weights, meta_path = dm.shipped_paths(dm.train_config(model=name), name)
+    meta = _shipped_meta(name)
+    assert meta["config_hash"] == dm.config_hash(dm.train_config(model=name))  # a change of settings must retrain
     assert meta["weights_sha256"] == hashlib.sha256(weights.read_bytes()).hexdigest()
-    assert meta["arch"] == json.loads(json.dumps(dm.ARCH)) and meta["train_images"] == 60000
-    assert 80.0 < meta["test_top1_pct"] < 83.0
+    assert meta["arch"] == json.loads(json.dumps(model.arch)) and meta["train_images"] == 60000
+    assert meta["test_images"] == 10000
+    low, high = TOP1_RANGE[name]
+    assert low <= meta["test_top1_pct"] < high
+    assert (weights.stat().st_size + meta_path.stat().st_size) / 1e6 <= MAX_MB
+    assert "/" not in meta["command"]  # names no path of the machine it was trained on
 
 
-def test_an_empty_cache_loads_the_shipped_weights_and_trains_nothing(tmp_path, monkeypatch):
+@EMBEDDED
+def test_an_empty_cache_loads_the_shipped_weights_and_trains_nothing(name, tmp_path, monkeypatch):
     monkeypatch.setenv("VITBENCH_CACHE", str(tmp_path))
 
     def no_training(**kwargs):
-        raise AssertionError("trained the default model")
+        raise AssertionError("trained an embedded model")
 
     monkeypatch.setattr(dm, "train_default_model", no_training)
-    model, meta = dm.load_default_model(verbose=False)
-    state = torch.load(dm.shipped_paths(dm.train_config())[0], weights_only=True)
+    model, meta = dm.load_default_model(model=name, verbose=False)
+    state = torch.load(dm.shipped_paths(dm.train_config(model=name), name)[0], weights_only=True)
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
-    assert meta["weights_sha256"] == _shipped_meta()["weights_sha256"]
+    assert meta["weights_sha256"] == _shipped_meta(name)["weights_sha256"]
     assert list(tmp_path.iterdir()) == []  # nothing written to the cache
 
 
@@ -42,13 +56,16 @@ def test_other_settings_still_train(tmp_path, monkeypatch):
     monkeypatch.setenv("VITBENCH_CACHE", str(tmp_path))
     calls = []
     monkeypatch.setattr(dm, "train_default_model", lambda **kw: calls.append(kw) or ("model", {}))
-    assert dm.load_default_model(verbose=False, epochs=2) == ("model", {})
-    assert calls and calls[0]["epochs"] == 2
+    assert dm.load_default_model(model=DEIT_MODEL, verbose=False, epochs=2) == ("model", {})
+    assert calls and calls[0]["epochs"] == 2 and calls[0]["model"].name == DEIT_MODEL
 
 
-def test_default_model_command_says_where_the_weights_come_from(tmp_path, monkeypatch, capsys):
+@EMBEDDED
+def test_default_model_command_says_where_the_weights_come_from(name, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("VITBENCH_CACHE", str(tmp_path))
-    assert main(["default-model"]) == 0
+    assert main(["default-model", "--model", name]) == 0
     out = capsys.readouterr().out
-    assert "shipped with vitbench" in out and f"{_shipped_meta()['test_top1_pct']:.2f} %" in out
-    assert _shipped_meta()["weights_sha256"] in out
+    meta = _shipped_meta(name)
+    assert out.startswith(f"{name}: shipped with vitbench") and f"{meta['test_top1_pct']:.2f} %" in out
+    assert meta["weights_sha256"] in out and f"{dm.embedded(name).tokens} tokens" in out
+    assert "recipe:" in out and meta["command"] in out

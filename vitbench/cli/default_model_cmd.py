@@ -1,48 +1,78 @@
-"""``vitbench default-model [--retrain]``: where the embedded default model comes from and how it was
-made; ``--retrain`` trains it again into the cache (minutes) and compares with the shipped one."""
+"""``vitbench default-model [--model NAME] [--retrain]``: where an embedded model comes from and how it
+was made; ``--retrain`` trains it again into the cache and compares with the shipped one."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from typing import Any
+
+from vitbench.tasks.cls import DEFAULT_MODEL, EMBEDDED_MODELS
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("default-model", help="show (or --retrain) the embedded default model: a small "
-                                             "Fashion-MNIST ViT whose weights ship with vitbench")
+    p = sub.add_parser("default-model", help="show (or --retrain) an embedded model: a small Fashion-MNIST "
+                                             "ViT whose weights ship with vitbench")
+    p.add_argument("--model", default=DEFAULT_MODEL, choices=list(EMBEDDED_MODELS),
+                   help=f"which embedded model (default: {DEFAULT_MODEL})")
     p.add_argument("--retrain", action="store_true",
-                   help="train it again with the default settings into the cache (used from then on)")
+                   help="train it again by its recipe into the cache (used from then on); an "
+                        "interrupted retrain resumes from its last epoch")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from vitbench.tasks.cls import default_model as dm
 
-    cfg = dm.train_config()
-    cached, shipped = dm.cache_paths(cfg)[0], dm.shipped_paths(cfg)[0]
+    name = args.model
+    cfg = dm.train_config(model=name)
+    cached, shipped = dm.cache_paths(cfg, model=name)[0], dm.shipped_paths(cfg, name)[0]
     if args.retrain:
         from vitbench import progress
 
         with progress.reporting(progress.sink_for()):  # a bar with the time left on a terminal
-            _, meta = dm.train_default_model()
-        shipped_top1 = _top1(dm.shipped_paths(cfg)[1])
-        print(f"retrained {dm.NAME}: test top-1 {meta['test_top1_pct']:.2f} % (shipped: "
+            _, meta = dm.train_default_model(model=name)
+        shipped_top1 = _top1(dm.shipped_paths(cfg, name)[1])
+        print(f"retrained {name}: test top-1 {meta['test_top1_pct']:.2f} % (shipped: "
               f"{'none' if shipped_top1 is None else f'{shipped_top1:.2f} %'}); saved {cached}")
         return 0
     source = cached if cached.is_file() else shipped if shipped.is_file() else None
     if source is None:
-        print(f"{dm.NAME}: no cached or shipped weights; the first run trains it into {cached.parent}")
+        print(f"{name}: no cached or shipped weights; the first run trains it into {cached.parent}")
         return 0
-    _, meta = dm.load_default_model(verbose=False)
-    versions = ", ".join(f"{k} {v}" for k, v in (meta.get("versions") or {}).items())
-    print(f"{dm.NAME}: {'cached' if source == cached else 'shipped with vitbench'}: {source}\n"
-          f"  test top-1 {meta['test_top1_pct']:.2f} %, top-5 {meta['test_top5_pct']:.2f} % on "
-          f"{meta['test_images']} Fashion-MNIST test images\n"
-          f"  trained {meta['epochs']} epoch(s) on {meta['train_images']} images, batch {meta['batch_size']}, "
-          f"lr {meta['lr']}, seed {meta['seed']}, {meta.get('torch_threads')} threads; {versions}\n"
-          f"  weights sha256 {meta.get('weights_sha256')}, settings hash {meta['config_hash']}")
+    _, meta = dm.load_default_model(model=name, verbose=False)
+    print(f"{name}: {'cached' if source == cached else 'shipped with vitbench'}: {source}\n"
+          f"{describe(meta)}\n  weights {source.stat().st_size / 1e6:.1f} MB, sha256 "
+          f"{meta.get('weights_sha256')}, settings hash {meta['config_hash']}")
     return 0
 
 
-def _top1(meta_path) -> float | None:  # type: ignore[no-untyped-def]
+def describe(meta: dict[str, Any]) -> str:
+    """The model, its accuracy and the recipe that made it, in a few indented lines."""
+    arch = meta["arch"]
+    side = arch["img_size"] // arch["patch_size"]
+    tokens = side * side + (1 if arch.get("class_token", True) else 0)
+    recipe = meta.get("recipe") or {}
+    extras = []
+    if recipe.get("augment"):
+        extras.append("random crops (2-pixel padding) and flips")
+    if recipe.get("label_smoothing"):
+        extras.append(f"label smoothing {recipe['label_smoothing']}")
+    if recipe.get("patch_drop"):
+        extras.append(f"patch dropout per epoch {', '.join(f'{r:g}' for r in recipe['patch_drop'])}")
+    versions = ", ".join(f"{k} {v}" for k, v in (meta.get("versions") or {}).items())
+    return (f"  timm VisionTransformer: {arch['img_size']}x{arch['img_size']} input, patch {arch['patch_size']}, "
+            f"{tokens} tokens ({side}x{side} patches + class token), width {arch['embed_dim']}, "
+            f"{arch['depth']} blocks, {arch['num_heads']} heads, MLP ratio {arch['mlp_ratio']:g}\n"
+            f"  test top-1 {meta['test_top1_pct']:.2f} %, top-5 {meta['test_top5_pct']:.2f} % on "
+            f"{meta['test_images']} Fashion-MNIST test images\n"
+            f"  recipe: {meta['epochs']} epoch(s) on {meta['train_images']} images, batch {meta['batch_size']}, "
+            f"AdamW lr {meta['lr']} (warm-up, cosine), seed {meta['seed']}"
+            + (f"; {'; '.join(extras)}" if extras else "") + "\n"
+            f"  trained in {meta.get('train_seconds', 0) / 60:.0f} min on {meta.get('torch_threads')} threads; "
+            f"{versions}\n  again: {meta.get('command', 'vitbench default-model --retrain')}")
+
+
+def _top1(meta_path: Path) -> float | None:
     import json
 
     return json.loads(meta_path.read_text()).get("test_top1_pct") if meta_path.is_file() else None

@@ -7,7 +7,7 @@ import textwrap
 
 from vitbench.catalog import METHOD_KINDS
 from vitbench.plugins import get_host
-from vitbench.tasks.cls import DEFAULT_MODEL
+from vitbench.tasks.cls import DEFAULT_MODEL, EMBEDDED_MODELS
 
 KINDS = ("methods", "scorers", "models", "families", "tasks")
 #: the widest line a listing prints (a terminal's 100 columns)
@@ -66,8 +66,9 @@ def run(args: argparse.Namespace) -> int:
         shown = f" matching {args.filter!r}" if args.filter else ""
         print(fit(f"# {len(names)} timm models{shown} `run` accepts (families' patterns less what they refuse); "
                   f"filter: --filter 'deit*'"))
-        if args.filter is None or fnmatch.fnmatch(DEFAULT_MODEL, args.filter):
-            print(f"{DEFAULT_MODEL}  (the embedded default: a small ViT trained on Fashion-MNIST)")
+        for name, summary in EMBEDDED_MODELS.items():
+            if args.filter is None or fnmatch.fnmatch(name, args.filter):
+                print(fit(f"{name}  (embedded{', the default' if name == DEFAULT_MODEL else ''}: {summary})"))
         for name in names:
             print(name)
     return 0

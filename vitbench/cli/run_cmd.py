@@ -22,7 +22,7 @@ from vitbench.metrics import METRICS
 from vitbench.options import RunOptions
 from vitbench.plan import parse_param_overrides, parse_seeds
 from vitbench.plugins import get_host
-from vitbench.tasks.cls import DEFAULT_MODEL, DEFAULT_MODEL_TRAIN_LIMIT
+from vitbench.tasks.cls import DEFAULT_MODEL, EMBEDDED_TRAIN_LIMIT
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -90,7 +90,7 @@ def add_run_options(parser: argparse.ArgumentParser) -> dict[str, Any]:
                    help="learnable methods: train the backbone too (default: only the method's parameters)")
     p.add_argument("--train-limit", default=None,
                    help="learnable methods: fine-tune on the first N training images (default: all; "
-                        f"{DEFAULT_MODEL_TRAIN_LIMIT} with the default model)")
+                        f"{EMBEDDED_TRAIN_LIMIT[DEFAULT_MODEL]} with the default model)")
     p = groups["dist"]
     p.add_argument("--shard", default=None, metavar="I/N",
                    help="run the I-th of N disjoint parts of the plan (a job array; I from 1), appending to "

@@ -80,3 +80,28 @@ class TestProgressHook(Hook):
 
     def after_test_iter(self, runner: Any, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
         self.step.advance()
+
+
+@HOOKS.register_module()
+class PatchDropSchedule(Hook):
+    """Set the backbone's patch dropout rate per epoch: ``rates[e]`` in epoch ``e`` (PatchDropout,
+    Liu et al., WACV 2023, Sec. 3: training on a random subset of the patch tokens).
+
+    The backbone is a timm ``VisionTransformer`` built with a non-zero ``patch_drop_rate`` (so it
+    holds a ``PatchDropout`` module, which evaluation never applies); a rate of 0 trains on every
+    token.
+    """
+
+    priority = "NORMAL"
+
+    def __init__(self, rates: list[float]) -> None:
+        if not rates or any(not 0.0 <= r < 1.0 for r in rates):
+            raise ValueError(f"patch dropout rates must lie in [0, 1), got {rates!r}")
+        self.rates = [float(r) for r in rates]
+
+    def before_train_epoch(self, runner: Any) -> None:
+        model = runner.model.module if hasattr(runner.model, "module") else runner.model
+        patch_drop = model.backbone.model.patch_drop
+        if not hasattr(patch_drop, "prob"):
+            raise ValueError("PatchDropSchedule needs a backbone built with patch_drop_rate > 0")
+        patch_drop.prob = self.rates[min(runner.epoch, len(self.rates) - 1)]

@@ -16,10 +16,11 @@ from typing import Any
 from torch import nn
 
 from vitbench.data.fashion_mnist import CLASSES as FMNIST_CLASSES
+from vitbench.data.fashion_mnist import IMAGE_SIZE as FMNIST_SIZE
 from vitbench.data.fashion_mnist import fashion_mnist_files
 from vitbench.data.image_folder import eval_pipeline, find_split
-from vitbench.errors import DataError
 from vitbench.data.input_config import input_config
+from vitbench.errors import DataError
 
 FASHION_MNIST = "fashion-mnist"
 _FMNIST_ALIASES = {FASHION_MNIST, "fashion_mnist", "fmnist"}
@@ -84,12 +85,15 @@ def _fashion_mnist(model: nn.Module) -> ClsData:
     if cfg.in_chans not in (1, 3):
         raise DataError(f"{FASHION_MNIST} is grey; a model with {cfg.in_chans} input channels cannot use it")
     pipeline: list[dict[str, Any]] = []
-    if cfg.input_size != (32, 32):  # e.g. a 224-pixel ImageNet backbone fine-tuned on it
-        pipeline.append({"type": "mmpretrain.Resize",
-                         "scale": (cfg.input_size[1], cfg.input_size[0]),
+    height, width = cfg.input_size
+    # a square input of 28-32 pixels is the image zero-padded; anything else (e.g. a 224-pixel
+    # ImageNet backbone fine-tuned on it) is the 32-pixel image resized
+    pad_to = height if height == width and FMNIST_SIZE <= height <= 32 else 32
+    if (height, width) != (pad_to, pad_to):
+        pipeline.append({"type": "mmpretrain.Resize", "scale": (width, height),
                          "backend": "pillow", "interpolation": cfg.interpolation})
     pipeline.append({"type": "mmpretrain.PackInputs"})
-    dataset = {"type": "vitbench.OfflineFashionMNIST", "split": "test", "pad_to": 32,
+    dataset = {"type": "vitbench.OfflineFashionMNIST", "split": "test", "pad_to": pad_to,
                "channels": cfg.in_chans, "pipeline": pipeline}
     return ClsData(name=FASHION_MNIST, dataset=dataset, num_classes=len(FMNIST_CLASSES),
                    classes=FMNIST_CLASSES, bgr=False)

@@ -20,6 +20,7 @@ from vitbench.errors import CheckpointError, ParamError
 from vitbench.mm.compat import apply_compat
 from vitbench.mm.registry import MODELS
 from vitbench.tasks.cls import DEFAULT_MODEL as DEFAULT_MODEL_NAME
+from vitbench.tasks.cls import EMBEDDED_MODELS
 from vitbench.tasks.model_names import unknown_model
 
 # Prefixes that wrappers put before the timm model's own keys, longest first: mmengine
@@ -158,8 +159,9 @@ def load_model(name: str, *, pretrained: bool = False, checkpoint: str | Path | 
                num_classes: int | None = None, seed: int = 0) -> nn.Module:
     """Build classification model ``name`` in eval mode.
 
-    ``name`` is a timm model name (``timm.create_model``) or ``"vitbench-fmnist-vit"``, the
-    embedded default (trained once and cached; ``pretrained`` is then implied).
+    ``name`` is a timm model name (``timm.create_model``) or one of the embedded models
+    (``vitbench-fmnist-deit``, the default, or ``vitbench-fmnist-vit``; their weights ship with
+    vitbench, so ``pretrained`` is implied).
     ``pretrained=True`` downloads timm's weights from the hub (fails offline: use
     ``checkpoint``). ``checkpoint`` is a local ``.pth`` read with ``weights_only=True``
     (see :func:`read_state_dict`); without ``num_classes`` the model takes the class count of
@@ -172,12 +174,12 @@ def load_model(name: str, *, pretrained: bool = False, checkpoint: str | Path | 
     """
     if num_classes is not None and (not isinstance(num_classes, int) or num_classes < 1):
         raise ParamError(f"num_classes must be a positive integer, got {num_classes!r}")
-    if name == DEFAULT_MODEL_NAME:
+    if name in EMBEDDED_MODELS:
         from vitbench.tasks.cls.default_model import NUM_CLASSES, load_default_model
 
         if num_classes not in (None, NUM_CLASSES):
-            raise ParamError(f"{DEFAULT_MODEL_NAME} has {NUM_CLASSES} classes, got num_classes={num_classes}")
-        model: nn.Module = load_default_model()[0]
+            raise ParamError(f"{name} has {NUM_CLASSES} classes, got num_classes={num_classes}")
+        model: nn.Module = load_default_model(model=name)[0]
     else:
         if not timm.is_model(name):
             raise unknown_model(name, DEFAULT_MODEL_NAME)
@@ -192,9 +194,9 @@ def load_model(name: str, *, pretrained: bool = False, checkpoint: str | Path | 
             raise CheckpointError(f"cannot get timm's pretrained weights for {name!r} "
                                   f"({_first_line(exc)}); offline, pass a local checkpoint "
                                   "(--checkpoint PATH) instead of --pretrained") from exc
-    new_head = num_classes is not None and name != DEFAULT_MODEL_NAME and not (
+    new_head = num_classes is not None and name not in EMBEDDED_MODELS and not (
         pretrained and num_classes == (getattr(model, "pretrained_cfg", None) or {}).get("num_classes"))
-    if checkpoint is not None and num_classes is None and name != DEFAULT_MODEL_NAME:
+    if checkpoint is not None and num_classes is None and name not in EMBEDDED_MODELS:
         classes = _checkpoint_classes(model, checkpoint)
         if classes is not None:  # the checkpoint's own head (e.g. fine-tuned on 10 classes)
             with torch.random.fork_rng():

@@ -20,7 +20,7 @@ from vitbench.engine.apply import check_applies
 from vitbench.errors import VitbenchError
 from vitbench.measure.precision import autocast, trains_in
 from vitbench.task import BASELINE
-from vitbench.tasks.cls import DEFAULT_MODEL
+from vitbench.tasks.cls import EMBEDDED_MODELS
 from vitbench.tasks.common import Progress, attention_kernel, input_size_of, measure_timings
 from vitbench.tasks.cls.weights_from import default_model_weights
 from vitbench.tasks.identity import first_seed, weights_from
@@ -200,7 +200,7 @@ def run_cls_spec(spec: RunSpec, ws: ClsWorkspace, params: dict[str, Any], progre
 
     out["measured_on"] = derive_measured_on({"data": spec.data, "head": ws.head, "num_images": out.get("num_images")},
                                             limit=spec.limit, weights=spec.weights)
-    out["weights_from"] = weights_from(spec, default_model_weights() if spec.model == DEFAULT_MODEL else None)
+    out["weights_from"] = weights_from(spec, default_model_weights(spec.model) if spec.model in EMBEDDED_MODELS else None)
     return out
 
 

@@ -15,7 +15,7 @@ from vitbench.metrics import DATA_METRICS, METRICS
 from vitbench.options import parse_list
 from vitbench.plugins import get_host
 from vitbench.task import Progress, Task
-from vitbench.tasks.cls import DEFAULT_MODEL, DEFAULT_MODEL_TRAIN_LIMIT
+from vitbench.tasks.cls import DEFAULT_MODEL, EMBEDDED_MODELS, EMBEDDED_TRAIN_LIMIT, ENV_DEFAULT_MODEL
 from vitbench.tasks.identity import identity_fields
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -39,11 +39,11 @@ def _metrics(options: "RunOptions", model: str) -> tuple[str, ...]:
     if options.metrics is not None:
         metrics = parse_list("metric", ",".join(options.metrics), METRICS)
         needs = [m for m in metrics if m in DATA_METRICS]
-        if needs and options.data is None and model != DEFAULT_MODEL:
+        if needs and options.data is None and model not in EMBEDDED_MODELS:
             raise VitbenchError(f"{' and '.join(needs)} of {model!r} need --data PATH (an ImageNet-style "
                                 f"folder); or leave {', '.join(needs)} out of --metrics")
         return metrics
-    if options.data is None and model != DEFAULT_MODEL:
+    if options.data is None and model not in EMBEDDED_MODELS:
         without = tuple(m for m in METRICS if m not in DATA_METRICS)
         print(f"vitbench: note: no --data for {model!r}: measuring {', '.join(without)} without "
               f"{' and '.join(DATA_METRICS)}", file=sys.stderr)
@@ -70,26 +70,29 @@ class ClsTask(Task):
         """The model (default: the embedded Fashion-MNIST ViT), data and metrics."""
         self.parse_options(options.task_options)  # it has none: another task's are refused
         model_name = options.model or DEFAULT_MODEL
+        if model_name not in EMBEDDED_MODELS and options.model is None:
+            raise VitbenchError(f"${ENV_DEFAULT_MODEL} {DEFAULT_MODEL!r} is not an embedded model; valid: "
+                                f"{', '.join(EMBEDDED_MODELS)}")
         metrics = _metrics(options, model_name)
         data: Optional[str] = options.data
         if any(m in metrics for m in DATA_METRICS) and data is None:
             data = "fashion-mnist"
         train_limit = options.train_limit
-        if train_limit is None and model_name == DEFAULT_MODEL:
-            train_limit = DEFAULT_MODEL_TRAIN_LIMIT
+        if train_limit is None and model_name in EMBEDDED_MODELS:
+            train_limit = EMBEDDED_TRAIN_LIMIT[model_name]
         learnable = _learnable(options.methods)
         if learnable and data is None:
-            if model_name != DEFAULT_MODEL:
+            if model_name not in EMBEDDED_MODELS:
                 raise VitbenchError(f"{', '.join(learnable)} must be fine-tuned: pass --data PATH (an "
                                     f"ImageNet-style folder with a train/ split)")
             data = "fashion-mnist"
         reads_data = _reads_data(metrics, options.methods)
         head = None
-        if options.num_classes is not None and model_name != DEFAULT_MODEL:  # a new head: fitted when data is read
+        if options.num_classes is not None and model_name not in EMBEDDED_MODELS:  # a new head: fitted when data is read
             head = f"num_classes={options.num_classes}" + (
                 f",fit_limit={'all' if train_limit is None else train_limit}" if reads_data else "")
         identity = identity_fields(options, evaluates_data=reads_data, head=head,
-                                   random_init=not options.pretrained and model_name != DEFAULT_MODEL)
+                                   random_init=not options.pretrained and model_name not in EMBEDDED_MODELS)
         return TaskSetup(model=model_name, data=data, metrics=metrics,
                          plan={"train_backbone": options.train_backbone, "train_limit": train_limit, **identity})
 

@@ -6,17 +6,19 @@ import json
 from pathlib import Path
 from typing import Optional
 
+from vitbench.tasks.cls import DEFAULT_MODEL
+
 __all__ = ["default_model_weights"]
 
 
-def default_model_weights() -> str:
-    """The default model's weights in words, from the metadata of the entry
+def default_model_weights(name: str = DEFAULT_MODEL) -> str:
+    """An embedded model's weights in words, from the metadata of the entry
     :func:`~vitbench.tasks.cls.default_model.load_default_model` reads (the cache first, then the
-    shipped one): ``embedded default vitbench-fmnist-vit (sha256 fe042ea1786f)``, or ``retrained
+    shipped one): ``embedded default vitbench-fmnist-deit (sha256 fe042ea1786f)``, or ``retrained
     here`` when the cache holds other weights than the shipped ones."""
     from vitbench.tasks.cls import default_model as dm
 
-    cfg = dm.train_config()
+    cfg = dm.train_config(model=name)
 
     def sha(meta_path: Path) -> Optional[str]:
         try:
@@ -24,10 +26,10 @@ def default_model_weights() -> str:
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
-    cached_pth, cached_meta = dm.cache_paths(cfg)
-    shipped = sha(dm.shipped_paths(cfg)[1])
+    cached_pth, cached_meta = dm.cache_paths(cfg, model=name)
+    shipped = sha(dm.shipped_paths(cfg, name)[1])
     cached = sha(cached_meta) if cached_pth.is_file() else None
     if cached is not None and cached != shipped:
-        return f"default {dm.NAME} retrained here (sha256 {cached[:12]}, in {cached_pth.parent})"
+        return f"default {name} retrained here (sha256 {cached[:12]}, in {cached_pth.parent})"
     digest = cached or shipped
-    return f"embedded default {dm.NAME} (sha256 {digest[:12]})" if digest else f"embedded default {dm.NAME}"
+    return f"embedded default {name} (sha256 {digest[:12]})" if digest else f"embedded default {name}"

@@ -1,0 +1,71 @@
+# Trains vitbench's embedded default model "vitbench-fmnist-deit" (mmengine python config).
+#
+# vitbench builds this config in Python (vitbench.tasks.cls.default_model.train_config) so an
+# installed wheel needs no config files; this file is the same config for the mmengine tools,
+# and tests/tasks/test_cls_default_model.py keeps the two equal. Train with it by hand:
+#   python -c "from mmengine.config import Config; from mmengine.runner import Runner; \
+#     Runner.from_cfg(Config.fromfile('configs/cls/fmnist_deit_default.py')).train()"
+# (with work_dir set). The usual way: vitbench default-model --retrain (checkpoints every epoch
+# and resumes after an interruption).
+#
+# The recipe and why: docs/architecture.md, "Embedded defaults".
+custom_imports = dict(imports=["vitbench.mm.registry"], allow_failed_imports=False)
+default_scope = "mmpretrain"
+
+# timm VisionTransformer of DeiT's layout: 28x28 grey input, 2x2 patches (196 tokens and a class
+# token), width 96, 12 blocks, 3 heads. patch_drop_rate makes timm build its PatchDropout module;
+# the PatchDropSchedule hook below sets its rate per epoch (evaluation never drops a patch).
+model = dict(
+    type="mmpretrain.ImageClassifier",
+    backbone=dict(
+        type="vitbench.TimmLogits",
+        model=dict(type="vitbench.TimmVisionTransformer", img_size=28, patch_size=2, in_chans=1,
+                   num_classes=10, embed_dim=96, depth=12, num_heads=3, mlp_ratio=4.0,
+                   global_pool="token", class_token=True, patch_drop_rate=0.75),
+    ),
+    head=dict(type="mmpretrain.ClsHead",
+              loss=dict(type="mmpretrain.LabelSmoothLoss", label_smooth_val=0.1, loss_weight=1.0),
+              topk=(1, 5)),
+    # mean/std of the training images, 0-255 scale (0.2860 and 0.3530 in 0-1)
+    data_preprocessor=dict(type="mmpretrain.ClsDataPreprocessor", mean=[72.93], std=[90.015],
+                           to_rgb=False),
+)
+
+train_dataloader = dict(
+    batch_size=128, num_workers=0, persistent_workers=False,
+    sampler=dict(type="DefaultSampler", shuffle=True),
+    dataset=dict(type="vitbench.OfflineFashionMNIST", split="train", data_dir=None, indices=None,
+                 pad_to=28,
+                 pipeline=[dict(type="mmpretrain.RandomCrop", crop_size=28, padding=2),
+                           dict(type="mmpretrain.RandomFlip", prob=0.5, direction="horizontal"),
+                           dict(type="mmpretrain.PackInputs")]),
+)
+# The Fashion-MNIST test split doubles as the validation set (it has no other).
+val_dataloader = dict(
+    batch_size=256, num_workers=0, persistent_workers=False,
+    sampler=dict(type="DefaultSampler", shuffle=False),
+    dataset=dict(type="vitbench.OfflineFashionMNIST", split="test", data_dir=None, indices=None,
+                 pad_to=28),
+)
+val_evaluator = dict(type="mmpretrain.Accuracy", topk=(1, 5))
+
+train_cfg = dict(by_epoch=True, max_epochs=10, val_interval=10)
+val_cfg = dict()
+
+optim_wrapper = dict(
+    optimizer=dict(type="AdamW", lr=2e-3, weight_decay=0.05, betas=(0.9, 0.999)),
+    clip_grad=dict(max_norm=1.0),
+    paramwise_cfg=dict(norm_decay_mult=0.0, bias_decay_mult=0.0,
+                       custom_keys={".pos_embed": dict(decay_mult=0.0),
+                                    ".cls_token": dict(decay_mult=0.0)}),
+)
+# 4690 iterations (469 an epoch of 60000 / 128, ten epochs); 5% linear warm-up, then cosine.
+param_scheduler = [
+    dict(type="LinearLR", start_factor=0.01, by_epoch=False, begin=0, end=234),
+    dict(type="CosineAnnealingLR", by_epoch=False, begin=234, end=4690, T_max=4456, eta_min=2e-5),
+]
+randomness = dict(seed=0, deterministic=True)
+# Patch dropout (PatchDropout, Liu et al. 2023): 75 % of the patches dropped in epochs 1-8, 50 % in
+# epoch 9, none in the last, which trains on every token as evaluation sees them.
+custom_hooks = [dict(type="vitbench.PatchDropSchedule",
+                     rates=[0.75, 0.75, 0.75, 0.75, 0.75, 0.75, 0.75, 0.75, 0.5, 0.0])]
