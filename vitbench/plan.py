@@ -42,7 +42,7 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
                train_limit: Optional[int] = None, match_gmacs: Optional[float] = None, control: bool = True,
                precision: str = "fp32", compile: bool = False, cuda_graph: bool = False,
                limit: Optional[int] = None, head: Optional[str] = None, weights: Optional[str] = None,
-               repeats: Optional[int] = None, **task_fields: Any) -> list[RunSpec]:
+               repeats: Optional[int] = None, data_id: Optional[str] = None, **task_fields: Any) -> list[RunSpec]:
     """The baseline, then one spec per method, parameters validated (no model is built here).
 
     ``task_fields``: the task's own spec fields (:attr:`~vitbench.task.Task.spec_fields`, det's
@@ -55,9 +55,9 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
     ``match_gmacs``: every method runs at that fraction of the baseline's GMACs, its budget knob
     chosen when it runs (:mod:`vitbench.calibrate`); ``--param`` may not set the knob then.
 
-    ``limit``, ``head``, ``weights``: what else decides the numbers, as the task's
+    ``limit``, ``head``, ``weights``, ``data_id``: what else decides the numbers, as the task's
     :meth:`~vitbench.task.Task.setup` names it (the evaluation images, a new head's inputs, a
-    random init's seed or a checkpoint's digest); every spec carries them, the baseline's too, so
+    random init's seed or a checkpoint's digest, the data folder's fingerprint); every spec carries them, the baseline's too, so
     that ``--resume`` never reuses a run measured on something else (docs/measuring.md)."""
     host = get_host()
     task_spec = host.task(task)  # unknown -> error listing the registered tasks
@@ -103,7 +103,8 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
     common = dict(task=task, model=model, data=data, metrics=tuple(metrics), batch_size=batch_size,
                   device=device, seed=seed, checkpoint=checkpoint, pretrained=pretrained,
                   precision=None if check_precision(precision) == "fp32" else precision, compile=compile,
-                  cuda_graph=cuda_graph, limit=limit, head=head, weights=weights, repeats=repeats)
+                  cuda_graph=cuda_graph, limit=limit, head=head, weights=weights, repeats=repeats,
+                  data_id=data_id)
     plan = [RunSpec(method=BASELINE, params_json="{}", **common)]
     if control and task_spec.control and any(host.method(n).needs_training for n in names):
         control_fields = task_spec.control_fields(task_fields)

@@ -50,6 +50,8 @@ class RunSpec:
     weights: Optional[str] = None
     #: ``--repeats N``/``--quick``: repeats of each timing (fewer make a noisier median); ``None``: the task's
     repeats: Optional[int] = None
+    #: the ``--data`` folder's fingerprint (``files=N,sha256=...``): a changed folder is another run
+    data_id: Optional[str] = None
 
     def __getattr__(self, name: str) -> Any:
         """A task field of the spec's task (``spec.dense_finetune``): its value, else ``None``."""
@@ -135,4 +137,4 @@ class RunSpec:
 
 #: fields added after the first stores, hashed only when set (docs/measuring.md, "What a run's identity holds")
 _LATER_FIELDS = ("train_backbone", "train_limit", "match_gmacs", "precision", "compile",
-                 "cuda_graph", "limit", "head", "weights", "repeats")
+                 "cuda_graph", "limit", "head", "weights", "repeats", "data_id")

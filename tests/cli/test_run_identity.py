@@ -107,3 +107,33 @@ def test_a_checkpoint_is_identified_by_its_content(tmp_path, capsys):
                  str(missing), "--out", str(tmp_path / "out")]) == 2
     assert f"vitbench: error: checkpoint {missing} not found" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_changed_data_folder_is_measured_again_and_reported_apart(tmp_path, folder_writer, capsys):
+    """The ``--data`` folder's fingerprint (paths, sizes, modification times) is part of the
+    identity: after one image changes, ``--resume`` measures again, and the report keeps the runs
+    on the old and the new folder in two tables."""
+    import os
+
+    data = tmp_path / "data"
+    for split, seed in (("val", 0), ("train", 1)):
+        folder_writer(data / split, {"cat": 3, "dog": 3}, seed=seed)
+    args = ["run", "--model", "test_vit", "--data", str(data), "--num-classes", "2", "--metrics", "accuracy",
+            "--batch-size", "2", "--methods", "tome", "--resume", "--out", str(tmp_path / "out")]
+    assert main(args) == 0
+    first = _plan(model="test_vit", data=str(data), num_classes=2)["data_id"]
+    assert re.fullmatch(r"files=12,sha256=[0-9a-f]{16}", first)
+    capsys.readouterr()
+    assert main(args) == 0
+    assert capsys.readouterr().err.count("already finished (resume): skipped") == 2
+    image = data / "val" / "cat" / "img0.png"
+    os.utime(image, ns=(image.stat().st_atime_ns, image.stat().st_mtime_ns + 10**9))  # touched
+    second = _plan(model="test_vit", data=str(data), num_classes=2)["data_id"]
+    assert second != first
+    assert main(args) == 0
+    assert "already finished" not in capsys.readouterr().err
+    records = _records(tmp_path / "out")
+    assert [r["measured_on"]["data_id"] for r in records] == [first, first, second, second]
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert report.count("### Measured on") == 2
+    assert f"data {first.replace(',', ', ')}" in report and f"data {second.replace(',', ', ')}" in report

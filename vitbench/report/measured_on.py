@@ -23,13 +23,17 @@ def _count(v: Any) -> Optional[int]:
     return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def derive_measured_on(rec: Record, *, limit: Optional[int] = None, weights: Optional[str] = None) -> dict[str, Any]:
-    """``measured_on`` from a record's fields: its ``data``; ``images``, the ``num_images`` it
-    evaluated, else ``limit`` (``--limit``, where the run read data); the ``head`` it was fitted
-    as; and ``weights`` (the run spec's: ``init_seed=S`` or ``sha256=...``) when given."""
+def derive_measured_on(rec: Record, *, limit: Optional[int] = None, weights: Optional[str] = None,
+                       data_id: Optional[str] = None) -> dict[str, Any]:
+    """``measured_on`` from a record's fields: its ``data`` and, given, the folder's fingerprint
+    ``data_id``; ``images``, the ``num_images`` it evaluated, else ``limit`` (``--limit``, where
+    the run read data); the ``head`` it was fitted as; and ``weights`` (the run spec's:
+    ``init_seed=S`` or ``sha256=...``) when given."""
     out: dict[str, Any] = {}
     if rec.get("data") is not None:
         out["data"] = str(rec["data"])
+    if data_id:
+        out["data_id"] = str(data_id)
     images = _count(rec.get("num_images"))
     images = images if images is not None else _count(limit)
     if images is not None:
@@ -71,6 +75,8 @@ def describe(key: str) -> str:
         parts = ["random inputs (no data)" if images is None else f"{images} images"]
     else:
         parts = [f"{images} evaluation images of {data}" if images is not None else f"data {data}"]
+    if on.get("data_id"):
+        parts.append(f"data {on['data_id'].replace(',', ', ')}")
     if on.get("head"):
         parts.append(f"head: {on['head']}")
     weights = str(on.get("weights") or "")

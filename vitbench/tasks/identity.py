@@ -40,14 +40,19 @@ def file_digest(path: str | Path) -> str:
 
 
 def identity_fields(options: "RunOptions", *, evaluates_data: bool, random_init: bool,
-                    head: Optional[str] = None) -> dict[str, Any]:
-    """The plan keywords ``limit``, ``head`` and ``weights`` that are set: ``limit`` when the run
-    evaluates on data (``--limit``), ``weights`` as ``sha256=...`` of a ``--checkpoint`` or
-    ``init_seed=S`` of a random init (``random_init``: no pretrained or trained weights), and the
-    task's own description of a new head."""
+                    head: Optional[str] = None, data_folder: Optional[str] = None) -> dict[str, Any]:
+    """The plan keywords ``limit``, ``head``, ``weights`` and ``data_id`` that are set: ``limit``
+    when the run evaluates on data (``--limit``), ``weights`` as ``sha256=...`` of a
+    ``--checkpoint`` or ``init_seed=S`` of a random init (``random_init``: no pretrained or trained
+    weights), the task's own description of a new head, and ``data_id``, the fingerprint of the
+    ``data_folder`` the runs read (:func:`~vitbench.data.fingerprint.folder_fingerprint`)."""
     out: dict[str, Any] = {}
     if evaluates_data and options.limit is not None:
         out["limit"] = options.limit
+    if data_folder is not None:
+        from vitbench.data.fingerprint import folder_fingerprint
+
+        out["data_id"] = folder_fingerprint(data_folder)
     if head is not None:
         out["head"] = head
     if options.checkpoint is not None:

@@ -140,12 +140,17 @@ def _folder(path: str, model: nn.Module) -> ClsData:
                    classes=tuple(classes), bgr=cfg.in_chans == 3)
 
 
+def is_fashion_mnist(arg: str | None) -> bool:
+    """Whether ``--data`` names the embedded Fashion-MNIST (none given, or one of its names)."""
+    return arg is None or arg.strip().lower() in _FMNIST_ALIASES
+
+
 def resolve_cls_data(arg: str | None, model: nn.Module) -> ClsData:
     """Resolve ``--data`` for ``model``: ``None``/``"fashion-mnist"`` or an image-folder path.
 
     The preprocessing follows the model's input config (size, crop_pct, channels). Missing or
     malformed data raise :class:`DataError` naming the path and the expected layout.
     """
-    if arg is None or arg.strip().lower() in _FMNIST_ALIASES:
+    if is_fashion_mnist(arg):
         return _fashion_mnist(model)
     return _folder(arg, model)

@@ -199,7 +199,7 @@ def run_cls_spec(spec: RunSpec, ws: ClsWorkspace, params: dict[str, Any], progre
     from vitbench.report.measured_on import derive_measured_on
 
     out["measured_on"] = derive_measured_on({"data": spec.data, "head": ws.head, "num_images": out.get("num_images")},
-                                            limit=spec.limit, weights=spec.weights)
+                                            limit=spec.limit, weights=spec.weights, data_id=spec.data_id)
     out["weights_from"] = weights_from(spec, default_model_weights(spec.model) if spec.model in EMBEDDED_MODELS else None)
     return out
 
@@ -232,6 +232,7 @@ def cls_workspace(request: WorkspaceRequest, reads_data: bool) -> ClsWorkspace:
     from vitbench.report.measured_on import derive_measured_on
 
     measured_on = derive_measured_on({"data": setup.data, "head": head}, limit=setup.plan.get("limit"),
+                                     data_id=setup.plan.get("data_id"),
                                      weights=setup.plan.get("weights"))
     return ClsWorkspace(model=model, input_size=input_size_of(model), data=cls_data, work_dir=out / "work",
                         eval_limit=options.limit, checkpoint_dir=out / "checkpoints", resume=request.resume,

@@ -91,7 +91,10 @@ class ClsTask(Task):
         if options.num_classes is not None and model_name not in EMBEDDED_MODELS:  # a new head: fitted when data is read
             head = f"num_classes={options.num_classes}" + (
                 f",fit_limit={'all' if train_limit is None else train_limit}" if reads_data else "")
-        identity = identity_fields(options, evaluates_data=reads_data, head=head,
+        from vitbench.tasks.cls.data import is_fashion_mnist
+
+        folder = data if reads_data and not is_fashion_mnist(data) else None
+        identity = identity_fields(options, evaluates_data=reads_data, head=head, data_folder=folder,
                                    random_init=not options.pretrained and model_name not in EMBEDDED_MODELS)
         return TaskSetup(model=model_name, data=data, metrics=metrics,
                          plan={"train_backbone": options.train_backbone, "train_limit": train_limit, **identity})
