@@ -22,11 +22,9 @@ EMBEDDED_MODELS: dict[str, str] = {
     DEIT_MODEL: "a ViT of DeiT's layout, 197 tokens, trained on Fashion-MNIST to over 90 %",
     LEGACY_MODEL: "a ViT of 65 tokens at width 64, trained one epoch on Fashion-MNIST (the first default)",
 }
-#: names another embedded model as ``--model``'s default (the test suite's plumbing tests take the
-#: cheaper legacy one)
+#: names another embedded model as ``--model``'s default (the test suite's plumbing tests use it)
 ENV_DEFAULT_MODEL = "VITBENCH_DEFAULT_MODEL"
 #: ``--model``'s default: :data:`DEIT_MODEL` unless ``$VITBENCH_DEFAULT_MODEL`` names another
 DEFAULT_MODEL = os.environ.get(ENV_DEFAULT_MODEL) or DEIT_MODEL
-#: training images learnable methods fine-tune on with each embedded model (``--train-limit``'s
-#: default there): what keeps ``make demo``'s IBTM fine-tuning to minutes on a 2-core CPU
+#: ``--train-limit``'s default with each embedded model (docs/architecture.md, "Embedded defaults")
 EMBEDDED_TRAIN_LIMIT: dict[str, int] = {DEIT_MODEL: 3000, LEGACY_MODEL: 10000}

@@ -80,8 +80,7 @@ class EmbeddedModel:
 
 
 NUM_CLASSES = 10
-#: the default model: DeiT's layout (196 patch tokens and a class token, 12 blocks, 3 heads) at width 96;
-#: docs/architecture.md, "Embedded defaults", says how it was chosen
+#: DeiT's layout at width 96 (docs/architecture.md, "Embedded defaults", says why)
 FMNIST_DEIT = EmbeddedModel(
     name=DEIT_MODEL,
     arch={"img_size": 28, "patch_size": 2, "in_chans": 1, "num_classes": NUM_CLASSES, "embed_dim": 96,
