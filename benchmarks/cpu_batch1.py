@@ -45,7 +45,7 @@ from vitbench.measure.limit import TokenCountLimit, token_counts
 from vitbench.measure.speed import machine_load
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_reduction import _split_top_level, parse_methods  # noqa: E402  (the sibling benchmark's parser)
+from gpu_reduction import _split_top_level, official_tome, parse_methods  # noqa: E402  (the sibling benchmark's)
 
 DEFAULT_METHODS = "tome:r=13,ppt,topk"
 
@@ -63,19 +63,6 @@ def split_methods(text: str) -> list[tuple[str, dict[str, Any]]]:
         else:
             items.append(piece)
     return parse_methods(";".join(items))
-
-
-def official_tome(base: torch.nn.Module, path: str, r: int) -> torch.nn.Module:
-    """A copy of ``base`` with the official ToMe code (imported from ``path``) applied, ``r`` per block."""
-    sys.path.insert(0, str(Path(path).resolve()))
-    try:
-        import tome  # the official code, under its own licence: imported at run time, never copied
-    finally:
-        sys.path.pop(0)
-    model = copy.deepcopy(base)
-    tome.patch.timm(model)
-    model.r = r
-    return model
 
 
 def interleaved_ms(models: dict[str, Callable[[torch.Tensor], Any]], images: torch.Tensor, rounds: int,

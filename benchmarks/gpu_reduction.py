@@ -3,7 +3,7 @@
     python benchmarks/gpu_reduction.py [--model vit_base_patch16_224] [--batch-size 256]
         [--precisions fp32,fp16,bf16] [--methods "tome:r=16;ppt:r=50;topk:keep=0.7"]
         [--compile] [--cuda-graph] [--latency] [--bias-channel auto|always|never] [--repeats 20]
-        [--device cuda]
+        [--device cuda] [--reference /path/to/ToMe]
 
 In one process, per precision (``torch.autocast``; fp32 with TF32 off on CUDA): the timm
 baseline, and for each method its *limit* (the same timm blocks on the method's own token
@@ -18,12 +18,16 @@ reaches SDPA (:mod:`vitbench.engine.attention`: ``auto`` = as an extra query/key
 in half precision, else as a float mask; run twice to compare). Random weights and
 images (speed does not depend on them); ToMe's logits are checked against the independent
 reference computation (vitbench.testing.reference_tome) in fp32 and in each half precision.
+``--reference PATH`` adds the official ToMe code (a clone of facebookresearch/ToMe, imported from
+PATH at run time) as a ``tome official`` row beside ``tome vitbench`` at the same integer ``r``.
 Runs on a CPU too (slowly: use a small model and batch), which is how the tests smoke it.
 """
 from __future__ import annotations
 
 import argparse
 import copy
+import sys
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -66,6 +70,19 @@ def _split_top_level(text: str) -> list[str]:
         else:
             cur += ch
     return parts + [cur]
+
+
+def official_tome(base: torch.nn.Module, path: str, r: int) -> torch.nn.Module:
+    """A copy of ``base`` with the official ToMe code (imported from ``path``) applied, ``r`` per block."""
+    sys.path.insert(0, str(Path(path).resolve()))
+    try:
+        import tome  # the official code, under its own licence: imported at run time, never copied
+    finally:
+        sys.path.pop(0)
+    model = copy.deepcopy(base)
+    tome.patch.timm(model)
+    model.r = r
+    return model
 
 
 def _graphed(model: torch.nn.Module, args: argparse.Namespace, precision: str) -> torch.nn.Module:
@@ -118,6 +135,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
                              "(never), or the default (auto: the channel on CUDA in fp16/bf16)")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--reference", metavar="PATH", help="a clone of facebookresearch/ToMe: time it too")
     args = parser.parse_args(argv)
     precisions = [check_precision(p.strip()) for p in args.precisions.split(",") if p.strip()]
     old_mode = set_bias_channel(args.bias_channel)
@@ -151,7 +169,11 @@ def _benchmark(args: argparse.Namespace, precisions: list[str]) -> pd.DataFrame:
                 method = vitbench.apply(copy.deepcopy(base), name, **params).to(args.device)
                 with autocast(precision, args.device):
                     counts = token_counts(method, images)
-                for label, model in ((f"{name} limit", TokenCountLimit(base, counts)), (f"{name} vitbench", method)):
+                models = [(f"{name} limit", TokenCountLimit(base, counts)), (f"{name} vitbench", method)]
+                if name == "tome" and args.reference and str(params.get("r", "")).isdigit():
+                    official = official_tome(base, args.reference, int(params["r"])).to(args.device)
+                    models.append(("tome official", official))
+                for label, model in models:
                     try:
                         t = _timed(model, args, precision, variant)
                     except ValueError as exc:  # no CUDA graph for this forward: say why, leave it out
@@ -160,8 +182,12 @@ def _benchmark(args: argparse.Namespace, precisions: list[str]) -> pd.DataFrame:
                     rows.append({"row": label, "precision": precision, "timed": variant, "img/s": t["img_s"],
                                  "speed-up": t["img_s"] / b["img_s"],
                                  **({"latency ms": t["latency_ms"]} if args.latency else {})})
-                if rows[-2]["row"] == f"{name} limit" and rows[-1]["row"] == f"{name} vitbench":
-                    rows[-1]["of limit"] = rows[-1]["speed-up"] / rows[-2]["speed-up"]
+                limit = next((row for row in reversed(rows) if row["row"] == f"{name} limit"
+                              and row["precision"] == precision and row["timed"] == variant), None)
+                for row in rows:
+                    if limit is not None and row["row"] != limit["row"] and row["row"].startswith(f"{name} ") \
+                            and row["precision"] == precision and row["timed"] == variant:
+                        row["of limit"] = row["speed-up"] / limit["speed-up"]
     df = pd.DataFrame(rows)
     device = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu"
     print(f"{args.model}, batch {args.batch_size}, device {device}, torch {torch.__version__}, "
@@ -173,6 +199,12 @@ def _benchmark(args: argparse.Namespace, precisions: list[str]) -> pd.DataFrame:
         diffs = tome_exactness(base, r, args.device, precisions)
         print("max |vitbench ToMe - reference ToMe (fp32)| logits: "
               + ", ".join(f"{p} {d:.2e}" for p, d in diffs.items()))
+        if args.reference:
+            official = official_tome(base, args.reference, r)
+            tome = vitbench.apply(copy.deepcopy(base), "tome", r=r).to(args.device)
+            with torch.inference_mode():
+                diff = (official(images[:4]) - tome(images[:4])).abs().max().item()
+            print(f"max |vitbench ToMe - official ToMe| logits (fp32): {diff:.2e}")
     return df
 
 
