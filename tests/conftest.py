@@ -6,9 +6,11 @@ ten times more per image. Tests of the default itself name it (``DEIT_MODEL``).
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 os.environ.setdefault("VITBENCH_DEFAULT_MODEL", "vitbench-fmnist-vit")  # before vitbench is imported
+os.environ.setdefault("VITBENCH_DECODED_CACHE", tempfile.mkdtemp(prefix="vitbench-decoded-"))  # not the user's
 
 import numpy as np
 import pytest

@@ -58,6 +58,8 @@ class RunOptions:
     train_limit: Optional[int] = None
     #: ``fp32``, ``fp16`` or ``bf16``
     precision: str = "fp32"
+    #: loader worker processes (``--workers N``); ``None``: half the usable cores for decoded data, 0 in memory
+    workers: Optional[int] = None
     #: time the ``torch.compile``'d model
     compile: bool = False
     #: time a CUDA graph of the forward

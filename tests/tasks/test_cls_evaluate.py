@@ -41,6 +41,7 @@ def test_top1_equals_plain_loop(model, image_folder: Path, tmp_path: Path) -> No
     assert data.num_classes == 6 and data.bgr
     out = evaluate_cls(model, data, batch_size=5, work_dir=tmp_path / "wd")
     top1, top5 = _plain_topk(model, data, 5)
+    assert out.pop("eval_img_s") > 0  # end to end: loading and model
     assert out == {"top1_pct": pytest.approx(top1), "top5_pct": pytest.approx(top5),
                    "num_images": 24, "num_classes": 6}
     assert not list((tmp_path / "wd").rglob("*.pth"))  # no checkpoints written
@@ -50,6 +51,7 @@ def test_limit_and_determinism(model, image_folder: Path) -> None:
     data = resolve_cls_data(str(image_folder), model)
     a = evaluate_cls(model, data, limit=7, batch_size=3)
     b = evaluate_cls(model, data, limit=7, batch_size=4)
+    a.pop("eval_img_s"), b.pop("eval_img_s")  # a timing: never equal twice
     assert a == b and a["num_images"] == 7
 
 

@@ -10,11 +10,12 @@ from vitbench.cli import default_model_cmd, list_cmd, plugins_cmd, report_cmd, r
 from vitbench.cli import visualize_cmd
 from vitbench.cli import reproduce_cmd
 from vitbench.cli import describe_cmd
+from vitbench.cli import cache_cmd
 from vitbench.cli.signals import Terminated, raise_on_sigterm
 from vitbench.errors import VitbenchError
 
 COMMANDS = (run_cmd, sweep_cmd, list_cmd, describe_cmd, plugins_cmd, report_cmd, default_model_cmd,
-            visualize_cmd, reproduce_cmd)
+            visualize_cmd, reproduce_cmd, cache_cmd)
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -65,6 +65,9 @@ def add_run_options(parser: argparse.ArgumentParser) -> dict[str, Any]:
                    help="re-head the model for the data's N classes: the head of a --checkpoint with N "
                         "classes, else a new head fitted once on the data's train/ split (linear probe)")
     p.add_argument("--limit", default=None, help="evaluate only the first N images (default: all)")
+    p.add_argument("--workers", default=None, metavar="N",
+                   help="loader worker processes for images that are decoded (the folder's first decoding, "
+                        "fine-tuning; default: half the usable cores, at most 8; 0: in the main process)")
     p = groups["measure"]
     p.add_argument("--metrics", default=None,
                    help=f"comma-separated subset of {','.join(METRICS)} (default: all; accuracy needs data)")
@@ -148,6 +151,7 @@ def run_options(args: argparse.Namespace, task: str) -> RunOptions:
         seed=_integer("--seed", args.seed), seeds=None if args.seeds is None else parse_seeds(args.seeds),
         out=args.out, resume=args.resume, pretrained=args.pretrained, checkpoint=args.checkpoint,
         num_classes=_integer("--num-classes", args.num_classes, 1), limit=_integer("--limit", args.limit, 1),
+        workers=_integer("--workers", args.workers, 0),
         train_backbone=args.train_backbone, train_limit=_integer("--train-limit", args.train_limit, 1),
         precision=args.precision,
         compile=args.compile, cuda_graph=args.cuda_graph,

@@ -27,6 +27,10 @@ PARAGRAPHS: tuple[tuple[tuple[str, ...] | None, str], ...] = (
      "**Throughput** is the median images per second of the model forward only (eval mode, "
      "inference mode, input already on the device, after warm-up, device synchronised) at the "
      "batch size in the column header, ± the spread over repeats."),
+    (("eval_img_s",),
+     "**End to end** is the images per second of the accuracy evaluation as a whole (reading and "
+     "decoding or the decoded-image cache, preprocessing, the model and scoring) at the evaluation "
+     "batch size in the column header: below the model-only throughput by what the data path costs."),
     (("latency_ms",), "**Latency** is the median milliseconds per image at batch 1."),
     (("throughput_img_s",),
      "**Speed-ups** are taken only against the baseline measured in the same run (same process "

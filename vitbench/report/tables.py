@@ -219,6 +219,8 @@ def comparison_table(records: Iterable[Record], task: str, model: str, on: str |
     batches = {int(b) for r in rows if (b := metric(r, "batch_size")) is not None}
     one_bs = len(batches) == 1
     tp_col = f"Throughput (img/s, bs={next(iter(batches))})" if one_bs else "Throughput (img/s)"
+    eval_batches = {int(b) for r in rows if (b := metric(r, "eval_batch_size")) is not None}
+    e2e_col = f"End to end (img/s, bs={next(iter(eval_batches))})" if len(eval_batches) == 1 else "End to end (img/s)"
 
     spec = task_spec(task)
     several_seeds = any(int(r.get("n_seeds") or 1) > 1 for r in rows)
@@ -226,7 +228,7 @@ def comparison_table(records: Iterable[Record], task: str, model: str, on: str |
     table: list[dict[str, str]] = []
     for key, part, base in parts:
         rows_of = [{**row, "Measured on": describe(key)} if several_groups else row
-                   for row in _rows(part, base, task, spec, tp_col, one_bs, several_seeds)]
+                   for row in _rows(part, base, task, spec, tp_col, one_bs, several_seeds, e2e_col)]
         table += rows_of
 
     # every column a task can have; those no row measured (all n/a) are dropped below
@@ -237,7 +239,7 @@ def comparison_table(records: Iterable[Record], task: str, model: str, on: str |
         columns += ([col.title] + [title for title, _ in col.before] + [col.delta]
                     + ([f"{col.delta} vs +ft"] if control else []) + [title for title, _ in col.after])
     columns += ["GMACs", "GMACs ↓ (%)", "Backbone GMACs"]
-    columns += [tp_col, "Speed-up (×)", "Efficiency", "Latency bs=1 (ms)"]
+    columns += [tp_col, e2e_col, "Speed-up (×)", "Efficiency", "Latency bs=1 (ms)"]
     columns += ["IB loss", "IB bound"]
     if len({weights_from(r) for r in rows}) > 1:  # shared weights are one line under the table
         columns.append("Weights")
@@ -245,7 +247,7 @@ def comparison_table(records: Iterable[Record], task: str, model: str, on: str |
 
 
 def _rows(rows: list[Record], base: Record | None, task: str, spec: Any, tp_col: str, one_bs: bool,
-          several_seeds: bool) -> list[dict[str, str]]:
+          several_seeds: bool, e2e_col: str = "End to end (img/s)") -> list[dict[str, str]]:
     """The table rows of one :func:`measured_groups` group, against its own baseline ``base``."""
     acc_cols = accuracy_columns(task)
     control = pick_control(rows)
@@ -284,6 +286,7 @@ def _rows(rows: list[Record], base: Record | None, task: str, spec: Any, tp_col:
         if not one_bs and tp is not None and bs is not None:
             cell += f" (bs={int(bs)})"
         row[tp_col] = _marked(cell, doubts.throughput)
+        row[e2e_col] = _fmt(metric(rec, "eval_img_s"), ".1f")  # the evaluation: loading + model
 
         speedup = metric(rec, "speedup")
         if speedup is None and tp is not None and b_tp:

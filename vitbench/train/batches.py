@@ -58,20 +58,25 @@ def _register_local_sampler() -> None:
         DATA_SAMPLERS.register_module(name=LOCAL_SAMPLER, module=LocalSampler)
 
 
-def loader_cfg(dataset: dict[str, Any], batch_size: int, shuffle: bool, *, local: bool = False) -> dict[str, Any]:
-    """An mmengine dataloader config (no workers: small CPU machines, deterministic order).
-    ``local``: the whole data set in order on every rank (:class:`LocalSampler`; no shuffle)."""
+def loader_cfg(dataset: dict[str, Any], batch_size: int, shuffle: bool, *, local: bool = False,
+               workers: Optional[int] = None, device: str | torch.device = "cpu") -> dict[str, Any]:
+    """An mmengine dataloader config. ``workers``: ``--workers`` (None: the default for the data
+    set, :func:`vitbench.data.workers.workers_for`); pinned memory on CUDA. ``local``: the whole
+    data set in order on every rank (:class:`LocalSampler`; no shuffle)."""
+    from vitbench.data.workers import loader_settings, workers_for
+
     sampler = {"type": LOCAL_SAMPLER} if local else {"type": "DefaultSampler", "shuffle": shuffle}
     if local:
         _register_local_sampler()
-    return {"batch_size": batch_size, "num_workers": 0, "persistent_workers": False,
+    return {"batch_size": batch_size, **loader_settings(workers_for(dataset, workers), str(device)),
             "sampler": sampler, "dataset": dataset}
 
 
 def cls_batches(dataset: dict[str, Any], preprocessor: nn.Module, *, device: str | torch.device = "cpu",
-                batch_size: int = 128, seed: int = 0) -> Batches:
+                batch_size: int = 128, seed: int = 0, workers: Optional[int] = None) -> Batches:
     """A re-iterable source of ``(normalised images [B,C,H,W], labels [B])`` over ``dataset``
-    (an mm data-set config, e.g. :meth:`ClsData.dataset_cfg` or :meth:`ClsData.train_cfg`)."""
+    (an mm data-set config, e.g. :meth:`ClsData.dataset_cfg` or :meth:`ClsData.train_cfg`);
+    ``workers`` as in :func:`loader_cfg`."""
     from mmengine.registry import DefaultScope
     from mmengine.runner import Runner
 
@@ -79,7 +84,8 @@ def cls_batches(dataset: dict[str, Any], preprocessor: nn.Module, *, device: str
 
     def iterate() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         with DefaultScope.overwrite_default_scope("mmpretrain"):
-            loader = Runner.build_dataloader(loader_cfg(dataset, batch_size, False, local=True), seed=seed)
+            loader = Runner.build_dataloader(loader_cfg(dataset, batch_size, False, local=True, workers=workers,
+                                                        device=target), seed=seed)
         preprocessor.to(target)
         for batch in loader:
             data = preprocessor(batch, False)

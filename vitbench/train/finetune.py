@@ -440,14 +440,15 @@ class StageHook(Hook):
 def finetune(model: nn.Module, data: Any, *, train_backbone: bool = False, limit: Optional[int] = None,
              device: str = "cpu", seed: int = 0, work_dir: str | Path | None = None,
              verbose: bool = False, progress: Optional[Callable[[str], None]] = None,
-             precision: str = "fp32") -> FinetuneResult:
+             precision: str = "fp32", workers: Optional[int] = None) -> FinetuneResult:
     """Run the training stages of the method ``model`` was reduced with, in place.
 
     ``data``: a :class:`~vitbench.tasks.cls.data.ClsData`; training uses its training split,
     the first ``limit`` images when given. ``precision``: ``bf16`` runs the training forwards
     under bf16 autocast; ``fp32`` as they are (:func:`vitbench.measure.precision.trains_in`
     says which a run's precision trains in). Returns what was done; ``model`` is left in eval
-    mode with ``requires_grad`` as it was.
+    mode with ``requires_grad`` as it was. ``workers``: loader worker processes (``--workers``;
+    None: :func:`vitbench.data.workers.workers_for`'s default).
     """
     from mmengine.dist import get_world_size
 
@@ -466,7 +467,7 @@ def finetune(model: nn.Module, data: Any, *, train_backbone: bool = False, limit
     target = torch.device(device)
     dataset = data.train_cfg(limit=limit)
     preprocessor = data_preprocessor(model, data.bgr)
-    batches = cls_batches(dataset, preprocessor, device=target, seed=seed)
+    batches = cls_batches(dataset, preprocessor, device=target, seed=seed, workers=workers)
     saved_grad = {n: p.requires_grad for n, p in model.named_parameters()}
     start = time.perf_counter()
     try:
@@ -499,7 +500,7 @@ def finetune(model: nn.Module, data: Any, *, train_backbone: bool = False, limit
                          f"{per_rank} per rank, an effective batch of {per_rank * world}")
             with work_dir_or_temp(work_dir) as wd:
                 iters, n_images = train_stage(
-                    trainer, stage, params, loader_cfg(dataset, per_rank, True),
+                    trainer, stage, params, loader_cfg(dataset, per_rank, True, workers=workers, device=target),
                     [StageHook(stage, model, batches),
                      {"type": "vitbench.ProgressHook", "verbose": verbose, "interval": 50,
                       "prefix": f"vitbench: {ctx.method} {stage.name}: ",

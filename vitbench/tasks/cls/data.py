@@ -41,10 +41,13 @@ class ClsData:
     num_classes: int
     classes: tuple[str, ...] = field(repr=False)
     bgr: bool = False
+    #: the same evaluation images read from the decoded-image cache (:mod:`vitbench.data.decoded`)
+    decoded: dict[str, Any] | None = field(default=None, compare=False, repr=False)
 
     def dataset_cfg(self, *, limit: int | None = None) -> dict[str, Any]:
-        """A copy of the data-set config; ``limit`` keeps only the first N images."""
-        cfg = copy.deepcopy(self.dataset)
+        """A copy of the evaluation data-set config (the decoded cache's when there is one);
+        ``limit`` keeps only the first N images."""
+        cfg = copy.deepcopy(self.decoded or self.dataset)
         if limit is not None:
             cfg["indices"] = int(limit)
         return cfg
@@ -56,7 +59,9 @@ class ClsData:
         method's few parameters, briefly). Fashion-MNIST: its 60k training images; a folder:
         ``ROOT/train`` (a missing one raises :class:`DataError` naming the path).
         """
-        cfg = self.dataset_cfg(limit=limit)
+        cfg = copy.deepcopy(self.dataset)
+        if limit is not None:
+            cfg["indices"] = int(limit)
         if cfg["type"] == "vitbench.ClsImageFolder":
             find_split(cfg["data_root"], "train")  # a clear error when ROOT/train is missing
         cfg["split"] = "train"

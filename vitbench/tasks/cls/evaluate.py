@@ -15,6 +15,7 @@ of the others waiting there for it until the process group's timeout.
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +73,7 @@ def _accuracy_metric(topk: tuple[int, ...], work_dir: Path | None) -> Any:
 
 def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, device: str = "cpu",
                  limit: int | None = None, work_dir: str | Path | None = None,
-                 seed: int = 0, precision: str = "fp32") -> dict[str, Any]:
+                 seed: int = 0, precision: str = "fp32", workers: int | None = None) -> dict[str, Any]:
     """Evaluate ``model`` on ``data`` (from :func:`resolve_cls_data`); returns the metrics.
 
     Returns ``top1_pct``, ``top5_pct`` (``None`` when the model scores 5 classes or fewer:
@@ -82,7 +83,9 @@ def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, devi
     removed afterwards, when ``None``); no checkpoint is written. Non-finite logits raise
     :class:`~vitbench.errors.NonFiniteError` (naming the batch), a head that does not match the
     data's classes :class:`~vitbench.errors.DataError`. ``precision``: the forward's autocast
-    (:mod:`vitbench.measure.precision`). Under ``--launcher pytorch`` (a process group is
+    (:mod:`vitbench.measure.precision`). ``workers``: loader worker processes (``--workers``;
+    None: :func:`vitbench.data.workers.workers_for`'s default). ``eval_img_s`` is the evaluation's
+    images per second end to end (loading, preprocessing and the model). Under ``--launcher pytorch`` (a process group is
     running) every rank must call this with the same model: mmengine's ``DefaultSampler`` gives
     each rank its part of the images and the metrics are gathered over all of them, each image
     counted once (:mod:`vitbench.distributed`); an error on one rank (non-finite logits in its
@@ -96,6 +99,7 @@ def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, devi
     from vitbench.mm.classifier import build_classifier
     from vitbench.mm.hooks import TestProgressHook
     from vitbench.mm.runner import release, runner_kwargs, work_dir_or_temp
+    from vitbench.train.batches import loader_cfg
 
     _positive("batch_size", batch_size)
     _positive("limit", limit, allow_none=True)
@@ -116,9 +120,8 @@ def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, devi
     with work_dir_or_temp(work_dir) as wd, progress.steps("evaluating accuracy", unit="batches") as step:
         runner = Runner(**runner_kwargs(
             work_dir=wd, seed=seed, model=classifier,
-            test_dataloader={"batch_size": batch_size, "num_workers": 0, "persistent_workers": False,
-                             "sampler": {"type": "DefaultSampler", "shuffle": False},
-                             "dataset": data.dataset_cfg(limit=limit)},
+            test_dataloader=loader_cfg(data.dataset_cfg(limit=limit), batch_size, False, workers=workers,
+                                       device=target),
             test_evaluator=[_accuracy_metric(topk, None if work_dir is None else wd)],
             test_cfg={"type": "TestLoop"},
             custom_hooks=[TestProgressHook(step)],
@@ -127,7 +130,9 @@ def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, devi
         try:
             runner.model.to(target)  # the Runner puts the model on its own choice (cuda if any)
             with autocast_method(runner.model, "test_step", precision, target):  # the loop resets an outer one
+                start = time.perf_counter()
                 metrics = collective_test(runner)  # a rank's error is every rank's
+                seconds = time.perf_counter() - start
             num_images = len(runner.test_dataloader.dataset)
         finally:
             guard.remove()
@@ -137,4 +142,5 @@ def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, devi
         "top5_pct": float(metrics["accuracy/top5"]) if 5 in topk else None,
         "num_images": int(num_images),
         "num_classes": int(data.num_classes),
+        "eval_img_s": num_images / seconds if seconds > 0 else None,
     }

@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 from torch import nn
@@ -54,6 +54,10 @@ class ClsWorkspace:
     counters: dict = field(default_factory=dict)
     #: what every record of the plan was measured on (:mod:`vitbench.report.measured_on`)
     measured_on: dict = field(default_factory=dict)
+    #: loader worker processes (``--workers``; None: :func:`vitbench.data.workers.workers_for`'s default)
+    workers: Optional[int] = None
+    #: images decoded into the decoded-image cache for this plan, not yet told in a record
+    decoded_untold: int = 0
 
 
 def _eval_batches(ws: ClsWorkspace, model: nn.Module, device: str, limit: Optional[int] = None):  # type: ignore[no-untyped-def]
@@ -61,7 +65,7 @@ def _eval_batches(ws: ClsWorkspace, model: nn.Module, device: str, limit: Option
 
     n = ws.eval_limit if limit is None else (limit if ws.eval_limit is None else min(limit, ws.eval_limit))
     return cls_batches(ws.data.dataset_cfg(limit=n), data_preprocessor(model, ws.data.bgr),
-                       device=device, batch_size=ws.eval_batch_size)
+                       device=device, batch_size=ws.eval_batch_size, workers=ws.workers)
 
 
 def _ib_batches(ws: ClsWorkspace, model: nn.Module, device: str):  # type: ignore[no-untyped-def]
@@ -123,7 +127,7 @@ def _train(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progress
     result = finetune(model, ws.data, train_backbone=spec.train_backbone, limit=spec.train_limit,
                       device=spec.device, seed=spec.seed, verbose=ws.verbose_training,
                       work_dir=ws.work_dir / spec.spec_id / "train" if ws.work_dir else None,
-                      progress=progress, precision=trains_in(spec.precision_name))
+                      progress=progress, precision=trains_in(spec.precision_name), workers=ws.workers)
     out: dict[str, Any] = {"trained": "fine-tuned", "train_precision": trains_in(spec.precision_name),
                            "train_s": result.seconds,
                            "train_images": result.train_images,
@@ -144,9 +148,10 @@ def _accuracy(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progr
 
     progress("evaluating accuracy")
     acc = evaluate_cls(model, ws.data, batch_size=ws.eval_batch_size, device=spec.device,
-                       limit=ws.eval_limit, seed=spec.seed, precision=spec.precision_name,
+                       limit=ws.eval_limit, seed=spec.seed, precision=spec.precision_name, workers=ws.workers,
                        work_dir=ws.work_dir / spec.spec_id if ws.work_dir else None)
-    return {k: acc.get(k) for k in ("top1_pct", "top5_pct", "num_images", "num_classes")}
+    return {**{k: acc.get(k) for k in ("top1_pct", "top5_pct", "num_images", "num_classes", "eval_img_s")},
+            "eval_batch_size": ws.eval_batch_size}
 
 
 def _measure(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progress) -> dict[str, Any]:
@@ -201,6 +206,8 @@ def run_cls_spec(spec: RunSpec, ws: ClsWorkspace, params: dict[str, Any], progre
     out["measured_on"] = derive_measured_on({"data": spec.data, "head": ws.head, "num_images": out.get("num_images")},
                                             limit=spec.limit, weights=spec.weights, data_id=spec.data_id)
     out["weights_from"] = weights_from(spec, default_model_weights(spec.model) if spec.model in EMBEDDED_MODELS else None)
+    if ws.data is not None and ws.data.decoded is not None:  # the first record tells what the plan decoded
+        out["images_decoded"], ws.decoded_untold = ws.decoded_untold, 0
     return out
 
 
@@ -215,11 +222,13 @@ def cls_workspace(request: WorkspaceRequest, reads_data: bool) -> ClsWorkspace:
     model = load_model(setup.model, pretrained=options.pretrained, checkpoint=options.checkpoint,
                        num_classes=options.num_classes, seed=first_seed(options))  # random: the first seed
     check_applies(plan, model)
-    cls_data = None
+    cls_data, decoded = None, 0
     if reads_data:
         from vitbench.tasks.cls.data import resolve_cls_data
 
         cls_data = resolve_cls_data(setup.data, model)  # a head of another class count is refused here
+        if setup.plan.get("data_id"):  # a folder: decoded once, read by every run of the plan
+            cls_data, decoded = _decoded(cls_data, setup.plan["data_id"], options, request.note)
     out = request.out
     out.mkdir(parents=True, exist_ok=True)
     head = None
@@ -236,4 +245,22 @@ def cls_workspace(request: WorkspaceRequest, reads_data: bool) -> ClsWorkspace:
                                      weights=setup.plan.get("weights"))
     return ClsWorkspace(model=model, input_size=input_size_of(model), data=cls_data, work_dir=out / "work",
                         eval_limit=options.limit, checkpoint_dir=out / "checkpoints", resume=request.resume,
-                        head=head, measured_on=measured_on)
+                        head=head, measured_on=measured_on, workers=options.workers,
+                        decoded_untold=decoded if cls_data is not None and cls_data.decoded else 0)
+
+
+def _decoded(data: Any, data_id: str, options: Any, note: Callable[[str], None]) -> tuple[Any, int]:
+    """``data`` reading its evaluation images from the decoded-image cache (filled now unless an
+    entry exists; :mod:`vitbench.data.decoded`), and how many images were decoded now."""
+    import dataclasses
+
+    from vitbench.data.decoded import decode_once
+    from vitbench.data.workers import usable_cores
+
+    workers = options.workers if options.workers is not None else min(8, usable_cores())  # nothing else runs yet
+    cfg, decoded = decode_once(data.dataset_cfg(limit=options.limit), data_id, workers=workers, note=note)
+    if cfg is None:
+        return data, 0
+    note(f"evaluation images: decoded now ({decoded})" if decoded else
+         "evaluation images: read from the decoded-image cache (decoded by an earlier run)")
+    return dataclasses.replace(data, decoded=cfg), decoded

@@ -68,7 +68,7 @@ def _loader(dataset: dict[str, Any], batch_size: int, shuffle: bool, *, local: b
     no shuffle): for what one rank reads alone or every rank reads whole."""
     from vitbench.train.batches import loader_cfg
 
-    cfg = loader_cfg(dataset, batch_size, shuffle, local=local)
+    cfg = loader_cfg(dataset, batch_size, shuffle, local=local, workers=0)
     cfg["collate_fn"] = {"type": "pseudo_collate"}  # mmdet's detectors take lists of samples, not stacked tensors
     return cfg
 

@@ -1,0 +1,43 @@
+"""How many loader worker processes a data set gets: ``--workers N``, else a share of the usable
+cores for data that must be decoded, none for data already in memory (Fashion-MNIST, the decoded
+cache), where a worker would only add a process."""
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from vitbench.errors import ParamError
+
+__all__ = ["IN_MEMORY", "loader_settings", "usable_cores", "workers_for"]
+
+#: data-set types whose items are rows of an array in memory: nothing to decode
+IN_MEMORY = frozenset({"vitbench.OfflineFashionMNIST", "vitbench.DecodedImages"})
+#: at most this many workers by default (more rarely pays for its memory)
+MOST_BY_DEFAULT = 8
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask, else the machine's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def workers_for(dataset: dict[str, Any], requested: Optional[int] = None) -> int:
+    """``requested`` (``--workers``) when given, else 0 for in-memory data and half the usable
+    cores (1 to 8) for data that is decoded: the other half runs the model."""
+    if requested is not None:
+        if isinstance(requested, bool) or not isinstance(requested, int) or requested < 0:
+            raise ParamError(f"--workers must be an integer >= 0, got {requested!r}")
+        return requested
+    if dataset.get("type") in IN_MEMORY:
+        return 0
+    return max(1, min(MOST_BY_DEFAULT, usable_cores() // 2))
+
+
+def loader_settings(workers: int, device: str = "cpu") -> dict[str, Any]:
+    """A dataloader config's worker keys: workers kept alive across the epochs of one stage, and
+    pinned memory on CUDA (batches then copy to the device without blocking)."""
+    return {"num_workers": workers, "persistent_workers": workers > 0,
+            "pin_memory": str(device).startswith("cuda")}
