@@ -2,7 +2,8 @@
 
 ``None`` or ``"fashion-mnist"`` is the embedded Fashion-MNIST test split (a folder literally
 named ``fashion-mnist`` is reached as ``./fashion-mnist``); anything else is a path to an
-image folder (:mod:`vitbench.data.image_folder`). The result, :class:`ClsData`, is an mm
+image folder (:mod:`vitbench.data.image_folder`) or a flat ImageNet validation folder
+(:mod:`vitbench.data.imagenet_val`). The result, :class:`ClsData`, is an mm
 data-set config plus what the evaluator needs to know about it; the data set itself is built
 inside the runner, so every evaluation reads it fresh.
 """
@@ -19,6 +20,7 @@ from vitbench.data.fashion_mnist import CLASSES as FMNIST_CLASSES
 from vitbench.data.fashion_mnist import IMAGE_SIZE as FMNIST_SIZE
 from vitbench.data.fashion_mnist import fashion_mnist_files
 from vitbench.data.image_folder import eval_pipeline, find_split
+from vitbench.data.imagenet_val import FlatVal, find_flat_val, flat_val_dataset, imagenet_synsets
 from vitbench.data.input_config import input_config
 from vitbench.errors import DataError
 
@@ -60,6 +62,10 @@ class ClsData:
         ``ROOT/train`` (a missing one raises :class:`DataError` naming the path).
         """
         cfg = copy.deepcopy(self.dataset)
+        if cfg["type"] in ("mmpretrain.ImageNet", "vitbench.ImageNetVal"):  # a flat val/: train/<synset>/
+            synsets = imagenet_synsets()
+            cfg = {"type": "vitbench.ClsImageFolder", "data_root": cfg["data_root"], "pipeline": cfg["pipeline"],
+                   "label_map": {w: i for i, w in enumerate(synsets)}, "classes": synsets}
         if limit is not None:
             cfg["indices"] = int(limit)
         if cfg["type"] == "vitbench.ClsImageFolder":
@@ -122,7 +128,24 @@ def _imagenet_labels(classes: tuple[str, ...], n_out: int | None) -> tuple[dict[
     return {c: index[c] for c in classes}, tuple(names)
 
 
+def _flat_val(split: FlatVal, model: nn.Module) -> ClsData:
+    """A flat ImageNet validation folder (:mod:`vitbench.data.imagenet_val`): 1000 classes."""
+    cfg = input_config(model)
+    n_out = _model_classes(model)
+    synsets = imagenet_synsets()
+    if n_out is not None and n_out != len(synsets):
+        raise DataError(f"{split.root} is ImageNet's validation set ({split.layout}), 1000 classes, but the model "
+                        f"predicts {n_out}; use a 1000-class ImageNet model or an image folder of your classes")
+    pipeline = eval_pipeline(input_size=cfg.input_size, crop_pct=cfg.crop_pct, interpolation=cfg.interpolation,
+                             in_chans=cfg.in_chans)
+    return ClsData(name=str(split.root), dataset=flat_val_dataset(split, pipeline), num_classes=len(synsets),
+                   classes=synsets, bgr=cfg.in_chans == 3)
+
+
 def _folder(path: str, model: nn.Module) -> ClsData:
+    flat = find_flat_val(path)
+    if flat is not None:
+        return _flat_val(flat, model)
     split = find_split(path, "val")
     cfg = input_config(model)
     n_out = _model_classes(model)
