@@ -128,8 +128,9 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         row("end to end, decoding every image", w, acc["eval_img_s"])
     with tempfile.TemporaryDirectory() as cache:
         os.environ["VITBENCH_DECODED_CACHE"] = cache
+        fingerprint = folder_fingerprint(root)
         start = time.perf_counter()
-        decoded_cfg, count = decode_once(data.dataset_cfg(limit=n), folder_fingerprint(root), workers=workers)
+        decoded_cfg, count = decode_once(data.dataset_cfg(limit=n), fingerprint, workers=workers)
         row("decoding once into the cache", workers, _rate(count, time.perf_counter() - start))
         cached = dataclasses.replace(data, decoded=decoded_cfg)
         acc = evaluate_cls(model, cached, batch_size=args.batch_size, limit=n)

@@ -36,8 +36,9 @@ def workers_for(dataset: dict[str, Any], requested: Optional[int] = None) -> int
     return max(1, min(MOST_BY_DEFAULT, usable_cores() // 2))
 
 
-def loader_settings(workers: int, device: str = "cpu") -> dict[str, Any]:
-    """A dataloader config's worker keys: workers kept alive across the epochs of one stage, and
+def loader_settings(workers: int, device: str = "cpu", *, persistent: bool = False) -> dict[str, Any]:
+    """A dataloader config's worker keys: with ``persistent``, workers kept alive across the epochs
+    of one training stage (a one-pass loader would only wait for them to stop when released);
     pinned memory on CUDA (batches then copy to the device without blocking)."""
-    return {"num_workers": workers, "persistent_workers": workers > 0,
+    return {"num_workers": workers, "persistent_workers": persistent and workers > 0,
             "pin_memory": str(device).startswith("cuda")}

@@ -59,16 +59,18 @@ def _register_local_sampler() -> None:
 
 
 def loader_cfg(dataset: dict[str, Any], batch_size: int, shuffle: bool, *, local: bool = False,
-               workers: Optional[int] = None, device: str | torch.device = "cpu") -> dict[str, Any]:
+               workers: Optional[int] = None, device: str | torch.device = "cpu",
+               persistent: bool = False) -> dict[str, Any]:
     """An mmengine dataloader config. ``workers``: ``--workers`` (None: the default for the data
-    set, :func:`vitbench.data.workers.workers_for`); pinned memory on CUDA. ``local``: the whole
-    data set in order on every rank (:class:`LocalSampler`; no shuffle)."""
+    set, :func:`vitbench.data.workers.workers_for`), kept alive across epochs when ``persistent``
+    (a training stage); pinned memory on CUDA. ``local``: the whole data set in order on every
+    rank (:class:`LocalSampler`; no shuffle)."""
     from vitbench.data.workers import loader_settings, workers_for
 
     sampler = {"type": LOCAL_SAMPLER} if local else {"type": "DefaultSampler", "shuffle": shuffle}
     if local:
         _register_local_sampler()
-    return {"batch_size": batch_size, **loader_settings(workers_for(dataset, workers), str(device)),
+    return {"batch_size": batch_size, **loader_settings(workers_for(dataset, workers), str(device), persistent=persistent),
             "sampler": sampler, "dataset": dataset}
 
 

@@ -500,7 +500,8 @@ def finetune(model: nn.Module, data: Any, *, train_backbone: bool = False, limit
                          f"{per_rank} per rank, an effective batch of {per_rank * world}")
             with work_dir_or_temp(work_dir) as wd:
                 iters, n_images = train_stage(
-                    trainer, stage, params, loader_cfg(dataset, per_rank, True, workers=workers, device=target),
+                    trainer, stage, params, loader_cfg(dataset, per_rank, True, workers=workers, device=target,
+                               persistent=True),
                     [StageHook(stage, model, batches),
                      {"type": "vitbench.ProgressHook", "verbose": verbose, "interval": 50,
                       "prefix": f"vitbench: {ctx.method} {stage.name}: ",
