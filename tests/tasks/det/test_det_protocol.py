@@ -117,6 +117,21 @@ def test_detector_weights_stretch_the_last_stage_and_get_their_own_lr(backbone_f
     assert stage["epochs"] == 2 and stage["iters"] == 4  # 4 images, batch 2, 2 epochs
 
 
+def test_a_two_stage_method_stretches_only_its_last_stage(backbone_factory, det_data):
+    """DCS searches, then retrains: with detector weights training, the retrain (the last stage
+    with epochs) runs the protocol's epochs and the search its own, not the other way round."""
+    backbone = backbone_factory("mobilevit_xs")
+    baseline = build_detector("det", copy.deepcopy(backbone), 3, width="light")
+    baseline.init_weights()
+    reduced = vitbench.apply(backbone, "dcs", arch="both", search_epochs=1, retrain_epochs=1, batch_size=2)
+    detector = build_detector("det", reduced, 3, width="light")
+    load_detector_weights(detector, baseline.state_dict())
+    info = finetune_method(detector, reduced, det_data, masks=False, limit=4,
+                           settings=DenseFinetune("heads", epochs=2, detector_lr=1e-3))
+    assert [(s["name"], s["epochs"], s["iters"]) for s in info["train_stages"]] == [
+        ("search", 1, 2), ("retrain", 2, 4)]
+
+
 def test_detector_parameters_by_protocol(backbone_factory):
     detector, _ = _reduced_detector(backbone_factory)
     names = {n for n, _ in detector.named_parameters()}

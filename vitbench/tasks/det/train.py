@@ -374,11 +374,11 @@ def finetune_method(detector: nn.Module, backbone: nn.Module, data: DetData, *, 
     trainable = 0
     settings = settings or DenseFinetune("method")
     stages = list(ctx.reduction.train)
-    last = max((i for i, s in enumerate(stages) if s.epochs > 0), default=-1)
+    last_stage = max((i for i, s in enumerate(stages) if s.epochs > 0), default=-1)
     try:
         for i, stage in enumerate(stages):
             _check_stage(ctx.method, stage)
-            stage = stage_for(stage, settings, last=i == last)
+            stage = stage_for(stage, settings, last=i == last_stage)
             params = trainable_parameters(backbone, stage, False)
             params.update(detector_parameters(detector, settings.protocol))
             if not params:
@@ -409,9 +409,9 @@ def finetune_method(detector: nn.Module, backbone: nn.Module, data: DetData, *, 
                     work_dir=wd / stage.name, seed=seed, device=target, default_scope="mmdet")
             broadcast_buffers(detector)  # under a launcher: rank 0's BatchNorm statistics everywhere
             same_on_every_rank(detector, f"{ctx.method}: stage {stage.name!r}")
-            last = _mean_over_ranks(trainer.last)  # the last step's losses over the whole batch
+            losses = _mean_over_ranks(trainer.last)  # the last step's losses over the whole batch
             stages_done.append({"name": stage.name, "epochs": stage.epochs, "iters": iters, "images": images,
-                                **ranks, **{f"last_{k}": v for k, v in last.items()},
+                                **ranks, **{f"last_{k}": v for k, v in losses.items()},
                                 "seconds": round(time.perf_counter() - stage_start, 2)})
     finally:
         for n, p in detector.named_parameters():
