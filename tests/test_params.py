@@ -100,6 +100,29 @@ def test_params_dict_is_json_friendly() -> None:
     json.dumps(params_dict(make_params("tome", ToMeParams, {"r": "(13,-0.5)"})))
 
 
+@pytest.mark.parametrize("text", ["13", "[1,2,3,4,5,6,7,8,9,10,11,12]", "(13,0)", "(13,-0.5)"])
+def test_tome_r_in_every_form_round_trips_through_the_run_spec(text) -> None:
+    """``--param tome.r=...`` -> plan -> the spec's JSON (the run id, the store) -> the params
+    ``apply`` builds: equal, so ``(13, 0)`` stays a schedule and never becomes a 2-block list."""
+    from vitbench.plan import build_plan
+
+    given = make_params("tome", ToMeParams, {"r": text})
+    (_, spec) = build_plan(task="cls", model="deit_tiny_patch16_224", methods=["tome"], data=None,
+                           overrides={"tome": {"r": text}}, metrics=["gmacs"], batch_size=1, device="cpu", seed=0)
+    stored = json.loads(json.dumps(json.loads(spec.params_json)))  # as runs.jsonl holds it
+    assert make_params("tome", ToMeParams, stored) == given
+
+
+def test_every_built_in_method_s_defaults_round_trip() -> None:
+    from vitbench.plugins import get_host
+
+    host = get_host()
+    for name in host.names("methods"):
+        spec = host.method(name)
+        default = make_params(name, spec.params, {})
+        assert make_params(name, spec.params, json.loads(json.dumps(params_dict(default)))) == default, name
+
+
 # -- errors ----------------------------------------------------------------------------------
 def test_an_unknown_key_lists_the_valid_keys() -> None:
     with pytest.raises(ParamError, match=r"^unknown parameter tome\.rr; valid parameters of tome: "

@@ -157,5 +157,21 @@ def make_params(method: str, params_type: type, overrides: Mapping[str, Any]) ->
 
 
 def params_dict(params: Any) -> dict[str, Any]:
-    """A JSON-friendly dict of a parameter dataclass instance (tuples become lists)."""
-    return json.loads(json.dumps(dataclasses.asdict(params)))
+    """A JSON-friendly dict of a parameter dataclass instance that :func:`make_params` reads back
+    equal: tuples become lists, except in a field that takes a list or a tuple (``tome.r``: a
+    per-block list, or ``(r, inflect)``), where the tuple is written as it is typed, ``"(13,0.0)"``."""
+    hints = typing.get_type_hints(type(params))
+    out = {}
+    for f in dataclasses.fields(params):
+        value = getattr(params, f.name)
+        if isinstance(value, tuple) and _takes_list_and_tuple(hints[f.name]):
+            out[f.name] = "(" + ",".join(json.dumps(v) for v in value) + ")"
+        else:
+            out[f.name] = json.loads(json.dumps(dataclasses.asdict(params)[f.name]))
+    return out
+
+
+def _takes_list_and_tuple(hint: Any) -> bool:
+    """Whether a Union ``hint`` has both a list arm and a tuple arm (a JSON list would be ambiguous)."""
+    arms = {typing.get_origin(arg) for arg in typing.get_args(hint)}
+    return list in arms and tuple in arms

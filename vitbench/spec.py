@@ -132,7 +132,12 @@ class RunSpec:
 
     @staticmethod
     def _shown(changed: dict[str, Any]) -> list[str]:
-        return [f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in changed.items()]
+        return [f"{k}={v if _written_tuple(v) else json.dumps(v, separators=(',', ':'))}" for k, v in changed.items()]
+
+
+def _written_tuple(value: Any) -> bool:
+    """A tuple as :func:`~vitbench.params.params_dict` writes it (``"(13,0.0)"``): shown bare."""
+    return isinstance(value, str) and value.startswith("(") and value.endswith(")")
 
 
 #: fields added after the first stores, hashed only when set (docs/measuring.md, "What a run's identity holds")
