@@ -23,6 +23,7 @@ import torch
 
 from vitbench import measure
 from vitbench.calibrate import Calibration, calibrate, not_matchable, off_pct
+from vitbench.data.workers import without_worker_traceback
 from vitbench.distributed import failure_on_any_rank, is_main
 from vitbench.errors import BudgetError, VitbenchError
 from vitbench.plan import BASELINE, REFERENCES, RunSpec
@@ -117,9 +118,9 @@ def run_spec(spec: RunSpec, ws: Any, baseline: Optional[dict], env: dict[str, An
         record.update(_relative(spec, task.run(spec, ws, params, progress), baseline))
         _landed(task, record)
     except VitbenchError as exc:
-        record.update(status="error", error=str(exc))
+        record.update(status="error", error=without_worker_traceback(str(exc)))
     except Exception as exc:  # noqa: BLE001 - one failed run must not take the others down
-        record.update(status="error", error=f"{type(exc).__name__}: {exc}")
+        record.update(status="error", error=f"{type(exc).__name__}: {without_worker_traceback(str(exc))}")
     record["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     record["wall_s"] = round(time.perf_counter() - started, 3)
     record["env"] = env

@@ -143,6 +143,21 @@ def test_malformed_report_input(tmp_path, capsys):
         assert f"-o {output!r}" in line and expected in line
 
 
+def test_report_never_writes_over_a_file_of_the_store(tmp_path, capsys):
+    record = json.dumps({"spec_id": "a", "status": "ok", "task": "cls", "model": "m", "method": "baseline",
+                         "metrics": {}}) + "\n"
+    good = _store(tmp_path / "good", record)
+    (good / "runs-shard-1-of-2.jsonl").write_text(record)
+    before = {f.name: f.read_bytes() for f in good.iterdir()}
+    for target in ("runs.jsonl", "runs-shard-1-of-2.jsonl"):
+        for store in (good, good / "runs.jsonl"):
+            output = str(good / target)
+            assert main(["report", str(store), "-o", output]) == 2
+            line = _only_line(capsys.readouterr().err)
+            assert f"-o {output!r} is a file of the result store" in line and "would replace its records" in line
+    assert {f.name: f.read_bytes() for f in good.iterdir()} == before
+
+
 def test_unknown_model_suggests_the_close_supported_name(tmp_path, capsys):
     assert main(["run", "--methods", "tome", "--model", "deit_tinyy", *GMACS, "--out", str(tmp_path / "o")]) == 2
     line = _error_line(capsys.readouterr().err)

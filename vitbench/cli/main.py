@@ -44,7 +44,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         args = build_parser().parse_args(argv)
         return int(args.handler(args) or 0)
     except VitbenchError as exc:
-        print(f"vitbench: error: {exc}", file=sys.stderr)
+        from vitbench.data.workers import without_worker_traceback
+
+        print(f"vitbench: error: {without_worker_traceback(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("vitbench: interrupted; finished runs are in the store (use --resume)", file=sys.stderr)

@@ -43,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
     fmt = args.format or _format_of(args.output)
     folder = store.path.parent
     output = _output(args.output if args.output is not None else str(folder / f"report{SUFFIXES[fmt]}"))
+    _not_the_store(output, store, args.output)
     command = " ".join(["vitbench", *sys.argv[1:]])
     from vitbench.report.export import is_sweep, write_table
 
@@ -82,6 +83,16 @@ def _why_empty(store: ResultStore) -> str:
     if not any(f.is_file() for f in store.files()):
         return f": there is no {store.path.name} (is it a `vitbench run --out` folder?)"
     return f": {store.path.name} is empty"
+
+
+def _not_the_store(output: Path, store: ResultStore, given: str | None) -> None:
+    """Refuse to write the report over a file of the store's folder (``runs.jsonl``, a shard file),
+    whether or not this command reads it."""
+    target = output.resolve()
+    for file in ResultStore(store.path.parent).files():
+        if file.resolve() == target:
+            raise DataError(f"-o {given!r} is a file of the result store {str(store.path.parent)!r}; a report "
+                            f"would replace its records. Give another file, e.g. -o {output.with_name('report.md')}")
 
 
 def _output(text: str) -> Path:

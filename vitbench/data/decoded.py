@@ -32,6 +32,7 @@ from mmengine.dataset import BaseDataset
 
 from vitbench.cache import cache_dir, cache_lock
 from vitbench.errors import DataError, ParamError
+from vitbench.data.workers import without_worker_traceback
 from vitbench.mm.registry import DATASETS
 
 __all__ = ["DecodedEntry", "DecodedImages", "cache_limit_bytes", "clear_entries", "decode_once",
@@ -160,6 +161,12 @@ def _disk_full(path: Path, needed: int, exc: Optional[OSError] = None) -> DataEr
                      f"${ENV_LIMIT}=0 to decode every time instead")
 
 
+def _not_filled(exc: DataError, note: Callable[[str], None]) -> None:
+    """An image that does not decode: no entry, so that each run decodes and records the error."""
+    note(f"decoded-image cache: not filled ({without_worker_traceback(str(exc))}); every configuration "
+         f"decodes the images itself")
+
+
 def _fill(entry: Path, dataset_cfg: dict[str, Any], workers: int, limit: int,
           note: Callable[[str], None]) -> Optional[int]:
     """Decode ``dataset_cfg`` into ``entry``; the number of images, or None when it would not fit."""
@@ -169,7 +176,10 @@ def _fill(entry: Path, dataset_cfg: dict[str, Any], workers: int, limit: int,
     with DefaultScope.overwrite_default_scope("mmpretrain"):
         dataset = DATASETS.build({**dataset_cfg, "pipeline": _without_pack(dataset_cfg.get("pipeline", ()))})
     count = len(dataset)
-    first = np.ascontiguousarray(dataset[0]["img"], dtype=np.uint8)
+    try:
+        first = np.ascontiguousarray(dataset[0]["img"], dtype=np.uint8)
+    except DataError as exc:
+        return _not_filled(exc, note)
     needed = count * first.nbytes
     if needed > limit:
         note(f"decoded-image cache: {count} images of {first.shape} need {needed / 1e9:.2f} GB, above "
@@ -205,6 +215,9 @@ def _fill(entry: Path, dataset_cfg: dict[str, Any], workers: int, limit: int,
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise _disk_full(root, needed, exc) from exc
         raise
+    except DataError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        return _not_filled(exc, note)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 from vitbench.errors import ParamError
 
-__all__ = ["IN_MEMORY", "loader_settings", "usable_cores", "workers_for"]
+__all__ = ["IN_MEMORY", "loader_settings", "usable_cores", "without_worker_traceback", "workers_for"]
 
 #: data-set types whose items are rows of an array in memory: nothing to decode
 IN_MEMORY = frozenset({"vitbench.OfflineFashionMNIST", "vitbench.DecodedImages"})
@@ -42,3 +42,14 @@ def loader_settings(workers: int, device: str = "cpu", *, persistent: bool = Fal
     pinned memory on CUDA (batches then copy to the device without blocking)."""
     return {"num_workers": workers, "persistent_workers": persistent and workers > 0,
             "pin_memory": str(device).startswith("cuda")}
+
+
+def without_worker_traceback(message: str) -> str:
+    """The error's own message when a loader worker raised it: torch re-raises it in the main
+    process as ``Caught X in DataLoader worker process N.`` followed by the worker's traceback,
+    whose last line is ``module.X: <the message>``; other messages are returned as they are."""
+    if not message.startswith("Caught ") or "Original Traceback" not in message:
+        return message
+    last = message.rstrip().splitlines()[-1]
+    head, sep, text = last.partition(": ")
+    return text if sep and " " not in head else last
