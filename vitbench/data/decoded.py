@@ -94,11 +94,11 @@ def entry_key(dataset_cfg: dict[str, Any], fingerprint: str) -> str:
 def _read_entry(path: Path) -> Optional[DecodedEntry]:
     try:
         meta = json.loads((path / _META).read_text())
-        used = (path / _USED).stat().st_mtime if (path / _USED).exists() else (path / _META).stat().st_mtime
+        used = (path / _USED).stat().st_mtime_ns if (path / _USED).exists() else (path / _META).stat().st_mtime_ns
     except (OSError, ValueError):
         return None
     return DecodedEntry(path=path, images=int(meta["images"]), shape=tuple(meta["shape"]),
-                        nbytes=int(meta["nbytes"]), last_used=used, source=str(meta.get("source", "")))
+                        nbytes=int(meta["nbytes"]), last_used=used / 1e9, source=str(meta.get("source", "")))
 
 
 def list_entries(directory: str | Path | None = None) -> list[DecodedEntry]:
@@ -209,6 +209,7 @@ def _fill(entry: Path, dataset_cfg: dict[str, Any], workers: int, limit: int,
                 "source": str(dataset_cfg.get("data_root", "")), "dataset": dataset_cfg,
                 "classes": list(dataset.metainfo.get("classes") or ())}
         (tmp / _META).write_text(json.dumps(meta, indent=1, default=str) + "\n")
+        _mark_used(tmp)
         os.replace(tmp, entry)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -242,8 +243,16 @@ def decode_once(dataset_cfg: dict[str, Any], fingerprint: str, *, workers: int =
             if _read_entry(entry) is None:
                 count = _fill(entry, dataset_cfg, workers, limit, note)
                 return (None, 0) if count is None else (decoded, count)
-    (entry / _USED).touch()
+    _mark_used(entry)
     return decoded, 0
+
+
+def _mark_used(entry: Path) -> None:
+    """Stamp the entry as used now, to the nanosecond (a plain touch takes the kernel's coarse
+    clock, so two entries used within a few milliseconds would tie)."""
+    (entry / _USED).touch()
+    now = time.time_ns()
+    os.utime(entry / _USED, ns=(now, now))
 
 
 @DATASETS.register_module()
