@@ -103,3 +103,27 @@ def test_a_block_that_raises_says_its_step_stopped():
                                             (3725, "1 h 02 min")])
 def test_durations_in_words(seconds, words):
     assert progress.duration(seconds) == words
+
+
+HOSTILE = "bad [/x] value [red]not red[/] and [bold"
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_text_from_users_and_plugins_is_never_read_as_markup(terminal):
+    """A method label, note or error holding ``[/...]`` is printed as it is: no MarkupError mid-plan."""
+    from vitbench.api import _Progress
+
+    console, out = _terminal() if terminal else (Console(file=io.StringIO(), width=200), None)
+    out = out or console.file
+    sink = progress.sink_for(console)
+    with progress.reporting(sink):
+        with progress.steps(HOSTILE, 2, "runs") as runs:
+            runs.note(HOSTILE)
+            runs.advance()
+            say = _Progress()
+            say.step(1, 2, HOSTILE, HOSTILE)
+            say.note(HOSTILE)
+            runs.advance()
+    plain = ANSI.sub("", out.getvalue())
+    assert f"[1/2] {HOSTILE}: {HOSTILE}" in plain and f"vitbench: {HOSTILE}" in plain
+    assert f"vitbench: {HOSTILE}: done, 2/2 runs in" in plain

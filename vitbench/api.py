@@ -271,10 +271,14 @@ class _Progress:
         self.console = Console(stderr=True, highlight=False, soft_wrap=True, quiet=quiet)  # quiet: ranks > 0
 
     def note(self, text: str) -> None:
-        self._print(f"[dim]vitbench:[/dim] {text}")
+        from rich.markup import escape
+
+        self._print(f"[dim]vitbench:[/dim] {escape(text)}")
 
     def step(self, i: int, n: int, label: str, what: str) -> None:
-        self._print(f"[bold][{i}/{n}][/bold] {label}: {what}")
+        from rich.markup import escape
+
+        self._print(f"[bold]\\[{i}/{n}][/bold] {escape(label)}: {escape(what)}")
 
     def _print(self, markup: str) -> None:
         """Through the command line's progress sink (above its bars) where one is installed."""

@@ -212,8 +212,9 @@ class BarSink(Sink):
 
         self.console = console or Console(stderr=True, highlight=False)
         self.progress = Progress(
-            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TimeElapsedColumn(), TextColumn("elapsed,"), TimeLeft(), TextColumn("[dim]{task.fields[note]}"),
+            SpinnerColumn(), TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
+            TimeElapsedColumn(), TextColumn("elapsed,"), TimeLeft(),
+            TextColumn("{task.fields[note]}", style="dim", markup=False),
             console=self.console, auto_refresh=False, speed_estimate_period=24 * 3600.0,
             redirect_stdout=False, redirect_stderr=True)
         self.gap = 1.0 / fps
@@ -250,8 +251,8 @@ class BarSink(Sink):
         self.progress.remove_task(step.key)
         self._draw()  # a line printed now goes above the last drawn bars: draw them without this one
         how = "done" if ok else "stopped"
-        self.progress.console.print(f"[dim]vitbench: {step.what}: {how}, {_counted(step)} in "
-                                    f"{duration(step.elapsed)}[/dim]", highlight=False, soft_wrap=True)
+        self.progress.console.print(f"vitbench: {step.what}: {how}, {_counted(step)} in {duration(step.elapsed)}",
+                                    style="dim", markup=False, highlight=False, soft_wrap=True)
 
     def stop(self) -> None:
         super().stop()
