@@ -107,12 +107,10 @@ def _capture_one(model: nn.Module, graphed: GraphedForward, batch: int, input_si
     """Capture ``model`` for ``batch`` into ``graphed``; the reason it cannot be, or None."""
     x = random_images(batch, input_size, dtype=torch.float32, device=device)
     with torch.inference_mode():
-        with _capture_autocast(precision, device):
-            reference = model(x)
         try:
             torch.cuda.set_sync_debug_mode("error")
             with device_only(), _capture_autocast(precision, device):
-                model(x)
+                reference = model(x)  # the replay is checked against the same code path, run eagerly
         except RuntimeError as exc:
             if "synchroniz" not in str(exc):  # not the sync check: the device-only forward itself failed
                 return (f"the forward failed inside device_only() at batch {batch} ({_first_line(exc)}); "
