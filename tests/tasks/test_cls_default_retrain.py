@@ -30,7 +30,8 @@ def test_retrain_reproduces_the_shipped_model(tmp_path, monkeypatch, capsys):
     shipped = json.loads(shipped_meta_path.read_text())
     monkeypatch.setenv("VITBENCH_CACHE", str(tmp_path))
     threads = torch.get_num_threads()
-    torch.set_num_threads(shipped["torch_threads"])
+    same_build = torch.__version__ == shipped["versions"]["torch"]  # else only the top-1 can be compared
+    torch.set_num_threads(shipped["torch_threads"] if same_build else threads)
     try:
         assert main(["default-model", "--model", DEIT_MODEL, "--retrain"]) == 0
     finally:
@@ -41,7 +42,7 @@ def test_retrain_reproduces_the_shipped_model(tmp_path, monkeypatch, capsys):
     meta = json.loads(meta_path.read_text())
     assert meta["config_hash"] == shipped["config_hash"] and meta["train_images"] == 60000
     assert meta["weights_sha256"] == hashlib.sha256(weights.read_bytes()).hexdigest()
-    if torch.__version__ == shipped["versions"]["torch"]:
+    if same_build:
         assert meta["test_top1_pct"] == shipped["test_top1_pct"]
         ours, theirs = (torch.load(w, weights_only=True) for w in (weights, shipped_weights))
         assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)

@@ -68,8 +68,9 @@ def describe(meta: dict[str, Any]) -> str:
             f"  recipe: {meta['epochs']} epoch(s) on {meta['train_images']} images, batch {meta['batch_size']}, "
             f"AdamW lr {meta['lr']} (warm-up, cosine), seed {meta['seed']}"
             + (f"; {'; '.join(extras)}" if extras else "") + "\n"
-            f"  trained in {meta.get('train_seconds', 0) / 60:.0f} min on {meta.get('torch_threads')} threads; "
-            f"{versions}\n  again: {meta.get('command', 'vitbench default-model --retrain')}")
+            + (f"  trained: {meta['trained_on']}\n" if meta.get("trained_on") else
+               f"  trained in {meta.get('train_seconds', 0) / 60:.0f} min on {meta.get('torch_threads')} threads; ")
+            + f"{'  versions: ' if meta.get('trained_on') else ''}{versions}\n  again: {meta.get('command', 'vitbench default-model --retrain')}")
 
 
 def _top1(meta_path: Path) -> float | None:
