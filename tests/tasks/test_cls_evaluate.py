@@ -167,3 +167,23 @@ def test_bf16_evaluation_runs_the_model_in_bf16(model, image_folder: Path) -> No
         hook.remove()
     assert half["num_images"] == full["num_images"] and 0 <= half["top1_pct"] <= 100
     assert not hasattr(model, "test_step") or "test_step" not in vars(model)  # nothing left patched
+
+
+@pytest.mark.parametrize("method", [None, "tome"])
+def test_the_ib_metric_read_during_the_evaluation_equals_its_own_pass(model, image_folder: Path, method) -> None:
+    """The IB samples an evaluation hands its observer (its own forwards, token sizes of a merging
+    method included) give the metric a separate pass over the same images gives."""
+    import vitbench
+    from vitbench.measure.ib import IBSamples, measure_ib
+    from vitbench.train.batches import cls_batches, data_preprocessor
+
+    net = model if method is None else vitbench.apply(model, method, r=4)
+    data = resolve_cls_data(str(image_folder), net)
+    samples = IBSamples()
+    out = evaluate_cls(net, data, batch_size=5, observe=samples.add)
+    assert len(samples) == out["num_images"] == 24
+    batches = cls_batches(data.dataset_cfg(), data_preprocessor(net, data.bgr), device="cpu", batch_size=7)()
+    separate = measure_ib(net, batches, data.num_classes)
+    shared = samples.terms(data.num_classes)
+    for name in ("loss", "bound", "input_constant", "mi_feature_input"):
+        assert getattr(shared, name).item() == pytest.approx(getattr(separate, name).item(), abs=1e-5), name

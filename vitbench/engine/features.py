@@ -2,6 +2,8 @@
 (docs/methods.md §6; :mod:`vitbench.measure.ib` re-exports them)."""
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Optional
 
 import torch
@@ -9,7 +11,7 @@ from torch import nn
 
 from vitbench.engine.block import reduction_context
 
-__all__ = ["block_output", "module_features", "pooled_features", "token_features"]
+__all__ = ["block_output", "features_during", "module_features", "pooled_features", "token_features"]
 
 _EPS = 1e-12
 
@@ -50,6 +52,32 @@ def module_features(model: nn.Module, module: nn.Module, images: torch.Tensor,
     size = ctx.state.size if ctx is not None and ctx.state is not None else None
     prefix = ctx.prefix if ctx is not None else int(getattr(model, "num_prefix_tokens", 0))
     return pooled_features(out, prefix, size, images.shape[0], channels_last)
+
+
+@contextlib.contextmanager
+def features_during(model: nn.Module, module: nn.Module, seen: Callable[[torch.Tensor, torch.Tensor], None],
+                    channels_last: bool = False) -> Iterator[None]:
+    """While the block runs, ``seen(features, images)`` after every forward of ``model``: the
+    :func:`module_features` that forward made, beside its input images, so a pass that runs the
+    model anyway (an evaluation) yields them without a second forward."""
+    captured: dict[str, torch.Tensor] = {}
+
+    def after(mod: nn.Module, args: tuple, out: torch.Tensor) -> None:
+        if "out" not in captured:
+            return  # the module did not run in this forward (nothing to pool)
+        images = args[0]
+        ctx = reduction_context(model)
+        size = ctx.state.size if ctx is not None and ctx.state is not None else None
+        prefix = ctx.prefix if ctx is not None else int(getattr(model, "num_prefix_tokens", 0))
+        seen(pooled_features(captured.pop("out"), prefix, size, images.shape[0], channels_last), images)
+
+    handles = [module.register_forward_hook(lambda mod, args, out: captured.__setitem__("out", out)),
+               model.register_forward_hook(after)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def block_output(model: nn.Module, block: nn.Module, images: torch.Tensor) -> torch.Tensor:

@@ -17,13 +17,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitbench.engine.features import block_output, module_features, pooled_features, token_features
+from vitbench.engine.features import block_output, features_during, module_features, pooled_features, token_features
 from vitbench.guards import check_finite, check_metrics
 
 __all__ = [
-    "ClassSums", "IBTerms", "block_output", "class_centroids", "ib_terms", "input_vectors", "log_q_from_sums",
+    "ClassSums", "IBSamples", "IBTerms", "block_output", "class_centroids", "ib_terms", "input_vectors", "log_q_from_sums",
     "log_q_given_y", "measure_ib", "module_features", "pooled_features", "soft_assign", "token_features",
-    "feature_source", "final_features",
+    "feature_source", "final_features", "final_features_during",
 ]
 
 #: inputs are area-downsampled so that their longer side is at most this (ImageNet stays tractable)
@@ -179,6 +179,41 @@ def _family_of(model: nn.Module) -> Any:
         return None
 
 
+class IBSamples:
+    """What the IB metric reads, gathered batch by batch: each image's final features, its input
+    vector (:func:`input_vectors`) and its label; :meth:`terms` turns them into the metric."""
+
+    def __init__(self) -> None:
+        self.feats: list[torch.Tensor] = []
+        self.inputs: list[torch.Tensor] = []
+        self.labels: list[torch.Tensor] = []
+
+    def __len__(self) -> int:
+        return sum(len(y) for y in self.labels)
+
+    def add(self, features: torch.Tensor, images: torch.Tensor, labels: torch.Tensor) -> None:
+        """One batch: ``features [B, C]``, the normalised ``images [B, C, H, W]``, ``labels [B]``."""
+        if not features.shape[0] == images.shape[0] == labels.shape[0]:
+            raise ValueError(f"IB samples of one batch disagree in size: {features.shape[0]} features, "
+                             f"{images.shape[0]} images, {labels.shape[0]} labels")
+        self.feats.append(features.detach().float().cpu())
+        check_finite(self.feats[-1], "IB metrics: the final features", f"in batch {len(self.feats)}")
+        self.inputs.append(input_vectors(images.detach()).cpu())
+        self.labels.append(labels.detach().cpu())
+
+    def terms(self, num_classes: int) -> IBTerms:
+        """The IB loss and bound over every sample added (centroids and ``Q(a|y)`` from them)."""
+        if not self.feats:
+            raise ValueError("measure_ib got no batches")
+        f, x, y = torch.cat(self.feats), torch.cat(self.inputs), torch.cat(self.labels)
+        tau_f = soft_assign(f, class_centroids(f, y, num_classes))
+        tau_x = soft_assign(x, class_centroids(x, y, num_classes))
+        terms = ib_terms(tau_f, tau_x, y, num_classes)
+        check_metrics({"IB loss": terms.loss, "IB bound": terms.bound, "input constant": terms.input_constant},
+                      "IB metrics")
+        return terms
+
+
 def measure_ib(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
                num_classes: int, device: str = "cpu",
                features: Callable[[nn.Module, torch.Tensor], torch.Tensor] = final_features) -> IBTerms:
@@ -186,21 +221,18 @@ def measure_ib(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Ten
     (docs/measuring.md: on the evaluation split, final block). Centroids and ``Q(a|y)`` come from
     the same samples. Non-finite features (naming the batch) or results raise
     :class:`~vitbench.errors.NonFiniteError` instead of a NaN in the report."""
-    feats, inputs, labels = [], [], []
+    samples = IBSamples()
     model.eval()
     with torch.inference_mode():
-        for k, (images, y) in enumerate(batches, start=1):
+        for images, y in batches:
             images = images.to(device)
-            feats.append(features(model, images).float().cpu())
-            check_finite(feats[-1], "IB metrics: the final features", f"in batch {k}")
-            inputs.append(input_vectors(images).cpu())
-            labels.append(y.cpu())
-    if not feats:
-        raise ValueError("measure_ib got no batches")
-    f, x, y = torch.cat(feats), torch.cat(inputs), torch.cat(labels)
-    tau_f = soft_assign(f, class_centroids(f, y, num_classes))
-    tau_x = soft_assign(x, class_centroids(x, y, num_classes))
-    terms = ib_terms(tau_f, tau_x, y, num_classes)
-    check_metrics({"IB loss": terms.loss, "IB bound": terms.bound, "input constant": terms.input_constant},
-                  "IB metrics")
-    return terms
+            samples.add(features(model, images), images, y)
+    return samples.terms(num_classes)
+
+
+def final_features_during(model: nn.Module, seen: Callable[[torch.Tensor, torch.Tensor], None]) -> Any:
+    """:func:`~vitbench.engine.features.features_during` on the module :func:`final_features`
+    reads; ``None`` for a model whose family names no feature module (its features need their
+    own pass)."""
+    source = feature_source(model)
+    return None if source is None else features_during(model, source[0], seen, channels_last=source[1])

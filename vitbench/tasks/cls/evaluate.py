@@ -15,14 +15,16 @@ of the others waiting there for it until the process group's timeout.
 """
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch import nn
 
-from vitbench.errors import DataError, ParamError
+from vitbench.errors import DataError, ParamError, UnsupportedError
 from vitbench.guards import check_finite
 from vitbench.tasks.cls.data import ClsData, resolve_cls_data
 from vitbench.data.input_config import input_config
@@ -71,9 +73,44 @@ def _accuracy_metric(topk: tuple[int, ...], work_dir: Path | None) -> Any:
     return collect_in(Accuracy(topk=topk), work_dir)
 
 
+#: what :func:`evaluate_cls` hands an observer per batch: final features, normalised images, labels
+BatchObserver = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
+
+
+class _Observe:
+    """Hands ``observe`` each test batch's final features and images (captured in the forward)
+    with its labels (from the batch's outputs, after the step)."""
+
+    def __init__(self, observe: BatchObserver) -> None:
+        self.observe = observe
+        self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def seen(self, features: torch.Tensor, images: torch.Tensor) -> None:
+        self.pending.append((features, images))
+
+    def hook(self) -> Any:
+        from mmengine.hooks import Hook
+
+        observer = self
+
+        class ObserveBatches(Hook):
+            priority = "VERY_LOW"
+
+            def after_test_iter(self, runner: Any, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
+                if len(observer.pending) != 1:
+                    raise RuntimeError(f"the evaluation ran the model {len(observer.pending)} times in batch "
+                                       f"{batch_idx + 1}; its features cannot be paired with the batch's labels")
+                features, images = observer.pending.pop()
+                labels = torch.cat([o.gt_label.reshape(-1) for o in outputs])
+                observer.observe(features, images, labels)
+
+        return ObserveBatches()
+
+
 def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, device: str = "cpu",
                  limit: int | None = None, work_dir: str | Path | None = None,
-                 seed: int = 0, precision: str = "fp32", workers: int | None = None) -> dict[str, Any]:
+                 seed: int = 0, precision: str = "fp32", workers: int | None = None,
+                 observe: Optional[BatchObserver] = None) -> dict[str, Any]:
     """Evaluate ``model`` on ``data`` (from :func:`resolve_cls_data`); returns the metrics.
 
     Returns ``top1_pct``, ``top5_pct`` (``None`` when the model scores 5 classes or fewer:
@@ -85,7 +122,11 @@ def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, devi
     data's classes :class:`~vitbench.errors.DataError`. ``precision``: the forward's autocast
     (:mod:`vitbench.measure.precision`). ``workers``: loader worker processes (``--workers``;
     None: :func:`vitbench.data.workers.workers_for`'s default). ``eval_img_s`` is the evaluation's
-    images per second end to end (loading, preprocessing and the model). Under ``--launcher pytorch`` (a process group is
+    images per second end to end (loading, preprocessing and the model). ``observe(features,
+    images, labels)`` is called after every batch with the final features
+    (:func:`vitbench.measure.ib.final_features`) the evaluation's own forward made, so the IB
+    metric needs no pass of its own; a model whose family names no feature module raises
+    :class:`~vitbench.errors.UnsupportedError` then. Under ``--launcher pytorch`` (a process group is
     running) every rank must call this with the same model: mmengine's ``DefaultSampler`` gives
     each rank its part of the images and the metrics are gathered over all of them, each image
     counted once (:mod:`vitbench.distributed`); an error on one rank (non-finite logits in its
@@ -96,6 +137,7 @@ def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, devi
 
     from vitbench import progress
     from vitbench.distributed import collective_test, raise_if_any_rank_failed
+    from vitbench.measure.ib import final_features_during
     from vitbench.mm.classifier import build_classifier
     from vitbench.mm.hooks import TestProgressHook
     from vitbench.mm.runner import release, runner_kwargs, work_dir_or_temp
@@ -117,17 +159,25 @@ def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, devi
     n_out = getattr(model, "num_classes", None)
     topk = (1, 5) if not isinstance(n_out, int) or n_out > 5 else (1,)
     raise_if_any_rank_failed(None)  # meets a rank that failed earlier in the run (the Runner broadcasts)
-    with work_dir_or_temp(work_dir) as wd, progress.steps("evaluating accuracy", unit="batches") as step:
+    watcher = _Observe(observe) if observe is not None else None
+    with work_dir_or_temp(work_dir) as wd, progress.steps("evaluating accuracy", unit="batches") as step, \
+            contextlib.ExitStack() as stack:
         runner = Runner(**runner_kwargs(
             work_dir=wd, seed=seed, model=classifier,
             test_dataloader=loader_cfg(data.dataset_cfg(limit=limit), batch_size, False, workers=workers,
                                        device=target),
             test_evaluator=[_accuracy_metric(topk, None if work_dir is None else wd)],
             test_cfg={"type": "TestLoop"},
-            custom_hooks=[TestProgressHook(step)],
+            custom_hooks=[TestProgressHook(step)] + ([watcher.hook()] if watcher is not None else []),
         ))
         guard = model.register_forward_hook(_FiniteLogits())
         try:
+            if watcher is not None:
+                features = final_features_during(model, watcher.seen)
+                if features is None:
+                    raise UnsupportedError(f"{type(model).__name__} names no feature module: its final features "
+                                           f"cannot be read during the evaluation")
+                stack.enter_context(features)
             runner.model.to(target)  # the Runner puts the model on its own choice (cuda if any)
             with autocast_method(runner.model, "test_step", precision, target):  # the loop resets an outer one
                 start = time.perf_counter()

@@ -26,6 +26,7 @@ from vitbench.tasks.cls.weights_from import default_model_weights
 from vitbench.tasks.identity import first_seed, weights_from
 
 if TYPE_CHECKING:  # pragma: no cover
+    from vitbench.measure.ib import IBSamples
     from vitbench.spec import RunSpec
 
 __all__ = ["ClsWorkspace", "cls_gmacs_counter", "cls_workspace", "run_cls_spec"]
@@ -68,17 +69,22 @@ def _eval_batches(ws: ClsWorkspace, model: nn.Module, device: str, limit: Option
                        device=device, batch_size=ws.eval_batch_size, workers=ws.workers)
 
 
-def _ib_batches(ws: ClsWorkspace, model: nn.Module, device: str):  # type: ignore[no-untyped-def]
-    """Evaluation batches for the IB metric with labels 0..K-1 over the data's K classes: ImageNet
-    synset folders carry labels in the 1000-class space, and the IB clusters are the classes
-    present (docs/methods.md §6), not 1000 mostly empty ones."""
+def _ib_labels(ws: ClsWorkspace) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Labels 0..K-1 over the data's K classes for the IB metric: ImageNet synset folders carry
+    labels in the 1000-class space, and the IB clusters are the classes present (docs/methods.md
+    §6), not 1000 mostly empty ones."""
     used = sorted(set((ws.data.dataset.get("label_map") or {}).values()))
-    batches = _eval_batches(ws, model, device)()
     if not used or used == list(range(ws.data.num_classes)):
-        return batches
+        return lambda labels: labels
     index = torch.full((max(used) + 1,), -1, dtype=torch.long)
     index[used] = torch.arange(len(used))
-    return ((images, index[labels.cpu()].to(labels.device)) for images, labels in batches)
+    return lambda labels: index[labels.cpu()].to(labels.device)
+
+
+def _ib_batches(ws: ClsWorkspace, model: nn.Module, device: str):  # type: ignore[no-untyped-def]
+    """Evaluation batches for the IB metric, labelled as :func:`_ib_labels` says."""
+    relabel = _ib_labels(ws)
+    return ((images, relabel(labels)) for images, labels in _eval_batches(ws, model, device)())
 
 
 def _gmacs_images(spec: RunSpec, ws: ClsWorkspace) -> torch.Tensor:
@@ -139,17 +145,21 @@ def _train(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progress
     return out
 
 
-def _accuracy(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progress) -> dict[str, Any]:
+def _accuracy(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progress,
+              ib: Optional[IBSamples] = None) -> dict[str, Any]:
     """Top-1/top-5 when ``accuracy`` is measured (a collective evaluation under ``--launcher
-    pytorch``: every rank scores its part of the data, every rank gets the metrics)."""
+    pytorch``: every rank scores its part of the data, every rank gets the metrics); ``ib``
+    gathers the IB metric's samples from the same forwards."""
     if "accuracy" not in spec.metrics:
         return {}
     from vitbench.tasks.cls.evaluate import evaluate_cls
 
-    progress("evaluating accuracy")
+    progress("evaluating accuracy" + (" (and the IB metric's features)" if ib is not None else ""))
+    relabel = _ib_labels(ws) if ib is not None else None
     acc = evaluate_cls(model, ws.data, batch_size=ws.eval_batch_size, device=spec.device,
                        limit=ws.eval_limit, seed=spec.seed, precision=spec.precision_name, workers=ws.workers,
-                       work_dir=ws.work_dir / spec.spec_id if ws.work_dir else None)
+                       work_dir=ws.work_dir / spec.spec_id if ws.work_dir else None,
+                       observe=(lambda f, x, y: ib.add(f, x, relabel(y))) if ib is not None else None)
     return {**{k: acc.get(k) for k in ("top1_pct", "top5_pct", "num_images", "num_classes", "eval_img_s")},
             "eval_batch_size": ws.eval_batch_size}
 
@@ -164,7 +174,8 @@ def _measure(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progre
     model.to(device)
     # the collective evaluation first: whatever fails in rank 0's own measurements below then
     # fails after every rank left the evaluation, and the executor's barrier still pairs up
-    out.update(_accuracy(spec, ws, model, progress))
+    samples = _shared_ib_samples(spec, ws, model)
+    out.update(_accuracy(spec, ws, model, progress, samples))
     if "gmacs" in spec.metrics:
         progress("counting GMACs")
         images = _gmacs_images(spec, ws)
@@ -174,16 +185,30 @@ def _measure(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progre
     if "params" in spec.metrics:
         out["params_m"] = measure.count_params_m(model)
     if "ib" in spec.metrics and ws.data is not None:
-        progress("measuring IB loss and bound")
-        from vitbench.measure.ib import measure_ib
+        if samples is not None:
+            ib = samples.terms(ws.data.num_classes)  # from the accuracy pass's forwards
+        else:
+            progress("measuring IB loss and bound")
+            from vitbench.measure.ib import measure_ib
 
-        with autocast(precision, device):
-            ib = measure_ib(model, _ib_batches(ws, model, device), ws.data.num_classes, device=device)
+            with autocast(precision, device):
+                ib = measure_ib(model, _ib_batches(ws, model, device), ws.data.num_classes, device=device)
         out.update(ib_loss=float(ib.loss), ib_bound=float(ib.bound),
                    ib_input_constant=float(ib.input_constant))
     out.update(measure_timings(spec, model, ws.input_size, progress, throughput_repeats=ws.throughput_repeats,
                                latency_repeats=ws.latency_repeats))  # eager, --compile's or --cuda-graph's
     return out
+
+
+def _shared_ib_samples(spec: RunSpec, ws: ClsWorkspace, model: nn.Module) -> Optional[IBSamples]:
+    """Where the IB metric can read the accuracy pass's own forwards (one process, accuracy
+    measured, a model whose family names its feature module): an empty :class:`IBSamples` for it."""
+    from vitbench.distributed import is_distributed
+    from vitbench.measure.ib import IBSamples, feature_source
+
+    shared = ("ib" in spec.metrics and "accuracy" in spec.metrics and ws.data is not None
+              and not is_distributed() and feature_source(model) is not None)
+    return IBSamples() if shared else None
 
 
 def run_cls_spec(spec: RunSpec, ws: ClsWorkspace, params: dict[str, Any], progress: Progress) -> dict[str, Any]:
