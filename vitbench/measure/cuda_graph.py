@@ -25,6 +25,8 @@ __all__ = ["GraphedForTiming", "GraphedForward", "graph_for_timing"]
 
 #: how far a replay may stray from the eager forward, relative to the output's largest value
 REPLAY_TOLERANCE = {"fp32": 1e-3, "fp16": 2e-2, "bf16": 2e-2}
+#: a replay may differ from the eager forward by this many times two eager forwards' own difference
+EAGER_SPREAD_FACTOR = 2.0
 
 
 class _Graph:
@@ -137,8 +139,14 @@ def _capture_one(model: nn.Module, graphed: GraphedForward, batch: int, input_si
         torch.cuda.synchronize(device)
         error = _replay_error(reference, static_out)
         if not error <= REPLAY_TOLERANCE[precision]:
-            return (f"the CUDA graph's replay differs from the eager forward at batch {batch} (by {error:.2g} of "
-                    f"the output's scale, tolerance {REPLAY_TOLERANCE[precision]:g}); timed without a CUDA graph")
+            # a method whose own eager forwards differ (atomic scatters in half precision, where one
+            # flipped merge moves the logits) is held to that spread, not to a tighter one
+            with device_only(), _capture_autocast(precision, device):
+                spread = _replay_error(reference, model(x))
+            if not error <= max(REPLAY_TOLERANCE[precision], EAGER_SPREAD_FACTOR * spread):
+                return (f"the CUDA graph's replay differs from the eager forward at batch {batch} (by {error:.2g} "
+                        f"of the output's scale; tolerance {REPLAY_TOLERANCE[precision]:g}, two eager forwards "
+                        f"differ by {spread:.2g}); timed without a CUDA graph")
     graphed._graphs[tuple(x.shape)] = _Graph(static_in, graph, static_out)
     return None
 
