@@ -491,3 +491,87 @@ def test_the_example_plugin_tests_itself() -> None:
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
     assert re.search(r"\b\d+ passed\b", output) and "failed" not in output, output
+
+
+# -- plugin code that exits or raises (issue 37, item 4) ---------------------------------------
+EXITING_METHOD = """
+import sys
+from dataclasses import dataclass
+
+from vitbench.catalog import MethodSpec
+from vitbench.hookspecs import hookimpl
+
+
+@dataclass(frozen=True)
+class Params:
+    pass
+
+
+def build(params, info):
+    sys.exit(0)
+
+
+@hookimpl
+def vitbench_register_methods(register):
+    register(MethodSpec(name="exiter", params=Params, build=build))
+"""
+
+HOSTILE_HOOKS = """
+import sys
+from vitbench.hookspecs import hookimpl
+
+
+@hookimpl
+def vitbench_run_started(spec):
+    raise RuntimeError("boom in run_started")
+
+
+@hookimpl
+def vitbench_run_finished(spec, result):
+    result["status"] = "edited by a plugin"
+    sys.exit(0)
+"""
+
+
+def test_a_plugin_that_exits_at_import_fails_alone_and_help_still_works(
+        fake_dists: FakeDistributions, tmp_path: Path) -> None:
+    fake_dists.add("exiting-plugin", {"exiting": "import sys\nsys.exit(3)\n"})
+    fake_dists.add("good-plugin", {"good": fake_dists.method_plugin("good-method")})
+    host = fresh_host()
+    assert host.failures == [PluginFailure("exiting", "exiting-plugin", "SystemExit: plugin code called sys.exit(3)")]
+    assert "good-method" in host.names("methods")
+    done = _vitbench(fake_dists.site, tmp_path, "--help")
+    assert done.returncode == 0 and "usage:" in done.stdout
+    assert "plugin 'exiting' (exiting-plugin) failed to load: SystemExit" in done.stderr
+
+
+def test_run_hooks_that_raise_or_exit_are_warnings_and_get_a_copy_of_the_record(
+        fake_dists: FakeDistributions, capsys: pytest.CaptureFixture[str]) -> None:
+    fake_dists.add("hostile-hooks", {"hostile": HOSTILE_HOOKS})
+    host = fresh_host()
+    record = {"status": "ok", "nested": {"top1_pct": 80.0}}
+    host.run_started(spec=None)
+    host.run_finished(spec=None, result=record)
+    assert record == {"status": "ok", "nested": {"top1_pct": 80.0}}  # the plugin edited its own copy
+    assert [f.error for f in host.failures] == [
+        "vitbench_run_started raised RuntimeError: boom in run_started",
+        "vitbench_run_finished raised SystemExit: plugin code called sys.exit(0)"]
+    assert len(warnings_in(capsys.readouterr().err)) == 2
+
+
+def test_a_method_that_exits_in_its_build_is_an_error_record_and_the_plan_goes_on(
+        fake_dists: FakeDistributions, tmp_path: Path) -> None:
+    fake_dists.add("exiting-method", {"exiter_plugin": EXITING_METHOD})
+    vitbench.plugins.reset_host()
+    out = tmp_path / "out"
+    try:
+        code = main(["run", "--task", "agreement", "--methods", "exiter,tome", "--model", "test_vit",
+                     "--param", "tome.r=4", "--batch-size", "2", "--out", str(out)])
+    finally:
+        vitbench.plugins.reset_host()
+    records = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    by_method = {r["method"]: r for r in records}
+    assert code == 1 and (out / "report.md").is_file()
+    assert by_method["exiter"]["status"] == "error"
+    assert by_method["exiter"]["error"] == "SystemExit: plugin code called sys.exit(0)"
+    assert by_method["tome"]["status"] == by_method["baseline"]["status"] == "ok"

@@ -68,3 +68,15 @@ def choices_error(kind: str, value: object, valid: Iterable[str]) -> UnknownName
     names = sorted(set(valid))
     listed = ", ".join(names) if names else "(none registered)"
     return UnknownNameError(f"unknown {kind} {value!r}; valid {kind}s: {listed}")
+
+
+#: what plugin code may raise that becomes a failure of that plugin or run, ``sys.exit()``
+#: included; ``KeyboardInterrupt`` still stops the plan (a real Ctrl-C)
+PLUGIN_FAILURES: tuple[type[BaseException], ...] = (Exception, SystemExit)
+
+
+def failure_text(exc: BaseException) -> str:
+    """One line for an exception plugin code raised (``SystemExit`` says who exited)."""
+    if isinstance(exc, SystemExit):
+        return f"SystemExit: plugin code called sys.exit({exc.code!r})"
+    return f"{type(exc).__name__}: {exc}"

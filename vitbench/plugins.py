@@ -14,6 +14,7 @@ Environment: ``VITBENCH_PLUGINS`` (comma-separated allow-list of entry-point nam
 """
 from __future__ import annotations
 
+import copy
 import os
 import sys
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ import pluggy
 
 from vitbench import hookspecs
 from vitbench.catalog import FamilySpec, MethodSpec, ScorerSpec, resolved
-from vitbench.errors import PluginError, choices_error
+from vitbench.errors import PLUGIN_FAILURES, PluginError, choices_error, failure_text
 from vitbench.metrics import METRICS
 from vitbench.task import Task
 
@@ -118,8 +119,8 @@ class PluginHost:
             dist, version = described.get(ep.dist, (None, None)) if ep.dist is not None else (None, None)
             try:
                 obj = ep.load()
-            except Exception as exc:  # noqa: BLE001 - a broken plugin must not take the host down
-                self._fail(ep.name, dist, f"{type(exc).__name__}: {exc}")
+            except PLUGIN_FAILURES as exc:  # a broken plugin must not take the host down
+                self._fail(ep.name, dist, failure_text(exc))
                 continue
             self.add_plugin(obj, ep.name, dist, version)
 
@@ -166,10 +167,10 @@ class PluginHost:
                     impl.function(register=register)
                 except PluginError:
                     raise
-                except Exception as exc:  # noqa: BLE001 - recorded as this plugin's failure
+                except PLUGIN_FAILURES as exc:  # recorded as this plugin's failure
                     info = self.plugins.get(plugin)
                     self._fail(plugin, info.distribution if info else None,
-                               f"vitbench_register_{kind} raised {type(exc).__name__}: {exc}")
+                               f"vitbench_register_{kind} raised {failure_text(exc)}")
         return catalogs
 
     def _register_fn(self, kind: str, spec_type: type, plugin: str,
@@ -325,10 +326,23 @@ class PluginHost:
 
     # -- lifecycle hooks ---------------------------------------------------------------
     def run_started(self, spec: Any) -> None:
-        self.pm.hook.vitbench_run_started(spec=spec)
+        """Tell every plugin a run starts; one whose hook raises is warned about, the plan goes on."""
+        self._notify("vitbench_run_started", spec=spec)
 
     def run_finished(self, spec: Any, result: dict) -> None:
-        self.pm.hook.vitbench_run_finished(spec=spec, result=result)
+        """Tell every plugin a run ended, each with its own copy of the record (an edit to it
+        changes neither the store nor what the others see)."""
+        self._notify("vitbench_run_finished", spec=spec, result=result)
+
+    def _notify(self, hook: str, **kwargs: Any) -> None:
+        for impl in getattr(self.pm.hook, hook).get_hookimpls():
+            given = {k: copy.deepcopy(v) if isinstance(v, dict) else v for k, v in kwargs.items()}
+            try:
+                impl.function(**{k: given[k] for k in impl.argnames})
+            except PluginError:
+                raise
+            except PLUGIN_FAILURES as exc:
+                self.plugin_failed(impl.plugin_name, f"{hook} raised {failure_text(exc)}")
 
     def describe(self) -> dict[str, Any]:
         """A JSON-friendly description: every plugin with what it registered, the tasks (and the

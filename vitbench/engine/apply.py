@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from vitbench.errors import UnsupportedError
+from vitbench.errors import PLUGIN_FAILURES, UnsupportedError, VitbenchError
 from vitbench.params import make_params
 from vitbench.plugins import get_host
 from vitbench.task import REFERENCES
@@ -48,4 +48,9 @@ def check_applies(plan: Iterable[RunSpec], model: Any) -> None:
         if spec.method in REFERENCES or (spec.method, spec.params_json) in checked:
             continue  # the baseline, or the same method checked for an earlier seed
         checked.add((spec.method, spec.params_json))
-        apply(copy.deepcopy(model), spec.method, **spec.params)
+        try:
+            apply(copy.deepcopy(model), spec.method, **spec.params)
+        except VitbenchError:
+            raise
+        except PLUGIN_FAILURES:
+            continue  # the method's own code failed (sys.exit() too): its runs record it, the others run
