@@ -127,3 +127,18 @@ def test_the_same_command_twice_gives_the_same_numbers_on_cpu(tmp_path):
         assert (a["top1_pct"], a["top5_pct"], a["gmacs"], a["ib_loss"]) == \
             (b["top1_pct"], b["top5_pct"], b["gmacs"], b["ib_loss"]), a["method"]
     assert first[1]["method"] == "ltm" and first[1]["top1_pct"] > 50.0
+
+
+def test_the_same_relative_data_from_two_directories_is_two_data_sets(tmp_path, monkeypatch):
+    """Issue 37, item 2: ``--data data`` is held resolved, so resuming from another working
+    directory measures that folder and the report shows two groups, not one."""
+    out = tmp_path / "out"
+    for where, seed in (("a", 1), ("b", 2)):
+        _split_folder(_folder(tmp_path / where / "data"), "train", per_class=2, seed=seed)
+        monkeypatch.chdir(tmp_path / where)
+        assert main(["run", "--methods", "tome", "--param", "tome.r=8", "--model", "test_vit", "--data", "data",
+                     "--num-classes", "2", "--metrics", "accuracy", "--resume", "--out", str(out)]) == 0
+    records = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    assert [r["data"] for r in records] == [str(tmp_path / w / "data") for w in "aabb"]
+    groups = [line for line in (out / "report.md").read_text().splitlines() if line.startswith("### Measured on")]
+    assert [g.split(" of ")[1].split(";")[0] for g in groups] == [str(tmp_path / w / "data") for w in "ab"]

@@ -16,7 +16,7 @@ from vitbench.errors import CheckpointError
 if TYPE_CHECKING:  # pragma: no cover
     from vitbench.options import RunOptions
 
-__all__ = ["file_digest", "first_seed", "identity_fields", "weights_from"]
+__all__ = ["data_path", "file_digest", "first_seed", "identity_fields", "weights_from"]
 
 
 def first_seed(options: "RunOptions") -> int:
@@ -25,6 +25,16 @@ def first_seed(options: "RunOptions") -> int:
     if options.seeds:
         return int(options.seeds[0])
     return 0 if options.seed is None else int(options.seed)
+
+
+def data_path(arg: str) -> str:
+    """``--data`` as the run identity holds it: a path that exists, absolute and resolved (the
+    same relative path from two working directories names two folders); a name, as given."""
+    try:
+        path = Path(arg).expanduser()
+        return str(path.resolve()) if path.exists() else arg
+    except (OSError, ValueError, RuntimeError):  # a NUL byte, an unknown ~user, a symlink loop
+        return arg
 
 
 def file_digest(path: str | Path) -> str:

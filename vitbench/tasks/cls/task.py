@@ -16,7 +16,7 @@ from vitbench.options import parse_list
 from vitbench.plugins import get_host
 from vitbench.task import Progress, Task
 from vitbench.tasks.cls import DEFAULT_MODEL, EMBEDDED_MODELS, EMBEDDED_TRAIN_LIMIT, ENV_DEFAULT_MODEL
-from vitbench.tasks.identity import identity_fields
+from vitbench.tasks.identity import data_path, identity_fields
 
 if TYPE_CHECKING:  # pragma: no cover
     from vitbench.calibrate import GmacsCounter
@@ -93,6 +93,8 @@ class ClsTask(Task):
                 f",fit_limit={'all' if train_limit is None else train_limit}" if reads_data else "")
         from vitbench.tasks.cls.data import is_fashion_mnist
 
+        if not is_fashion_mnist(data):
+            data = data_path(data)
         folder = data if reads_data and not is_fashion_mnist(data) else None
         identity = identity_fields(options, evaluates_data=reads_data, head=head, data_folder=folder,
                                    random_init=not options.pretrained and model_name not in EMBEDDED_MODELS)

@@ -14,7 +14,7 @@ from vitbench.metrics import METRICS
 from vitbench.options import parse_list
 from vitbench.task import Progress, Task
 from vitbench.tasks.det.options import DenseOptions
-from vitbench.tasks.identity import first_seed, identity_fields
+from vitbench.tasks.identity import data_path, first_seed, identity_fields
 
 if TYPE_CHECKING:  # the mm stack is imported when a dense run starts, not when the plugin loads
     from vitbench.options import RunOptions
@@ -61,7 +61,8 @@ class DenseTask(Task):
         if epochs < 1:
             raise VitbenchError(f"--detector-epochs {epochs} is out of range; it must be >= 1")
         identity = identity_fields(options, evaluates_data=True, random_init=not options.pretrained)
-        return TaskSetup(model=options.model or DEFAULT_DENSE_MODEL, data=options.data or SHAPES, metrics=metrics,
+        data = data_path(options.data) if options.data and options.data != SHAPES else SHAPES
+        return TaskSetup(model=options.model or DEFAULT_DENSE_MODEL, data=data, metrics=metrics,
                          plan={"train_limit": options.train_limit, "dense_finetune": protocol,
                                "control": not own.no_control, **identity})
 
