@@ -93,8 +93,9 @@ class _NoParams:
 
 
 class _Poison:
-    """``test-nan``: block 1's reducer turns every patch token into NaN (the class token keeps its
-    place, as the token rules ask; block 2's attention spreads the NaN into it)."""
+    """``test-nan``: block 1's MLP, through its reducer's ``mlp_forward``, turns every patch token
+    into NaN (the token step itself keeps the rules, finiteness included; block 2's attention
+    spreads the NaN into the class token)."""
 
     @hookimpl
     def vitbench_register_methods(self, register):
@@ -103,7 +104,11 @@ class _Poison:
 
         class Poison(Reducer):
             def __call__(self, x, state, info):
-                return torch.cat([x[:, :1], x[:, 1:] * float("nan")], dim=1)
+                return x
+
+            def mlp_forward(self, mlp, x):
+                y = mlp(x)
+                return torch.cat([y[:, :1], y[:, 1:] * float("nan")], dim=1)
 
         register(MethodSpec("test-nan", _NoParams,
                             lambda p, info: Reduction([Poison() if i == 1 else None for i in range(info.depth)])))

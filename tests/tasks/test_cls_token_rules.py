@@ -34,8 +34,27 @@ def _swap_cls(x: torch.Tensor) -> torch.Tensor:
     return _halve(x[:, order])
 
 
+def _zero_cls_in_place(x: torch.Tensor) -> torch.Tensor:
+    x[:, 0] = 0
+    return _halve(x)
+
+
+def _scale_in_place(x: torch.Tensor) -> torch.Tensor:
+    return _halve(x.mul_(1.5))
+
+
+def _swap_cls_in_large_batches(x: torch.Tensor) -> torch.Tensor:
+    return _swap_cls(x) if x.shape[0] > 4 else _halve(x)
+
+
 #: name: (the token step at block 3, what the error record says)
 BROKEN = {
+    "drops-images": (lambda x: x[:1], "token rule broken by drops-images at block 3: the step returns 1 of its "
+                                      "4 images"),
+    "zeroes-cls-in-place": (_zero_cls_in_place, "token rule broken by zeroes-cls-in-place at block 3: it drops or "
+                                                "reorders the prefix tokens (image 0: cls dropped or changed)"),
+    "scales-in-place": (_scale_in_place, "token rule broken by scales-in-place at block 3: it drops or reorders "
+                                         "the prefix tokens (image 0: cls dropped or changed)"),
     "slices-cls": (lambda x: x[:, 1: 1 + (x.shape[1] - 1) // 2],
                    "token rule broken by slices-cls at block 3: it drops or reorders the prefix tokens "
                    "(image 0: cls dropped or changed)"),
@@ -51,10 +70,13 @@ class _NoParams:
     pass
 
 
+LARGE_BATCH_ONLY = {"large-batch-only": (_swap_cls_in_large_batches, "")}
+
+
 class _Broken:
     @hookimpl
     def vitbench_register_methods(self, register):  # type: ignore[no-untyped-def]
-        for name, (step, _) in BROKEN.items():
+        for name, (step, _) in (BROKEN | LARGE_BATCH_ONLY).items():
             register(MethodSpec(name=name, params=_NoParams,
                                 build=lambda p, info, s=step: Reduction([_Step(s) if i == 3 else None
                                                                          for i in range(info.depth)])))
@@ -74,7 +96,7 @@ def checked(tmp_path_factory: pytest.TempPathFactory) -> vitbench.Results:
 def test_a_broken_token_rule_is_an_error_record_naming_it(checked: vitbench.Results) -> None:
     by_method = {x["method"]: x for x in checked.records}
     assert [by_method[m]["status"] for m in ("baseline", *BROKEN, "tome", "topk")] == \
-        ["ok", "error", "error", "error", "ok", "ok"]
+        ["ok", *["error"] * len(BROKEN), "ok", "ok"]
     for name, (_, message) in BROKEN.items():
         assert by_method[name]["error"].startswith(message)
         assert by_method[name].get("gmacs") is None
@@ -92,3 +114,22 @@ def test_a_correct_method_is_measured_as_without_the_check(checked: vitbench.Res
         return [(x["method"], x["gmacs"], x["gmacs_std"]) for x in results.records if x["status"] == "ok"]
 
     assert gmacs(checked) == gmacs(unchecked) and len(gmacs(unchecked)) == 3
+
+
+def test_a_rule_broken_only_in_large_batches_is_caught_on_the_scored_steps(tmp_path) -> None:
+    """The check before measuring runs 4 images; every scored step is checked too, so a step that
+    breaks a rule only in batches above 4 is an error record, and the plan's other methods run."""
+    get_host().add_plugin(_Broken(), "broken_token_rules")
+    try:
+        results = vitbench.benchmark(methods=["large-batch-only", "tome"], metrics=["accuracy"], limit=16,
+                                     out=tmp_path / "large")
+    finally:
+        vitbench.plugins.reset_host()
+    by_method = {x["method"]: x for x in results.records}
+    assert by_method["large-batch-only"]["status"] == "error"
+    assert by_method["large-batch-only"]["error"].startswith(
+        "token rule broken by large-batch-only at block 3: it drops or reorders the prefix tokens "
+        "(image 0: cls moved to position 1)")
+    assert by_method["large-batch-only"].get("top1_pct") is None
+    assert by_method["tome"]["status"] == by_method["baseline"]["status"] == "ok"
+    assert by_method["tome"]["num_images"] == 16

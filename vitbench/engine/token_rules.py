@@ -5,7 +5,9 @@ A reducer's token step may keep, merge or drop patch tokens, nothing else. Per s
 unchanged (told apart by value: a step moves tokens, never recomputes one), and
 ``TokenState.keep``/``merge`` are not asked to move them (``PrefixTokenError``);
 ``growth``: the sequence never grows; ``state``: the token state counts the tokens the step
-returns (one ``size``/``source`` row per token), as ``keep``/``merge``/``cluster`` leave it.
+returns (one ``size``/``source`` row per token), as ``keep``/``merge``/``cluster`` leave it;
+``batch``: every image stays; ``finite``: a step given finite tokens returns finite ones. The prefix is compared with a
+copy taken before the step, so a step that edits its input in place cannot hide a change.
 
 :func:`check_token_rules` runs a reduced model once with every reducer traced, leaves it as it was,
 and raises :class:`~vitbench.errors.TokenRuleError` naming the method, the block and the rule;
@@ -110,6 +112,7 @@ class _RuleTrace:
         self.method, self.names = method, names
         self.blocks = _reducing_modules(model)
         self.current: Any = None
+        self._prefix: Optional[torch.Tensor] = None  # the running step's prefix tokens, copied before it
         self._undo: list[Callable[[], None]] = []
 
     def __enter__(self) -> "_RuleTrace":
@@ -118,9 +121,10 @@ class _RuleTrace:
             self._undo.append(hook.remove)
             reducer = block.reducer
             if isinstance(reducer, nn.Module):
+                before = reducer.register_forward_pre_hook(lambda mod, args: self.remember(args[0], args[1]))
                 hook = reducer.register_forward_hook(
                     lambda mod, args, out, b=block: self.check(b.index, args[0], args[1], out))
-                self._undo.append(hook.remove)
+                self._undo += [before.remove, hook.remove]
             else:
                 block.reducer = _Traced(reducer, self, block.index)
                 self._undo.append(lambda b=block, r=reducer: setattr(b, "reducer", r))
@@ -135,15 +139,28 @@ class _RuleTrace:
         where = f" at block {block}" if block is not None else ""
         return TokenRuleError(f"token rule broken by {self.method}{where}: {what}", rule=rule, block=block)
 
+    def remember(self, x_in: torch.Tensor, state: TokenState) -> None:
+        """Copy the prefix tokens before the step runs: a step that changes them in place changes
+        ``x_in`` too, so the check compares with this copy."""
+        self._prefix = x_in[:, :state.prefix].clone() if isinstance(x_in, torch.Tensor) and x_in.dim() == 3 else None
+
     def check(self, block: int, x_in: torch.Tensor, state: TokenState, x_out: torch.Tensor) -> None:
         """Raise :class:`TokenRuleError` if the step ``x_in -> x_out`` of ``block`` breaks a rule."""
-        if not isinstance(x_out, torch.Tensor) or x_out.dim() != 3 or x_out.shape[::2] != x_in.shape[::2]:
-            return  # images or channels changed: not a token step (the output shape tells)
+        before, self._prefix = self._prefix, None
+        if not isinstance(x_out, torch.Tensor) or x_out.dim() != 3 or x_in.dim() != 3:
+            return
+        if x_out.shape[0] != x_in.shape[0]:
+            raise self.error(block, "batch", f"the step returns {x_out.shape[0]} of its {x_in.shape[0]} images; "
+                                             f"a reduction step keeps every image (docs/token-state.md)")
+        if x_out.shape[2] != x_in.shape[2]:
+            return  # channels changed: a channel selection, not a token step
+        if not bool(torch.isfinite(x_out).all()) and bool(torch.isfinite(x_in).all()):
+            raise self.error(block, "finite", "the step turns finite tokens into NaN or inf")  # passed on: the NaN guards
         n_in, n_out = x_in.shape[1], x_out.shape[1]
         if n_out > n_in:
             raise self.error(block, "growth", f"the sequence grew from {n_in} to {n_out} tokens; a reduction "
                                               f"step may only keep, merge or drop tokens (docs/token-state.md)")
-        self._check_prefix(block, x_in, state.prefix, x_out)
+        self._check_prefix(block, x_in if before is None else before, state.prefix, x_out)
         for name in ("size", "source"):
             rows = getattr(state, name)
             if rows is not None and tuple(rows.shape[:2]) != tuple(x_out.shape[:2]):
@@ -190,6 +207,7 @@ class _Traced(Reducer):
         self.records_grid_merge = reducer.records_grid_merge
 
     def __call__(self, x: torch.Tensor, state: TokenState, info: AttnInfo) -> torch.Tensor:
+        self._trace.remember(x, state)
         out = self._reducer(x, state, info)
         self._trace.check(self._block, x, state, out)
         return out

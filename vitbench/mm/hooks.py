@@ -68,17 +68,20 @@ class ProgressHook(Hook):
 
 
 class TestProgressHook(Hook):
-    """Advances a :mod:`vitbench.progress` step after each test batch (its total: the loader's length)."""
+    """Advances a :mod:`vitbench.progress` step after each test batch (its total: the loader's
+    length) and counts the predictions the batches returned (:attr:`scored`)."""
 
     priority = "VERY_LOW"
 
     def __init__(self, step: progress.Step) -> None:
         self.step = step
+        self.scored = 0
 
     def before_test_epoch(self, runner: Any) -> None:
         self.step.set_total(len(runner.test_dataloader))
 
     def after_test_iter(self, runner: Any, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
+        self.scored += len(outputs) if outputs is not None else 0
         self.step.advance()
 
 

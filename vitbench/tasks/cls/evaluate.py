@@ -136,7 +136,7 @@ def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, devi
     from mmengine.runner import Runner
 
     from vitbench import progress
-    from vitbench.distributed import collective_test, raise_if_any_rank_failed
+    from vitbench.distributed import collective_test, is_distributed, raise_if_any_rank_failed
     from vitbench.measure.ib import final_features_during
     from vitbench.mm.classifier import build_classifier
     from vitbench.mm.hooks import TestProgressHook
@@ -168,7 +168,7 @@ def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, devi
                                        device=target),
             test_evaluator=[_accuracy_metric(topk, None if work_dir is None else wd)],
             test_cfg={"type": "TestLoop"},
-            custom_hooks=[TestProgressHook(step)] + ([watcher.hook()] if watcher is not None else []),
+            custom_hooks=[counted := TestProgressHook(step)] + ([watcher.hook()] if watcher is not None else []),
         ))
         guard = model.register_forward_hook(_FiniteLogits())
         try:
@@ -184,6 +184,9 @@ def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, devi
                 metrics = collective_test(runner)  # a rank's error is every rank's
                 seconds = time.perf_counter() - start
             num_images = len(runner.test_dataloader.dataset)
+            if not is_distributed() and counted.scored != num_images:  # a rank scores its shard only
+                raise DataError(f"the evaluation scored {counted.scored} predictions for its {num_images} images: "
+                                f"the model's forward changed the batch; no accuracy is reported for it")
         finally:
             guard.remove()
             release(runner)

@@ -5,6 +5,7 @@ one, evaluate top-1/top-5 with mmpretrain and measure (docs/measuring.md).
 from __future__ import annotations
 
 import copy
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -152,14 +153,17 @@ def _accuracy(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progr
     gathers the IB metric's samples from the same forwards."""
     if "accuracy" not in spec.metrics:
         return {}
+    from vitbench.engine.token_rules import token_rules_traced
     from vitbench.tasks.cls.evaluate import evaluate_cls
 
     progress("evaluating accuracy" + (" (and the IB metric's features)" if ib is not None else ""))
     relabel = _ib_labels(ws) if ib is not None else None
-    acc = evaluate_cls(model, ws.data, batch_size=ws.eval_batch_size, device=spec.device,
-                       limit=ws.eval_limit, seed=spec.seed, precision=spec.precision_name, workers=ws.workers,
-                       work_dir=ws.work_dir / spec.spec_id if ws.work_dir else None,
-                       observe=(lambda f, x, y: ib.add(f, x, relabel(y))) if ib is not None else None)
+    traced = token_rules_traced(model, spec.method) if reduction_context(model) is not None else nullcontext()
+    with traced:  # every scored step keeps the token rules (docs/measuring.md); a broken one is the run's error
+        acc = evaluate_cls(model, ws.data, batch_size=ws.eval_batch_size, device=spec.device,
+                           limit=ws.eval_limit, seed=spec.seed, precision=spec.precision_name, workers=ws.workers,
+                           work_dir=ws.work_dir / spec.spec_id if ws.work_dir else None,
+                           observe=(lambda f, x, y: ib.add(f, x, relabel(y))) if ib is not None else None)
     return {**{k: acc.get(k) for k in ("top1_pct", "top5_pct", "num_images", "num_classes", "eval_img_s")},
             "eval_batch_size": ws.eval_batch_size}
 
