@@ -9,8 +9,7 @@
 # and resumes after an interruption).
 #
 # The recipe and why: docs/architecture.md, "Embedded defaults".
-custom_imports = dict(imports=["vitbench.mm.registry"], allow_failed_imports=False)
-default_scope = "mmpretrain"
+_base_ = ["./_fmnist_base.py"]  # imports, metric, optimiser, seeding
 
 # timm VisionTransformer of DeiT's layout: 28x28 grey input, 2x2 patches (196 tokens and a class
 # token), width 96, 12 blocks, 3 heads. patch_drop_rate makes timm build its PatchDropout module;
@@ -45,24 +44,14 @@ val_dataloader = dict(
     dataset=dict(type="vitbench.OfflineFashionMNIST", split="test", data_dir=None, indices=None,
                  pad_to=28),
 )
-val_evaluator = dict(type="mmpretrain.Accuracy", topk=(1, 5))
 
 train_cfg = dict(by_epoch=True, max_epochs=9, val_interval=9)
-val_cfg = dict()
 
-optim_wrapper = dict(
-    optimizer=dict(type="AdamW", lr=2e-3, weight_decay=0.05, betas=(0.9, 0.999)),
-    clip_grad=dict(max_norm=1.0),
-    paramwise_cfg=dict(norm_decay_mult=0.0, bias_decay_mult=0.0,
-                       custom_keys={".pos_embed": dict(decay_mult=0.0),
-                                    ".cls_token": dict(decay_mult=0.0)}),
-)
 # 4221 iterations (469 an epoch of 60000 / 128, nine epochs); 5% linear warm-up, then cosine.
 param_scheduler = [
     dict(type="LinearLR", start_factor=0.01, by_epoch=False, begin=0, end=211),
     dict(type="CosineAnnealingLR", by_epoch=False, begin=211, end=4221, T_max=4010, eta_min=2e-5),
 ]
-randomness = dict(seed=0, deterministic=True)
 # Patch dropout (PatchDropout, Liu et al. 2023): 75 % of the patches dropped in epochs 1-6, none in
 # the last three, which train on every token as evaluation sees them.
 custom_hooks = [dict(type="vitbench.PatchDropSchedule",

@@ -10,8 +10,7 @@
 # Not inherited from mmpretrain's _base_ configs: their runtime adds checkpoint and
 # visualisation hooks vitbench does not want, and the data/model/schedule parts are all
 # specific to this tiny model.
-custom_imports = dict(imports=["vitbench.mm.registry"], allow_failed_imports=False)
-default_scope = "mmpretrain"
+_base_ = ["./_fmnist_base.py"]  # imports, metric, optimiser, seeding
 
 # timm VisionTransformer: 32x32 grey input, 4x4 patches (64 tokens), 12 blocks.
 model = dict(
@@ -41,21 +40,11 @@ val_dataloader = dict(
     sampler=dict(type="DefaultSampler", shuffle=False),
     dataset=dict(type="vitbench.OfflineFashionMNIST", split="test", data_dir=None, indices=None),
 )
-val_evaluator = dict(type="mmpretrain.Accuracy", topk=(1, 5))
 
 train_cfg = dict(by_epoch=True, max_epochs=1, val_interval=1)
-val_cfg = dict()
 
-optim_wrapper = dict(
-    optimizer=dict(type="AdamW", lr=2e-3, weight_decay=0.05, betas=(0.9, 0.999)),
-    clip_grad=dict(max_norm=1.0),
-    paramwise_cfg=dict(norm_decay_mult=0.0, bias_decay_mult=0.0,
-                       custom_keys={".pos_embed": dict(decay_mult=0.0),
-                                    ".cls_token": dict(decay_mult=0.0)}),
-)
 # 938 iterations (60000 / 64, one epoch); 5% linear warm-up, then cosine.
 param_scheduler = [
     dict(type="LinearLR", start_factor=0.01, by_epoch=False, begin=0, end=46),
     dict(type="CosineAnnealingLR", by_epoch=False, begin=46, end=938, T_max=892, eta_min=2e-5),
 ]
-randomness = dict(seed=0, deterministic=True)
