@@ -175,7 +175,7 @@ def _keep_index(x: torch.Tensor, state, head: list[int]) -> torch.Tensor:  # typ
 
 BROKEN = {  # name: (params, reducer at block 3, the reason check_method must give)
     "grows": (NoParams, _reducer(lambda x: torch.cat([x, x[:, -1:]], dim=1)), r"token rule broken by grows at block 3: the sequence grew from 65 to 66 tokens"),
-    "drops-images": (NoParams, _reducer(lambda x: _halve(x)[:1]), r"drops-images: output shape \(1, 10\) != \(2, 10\)"),
+    "drops-images": (NoParams, _reducer(lambda x: _halve(x)[:1]), r"token rule broken by drops-images at block 3: the step returns 1 of its 2 images"),
     "noisy": (NoParams, _reducer(lambda x: _halve(x) + _patch_noise(_halve(x))), "noisy: two eval forwards on CPU differ"),
     "no-op": (NoParams, _reducer(lambda x: x), r"no-op: tokens did not shrink \(65 -> \[65, 65,"),
     "greedy": (NoParams, _reducer(_halve, frozenset({"keys", "queries"})),
