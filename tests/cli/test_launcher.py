@@ -67,7 +67,7 @@ def test_torchrun_two_ranks_give_the_single_process_top1_and_one_store(tmp_path)
 
 #: test-only methods for the ranks' failures, loaded by the torchrun-started processes as an
 #: installed plugin would be: a ``*.dist-info`` with the ``vitbench`` entry point on PYTHONPATH
-_RANK_FAILURES_PLUGIN = '''"""test-rank-nan: block 1 turns rank 1's patch tokens into NaN (rank 0's pass unchanged);
+_RANK_FAILURES_PLUGIN = '''"""test-rank-nan: block 1's MLP turns rank 1's patch tokens into NaN (rank 0's pass unchanged);
 test-rank-raise: building the method fails on rank 1 (before the evaluation) and works on rank 0."""
 from dataclasses import dataclass
 
@@ -87,10 +87,14 @@ def _rank():
 
 
 class Poison(Reducer):
-    def __call__(self, x, state, info):  # the class token keeps its place (the token rules)
+    def __call__(self, x, state, info):  # the token step keeps every rule, finiteness included
+        return x
+
+    def mlp_forward(self, mlp, x):  # the NaN comes from block 1's MLP, for the evaluation's guard
         import torch
 
-        return torch.cat([x[:, :1], x[:, 1:] * float("nan")], dim=1) if _rank() == 1 else x
+        y = mlp(x)
+        return torch.cat([y[:, :1], y[:, 1:] * float("nan")], dim=1) if _rank() == 1 else y
 
 
 def refuse(params, info):
