@@ -70,8 +70,7 @@ def choices_error(kind: str, value: object, valid: Iterable[str]) -> UnknownName
     return UnknownNameError(f"unknown {kind} {value!r}; valid {kind}s: {listed}")
 
 
-#: what plugin code may raise that becomes a failure of that plugin or run, ``sys.exit()``
-#: included; ``KeyboardInterrupt`` still stops the plan (a real Ctrl-C)
+#: what plugin code may raise that fails only that plugin or run (``sys.exit()`` too, not Ctrl-C)
 PLUGIN_FAILURES: tuple[type[BaseException], ...] = (Exception, SystemExit)
 
 
