@@ -575,3 +575,112 @@ def test_a_method_that_exits_in_its_build_is_an_error_record_and_the_plan_goes_o
     assert by_method["exiter"]["status"] == "error"
     assert by_method["exiter"]["error"] == "SystemExit: plugin code called sys.exit(0)"
     assert by_method["tome"]["status"] == by_method["baseline"]["status"] == "ok"
+
+
+@pytest.mark.parametrize("name, why", [
+    ("", "is empty"),
+    ("a,b", "holds a comma, a blank or a control character"),
+    (" padded", "holds a comma, a blank or a control character"),
+    ("tab\there", "holds a comma, a blank or a control character"),
+    ("bell\x07", "holds a comma, a blank or a control character"),
+    ("baseline", "is reserved for the reference rows (baseline, baseline+ft)"),
+    ("baseline+ft", "is reserved for the reference rows"),
+])
+def test_a_name_no_command_can_reach_is_refused_with_a_warning(
+        fake_dists: FakeDistributions, capsys: pytest.CaptureFixture[str], name: str, why: str) -> None:
+    fake_dists.add("odd-plugin", {"odd": fake_dists.method_plugin(name, ("odd-alias",))})
+    host = fresh_host()
+    assert name not in host.names("methods") and "odd-alias" not in host.names("methods")
+    assert host.plugins["odd"].registered["methods"] == []
+    [warned] = warnings_in(capsys.readouterr().err)
+    assert f"plugin 'odd' (odd-plugin) registers the method name {name!r}, which {why}" in warned
+    assert warned.endswith("it is left out")
+    host.add_plugin(object(), "late")  # a rebuild of the catalogs warns no second time
+    assert host.names("methods") and warnings_in(capsys.readouterr().err) == []
+    assert "tome" in host.names("methods")  # the other plugins are untouched
+
+
+def test_an_unusable_alias_is_left_out_and_the_name_kept(
+        fake_dists: FakeDistributions, capsys: pytest.CaptureFixture[str]) -> None:
+    fake_dists.add("odd-plugin", {"odd": fake_dists.method_plugin("fine", ("", "also,fine", "fine-too"))})
+    host = fresh_host()
+    assert host.method("fine").name == "fine" and host.method("fine-too").name == "fine"
+    assert len(warnings_in(capsys.readouterr().err)) == 2
+
+
+def test_an_unusable_name_is_fatal_when_strict(fake_dists: FakeDistributions,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_dists.add("odd-plugin", {"odd": fake_dists.method_plugin("baseline")})
+    monkeypatch.setenv("VITBENCH_STRICT_PLUGINS", "1")
+    with pytest.raises(PluginError, match=r"registers the method name 'baseline', which is reserved"):
+        fresh_host().names("methods")
+
+
+# -- KeyboardInterrupt: plugin code's own fails alone, a real Ctrl-C stops the plan --------------
+def _method_whose_build(body: str) -> str:
+    return EXITING_METHOD.replace("    sys.exit(0)", textwrap.indent(textwrap.dedent(body), "    "))
+
+
+def _run_exiter(fake_dists: FakeDistributions, tmp_path: Path, build_body: str) -> tuple[int, dict]:
+    fake_dists.add("exiting-method", {"exiter_plugin": _method_whose_build(build_body)})
+    vitbench.plugins.reset_host()
+    out = tmp_path / "out"
+    try:
+        code = main(["run", "--task", "agreement", "--methods", "exiter,tome", "--model", "test_vit",
+                     "--param", "tome.r=4", "--batch-size", "2", "--out", str(out)])
+    finally:
+        vitbench.plugins.reset_host()
+    store = out / "runs.jsonl"
+    records = [json.loads(line) for line in store.read_text().splitlines()] if store.exists() else []
+    return code, {r["method"]: r for r in records}
+
+
+def test_a_keyboard_interrupt_raised_by_plugin_code_fails_its_run_only(
+        fake_dists: FakeDistributions, tmp_path: Path) -> None:
+    code, by_method = _run_exiter(fake_dists, tmp_path, "raise KeyboardInterrupt\n")
+    assert code == 1 and (tmp_path / "out" / "report.md").is_file()
+    assert by_method["exiter"]["error"] == "KeyboardInterrupt: raised by plugin code, not by Ctrl-C"
+    assert by_method["tome"]["status"] == by_method["baseline"]["status"] == "ok"
+
+
+def test_a_real_ctrl_c_inside_plugin_code_still_stops_the_plan(
+        fake_dists: FakeDistributions, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import signal
+
+    before = signal.getsignal(signal.SIGINT)
+    code, by_method = _run_exiter(fake_dists, tmp_path, """
+        import os, signal, time
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+        """)
+    assert code == 130 and "exiter" not in by_method and "tome" not in by_method
+    assert "vitbench: interrupted; finished runs are in the store" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGINT) is before  # main() gave the caller its handler back
+
+
+def test_a_plugin_raising_keyboard_interrupt_at_import_or_in_a_hook_fails_alone(
+        fake_dists: FakeDistributions, tmp_path: Path) -> None:
+    import signal
+
+    from vitbench.interrupts import watch_ctrl_c
+
+    fake_dists.add("interrupting-plugin", {"interrupting": "raise KeyboardInterrupt\n"})
+    fake_dists.add("hostile-hooks", {"hostile": HOSTILE_HOOKS.replace("sys.exit(0)", "raise KeyboardInterrupt")})
+    previous = watch_ctrl_c()
+    try:
+        host = fresh_host()
+        host.run_finished(spec=None, result={"status": "ok"})
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert [(f.name, f.error) for f in host.failures if f.name == "interrupting"] == [
+        ("interrupting", "KeyboardInterrupt: raised by plugin code, not by Ctrl-C")]
+    assert ("hostile", "vitbench_run_finished raised KeyboardInterrupt: raised by plugin code, not by Ctrl-C") in [
+        (f.name, f.error) for f in host.failures]
+    done = _vitbench(fake_dists.site, tmp_path, "--help")
+    assert done.returncode == 0 and "usage:" in done.stdout
+
+
+def test_without_the_cli_watcher_every_keyboard_interrupt_stops(fake_dists: FakeDistributions) -> None:
+    fake_dists.add("interrupting-plugin", {"interrupting": "raise KeyboardInterrupt\n"})
+    with pytest.raises(KeyboardInterrupt):  # the Python API cannot tell a Ctrl-C from the plugin's own
+        fresh_host()

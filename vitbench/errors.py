@@ -70,12 +70,14 @@ def choices_error(kind: str, value: object, valid: Iterable[str]) -> UnknownName
     return UnknownNameError(f"unknown {kind} {value!r}; valid {kind}s: {listed}")
 
 
-#: what plugin code may raise that fails only that plugin or run (``sys.exit()`` too, not Ctrl-C)
-PLUGIN_FAILURES: tuple[type[BaseException], ...] = (Exception, SystemExit)
+#: what plugin code may raise that fails only that plugin or run (a real Ctrl-C: ``interrupts``)
+PLUGIN_FAILURES: tuple[type[BaseException], ...] = (Exception, SystemExit, KeyboardInterrupt)
 
 
 def failure_text(exc: BaseException) -> str:
     """One line for an exception plugin code raised (``SystemExit`` says who exited)."""
     if isinstance(exc, SystemExit):
         return f"SystemExit: plugin code called sys.exit({exc.code!r})"
+    if isinstance(exc, KeyboardInterrupt):
+        return "KeyboardInterrupt: raised by plugin code, not by Ctrl-C"
     return f"{type(exc).__name__}: {exc}"

@@ -26,6 +26,7 @@ from vitbench.calibrate import Calibration, calibrate, not_matchable, off_pct
 from vitbench.data.workers import without_worker_traceback
 from vitbench.distributed import failure_on_any_rank, is_main
 from vitbench.errors import BudgetError, VitbenchError, failure_text
+from vitbench.interrupts import is_ctrl_c
 from vitbench.plan import BASELINE, REFERENCES, RunSpec
 from vitbench.plugins import get_host
 from vitbench.progress import steps
@@ -121,7 +122,9 @@ def run_spec(spec: RunSpec, ws: Any, baseline: Optional[dict], env: dict[str, An
         record.update(status="error", error=without_worker_traceback(str(exc)))
     except Exception as exc:  # noqa: BLE001 - one failed run must not take the others down
         record.update(status="error", error=f"{type(exc).__name__}: {without_worker_traceback(str(exc))}")
-    except SystemExit as exc:  # plugin code (a forward, a build) calling sys.exit() fails its run only
+    except (SystemExit, KeyboardInterrupt) as exc:  # plugin code exiting fails its run only
+        if is_ctrl_c(exc):
+            raise
         record.update(status="error", error=failure_text(exc))
     record["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     record["wall_s"] = round(time.perf_counter() - started, 3)

@@ -26,8 +26,9 @@ import pluggy
 from vitbench import hookspecs
 from vitbench.catalog import FamilySpec, MethodSpec, ScorerSpec, resolved
 from vitbench.errors import PLUGIN_FAILURES, PluginError, choices_error, failure_text
+from vitbench.interrupts import is_ctrl_c
 from vitbench.metrics import METRICS
-from vitbench.task import Task
+from vitbench.task import REFERENCES, Task
 
 ENTRY_POINT_GROUP = "vitbench"
 _KINDS = {"methods": MethodSpec, "scorers": ScorerSpec, "families": FamilySpec, "tasks": Task}
@@ -101,6 +102,7 @@ class PluginHost:
         self._owner: dict[tuple[str, str], str] = {}
         self._left_out: dict[tuple[str, str], PluginClash] = {}  # aliases of a left-out spec
         self._warned: set[PluginClash] = set()
+        self._refused: set[str] = set()  # warnings about unusable names, given once
         self._resolved: dict[tuple[str, str], Any] = {}  # lookups: references imported
 
     # -- discovery ---------------------------------------------------------------------
@@ -120,6 +122,8 @@ class PluginHost:
             try:
                 obj = ep.load()
             except PLUGIN_FAILURES as exc:  # a broken plugin must not take the host down
+                if is_ctrl_c(exc):
+                    raise
                 self._fail(ep.name, dist, failure_text(exc))
                 continue
             self.add_plugin(obj, ep.name, dist, version)
@@ -168,6 +172,8 @@ class PluginHost:
                 except PluginError:
                     raise
                 except PLUGIN_FAILURES as exc:  # recorded as this plugin's failure
+                    if is_ctrl_c(exc):
+                        raise
                     info = self.plugins.get(plugin)
                     self._fail(plugin, info.distribution if info else None,
                                f"vitbench_register_{kind} raised {failure_text(exc)}")
@@ -182,7 +188,10 @@ class PluginHost:
                 _check_knob(spec)
             if kind == "tasks":
                 _check_task(spec)
-            names = list(dict.fromkeys([spec.name, *getattr(spec, "aliases", ())]))
+            names = [name for name in dict.fromkeys([spec.name, *getattr(spec, "aliases", ())])
+                     if self._name_ok(kind, name, plugin)]
+            if spec.name not in names:
+                return
             free = [name for name in names if not self._clash(kind, name, plugin)]
             if spec.name not in free:  # its name is taken: its aliases lead to the clash
                 primary = next(c for c in reversed(self._clashes) if (c.kind, c.name) == (kind, spec.name))
@@ -197,6 +206,20 @@ class PluginHost:
             if plugin in self.plugins:
                 self.plugins[plugin].registered[kind].append(spec.name)
         return register
+
+    def _name_ok(self, kind: str, name: object, plugin: str) -> bool:
+        """Whether ``name`` can be registered; a refused one is warned about (an error under
+        ``VITBENCH_STRICT_PLUGINS``) and left out, the plugin's other names are kept."""
+        why = unusable_name(kind, name)
+        if why is None:
+            return True
+        what = f"plugin {self._label(plugin)} registers the {SINGULAR[kind]} name {name!r}, which {why}"
+        if _strict():
+            raise PluginError(what)
+        if what not in self._refused:  # the catalogs are rebuilt when a plugin is added
+            self._refused.add(what)
+            print(f"vitbench: warning: {what}; it is left out", file=sys.stderr)
+        return False
 
     def _rank(self, plugin: str) -> tuple[bool, str]:
         """Built-in plugins first, then by name: who keeps a name two plugins register."""
@@ -342,6 +365,8 @@ class PluginHost:
             except PluginError:
                 raise
             except PLUGIN_FAILURES as exc:
+                if is_ctrl_c(exc):
+                    raise
                 self.plugin_failed(impl.plugin_name, f"{hook} raised {failure_text(exc)}")
 
     def describe(self) -> dict[str, Any]:
@@ -360,6 +385,21 @@ class PluginHost:
 
 def _choose(clash: PluginClash) -> str:
     return f"uninstall one of them, or set VITBENCH_DISABLE_PLUGINS={clash.refused_from} or ={clash.kept_by}"
+
+
+def unusable_name(kind: str, name: object) -> str | None:
+    """Why ``name`` cannot be a registered ``kind`` name (``None``: it can): it must be a
+    non-empty string a command line can reach (no comma, blank or control character), and a
+    method may not take a reference row's name (``baseline``, ``baseline+ft``)."""
+    if not isinstance(name, str):
+        return f"is a {type(name).__name__}, not a string"
+    if not name:
+        return "is empty"
+    if any(c == "," or c.isspace() or not c.isprintable() for c in name):
+        return "holds a comma, a blank or a control character and cannot be named on a command line"
+    if kind == "methods" and name in REFERENCES:
+        return f"is reserved for the reference rows ({', '.join(REFERENCES)})"
+    return None
 
 
 def _check_knob(spec: MethodSpec) -> None:

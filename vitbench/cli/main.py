@@ -11,7 +11,7 @@ from vitbench.cli import visualize_cmd
 from vitbench.cli import reproduce_cmd
 from vitbench.cli import describe_cmd
 from vitbench.cli import cache_cmd
-from vitbench.cli.signals import Terminated, raise_on_sigterm
+from vitbench.cli.signals import Terminated, signals_as_exceptions
 from vitbench.errors import VitbenchError
 
 COMMANDS = (run_cmd, sweep_cmd, list_cmd, describe_cmd, plugins_cmd, report_cmd, default_model_cmd,
@@ -39,10 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[list[str]] = None) -> int:
     """Entry point of the console script; bad input exits 2 with one line, no traceback (also
     while building the parser, which asks the plugins for their tasks' options)."""
-    raise_on_sigterm()
     try:
-        args = build_parser().parse_args(argv)
-        return int(args.handler(args) or 0)
+        with signals_as_exceptions():
+            args = build_parser().parse_args(argv)
+            return int(args.handler(args) or 0)
     except VitbenchError as exc:
         from vitbench.data.workers import without_worker_traceback
 

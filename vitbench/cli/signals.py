@@ -3,10 +3,14 @@ the store, and one line says so (exit 143, the shell's code for a SIGTERM)."""
 from __future__ import annotations
 
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import FrameType
 from typing import Optional
 
-__all__ = ["Terminated", "raise_on_sigterm"]
+from vitbench.interrupts import watch_ctrl_c
+
+__all__ = ["Terminated", "signals_as_exceptions"]
 
 
 class Terminated(BaseException):
@@ -17,9 +21,19 @@ def _raise(signum: int, frame: Optional[FrameType]) -> None:
     raise Terminated(signum)
 
 
-def raise_on_sigterm() -> None:
-    """Turn SIGTERM into :class:`Terminated` (only where this is the main thread)."""
+@contextmanager
+def signals_as_exceptions() -> Iterator[None]:
+    """Within the block SIGTERM raises :class:`Terminated` and SIGINT a ``KeyboardInterrupt`` noted
+    as a real Ctrl-C (:mod:`vitbench.interrupts`); the previous handlers come back after it, so an
+    in-process caller (a test, a notebook) keeps its own. Outside the main thread: nothing changes."""
     try:
-        signal.signal(signal.SIGTERM, _raise)
-    except ValueError:  # not the main thread: leave the default handler
-        pass
+        previous = signal.signal(signal.SIGTERM, _raise)
+    except ValueError:  # not the main thread: leave the default handlers
+        yield
+        return
+    previous_int = watch_ctrl_c()
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)

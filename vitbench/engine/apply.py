@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from vitbench.errors import PLUGIN_FAILURES, UnsupportedError, VitbenchError
+from vitbench.interrupts import is_ctrl_c
 from vitbench.params import make_params
 from vitbench.plugins import get_host
 from vitbench.task import REFERENCES
@@ -52,5 +53,7 @@ def check_applies(plan: Iterable[RunSpec], model: Any) -> None:
             apply(copy.deepcopy(model), spec.method, **spec.params)
         except VitbenchError:
             raise
-        except PLUGIN_FAILURES:
+        except PLUGIN_FAILURES as exc:
+            if is_ctrl_c(exc):
+                raise
             continue  # the method's own code failed (sys.exit() too): its runs record it, the others run
