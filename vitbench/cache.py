@@ -4,12 +4,15 @@ trained detectors (``$VITBENCH_CACHE``, else ``~/.cache/vitbench``); how it writ
 the same entry take turns (:func:`cache_lock`)."""
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from vitbench.files import special_file
 
 __all__ = ["ENV_CACHE", "atomic_write", "cache_dir", "cache_lock"]
 
@@ -28,8 +31,12 @@ def cache_dir(path: str | Path | None = None) -> Path:
 def atomic_write(path: str | os.PathLike[str], write: Callable[[Path], object]) -> Path:
     """Write ``path`` whole or not at all: ``write(tmp)`` fills a new file beside it, which then
     replaces ``path`` (``os.replace``). The file's mode is what ``open(path, "w")`` would give
-    (0666 less the umask), not ``tempfile.mkstemp``'s 0600, so a shared folder stays readable."""
+    (0666 less the umask), not ``tempfile.mkstemp``'s 0600, so a shared folder stays readable.
+    A ``path`` that is a pipe or a device is refused (``OSError``), never replaced by a file."""
     path = Path(path)
+    kind = special_file(path)
+    if kind is not None:
+        raise OSError(errno.EINVAL, f"{path} is {kind}, not a regular file; vitbench writes only files", str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _new_file_beside(path)
     try:

@@ -39,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[list[str]] = None) -> int:
     """Entry point of the console script; bad input exits 2 with one line, no traceback (also
     while building the parser, which asks the plugins for their tasks' options)."""
+    _undecodable_text_printable()
     try:
         with signals_as_exceptions():
             args = build_parser().parse_args(argv)
@@ -54,6 +55,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     except Terminated:
         print("vitbench: terminated (SIGTERM); finished runs are in the store (use --resume)", file=sys.stderr)
         return 143
+
+
+def _undecodable_text_printable() -> None:
+    """A path or argument holding bytes no encoding decodes prints as ``\\udcXX`` escapes
+    instead of raising ``UnicodeEncodeError`` on a console that refuses them."""
+    for stream in (sys.stdout, sys.stderr):
+        if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
 
 
 if __name__ == "__main__":  # pragma: no cover

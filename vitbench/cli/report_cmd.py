@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from vitbench.errors import DataError
+from vitbench.files import special_file
 from vitbench.results import ResultStore
 
 FORMATS = ("md", "csv", "latex")
@@ -102,6 +103,9 @@ def _output(text: str) -> Path:
         raise DataError(f"-o {text!r} is no file name; give the markdown file to write, e.g. -o report.md")
     if output.is_dir():
         raise DataError(f"-o {text!r} is a folder; give the markdown file to write, e.g. -o {output / 'report.md'}")
+    kind = special_file(output)
+    if kind is not None:
+        raise DataError(f"-o {text!r} is {kind}, not a file; give the markdown file to write, e.g. -o report.md")
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

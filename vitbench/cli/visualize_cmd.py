@@ -117,4 +117,4 @@ def link_in_report(md: Path, png: Path) -> None:
     from vitbench.report.attached import with_figure
 
     text = with_figure(md.read_text(encoding="utf-8"), png.name)
-    atomic_write(md, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    atomic_write(md, lambda tmp: tmp.write_text(text, encoding="utf-8", errors="backslashreplace"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import stat
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,6 +136,7 @@ class LoadImage(LoadImageFromFile):
 
     def transform(self, results: dict) -> dict | None:
         path = results.get("img_path")
+        _refuse_bombs(path)
         try:
             with _quiet_opencv():  # its decoder's warnings about a broken file would add lines
                 return super().transform(results)
@@ -142,6 +144,32 @@ class LoadImage(LoadImageFromFile):
             raise DataError(f"cannot read image {path}: {exc.strerror or exc}") from exc
         except Exception as exc:  # mmcv asserts, OpenCV raises cv2.error
             raise DataError(f"cannot read image {path}: it is corrupt or not an image; remove or replace it") from exc
+
+
+#: the most pixels an image may declare: Pillow's own decompression-bomb limit (2 x MAX_IMAGE_PIXELS)
+MAX_PIXELS = 2 * 89_478_485
+
+
+def _refuse_bombs(path: str | None) -> None:
+    """Refuse an image whose header declares more than :data:`MAX_PIXELS` (a few kilobytes of
+    PNG can declare gigabytes of pixels) before any decoder allocates them; Pillow reads the
+    header only. A file Pillow does not know is left to the decoder."""
+    if path is None:
+        return
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as img:
+                width, height = img.size
+    except Image.DecompressionBombError as exc:  # Pillow refused it on its header already
+        raise DataError(f"cannot read image {path}: {exc} (a decompression bomb?); remove or shrink it") from None
+    except (UnidentifiedImageError, OSError, ValueError):
+        return
+    if width * height > MAX_PIXELS:
+        raise DataError(f"cannot read image {path}: it declares {width} x {height} pixels, more than the "
+                        f"{MAX_PIXELS:,} vitbench decodes (a decompression bomb?); remove or shrink it")
 
 
 @contextlib.contextmanager

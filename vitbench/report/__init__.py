@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from vitbench.report._atomic import atomic_write_bytes
+from vitbench.report._atomic import atomic_write_text
 from vitbench.report.attached import attach
 from vitbench.report.markdown import render_markdown
 from vitbench.report.plot import planned_panels, plot_accuracy_vs_gmacs
@@ -32,10 +32,10 @@ def write_report(records: Iterable[Mapping[str, Any]], out_md_path: str | os.Pat
     records = list(records)
     md_path = Path(out_md_path)
     png_path = md_path.with_suffix(".png") if planned_panels(records) else None
-    link = urllib.parse.quote(png_path.name) if png_path is not None else None
+    link = urllib.parse.quote(png_path.name, errors="surrogateescape") if png_path is not None else None
     text = render_markdown(records, title=title, command=command, plot_path=link, skipped=skipped)
     text = attach(text, Path(folder) if folder is not None else md_path.parent, records, md_path.parent)
     if png_path is not None:
         plot_accuracy_vs_gmacs(records, png_path)
-    atomic_write_bytes(md_path, text.encode("utf-8"))
+    atomic_write_text(md_path, text)
     return md_path, png_path

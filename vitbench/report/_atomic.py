@@ -17,3 +17,9 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
             os.fsync(f.fileno())
 
     return atomic_write(path, write)
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """:func:`atomic_write_bytes` of ``text`` in UTF-8; bytes a path or argument held that no
+    encoding decodes (surrogates) are written as ``\\udcXX`` escapes rather than failing."""
+    return atomic_write_bytes(path, text.encode("utf-8", "backslashreplace"))

@@ -28,7 +28,7 @@ HEADING = "## Published"
 
 def figure_line(link: str) -> str:
     """The image line of a visualize figure; ``link``: its path relative to the report."""
-    return f"![Patches merged (colour) and pruned (grey) after each block]({urllib.parse.quote(link)})"
+    return f"![Patches merged (colour) and pruned (grey) after each block]({urllib.parse.quote(link, errors='surrogateescape')})"
 
 
 def with_figure(text: str, link: str) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from vitbench.report._atomic import atomic_write_bytes
+from vitbench.report._atomic import atomic_write_text
 from vitbench.report.sweep import budget_records, budgets
 from vitbench.report.tables import comparison_table, groups
 from vitbench.results import latest_records
@@ -54,4 +54,4 @@ def write_table(records: Iterable[Mapping[str, Any]], path: str | os.PathLike[st
         text = table.to_csv(index=False)
     else:
         text = table.to_markdown(index=False, tablefmt="latex_booktabs", disable_numparse=True) + "\n"
-    return atomic_write_bytes(path, text.encode("utf-8"))
+    return atomic_write_text(path, text)

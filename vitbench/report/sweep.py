@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import pandas as pd
 
-from vitbench.report._atomic import atomic_write_bytes
+from vitbench.report._atomic import atomic_write_text
 from vitbench.report.curves import (
     Curve, accuracy_keys, common_span, curve_area, curve_key, curves, gmacs_key, record_budget,
 )
@@ -177,8 +177,8 @@ def write_sweep_report(records: Iterable[Record], out_md_path: str | os.PathLike
     md_path = Path(out_md_path)
     pngs = [md_path.with_name(name) for name in PARETO_FILES]
     text = render_sweep_markdown(records, command=command, title=title,
-                                 plot_paths=tuple(urllib.parse.quote(p.name) for p in pngs), skipped=skipped)
+                                 plot_paths=tuple(urllib.parse.quote(p.name, errors="surrogateescape") for p in pngs), skipped=skipped)
     plot_pareto(records, pngs[0], x="gmacs")
     plot_pareto(records, pngs[1], x="throughput")
-    atomic_write_bytes(md_path, text.encode("utf-8"))
+    atomic_write_text(md_path, text)
     return md_path, pngs

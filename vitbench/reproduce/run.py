@@ -65,7 +65,7 @@ def write_published(folder: Path, r: Recipe) -> Path:
 
     path = Path(folder) / PUBLISHED
     text = json.dumps(published_fields(r), indent=1) + "\n"
-    atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8", errors="backslashreplace"))
     return path
 
 
@@ -83,4 +83,4 @@ def add_published(report: Path, section: str) -> None:
     from vitbench.report.attached import with_published
 
     body = with_published(report.read_text(encoding="utf-8"), section)
-    atomic_write(report, lambda tmp: tmp.write_text(body, encoding="utf-8"))
+    atomic_write(report, lambda tmp: tmp.write_text(body, encoding="utf-8", errors="backslashreplace"))

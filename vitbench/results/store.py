@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from vitbench.errors import DataError
+from vitbench.files import special_file
 
 __all__ = ["CorruptLine", "ResultStore", "latest_records", "shard_file", "to_jsonable", "FINISHED_STATUSES"]
 
@@ -149,6 +150,9 @@ class ResultStore:
         self.corrupt_lines = []
         out: list[dict[str, Any]] = []
         for path in self.files():
+            kind = special_file(path)
+            if kind is not None:  # reading a pipe would wait for a writer forever
+                raise DataError(f"result store {str(path)!r} is {kind}, not a file; move it away")
             try:
                 raw = path.read_bytes()
             except FileNotFoundError:
