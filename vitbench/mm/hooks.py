@@ -108,3 +108,33 @@ class PatchDropSchedule(Hook):
         if not hasattr(patch_drop, "prob"):
             raise ValueError("PatchDropSchedule needs a backbone built with patch_drop_rate > 0")
         patch_drop.prob = self.rates[min(runner.epoch, len(self.rates) - 1)]
+
+
+@HOOKS.register_module()
+class StartFromWeights(Hook):
+    """Load a state dict shipped inside the vitbench package into the backbone before the first
+    iteration, so training continues a shipped model (a resumed training keeps its checkpoint).
+
+    ``file`` is relative to the installed ``vitbench`` package; ``sha256`` must match its bytes.
+    """
+
+    priority = "VERY_HIGH"
+
+    def __init__(self, file: str, sha256: str) -> None:
+        self.file, self.sha256 = file, sha256
+
+    def before_train(self, runner: Any) -> None:
+        if runner.iter > 0:
+            return
+        import hashlib
+        from importlib.resources import files
+
+        import torch
+
+        path = files("vitbench").joinpath(self.file)
+        blob = path.read_bytes()
+        if hashlib.sha256(blob).hexdigest() != self.sha256:
+            raise ValueError(f"{self.file}: its sha256 is not {self.sha256}; the weights to start from changed")
+        model = runner.model.module if hasattr(runner.model, "module") else runner.model
+        with path.open("rb") as f:
+            model.backbone.model.load_state_dict(torch.load(f, map_location="cpu", weights_only=True), strict=True)

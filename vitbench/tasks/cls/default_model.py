@@ -54,6 +54,10 @@ class Recipe:
     augment: bool = False
     #: patch dropout rate per epoch (the last rate holds for later epochs); empty: none
     patch_drop: tuple[float, ...] = ()
+    #: the stem of shipped weights training continues from (empty: timm's random initialisation)
+    start_from: str = ""
+    #: validate on the test set after every epoch (False: after the last only)
+    validate_every_epoch: bool = False
 
 
 @dataclass(frozen=True)
@@ -191,7 +195,8 @@ def train_config(*, model: str | EmbeddedModel = DEFAULT_MODEL, epochs: int | No
                         "data_dir": data_dir, "indices": max_test_images, **padded},
         },
         "val_evaluator": {"type": "mmpretrain.Accuracy", "topk": (1, 5)},
-        "train_cfg": {"by_epoch": True, "max_epochs": epochs, "val_interval": epochs},
+        "train_cfg": {"by_epoch": True, "max_epochs": epochs,
+                      "val_interval": 1 if recipe.validate_every_epoch else epochs},
         "val_cfg": {},
         "optim_wrapper": {
             "optimizer": {"type": "AdamW", "lr": lr, "weight_decay": recipe.weight_decay,
@@ -208,9 +213,23 @@ def train_config(*, model: str | EmbeddedModel = DEFAULT_MODEL, epochs: int | No
         ],
         "randomness": {"seed": seed, "deterministic": True},
     }
+    hooks = []
+    if recipe.start_from:
+        hooks.append({"type": "vitbench.StartFromWeights", "file": f"tasks/cls/weights/{recipe.start_from}.pth",
+                      "sha256": _shipped_sha256(recipe.start_from)})
     if recipe.patch_drop:
-        cfg["custom_hooks"] = [{"type": "vitbench.PatchDropSchedule", "rates": list(recipe.patch_drop)}]
+        hooks.append({"type": "vitbench.PatchDropSchedule", "rates": list(recipe.patch_drop)})
+    if hooks:
+        cfg["custom_hooks"] = hooks
     return cfg
+
+
+def _shipped_sha256(stem: str) -> str:
+    """The recorded sha256 of the shipped weights ``stem`` (from their metadata)."""
+    meta = SHIPPED_DIR / f"{stem}.json"
+    if not meta.is_file():
+        raise ValueError(f"no shipped weights {stem!r} to start from (no {meta.name} in the package)")
+    return str(json.loads(meta.read_text())["weights_sha256"])
 
 
 def config_hash(cfg: dict[str, Any]) -> str:
