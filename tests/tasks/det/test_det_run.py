@@ -299,3 +299,35 @@ def test_a_backbone_method_that_breaks_a_token_rule_fails_before_measuring(backb
     with pytest.raises(TokenRuleError, match=r"^token rule broken by drops-cls at block 1: it drops or reorders "
                                              r"the prefix tokens \(image 0: cls dropped or changed\)"):
         run_dense_spec(spec, ws, lambda s: None)
+
+
+class _DropsTheClassTokenAfterTheCheck(Reducer):
+    """Keeps the rules on its first call (the 4-image check before measuring, which restores the
+    reducer's own attributes afterwards: the count lives outside it), breaks them later."""
+
+    calls: list[int] = []
+
+    def __call__(self, x, state, info):  # type: ignore[no-untyped-def]
+        self.calls.append(x.shape[0])
+        return x if len(self.calls) == 1 else x[:, 1:]
+
+
+class _LateBrokenMethod:
+    @hookimpl
+    def vitbench_register_methods(self, register):  # type: ignore[no-untyped-def]
+        register(MethodSpec(name="drops-cls-later", params=_NoParams, build=lambda p, info: Reduction(
+            [_DropsTheClassTokenAfterTheCheck() if i == 1 else None for i in range(info.depth)])))
+
+
+def test_a_rule_broken_only_while_the_map_is_scored_is_caught_there(backbone_factory, det_data, tmp_path,
+                                                                     fake_training):
+    get_host().add_plugin(_LateBrokenMethod(), "late_broken_det_method")
+    backbone = backbone_factory("deit_tiny_patch16_224", depth=3)
+    ws = _workspace(backbone_factory, det_data, tmp_path, model=backbone, model_name="deit_tiny_patch16_224")
+    (spec,) = [s for s in build_plan(task="det", model="deit_tiny_patch16_224", methods=["drops-cls-later"],
+                                     data=str(det_data.root), metrics=("accuracy",), device="cpu", seed=0,
+                                     overrides={}, batch_size=2)
+               if s.method == "drops-cls-later"]
+    with pytest.raises(TokenRuleError, match=r"^token rule broken by drops-cls-later at block 1: it drops or "
+                                             r"reorders the prefix tokens"):
+        run_dense_spec(spec, ws, lambda s: None)

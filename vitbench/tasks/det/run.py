@@ -303,17 +303,22 @@ def run_dense_spec(spec: Any, ws: DenseWorkspace, progress: Progress,
     return out
 
 
-def _accuracy(spec: Any, ws: DenseWorkspace, detector: nn.Module, progress: Progress) -> dict[str, Any]:
+def _accuracy(spec: Any, ws: DenseWorkspace, detector: nn.Module, backbone: nn.Module,
+              progress: Progress) -> dict[str, Any]:
     """Box (and mask) mAP when ``accuracy`` is measured (a collective evaluation under a launcher:
-    every rank scores its part of the images, every rank gets the metrics)."""
+    every rank scores its part of the images, every rank gets the metrics); every reduction step
+    of a reduced ``backbone`` is checked as it runs (docs/measuring.md, "Token rules")."""
     if "accuracy" not in spec.metrics:
         return {}
+    from vitbench.engine.token_rules import token_rules_traced
     from vitbench.tasks.det.evaluate import evaluate_detector
 
     progress("evaluating mAP")
-    return evaluate_detector(detector, ws.data, masks=ws.masks, limit=ws.eval_limit, device=spec.device,
-                             seed=spec.seed, precision=spec.precision_name,
-                             work_dir=ws.work_dir / spec.spec_id if ws.work_dir else None)
+    traced = token_rules_traced(backbone, spec.method) if reduction_context(backbone) is not None else contextlib.nullcontext()
+    with traced:
+        return evaluate_detector(detector, ws.data, masks=ws.masks, limit=ws.eval_limit, device=spec.device,
+                                 seed=spec.seed, precision=spec.precision_name,
+                                 work_dir=ws.work_dir / spec.spec_id if ws.work_dir else None)
 
 
 def _measure(spec: Any, ws: DenseWorkspace, detector: nn.Module, backbone: nn.Module,
@@ -326,11 +331,11 @@ def _measure(spec: Any, ws: DenseWorkspace, detector: nn.Module, backbone: nn.Mo
     from vitbench.tasks.det.evaluate import first_val_images
 
     if not is_main():
-        return _accuracy(spec, ws, detector.to(spec.device), progress)
+        return _accuracy(spec, ws, detector.to(spec.device), backbone, progress)
     detector.to(spec.device)
     # the collective evaluation first: whatever fails in rank 0's own measurements below then
     # fails after every rank left the evaluation, and the executor's barrier still pairs up
-    out: dict[str, Any] = _accuracy(spec, ws, detector, progress)
+    out: dict[str, Any] = _accuracy(spec, ws, detector, backbone, progress)
     forward = DetectorForward(detector)
     if "gmacs" in spec.metrics:
         progress("counting GMACs (detector and backbone)")
