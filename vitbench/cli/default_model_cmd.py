@@ -51,6 +51,21 @@ def describe(meta: dict[str, Any]) -> str:
     arch = meta["arch"]
     side = arch["img_size"] // arch["patch_size"]
     tokens = side * side + (1 if arch.get("class_token", True) else 0)
+    versions = ", ".join(f"{k} {v}" for k, v in (meta.get("versions") or {}).items())
+    return (f"  timm VisionTransformer: {arch['img_size']}x{arch['img_size']} input, patch {arch['patch_size']}, "
+            f"{tokens} tokens ({side}x{side} patches + class token), width {arch['embed_dim']}, "
+            f"{arch['depth']} blocks, {arch['num_heads']} heads, MLP ratio {arch['mlp_ratio']:g}\n"
+            f"  test top-1 {meta['test_top1_pct']:.2f} %, top-5 {meta['test_top5_pct']:.2f} % on "
+            f"{meta['test_images']} Fashion-MNIST test images\n"
+            f"  recipe: {_recipe_line(meta)}\n"
+            + _parents(meta)
+            + (f"  trained: {meta['trained_on']}\n" if meta.get("trained_on") else
+               f"  trained in {meta.get('train_seconds', 0) / 60:.0f} min on {meta.get('torch_threads')} threads; ")
+            + f"{'  versions: ' if meta.get('trained_on') else ''}{versions}\n  again: {meta.get('command', 'vitbench default-model --retrain')}")
+
+
+def _recipe_line(meta: dict[str, Any]) -> str:
+    """One entry's recipe: epochs, images, optimiser and what else it used."""
     recipe = meta.get("recipe") or {}
     extras = []
     if recipe.get("augment"):
@@ -59,18 +74,26 @@ def describe(meta: dict[str, Any]) -> str:
         extras.append(f"label smoothing {recipe['label_smoothing']}")
     if recipe.get("patch_drop"):
         extras.append(f"patch dropout per epoch {', '.join(f'{r:g}' for r in recipe['patch_drop'])}")
-    versions = ", ".join(f"{k} {v}" for k, v in (meta.get("versions") or {}).items())
-    return (f"  timm VisionTransformer: {arch['img_size']}x{arch['img_size']} input, patch {arch['patch_size']}, "
-            f"{tokens} tokens ({side}x{side} patches + class token), width {arch['embed_dim']}, "
-            f"{arch['depth']} blocks, {arch['num_heads']} heads, MLP ratio {arch['mlp_ratio']:g}\n"
-            f"  test top-1 {meta['test_top1_pct']:.2f} %, top-5 {meta['test_top5_pct']:.2f} % on "
-            f"{meta['test_images']} Fashion-MNIST test images\n"
-            f"  recipe: {meta['epochs']} epoch(s) on {meta['train_images']} images, batch {meta['batch_size']}, "
-            f"AdamW lr {meta['lr']} (warm-up, cosine), seed {meta['seed']}"
-            + (f"; {'; '.join(extras)}" if extras else "") + "\n"
-            + (f"  trained: {meta['trained_on']}\n" if meta.get("trained_on") else
-               f"  trained in {meta.get('train_seconds', 0) / 60:.0f} min on {meta.get('torch_threads')} threads; ")
-            + f"{'  versions: ' if meta.get('trained_on') else ''}{versions}\n  again: {meta.get('command', 'vitbench default-model --retrain')}")
+    return (f"{meta['epochs']} epoch(s) on {meta['train_images']} images, batch {meta['batch_size']}, "
+            f"AdamW lr {meta['lr']} (warm-up, cosine), seed {meta['seed']}" + (f"; {'; '.join(extras)}" if extras else ""))
+
+
+def _parents(meta: dict[str, Any]) -> str:
+    """A line per shipped entry the training continued from (``Recipe.start_from``), nearest first."""
+    import json
+
+    from vitbench.tasks.cls.default_model import SHIPPED_DIR
+
+    lines, stem = [], (meta.get("recipe") or {}).get("start_from")
+    while stem:
+        path = SHIPPED_DIR / f"{stem}.json"
+        if not path.is_file():
+            lines.append(f"  continued from {stem} (its metadata is not in this package)\n")
+            break
+        parent = json.loads(path.read_text())
+        lines.append(f"  continued from {stem} ({parent['test_top1_pct']:.2f} %), made by: {_recipe_line(parent)}\n")
+        stem = (parent.get("recipe") or {}).get("start_from")
+    return "".join(lines)
 
 
 def _top1(meta_path: Path) -> float | None:

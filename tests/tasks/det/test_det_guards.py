@@ -97,3 +97,15 @@ def test_a_non_finite_detector_is_an_error_record_in_the_report(backbone_factory
     assert all(r["error"].startswith(message) and r["error"].endswith("in batch 1") for r in records)
     report = render_markdown(records)
     assert "No successful runs." in report and f"- baseline: {message}" in report
+
+
+def test_a_forward_that_loses_images_scores_no_map(backbone_factory, det_data):
+    """The images a row was scored on are counted from the predictions the metric got (issue 37)."""
+    from vitbench.errors import DataError
+
+    detector = _detector(backbone_factory)
+    predict = detector.predict
+    detector.predict = lambda inputs, samples, **kw: predict(inputs[:1], samples[:1], **kw)  # type: ignore[method-assign]
+    with pytest.raises(DataError, match=r"^the evaluation scored \d+ predictions for its \d+ images: the model's "
+                                        r"forward changed the batch; no mAP is reported for it$"):
+        evaluate_detector(detector, det_data, masks=False, batch_size=2)

@@ -23,6 +23,7 @@ import torch
 from mmengine.hooks import Hook
 from torch import nn
 
+from vitbench.errors import DataError
 from vitbench.guards import check_finite, check_metrics
 from vitbench.tasks.det.data import DetData
 from vitbench.tasks.det.train import _loader, quiet_stdout
@@ -97,7 +98,7 @@ def evaluate_detector(detector: nn.Module, data: DetData, *, masks: bool, batch_
     from mmengine.runner import Runner
 
     from vitbench import progress
-    from vitbench.distributed import collective_test, raise_if_any_rank_failed
+    from vitbench.distributed import collective_test, is_distributed, raise_if_any_rank_failed
     from vitbench.measure.precision import autocast_method
     from vitbench.mm.hooks import TestProgressHook
     from vitbench.mm.runner import release, runner_kwargs, work_dir_or_temp
@@ -105,12 +106,13 @@ def evaluate_detector(detector: nn.Module, data: DetData, *, masks: bool, batch_
     raise_if_any_rank_failed(None)  # meets a rank that failed earlier in the run (the Runner broadcasts)
     guard = _FiniteOutputs(detector)
     with work_dir_or_temp(work_dir) as wd, progress.steps("evaluating mAP", unit="batches") as step:
+        counted = TestProgressHook(step)
         runner = Runner(**runner_kwargs(
             work_dir=wd, seed=seed, default_scope="mmdet", model=detector,
             test_dataloader=_loader(data.dataset_cfg("val", masks=masks, limit=limit), batch_size, False),
             test_evaluator=[coco_metric(data, masks=masks, work_dir=None if work_dir is None else wd)],
             test_cfg={"type": "TestLoop"},
-            custom_hooks=[_PredictionsHook(guard), TestProgressHook(step)],
+            custom_hooks=[_PredictionsHook(guard), counted],
         ))
         try:
             runner.model.to(torch.device(device))
@@ -118,6 +120,9 @@ def evaluate_detector(detector: nn.Module, data: DetData, *, masks: bool, batch_
             with quiet_stdout(), autocast_method(runner.model, "extract_feat", precision, device, to_float=True):
                 metrics = collective_test(runner)  # a rank's error is every rank's
             num_images = len(runner.test_dataloader.dataset)
+            if not is_distributed() and counted.scored != num_images:  # a rank scores its shard only
+                raise DataError(f"the evaluation scored {counted.scored} predictions for its {num_images} images: "
+                                f"the model's forward changed the batch; no mAP is reported for it")
         finally:
             guard.remove()
             release(runner)
