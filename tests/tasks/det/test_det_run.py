@@ -287,18 +287,23 @@ class _BrokenMethod:
             [_DropsTheClassToken() if i == 1 else None for i in range(info.depth)])))
 
 
+def _run_on_deit_tiny(method: str, metrics: tuple[str, ...], backbone_factory, det_data, tmp_path) -> None:
+    """One det run of ``method`` on a 3-block DeiT-Tiny backbone (the baseline not run)."""
+    backbone = backbone_factory("deit_tiny_patch16_224", depth=3)
+    ws = _workspace(backbone_factory, det_data, tmp_path, model=backbone, model_name="deit_tiny_patch16_224")
+    (spec,) = [s for s in build_plan(task="det", model="deit_tiny_patch16_224", methods=[method],
+                                     data=str(det_data.root), metrics=metrics, device="cpu", seed=0,
+                                     overrides={}, batch_size=2)
+               if s.method == method]
+    run_dense_spec(spec, ws, lambda s: None)
+
+
 def test_a_backbone_method_that_breaks_a_token_rule_fails_before_measuring(backbone_factory, det_data, tmp_path,
                                                                              fake_training):
     get_host().add_plugin(_BrokenMethod(), "broken_det_method")
-    backbone = backbone_factory("deit_tiny_patch16_224", depth=3)
-    ws = _workspace(backbone_factory, det_data, tmp_path, model=backbone, model_name="deit_tiny_patch16_224")
-    (spec,) = [s for s in build_plan(task="det", model="deit_tiny_patch16_224", methods=["drops-cls"],
-                                     data=str(det_data.root), metrics=("gmacs",), device="cpu", seed=0,
-                                     overrides={}, batch_size=2)
-               if s.method == "drops-cls"]
     with pytest.raises(TokenRuleError, match=r"^token rule broken by drops-cls at block 1: it drops or reorders "
                                              r"the prefix tokens \(image 0: cls dropped or changed\)"):
-        run_dense_spec(spec, ws, lambda s: None)
+        _run_on_deit_tiny("drops-cls", ("gmacs",), backbone_factory, det_data, tmp_path)
 
 
 class _DropsTheClassTokenAfterTheCheck(Reducer):
@@ -322,12 +327,6 @@ class _LateBrokenMethod:
 def test_a_rule_broken_only_while_the_map_is_scored_is_caught_there(backbone_factory, det_data, tmp_path,
                                                                      fake_training):
     get_host().add_plugin(_LateBrokenMethod(), "late_broken_det_method")
-    backbone = backbone_factory("deit_tiny_patch16_224", depth=3)
-    ws = _workspace(backbone_factory, det_data, tmp_path, model=backbone, model_name="deit_tiny_patch16_224")
-    (spec,) = [s for s in build_plan(task="det", model="deit_tiny_patch16_224", methods=["drops-cls-later"],
-                                     data=str(det_data.root), metrics=("accuracy",), device="cpu", seed=0,
-                                     overrides={}, batch_size=2)
-               if s.method == "drops-cls-later"]
     with pytest.raises(TokenRuleError, match=r"^token rule broken by drops-cls-later at block 1: it drops or "
                                              r"reorders the prefix tokens"):
-        run_dense_spec(spec, ws, lambda s: None)
+        _run_on_deit_tiny("drops-cls-later", ("accuracy",), backbone_factory, det_data, tmp_path)
