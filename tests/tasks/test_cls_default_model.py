@@ -280,3 +280,32 @@ def test_every_built_in_method_applies_to_the_default_as_to_deit(method: str) ->
         logits = reduced.eval()(x)
     assert logits.shape == (2, 10) and torch.isfinite(logits).all()
     assert count_gmacs(reduced, x[:1]).mean <= count_gmacs(base, x[:1]).mean * 1.001
+
+
+@pytest.mark.skipif(not DEFAULT_DIR.is_dir(), reason="needs the Fashion-MNIST that ships with the machine")
+def test_a_recipe_that_continues_shipped_weights_starts_from_them(tmp_path: Path) -> None:
+    """``Recipe.start_from``: the first iteration starts from the shipped entry's weights (one step
+    at a vanishing learning rate leaves them as they were)."""
+    import dataclasses
+
+    shipped = dm.shipped_paths(dm.train_config(model=dm.FMNIST_DEIT), dm.FMNIST_DEIT)[0]
+    parent = torch.load(shipped, weights_only=True)
+    continued = dataclasses.replace(dm.FMNIST_DEIT, recipe=dm.Recipe(epochs=1, batch_size=8, lr=1e-12,
+                                                                     start_from=shipped.stem))
+    net, meta = dm.train_default_model(model=continued, max_train_images=16, max_test_images=8,
+                                       cache=tmp_path, verbose=False, save=False)
+    for key, value in net.state_dict().items():
+        assert torch.allclose(value, parent[key], atol=1e-6), key
+    assert meta["recipe"]["start_from"] == shipped.stem
+
+
+def test_weights_to_start_from_are_checked_against_their_sha256() -> None:
+    from types import SimpleNamespace
+
+    from vitbench.mm.hooks import StartFromWeights
+
+    start = dm.shipped_paths(dm.train_config(model=dm.FMNIST_DEIT), dm.FMNIST_DEIT)[0].stem
+    hook = StartFromWeights(file=f"tasks/cls/weights/{start}.pth", sha256="0" * 64)
+    with pytest.raises(ValueError, match=rf"{start}.pth: its sha256 is not 0+; the weights to start from changed"):
+        hook.before_train(SimpleNamespace(iter=0, model=None))
+    hook.before_train(SimpleNamespace(iter=5, model=None))  # a resumed training keeps its checkpoint
