@@ -23,10 +23,11 @@ start=$SECONDS
 step=$SECONDS
 took() { echo "install: $1 in $((SECONDS - step)) s"; step=$SECONDS; }
 
-# up to date: stamped, importable, and the editable install is this tree (a clone elsewhere re-points it)
+# up to date: stamped, importable, and the editable install is this tree (a clone elsewhere re-points it).
+# Checked from / : run here, `python -c` would import this checkout's own folder and pass for any install.
 here="import os, vitbench; assert os.path.realpath(vitbench.__file__).startswith(os.path.realpath('$root') + os.sep)"
-if [ -f "$stamp" ] && { [ -z "$EXTRAS" ] || grep -qx "$EXTRAS" "$stamp"; } && $PYTHON -c "$imports" 2>/dev/null \
-    && $PYTHON -c "$here" 2>/dev/null; then
+if [ -f "$stamp" ] && { [ -z "$EXTRAS" ] || grep -qx "$EXTRAS" "$stamp"; } && (cd / && $PYTHON -c "$imports") 2>/dev/null \
+    && (cd / && $PYTHON -c "$here") 2>/dev/null; then
     echo "install: up to date ($PYTHON in $($PYTHON -c 'import sys; print(sys.prefix)')${EXTRAS:+, extras: $EXTRAS})"
     exit 0
 fi
