@@ -561,17 +561,8 @@ def test_run_hooks_that_raise_or_exit_are_warnings_and_get_a_copy_of_the_record(
 
 def test_a_method_that_exits_in_its_build_is_an_error_record_and_the_plan_goes_on(
         fake_dists: FakeDistributions, tmp_path: Path) -> None:
-    fake_dists.add("exiting-method", {"exiter_plugin": EXITING_METHOD})
-    vitbench.plugins.reset_host()
-    out = tmp_path / "out"
-    try:
-        code = main(["run", "--task", "agreement", "--methods", "exiter,tome", "--model", "test_vit",
-                     "--param", "tome.r=4", "--batch-size", "2", "--out", str(out)])
-    finally:
-        vitbench.plugins.reset_host()
-    records = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
-    by_method = {r["method"]: r for r in records}
-    assert code == 1 and (out / "report.md").is_file()
+    code, by_method = _run_exiter(fake_dists, tmp_path, "sys.exit(0)\n")
+    assert code == 1 and (tmp_path / "out" / "report.md").is_file()
     assert by_method["exiter"]["status"] == "error"
     assert by_method["exiter"]["error"] == "SystemExit: plugin code called sys.exit(0)"
     assert by_method["tome"]["status"] == by_method["baseline"]["status"] == "ok"
