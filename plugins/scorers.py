@@ -1,4 +1,4 @@
-"""Built-in token significance scorers (docs/methods.md §4; the PPT thesis' score functions).
+"""Built-in token significance scorers (docs/methods.md, "Token scorers"; the PPT thesis' score functions).
 
 A scorer maps one block's attention to a significance per patch token ``[B, N - prefix]``,
 normalised to sum 1 per image. Attention probabilities include proportional attention, i.e.

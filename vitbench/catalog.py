@@ -150,7 +150,7 @@ class Reduction:
 
     Each reducer is a ``vitbench.engine.Reducer`` (docs/token-state.md, "The reducer
     contract"): its token step ``reducer(x, state, info) -> x`` and its ``needs`` (what the
-    attention of its block must hand over, docs/methods.md §0). Blocks whose reducer is ``None``
+    attention of its block must hand over, docs/methods.md, "The hook point"). Blocks whose reducer is ``None``
     only apply proportional attention (when ``prop_attn``) and keep the fused kernel.
     """
 
@@ -173,7 +173,7 @@ KNOB_DIRECTIONS = ("more", "less")
 @dataclass(frozen=True)
 class BudgetKnob:
     """The one parameter that sets a method's compute, so that ``--match-gmacs F`` and
-    ``vitbench sweep`` can put every method at the same GMACs (docs/architecture.md, "Plugin API").
+    ``vitbench sweep`` can put every method at the same GMACs (docs/architecture.md, "The budget knob").
 
     - ``param``: the parameter's name in the method's parameter dataclass (ToMe: ``"r"``).
     - ``larger_means``: ``"less"`` when a larger value gives fewer GMACs (ToMe's ``r``, tokens
@@ -267,7 +267,7 @@ class MethodSpec:
 
 @dataclass(frozen=True)
 class ScorerSpec:
-    """A token significance scorer (docs/methods.md §4).
+    """A token significance scorer (docs/methods.md, "Token scorers").
 
     ``score(info, prefix) -> [B, N - prefix]`` normalised to sum 1 per image, ``info`` the block's
     :class:`vitbench.engine.AttnInfo` (or its reference, ``"package.module:name"``); ``needs`` says

@@ -28,7 +28,7 @@ def vitbench_register_methods(register: Callable[..., None]) -> None:
 
 @hookspec
 def vitbench_register_scorers(register: Callable[..., None]) -> None:
-    """Register token significance scorers: ``register(ScorerSpec(...))`` (docs/methods.md §4)."""
+    """Register token significance scorers: ``register(ScorerSpec(...))`` (docs/methods.md, "Token scorers")."""
 
 
 @hookspec

@@ -1,11 +1,11 @@
 """ATC: agglomerative token clustering, training-free (Haurum et al., *Agglomerative Token
-Clustering*, ECCV 2024, §3; docs/methods.md §18).
+Clustering*, ECCV 2024, Sec. 3; docs/methods.md, "ATC").
 
-At each listed block, between the attention and the MLP (paper §3), the ``N_p`` patch tokens
+At each listed block, between the attention and the MLP (paper Sec. 3), the ``N_p`` patch tokens
 become ``M = ceil(keep * N_p)`` tokens: bottom-up hierarchical clustering of the attention's
 head-averaged keys under the cosine distance, with the ``single``, ``complete`` or ``average``
-linkage (paper §3, Eq. 2-4), stopped at ``M`` clusters (scipy.cluster.hierarchy); each cluster
-becomes the size-weighted mean of its members, and proportional attention follows (§3).
+linkage (paper Sec. 3, Eq. 2-4), stopped at ``M`` clusters (scipy.cluster.hierarchy); each cluster
+becomes the size-weighted mean of its members, and proportional attention follows (Sec. 3).
 ``keep = 1`` changes nothing.
 
 Parameters: ``keep``, ``layers``, ``linkage``."""
@@ -17,7 +17,7 @@ from vitbench.catalog import HELP, BudgetKnob, MethodSpec
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
 
-#: the linkage functions of the paper (§3)
+#: the linkage functions of the paper (Sec. 3)
 LINKAGES = ("average", "complete", "single")
 
 

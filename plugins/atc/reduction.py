@@ -14,7 +14,7 @@ from vitbench_plugins.atc import ATCParams
 
 
 def cosine_distances(metric: torch.Tensor) -> torch.Tensor:
-    """``1 - cos(m_i, m_j)`` between the tokens of each image (paper §3), ``[B, N, N]`` in fp64."""
+    """``1 - cos(m_i, m_j)`` between the tokens of each image (paper Sec. 3), ``[B, N, N]`` in fp64."""
     m = torch.nn.functional.normalize(metric.double(), dim=-1)
     dist = (1.0 - m @ m.mT).clamp_min(0.0)
     return dist * (1 - torch.eye(dist.shape[-1], dtype=dist.dtype, device=dist.device))

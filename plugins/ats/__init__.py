@@ -1,9 +1,9 @@
 """ATS: adaptive token sampling, training-free (Fayyaz et al., "Adaptive Token Sampling for
-Efficient Vision Transformers", ECCV 2022, §3; docs/methods.md §11).
+Efficient Vision Transformers", ECCV 2022, Sec. 3; docs/methods.md, "ATS").
 
-At each listed block (after the attention residual, docs/methods.md §0), per image: the patch
-tokens are scored by the class token's attention times the value norm (§3.1, the ``cls-attn``
-scorer), the scores' CDF is inverted at ``K`` fixed midpoints ``(i - 1/2) / K`` (§3.2), and each
+At each listed block (after the attention residual, docs/methods.md, "The hook point"), per image: the patch
+tokens are scored by the class token's attention times the value norm (Sec. 3.1, the ``cls-attn``
+scorer), the scores' CDF is inverted at ``K`` fixed midpoints ``(i - 1/2) / K`` (Sec. 3.2), and each
 token drawn at least once is kept, so the count adapts per image. The prefix tokens stay first;
 a batch with different counts is padded (value 0, size 0, key bias ``-inf``), so every image
 gets the output it gets alone. GMACs are counted at batch 1 and are input-dependent.

@@ -1,5 +1,5 @@
 """DCS: differentiable channel selection, searched then retrained with the IB bound (the DCS
-paper; docs/methods.md §7, the IB bound §6).
+paper; docs/methods.md, "DCS" and "The IB loss").
 
 Channels, not tokens: one :class:`DCSReducer` per block acts through the channel hooks of
 :class:`~vitbench.engine.Reducer`, with an input-dependent Q/K channel mask (``arch`` both|qk)
@@ -12,7 +12,7 @@ clusters are class centroids (``clusters=class``) or the paper's k-means with A 
 
 Parameters: ``arch``, ``qk_mask``, ``budget``, ``lam``, ``tau0``, ``tau_decay``, ``search_epochs``,
 ``retrain_epochs``, ``t_warm``, ``eta``, ``clusters``, ``num_clusters``, ``lr``, ``arch_lr``,
-``optimizer``, ``batch_size``. docs/methods.md §7 gives each default and why."""
+``optimizer``, ``batch_size``. docs/methods.md, "DCS" gives each default and why."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -32,7 +32,7 @@ CLUSTERS = ("class", "kmeans")
 
 @dataclass(frozen=True)
 class DCSParams:
-    """DCS options (docs/methods.md §7); docs/methods.md §7 gives the defaults' reasons."""
+    """DCS options (docs/methods.md, "DCS"); docs/methods.md, "DCS" gives the defaults' reasons."""
 
     arch: str = field(default="out", metadata={HELP: (
         "which channels are selected: out (MLP and proj), qk (Q/K masks), both")})

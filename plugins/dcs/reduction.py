@@ -30,14 +30,14 @@ from vitbench.plugins import get_host
 from vitbench_plugins.dcs import DCSParams
 
 
-#: share of the search's batches that update ``alpha`` (docs/methods.md §7: 70% weights, 30% alpha)
+#: share of the search's batches that update ``alpha`` (docs/methods.md, "DCS": 70% weights, 30% alpha)
 ARCH_FRACTION = 0.3
 #: where the retraining's forward leaves the final block's tokens for the IB bound
 _TOKENS_KEY = "dcs_final_tokens"
 
 
 class IBStatistics(nn.Module):
-    """What the retraining's IB bound needs from the previous epoch (docs/methods.md §6), as buffers.
+    """What the retraining's IB bound needs from the previous epoch (docs/methods.md, "The IB loss"), as buffers.
 
     ``feature_centroids [A, C]`` and ``input_centroids [A, D]`` (class centroids of the final
     features and of the inputs, ``A = K``; or with ``num_clusters`` the DCS paper's k-means
@@ -89,7 +89,7 @@ class IBStatistics(nn.Module):
         if not feats:
             raise ValueError("dcs: the statistics pass of the IB bound got no training batches")
         f, y = torch.cat(feats), torch.cat(labels)
-        if kmeans:  # the DCS paper's A = B = C k-means clusters (docs/methods.md §7)
+        if kmeans:  # the DCS paper's A = B = C k-means clusters (docs/methods.md, "DCS")
             a, seed = self.num_clusters or num_classes, run_seed()
             self.feature_centroids = kmeans_centroids(f[:KMEANS_SAMPLES], a, seed).to(device)
             if inputs:
@@ -393,7 +393,7 @@ def ib_after(model: nn.Module) -> None:
 
 def ib_loss(eta: float, t_warm: int) -> Callable[[nn.Module, torch.Tensor, torch.Tensor], Optional[torch.Tensor]]:
     """``extra_loss`` of the retraining: ``eta * IB bound`` of the final patch-token mean
-    (docs/methods.md §6) once ``t_warm`` retraining epochs are done."""
+    (docs/methods.md, "The IB loss") once ``t_warm`` retraining epochs are done."""
     def extra_loss(model: nn.Module, logits: torch.Tensor, labels: torch.Tensor) -> Optional[torch.Tensor]:
         ib = _ib_statistics(model)
         ctx = reduction_context(model)

@@ -1,6 +1,6 @@
 """DiffRate: prune, then merge, by class attention, with per-block kept counts (Chen et al.,
-"DiffRate: Differentiable Compression Rate for Efficient Vision Transformers", ICCV 2023, §3;
-docs/methods.md §15).
+"DiffRate: Differentiable Compression Rate for Efficient Vision Transformers", ICCV 2023, Sec. 3;
+docs/methods.md, "DiffRate").
 
 ``diffrate`` (training-free): in each block, after the attention residual, the patch tokens are
 ranked by the class token's attention, all but ``prune_kept[l]`` are pruned, and all but

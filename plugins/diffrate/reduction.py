@@ -31,7 +31,7 @@ def _round_half_up(value: float) -> int:
 
 def default_schedule(num_patches: int, depth: int, keep: float,
                      merge_share: float) -> tuple[list[int], list[int]]:
-    """``(prune_kept, merge_kept)`` of the default schedule (docs/methods.md §15): ``round(keep *
+    """``(prune_kept, merge_kept)`` of the default schedule (docs/methods.md, "DiffRate"): ``round(keep *
     N_p)`` patches (at least 1) left after the last block, the same number removed in every
     block, ``merge_share`` of each block's removals merged, the rest pruned."""
     last = max(1, _round_half_up(keep * num_patches))
@@ -244,7 +244,7 @@ class DiffRateSearchReducer(nn.Module, Reducer):
         return prune_then_merge(x, state, info.keys, importance, _as_int(kp), _as_int(km))
 
     def _mask(self, x: torch.Tensor, state: TokenState, info: AttnInfo) -> torch.Tensor:
-        """Training: the tokens stay; the keep mask, sizes and key bias change (docs/methods.md §15)."""
+        """Training: the tokens stay; the keep mask, sizes and key bias change (docs/methods.md, "DiffRate")."""
         b, n, _ = x.shape
         p = state.prefix
         mask = state.private.get(_MASK)

@@ -1,8 +1,8 @@
-"""DPC-KNN token clustering merge, training-free (TCFormer, Zeng et al., CVPR 2022, §3.2
+"""DPC-KNN token clustering merge, training-free (TCFormer, Zeng et al., CVPR 2022, Sec. 3.2
 "Clustering-based Token Merge"; density peaks clustering of Rodriguez & Laio, Science 2014,
-with a k-nearest-neighbour density; docs/methods.md §8).
+with a k-nearest-neighbour density; docs/methods.md, "DPC-KNN").
 
-At each listed block (after the attention residual, docs/methods.md §0) the ``N_p`` patch tokens
+At each listed block (after the attention residual, docs/methods.md, "The hook point") the ``N_p`` patch tokens
 are clustered into ``M = ceil(keep * N_p)`` clusters: the ``M`` tokens with the largest
 ``rho * delta`` (kNN density times the distance to the nearest denser token) are the centres,
 every token joins its nearest centre, and each cluster becomes the size-weighted mean of its

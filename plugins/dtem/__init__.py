@@ -1,16 +1,16 @@
 """DTEM: decoupled token embedding for merging (Lee & Hong, *Learning to Merge Tokens via
-Decoupled Embedding for Efficient Vision Transformers*, NeurIPS 2024, §3; docs/methods.md §20).
+Decoupled Embedding for Efficient Vision Transformers*, NeurIPS 2024, Sec. 3; docs/methods.md, "DTEM").
 
 Each block gets a small embedding module, a linear map of the attention's input (its gradient
 never reaches the backbone), whose output replaces the keys as ToMe's merging metric.
-Inference (§3, discretised) is ToMe's bipartite soft matching on that metric, ``r`` tokens per
-block. Training (§3, continuous relaxation) keeps every token: a soft top-``r`` over each A
+Inference (Sec. 3, discretised) is ToMe's bipartite soft matching on that metric, ``r`` tokens per
+block. Training (Sec. 3, continuous relaxation) keeps every token: a soft top-``r`` over each A
 token's ``k2`` most similar B tokens (temperatures ``tau1``, ``tau2``) gives soft assignments,
 B tokens take the size-weighted share of their A partners, A tokens lose that share of their
 size, the tokens are sorted by size and the last ``r`` stop taking part in later matchings.
 The backbone is frozen (the paper's modular training) unless ``--train-backbone``.
 
-Choices (docs/methods.md §20): ``init="keys"`` (default) adds the embedding to the head-averaged
+Choices (docs/methods.md, "DTEM"): ``init="keys"`` (default) adds the embedding to the head-averaged
 keys with a zero-initialised map, so an untrained DTEM is exactly ToMe; ``init="random"`` is
 the official code's fresh linear layer. Sizes are floored at float eps in training.
 """

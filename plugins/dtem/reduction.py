@@ -19,7 +19,7 @@ _ALIVE = "dtem_alive"  # training: tokens (prefix included) that still take part
 
 
 def soft_top_r(scores: torch.Tensor, r: int, k2: int, tau1: float, tau2: float) -> torch.Tensor:
-    """Soft grouping (§3): ``[B, |A|, |B|]`` soft assignments of the A tokens to the B tokens.
+    """Soft grouping (Sec. 3): ``[B, |A|, |B|]`` soft assignments of the A tokens to the B tokens.
 
     Each A token keeps its ``k2`` most similar B tokens; ``r`` rounds of a softmax over all
     those edges (``scores / tau1 / tau2``), each round damping the rows it picked by
@@ -79,7 +79,7 @@ class DTEMReducer(nn.Module, Reducer):
         return state.merge(x, bipartite_soft_matching(metric, self.r, state.prefix))
 
     def _soft_merge(self, x: torch.Tensor, state: TokenState, metric: torch.Tensor) -> torch.Tensor:
-        """Training (§3, soft merging): nothing is removed; sizes move from A tokens to B tokens."""
+        """Training (Sec. 3, soft merging): nothing is removed; sizes move from A tokens to B tokens."""
         p, n_all = state.prefix, x.shape[1]
         n = state.private.get(_ALIVE, n_all)
         r = min(self.r, max(n - p, 0) // 2)

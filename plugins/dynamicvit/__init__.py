@@ -1,15 +1,15 @@
 """DynamicViT: learned, hierarchical token pruning (Rao et al., *DynamicViT: Efficient Vision
-Transformers with Dynamic Token Sparsification*, NeurIPS 2021; docs/methods.md §16).
+Transformers with Dynamic Token Sparsification*, NeurIPS 2021; docs/methods.md, "DynamicViT").
 
-A prediction module (paper §3.2) at each listed block scores the patch tokens from local and
-mask-averaged global features. Training (§3.3) masks tokens with a straight-through
+A prediction module (paper Sec. 3.2) at each listed block scores the patch tokens from local and
+mask-averaged global features. Training (Sec. 3.3) masks tokens with a straight-through
 Gumbel-softmax, applied to later blocks as an attention key bias, and adds the keep-ratio loss
-(§3.4); only the predictors train. Inference keeps the ``ceil(rho^s * N_p)`` most probable
+(Sec. 3.4); only the predictors train. Inference keeps the ``ceil(rho^s * N_p)`` most probable
 patches at stage ``s``, in position order. The distillation losses are left out.
 
 Parameters: ``keep`` (the paper's ``rho``), ``layers`` (default ``(3, 6, 9)`` as ``topk``/``ppt``),
 ``ratio_weight`` (``lambda_ratio``), ``tau`` (Gumbel temperature), ``epochs``, ``lr``,
-``batch_size``. docs/methods.md §16 lists every choice and where vitbench differs."""
+``batch_size``. docs/methods.md, "DynamicViT" lists every choice and where vitbench differs."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -17,7 +17,7 @@ from vitbench.kit import adamw_cosine, check_layers, top_tokens
 from vitbench_plugins.dynamicvit import DynamicViTParams
 
 
-#: the key-mask floor in training: ``key_bias = log(mask + MASK_EPS)`` (docs/methods.md §16)
+#: the key-mask floor in training: ``key_bias = log(mask + MASK_EPS)`` (docs/methods.md, "DynamicViT")
 MASK_EPS = 1e-12
 _MASK = "dynamicvit_mask"  # training: [B, N_p] straight-through keep mask of the patch tokens
 _KEPT = "dynamicvit_kept"  # training: {stage: [B] kept fraction of the patch tokens}
@@ -32,7 +32,7 @@ def stage_count(keep: float, stage: int, patches: int) -> int:
 
 
 class KeepPredictor(nn.Module):
-    """The paper's prediction module (§3.2): keep/drop log-probabilities ``[B, N_p, 2]`` of the
+    """The paper's prediction module (Sec. 3.2): keep/drop log-probabilities ``[B, N_p, 2]`` of the
     patch tokens ``x [B, N_p, C]`` from local features and their ``mask``-weighted mean."""
 
     def __init__(self, dim: int) -> None:

@@ -1,9 +1,9 @@
 """K-Medoids token clustering merge, training-free (the clustering reduction evaluated beside
 DPC-KNN by Haurum et al., "Which Tokens to Use? Investigating Token Reduction in Vision
 Transformers", ICCV Workshops 2023; the algorithm: Voronoi iteration, Park & Jun 2009;
-docs/methods.md §9).
+docs/methods.md, "K-Medoids").
 
-At each listed block (after the attention residual, docs/methods.md §0) the ``N_p`` patch tokens
+At each listed block (after the attention residual, docs/methods.md, "The hook point") the ``N_p`` patch tokens
 become ``M = ceil(keep * N_p)`` tokens: ``M`` medoids start evenly spread over the tokens in their
 current order (deterministic), ``iters`` Voronoi steps move each medoid to its cluster's member
 of least summed distance, and each final cluster becomes the size-weighted mean of its members.

@@ -1,9 +1,9 @@
 """LTM / IBTM: learnable token merging guided by the information bottleneck (the IBTM and LTM
-papers, §3 and Algorithm 1; docs/methods.md §5, the IB bound §6).
+papers, Sec. 3 and Algorithm 1; docs/methods.md, "LTM / IBTM" and "The IB loss").
 
 One method, registered as ``ltm`` with the alias ``ibtm``. The authors' repository
 (Statistical-Deep-Learning/LTM) holds their training harness and IB loss but no LTM model, so
-the merge is ours (docs/methods.md §5 names each deviation). The first block merges the ``N_p``
+the merge is ours (docs/methods.md, "LTM / IBTM" names each deviation). The first block merges the ``N_p``
 patch tokens into ``P = ceil(ratio * N_p)`` with a learned soft mask (:class:`FirstMerge`);
 every later block re-merges ``P -> P`` by one gradient step on the IB bound under a learned
 binary mask (:class:`ReMerge`, :func:`ib_mask_step`). The cluster statistics are refreshed
@@ -27,7 +27,7 @@ OPTIMIZERS = ("SGD", "AdamW", "Adam")
 STEP_LABELS = ("prior", "true")
 #: the first merge's initialisation: ``runs`` (ViT), ``grid`` (pooling; conv hybrids' only), ``auto``
 INITS = ("auto", "runs", "grid")
-#: the fine-tuning recipe: ``tuned`` (ours, docs/methods.md §5) or ``official`` (the authors' code)
+#: the fine-tuning recipe: ``tuned`` (ours, docs/methods.md, "LTM / IBTM") or ``official`` (the authors' code)
 RECIPES = ("tuned", "official")
 #: the ``clusters`` of the IB step and bound (:data:`vitbench.measure.clusters.CLUSTERS`)
 CLUSTERS = ("class", "kmeans")
@@ -43,13 +43,13 @@ class Recipe:
     label_smoothing: float
 
 
-#: ``official``: the authors' harness (docs/methods.md §5 "Recipes"); ``tuned``: ours
+#: ``official``: the authors' harness (docs/methods.md, "LTM / IBTM" "Recipes"); ``tuned``: ours
 RECIPE_VALUES = {"tuned": Recipe(1.0, 0.0, 0.0), "official": Recipe(0.1, 0.3, 0.1)}
 
 
 @dataclass(frozen=True)
 class LTMParams:
-    """LTM/IBTM options (docs/methods.md §5); each field's help says what it is."""
+    """LTM/IBTM options (docs/methods.md, "LTM / IBTM"); each field's help says what it is."""
 
     ratio: float = field(default=0.7, metadata={HELP: (
         "P = ceil(ratio * N_p) tokens after the first block (the budget knob)")})

@@ -99,11 +99,11 @@ def run_logits(grid: tuple[int, int], cells: tuple[int, int], p: int, outside: f
 # -- the merge -------------------------------------------------------------------------------
 def soft_merge(x: torch.Tensor, state: TokenState, g: torch.Tensor) -> torch.Tensor:
     """``x [B, prefix + N_in, C]`` -> ``[B, prefix + P, C]`` with ``G [B, N_in, P]``: merged
-    token ``q`` is ``sum_i G_iq x_i``; sizes and sources follow the row shares (docs/methods.md §5)."""
+    token ``q`` is ``sum_i G_iq x_i``; sizes and sources follow the row shares (docs/methods.md, "LTM / IBTM")."""
     prefix = state.prefix
     merged = g.mT @ x[:, prefix:]  # [B or 1, P, N_in] @ [B, N_in, C]
     # bookkeeping without gradient: d(share)/dG ~ 1/row-sum, and a token every merged token has
-    # learned to ignore has a row sum near 0, whose gradient overflows AdamW (docs/methods.md §5)
+    # learned to ignore has a row sum near 0, whose gradient overflows AdamW (docs/methods.md, "LTM / IBTM")
     g_rows = g.detach()
     share_t = (g_rows / g_rows.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(g.dtype).tiny)).mT
     size = state.sizes(x)
@@ -133,7 +133,7 @@ class _Shared:
 
 
 class FirstMerge(nn.Module, Reducer):
-    """Block 1: ``N_p`` patch tokens -> ``P`` by ``G1 = column-softmax(M1)`` (docs/methods.md §5).
+    """Block 1: ``N_p`` patch tokens -> ``P`` by ``G1 = column-softmax(M1)`` (docs/methods.md, "LTM / IBTM").
 
     Also holds the statistics of the IB bound used as the training loss: the final features'
     class centroids, their ``log Q(a|y)`` and the input clusters' centroids.
@@ -145,7 +145,7 @@ class FirstMerge(nn.Module, Reducer):
                  shared: _Shared, fold_grid: bool = False, init: str = "grid") -> None:
         super().__init__()
         self.num_patches, self.p, self.tau = grid[0] * grid[1], p, tau
-        #: conv hybrids: the merge is a grid merge, folded to its grid by the adapter (§5)
+        #: conv hybrids: the merge is a grid merge, folded to its grid by the adapter (docs/methods.md, "Conv hybrids")
         self.records_grid_merge = fold_grid
         self.cells = tuple(cells)
         start = run_logits if init == "runs" else pooling_logits
@@ -194,7 +194,7 @@ def ib_mask_step(xt: torch.Tensor, centroids: torch.Tensor, log_q_rows: torch.Te
     ``log Q(a|y)`` row of each image's label (or its expectation). With ``tau_a = S_a/gamma``,
     ``(S_a/gamma^2)(gamma C_a - zeta) = tau_a (C_a - sum_b tau_b C_b)``, so the sum is
     ``X~ V^T`` with ``V = sum_a tau_a (psi_a - sum_b tau_b psi_b) C_a``; an ``a``-independent
-    part of ``psi`` (the input term) cancels, hence ``psi_a = -log Q(a|y)`` (docs/methods.md §5).
+    part of ``psi`` (the input term) cancels, hence ``psi_a = -log Q(a|y)`` (docs/methods.md, "LTM / IBTM").
     """
     tau = block_assign(xt, centroids)
     w = tau * -log_q_rows
@@ -268,7 +268,7 @@ class ReMerge(nn.Module, Reducer):
 
 
 class TileMerge(ReMerge):
-    """Swin (docs/methods.md §5 "On Swin"): one block's merge of each ``t``-token tile of its map
+    """Swin (docs/methods.md, "LTM / IBTM" "On Swin"): one block's merge of each ``t``-token tile of its map
     into ``P`` tokens for the MLP, both steps of LTM in one block.
 
     1. the learned first mask of the block (:class:`FirstMerge`'s ``G1 = column-softmax((M1 + g)
@@ -401,7 +401,7 @@ _BLOCK_SAMPLE_FLOATS = 2**28
 def refresh_statistics(model: nn.Module, batches: Callable[[], Iterator[Any]], max_images: int = 0) -> None:
     """Algorithm 1's refresh: recompute every block's centroids, ``Q`` and the class prior, and
     the IB bound's feature/input centroids and ``Q``, over the first ``max_images`` images of
-    ``batches()`` (0: all), in eval mode without gradients (docs/methods.md §5, "Statistics").
+    ``batches()`` (0: all), in eval mode without gradients (docs/methods.md, "LTM / IBTM", "Statistics").
     The centroids are the class means, or with ``clusters=kmeans`` k-means centroids
     (:func:`vitbench.measure.clusters.kmeans_centroids`, the run's seed) of the same vectors."""
     first, later = _modules(model)
@@ -528,7 +528,7 @@ def ib_weight_at(epoch: int, epochs: int, weight: float, warmup: float) -> float
 
 def ib_bound_loss(model: nn.Module, logits: torch.Tensor, labels: torch.Tensor, weight: float,
                   warmup: float = 0.0, epochs: int = 1) -> Optional[torch.Tensor]:
-    """``weight *`` the IB bound (§6) of this forward's final features, with the previous
+    """``weight *`` the IB bound (docs/methods.md, "The IB loss") of this forward's final features, with the previous
     refresh's centroids and ``log Q`` (the stage's ``extra_loss``); ``None`` while the epoch is
     in the warm-up (:func:`ib_weight_at`)."""
     ctx = reduction_context(model)
@@ -561,7 +561,7 @@ def prepare_load(model: nn.Module, state_dict: dict) -> None:
 
 
 def _hybrid_reducers(params: LTMParams, info: ModelInfo, family: FamilySpec, shared: _Shared) -> list[nn.Module]:
-    """Conv hybrids (docs/methods.md §5): per token sequence, its first block merges the ``H x W``
+    """Conv hybrids (docs/methods.md, "LTM / IBTM"): per token sequence, its first block merges the ``H x W``
     tokens it sees to ``P = H'W'`` (:class:`FirstMerge`, logits sized for that sequence), its
     later blocks re-merge ``P -> P`` (:class:`ReMerge`, the block's own width), and every merge
     is declared a grid merge to ``(H', W')`` so that the adapter folds to that grid and merges
@@ -590,7 +590,7 @@ def _hybrid_reducers(params: LTMParams, info: ModelInfo, family: FamilySpec, sha
 
 
 def _tile_reducers(params: LTMParams, info: ModelInfo, grid_fn: MergeGrid, shared: _Shared) -> list[nn.Module]:
-    """Swin (docs/methods.md §5 "On Swin"): every block merges each of its tiles (``info.blocks[i].grid``,
+    """Swin (docs/methods.md, "LTM / IBTM" "On Swin"): every block merges each of its tiles (``info.blocks[i].grid``,
     ``t`` tokens) into ``P = ceil(ratio * t)`` tokens for its MLP (:class:`TileMerge`, the block's
     own width), initialised as on ViT (``auto``: ``runs``)."""
     init = "runs" if params.init == "auto" else params.init

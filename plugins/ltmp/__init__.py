@@ -1,8 +1,8 @@
 """LTMP: learned thresholds for token merging and pruning (Bonnaerens & Dambre, 2023;
-docs/methods.md §2).
+docs/methods.md, "LTMP").
 
 Every reducing block owns two scalar thresholds, the only parameters that train. After the
-attention residual (docs/methods.md §0) it merges each A token into its most similar B token
+attention residual (docs/methods.md, "The hook point") it merges each A token into its most similar B token
 (ToMe's bipartite split, cosine of the keys) when the similarity exceeds ``theta_m``, then
 prunes tokens whose received attention is at most ``theta_p``. In training tokens are masked,
 not removed (straight-through masks, key bias ``log(mask + 1e-6)``) and the loss adds
@@ -23,7 +23,7 @@ from vitbench.hookspecs import hookimpl
 
 
 _OPTIMIZERS = ("SGD", "AdamW", "Adam")
-#: layouts of the tokens after a reducing block (docs/methods.md §2, "Token layout")
+#: layouts of the tokens after a reducing block (docs/methods.md, "LTMP", "Token layout")
 ORDERS = ("bipartite", "original")
 
 
@@ -39,7 +39,7 @@ class LTMPParams:
     the model's exact cost (:class:`CostModel`, as ``vitbench.measure.count_gmacs`` counts it)
     against ``gmacs_fraction``, and ``target`` is not used. ``max_grad``: the bound on each
     threshold's gradient per step (``None``: unbounded, as the paper), so one step moves a
-    threshold by at most ``lr * max_grad`` (docs/methods.md §2, "Thresholds")."""
+    threshold by at most ``lr * max_grad`` (docs/methods.md, "LTMP", "Thresholds")."""
 
     target: float = field(default=0.75, metadata={HELP: (
         "FLOPs ratio to reach (Swin: a fraction of the counted GMACs); unused with gmacs_fraction")})

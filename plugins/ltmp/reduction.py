@@ -50,7 +50,7 @@ def _front(flags: torch.Tensor,
 def split_sets(current: torch.Tensor, prefix: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Sets A and B ``[B, N]`` of the bipartite split: the current patch tokens, taken in order,
     alternate; the ``j``-th is in A when ``prefix + j`` is even (ToMe's split by position once
-    the current tokens stand first; docs/methods.md §2)."""
+    the current tokens stand first; docs/methods.md, "LTMP")."""
     pos = torch.arange(current.shape[1], device=current.device)
     patch = current & (pos >= prefix)
     rank = patch.long().cumsum(dim=1) - 1
@@ -60,7 +60,7 @@ def split_sets(current: torch.Tensor, prefix: int) -> tuple[torch.Tensor, torch.
 
 def bipartite_layout(current: torch.Tensor, prefix: int) -> torch.Tensor:
     """Group ``[B, N]`` of each token in the official layout: 0 the prefix, 1 set A, 2 set B
-    (docs/methods.md §2). Sorting the tokens that stay by it (stably) gives ToMe's output order:
+    (docs/methods.md, "LTMP"). Sorting the tokens that stay by it (stably) gives ToMe's output order:
     prefix, the unmerged A tokens, then the B tokens, each in their current order."""
     is_a, _ = split_sets(current, prefix)
     pos = torch.arange(current.shape[1], device=current.device)
@@ -165,7 +165,7 @@ def _compact(x: torch.Tensor, state: TokenState, keep: torch.Tensor, pruned: tor
 
 
 class LTMPReducer(nn.Module, Reducer):
-    """One block's learned merge and prune thresholds (docs/methods.md §2)."""
+    """One block's learned merge and prune thresholds (docs/methods.md, "LTMP")."""
 
     needs = frozenset({"keys", "attn"})
 
@@ -209,7 +209,7 @@ class LTMPReducer(nn.Module, Reducer):
         mask = mask * (1.0 - merge) * prune
         if self.order == "bipartite":
             # the tokens stay, but in inference's layout: the ones left first, as
-            # [prefix, A, B], the masked ones after them (docs/methods.md §2, "Layout in training")
+            # [prefix, A, B], the masked ones after them (docs/methods.md, "LTMP", "Layout in training")
             group = bipartite_layout(current, state.prefix)
             left = mask.detach() > 0.5
             perm = torch.argsort(torch.where(left, group, 3), dim=1, stable=True)
@@ -243,7 +243,7 @@ class LTMPReducer(nn.Module, Reducer):
 
 def flops_ratio(kept: Sequence[Union[torch.Tensor, float, None]], num_tokens: int,
                 dim: int) -> Union[torch.Tensor, float]:
-    """LTMP's FLOPs ratio (the paper's FLOPs loss; docs/methods.md §2): the mean over blocks of
+    """LTMP's FLOPs ratio (the paper's FLOPs loss; docs/methods.md, "LTMP"): the mean over blocks of
     ``[2*m_prev*n*C^2 + (m_prev*n)^2*C + 4*m*n*C^2] / (6*n*C^2 + n^2*C)``.
 
     ``kept[i]`` is the kept fraction ``m`` after block ``i`` (a tensor per image or a number;
@@ -264,7 +264,7 @@ def flops_ratio(kept: Sequence[Union[torch.Tensor, float, None]], num_tokens: in
 class CostModel(cost.CostModel):
     """The MACs of one image's inference forward of an LTMP-reduced ViT as a function of the
     token counts, term by term as ``vitbench.measure.count_gmacs`` counts them (matched compute,
-    ``gmacs_fraction``; docs/methods.md §2).
+    ``gmacs_fraction``; docs/methods.md, "LTMP").
 
     Block ``i`` runs its attention on the ``n'`` tokens it receives and its MLP on the ``n`` it
     keeps (the reduction sits between them), so with ``n'`` = ``num_tokens`` before block 0 its
@@ -350,7 +350,7 @@ def flops_penalty_of(params: LTMPParams, info: ModelInfo) -> Callable[..., Optio
 
     Matched compute does not set ``target`` to ``F``: the paper's ratio weighs the blocks' terms
     otherwise than the counted GMACs do, so no single ``target`` stands for ``F``; the counted
-    cost itself is the mapping that holds (docs/methods.md §2 gives the measurements).
+    cost itself is the mapping that holds (docs/methods.md, "LTMP" gives the measurements).
 
     The reducers leave their straight-through kept fractions in the forward's token state
     (``state.private["ltmp_kept"]``: a reducer is handed the state, not the context, and
@@ -385,7 +385,7 @@ def flops_penalty_of(params: LTMPParams, info: ModelInfo) -> Callable[..., Optio
 
 
 def clamp_thresholds(model: nn.Module) -> None:
-    """``after_step``: clamp every LTMP threshold of ``model`` to ``[0, 1]`` (docs/methods.md §2)."""
+    """``after_step``: clamp every LTMP threshold of ``model`` to ``[0, 1]`` (docs/methods.md, "LTMP")."""
     with torch.no_grad():
         for module in model.modules():
             if isinstance(module, LTMPReducer):
@@ -406,7 +406,7 @@ _TILE = "ltmp_tile"  # the tile step's (keep mask, merge weights, destinations),
 
 
 class LTMPTileReducer(LTMPReducer):
-    """LTMP in a Swin block (docs/methods.md §2, "On Swin"): each tile of the map (a fresh sequence of ``t``
+    """LTMP in a Swin block (docs/methods.md, "LTMP", "On Swin"): each tile of the map (a fresh sequence of ``t``
     tokens, no prefix) is merged by the block's ``theta_m`` and pruned by its ``theta_p`` for the
     MLP only; the residual stream keeps every token.
 
@@ -538,7 +538,7 @@ def _swin_penalty(params: LTMPParams, info: ModelInfo,
                   kept: dict[int, torch.Tensor]) -> Callable[..., Optional[torch.Tensor]]:
     """The Swin penalty: ``lambda * (ratio - goal)^2`` with ``ratio`` the counted cost
     (:class:`SwinCostModel`) over the unreduced one and ``goal`` ``gmacs_fraction`` if set, else
-    ``target`` (docs/methods.md §2, "On Swin": the paper's ViT ratio does not describe a reduction that
+    ``target`` (docs/methods.md, "LTMP", "On Swin": the paper's ViT ratio does not describe a reduction that
     leaves attention whole)."""
     layers = tuple(range(info.depth)) if params.layers is None else params.layers
     reducing = [i in layers for i in range(info.depth)]

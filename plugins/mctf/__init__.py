@@ -1,8 +1,8 @@
 """MCTF: multi-criteria token fusion, training-free (Lee, Choi & Kim, "Multi-criteria Token
-Fusion with One-step-ahead Attention for Efficient Vision Transformers", CVPR 2024, §3.2-3.3;
-docs/methods.md §12).
+Fusion with One-step-ahead Attention for Efficient Vision Transformers", CVPR 2024, Sec. 3.2-3.3;
+docs/methods.md, "MCTF").
 
-In every block, after the attention residual (docs/methods.md §0), ``r`` patch tokens are fused
+In every block, after the attention residual (docs/methods.md, "The hook point"), ``r`` patch tokens are fused
 away on ToMe's schedule and cap: the attraction is the product of similarity (on the tokens),
 informativeness (attention received) and size, each raised to ``1/tau`` (Eq. 2); a
 bidirectional bipartite soft matching (A -> B, then B -> A reusing the step-1 attraction) picks

@@ -17,7 +17,7 @@ from vitbench_plugins.mctf import MCTFParams, Schedule
 
 
 def schedule(r: Schedule, depth: int) -> list[int]:
-    """Tokens fused in each of ``depth`` blocks (ToMe's schedule, docs/methods.md §1)."""
+    """Tokens fused in each of ``depth`` blocks (ToMe's schedule, docs/methods.md, "ToMe")."""
     if isinstance(r, list) and len(r) != depth:
         raise ParamError(f"mctf.r has {len(r)} entries; the model has {depth} blocks")
     return tome_schedule(r, depth)
@@ -32,7 +32,7 @@ class Temperatures:
     size: float = 40.0
 
 
-# -- the attraction (§3.2, Eq. 2) ---------------------------------------------------------------
+# -- the attraction (Sec. 3.2, Eq. 2) ---------------------------------------------------------------
 def split_ab(t: torch.Tensor, a_start: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Sets A and B of the patch tokens ``t [B, n, *]``: alternate positions, A from ``a_start``."""
     return t[:, a_start::2], t[:, 1 - a_start::2]
@@ -75,7 +75,7 @@ def attraction(tokens: torch.Tensor, received: torch.Tensor, size: torch.Tensor,
     return scores
 
 
-# -- bidirectional bipartite soft matching (§3.2) ----------------------------------------------
+# -- bidirectional bipartite soft matching (Sec. 3.2) ----------------------------------------------
 def _best_edges(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Every row takes its best column; the ``k`` rows with the best edges fuse.
     Returns ``(sources [B, k], their columns [B, k], rows left [B, rows - k] ascending)``."""

@@ -1,6 +1,6 @@
 """PatchMerger: a learned layer that merges the patch tokens into ``M`` tokens once, in the middle
 of the network (Renggli et al., *Learning to Merge Tokens in Vision Transformers*, arXiv
-2202.12015, 2022, §2; docs/methods.md §21).
+2202.12015, 2022, Sec. 2; docs/methods.md, "PatchMerger").
 
 The merger holds ``M`` learned queries ``W [M, C]``. Output token ``j`` is the average of the
 ``N`` patch tokens ``X`` weighted by ``softmax_i(W_j . LayerNorm(X_i))``: ``Y = softmax(W
@@ -8,7 +8,7 @@ LN(X)^T) X``, the weights of each output summing to 1 over the input tokens. Eve
 runs on the prefix tokens plus ``M``. It is trained with the backbone frozen (default) or with
 it (``--train-backbone``).
 
-Choices (docs/methods.md §21): it runs in block ``layer`` after the attention, before the MLP
+Choices (docs/methods.md, "PatchMerger"): it runs in block ``layer`` after the attention, before the MLP
 (vitbench's one hook point; the paper merges between two blocks); prefix tokens are neither
 merged nor queries; no proportional attention.
 """

@@ -14,7 +14,7 @@ from vitbench_plugins.patchmerger import PatchMergerParams
 
 
 class PatchMergerReducer(nn.Module, Reducer):
-    """The PatchMerger layer (paper §2): ``M`` learned queries merge the patch tokens."""
+    """The PatchMerger layer (paper Sec. 2): ``M`` learned queries merge the patch tokens."""
 
     def __init__(self, dim: int, tokens: int) -> None:
         super().__init__()

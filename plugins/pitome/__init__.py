@@ -1,8 +1,8 @@
 """PiToMe: spectrum-preserving token merging, training-free (Tran et al., *Accelerating
-Transformers with Spectrum-Preserving Token Merging*, NeurIPS 2024; §3, the energy score and
-Algorithm 1; docs/methods.md §13).
+Transformers with Spectrum-Preserving Token Merging*, NeurIPS 2024; Sec. 3, the energy score and
+Algorithm 1; docs/methods.md, "PiToMe").
 
-In every block, after the attention residual (docs/methods.md §0), on the head-averaged keys of
+In every block, after the attention residual (docs/methods.md, "The hook point"), on the head-averaged keys of
 the patch tokens: each token's energy ``E_i = 1/N_p * sum_j f_m(cos(k_i, k_j))``
 (``f_m(x) = x`` above the margin ``m``, else ``alpha * (exp(x - m) - 1)``); the ``2r`` highest
 are split alternately into sets A and B, the rest are protected; every A token merges into its
@@ -11,7 +11,7 @@ most similar B token (size-weighted, as ToMe). The margin falls with depth,
 
 Parameters: ``r`` (ToMe's knob; :func:`ratio_schedule` turns the paper's keep ratio into it),
 ``margin``, ``margin_decay``, ``alpha``, ``energy`` (``paper``, or the official code's ``elu``),
-``prop_attn``, ``trace_source``. docs/methods.md §13 lists the differences from the official code."""
+``prop_attn``, ``trace_source``. docs/methods.md, "PiToMe" lists the differences from the official code."""
 from __future__ import annotations
 
 import math

@@ -1,8 +1,8 @@
-"""PPT: adaptive token pruning and pooling (Wu et al., 2023; docs/methods.md §3).
+"""PPT: adaptive token pruning and pooling (Wu et al., 2023; docs/methods.md, "PPT").
 
 Training-free. In the listed blocks only, per image: significance scores ``s`` of the patch
 tokens (any registered scorer, normalised to sum 1). If ``var(s)`` is below ``threshold`` the
-image **pools** (ToMe matching and a size-weighted merge of ``r`` tokens, docs/methods.md §1);
+image **pools** (ToMe matching and a size-weighted merge of ``r`` tokens, docs/methods.md, "ToMe");
 otherwise it **prunes**, keeping the ``N - r`` highest-scoring tokens. Both branches remove
 exactly ``r`` (ToMe's cap), so the batch stays rectangular. Other blocks only apply
 proportional attention.

@@ -1,9 +1,9 @@
 """Sinkhorn token clustering, learned (Haurum et al., *Which Tokens to Use? Investigating Token
-Reduction in Vision Transformers*, ICCV Workshops 2023, §3; its official code's
+Reduction in Vision Transformers*, ICCV Workshops 2023, Sec. 3; its official code's
 ``models/sinkhorn.py``; the algorithm: Sinkhorn-Knopp entropic transport, Cuturi 2013;
-docs/methods.md §19).
+docs/methods.md, "Sinkhorn").
 
-At each listed block (after the attention residual, docs/methods.md §0) the ``N_p`` patch tokens
+At each listed block (after the attention residual, docs/methods.md, "The hook point") the ``N_p`` patch tokens
 become ``M`` tokens, one per learned centre: the cosine similarities of tokens and unit-norm
 centres, divided by ``eps``, are the log-kernel of ``iters`` log-domain Sinkhorn iterations
 between uniform marginals (each token ``1/N_p``, each centre ``1/M``); each token's transport

@@ -1,7 +1,7 @@
 """ToFu: Token Fusion, training-free (Kim, Gao, Hsu, Shen, Jin, "Token Fusion: Bridging the Gap
-between Token Pruning and Token Merging", WACV 2024; arXiv 2312.01026; docs/methods.md §10).
+between Token Pruning and Token Merging", WACV 2024; arXiv 2312.01026; docs/methods.md, "ToFu").
 
-ToFu keeps ToMe's bipartite soft matching (docs/methods.md §1) and changes only what a matched
+ToFu keeps ToMe's bipartite soft matching (docs/methods.md, "ToMe") and changes only what a matched
 group becomes. In the first ``prune_layers`` blocks (the paper's "pruned merging", for blocks
 far from functionally linear) the matched A tokens are pruned into their partners, which keep
 their own value while sizes and sources still add. In later blocks MLERP keeps the direction

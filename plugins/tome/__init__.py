@@ -1,4 +1,4 @@
-"""ToMe: token merging by bipartite soft matching (Bolya et al., ICLR 2023; docs/methods.md §1).
+"""ToMe: token merging by bipartite soft matching (Bolya et al., ICLR 2023; docs/methods.md, "ToMe").
 
 Training-free. In every block, after the attention residual and before the MLP, ``r`` tokens
 are merged into their most similar partners (cosine similarity of the head-averaged keys),
@@ -11,7 +11,7 @@ linearly from ``r*(1-inflect)`` to ``2r - r*(1-inflect)``.
 Hybrids (MobileViT, ``families`` below): the schedule runs over all ``info.depth`` blocks, the
 token state restarts with every token sequence (one per MobileViT block), so the cap applies
 per sequence (a 16-token sequence merges at most 8, then 4, 2; a 1-token one not at all), and
-the family adapter unmerges each sequence back to its full map (docs/methods.md §0, "Unmerge").
+the family adapter unmerges each sequence back to its full map (docs/methods.md, "The hook point", "Unmerge").
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Top-k token pruning by a significance scorer (EViT without/with fusion; docs/methods.md §4).
+"""Top-k token pruning by a significance scorer (EViT without/with fusion; docs/methods.md, "Token scorers").
 
 At each listed block, keep the ``ceil(keep * (N - prefix))`` patch tokens with the highest
 scores (prefix tokens always kept, original order kept). With ``fuse=True`` (EViT), the dropped
@@ -8,7 +8,7 @@ attention, which also sums to about one), standing for all the patches they stoo
 
 Order of the kept tokens: EViT's code lays them out by score, highest first (``topk`` with
 ``sorted=True``, then a gather); vitbench keeps their original order. Unlike PPT's pooling
-(docs/methods.md §3), nothing after a top-k step depends on token positions -- attention,
+(docs/methods.md, "PPT"), nothing after a top-k step depends on token positions -- attention,
 LayerNorm and MLP act on tokens as a set, and the class-token readout and the size-weighted
 average pool do not see the order -- so both layouts give the same tokens, counts and logits
 (tested to 1e-5); the original order is kept as the one easier to read.

@@ -1,8 +1,8 @@
 """Zero-TPrune: zero-shot token pruning on the attention graph, training-free (Wang, Dedhia &
 Jha, "Zero-TPrune: Zero-Shot Token Pruning through Leveraging of the Attention Graph in
-Pre-Trained Transformers", CVPR 2024, §3; docs/methods.md §14).
+Pre-Trained Transformers", CVPR 2024, Sec. 3; docs/methods.md, "Zero-TPrune").
 
-Each pruning block (after the attention residual, docs/methods.md §0) removes ``r`` patch
+Each pruning block (after the attention residual, docs/methods.md, "The hook point") removes ``r`` patch
 tokens, capped as ToMe, in the paper's order I' -> S -> I: a one-step Weighted PageRank ranks
 the patches (I'); the S-stage prunes the sources most similar (cosine of the keys) to a more
 important target; the I-stage runs the Weighted PageRank ``s <- A^T s`` on the attention graph
@@ -10,7 +10,7 @@ of the tokens left and prunes the least important patches. Prefix tokens are nev
 
 Parameters: ``r`` (int or per-block list), ``i_share`` (the I-stage's share of ``r``),
 ``iters``, ``heads`` (``eir``/``mean``), ``partition`` (``sequential``/``alternate``), ``init``
-(``cls``/``uniform``), ``order`` (``s_first``/``i_first``), ``layers``. docs/methods.md §14
+(``cls``/``uniform``), ``order`` (``s_first``/``i_first``), ``layers``. docs/methods.md, "Zero-TPrune"
 says which choices are the paper's and which are ours, and the sources used."""
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Each loop does what :func:`~vitbench.engine.matching.bipartite_soft_matching` and
 :meth:`~vitbench.engine.matching.Matching.weighted_merge` do with tensor operations (ToMe,
-Bolya et al. 2023, §3), in the same order of additions where the order shows in the result;
+Bolya et al. 2023, Sec. 3), in the same order of additions where the order shows in the result;
 ``cache=True`` keeps the machine code in ``__pycache__`` after the first compile.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """timm's ViT attention, re-run with proportional attention and optional probabilities.
 
 Re-implements ``timm.layers.Attention.forward`` on the module's own submodules, adding what the
-reducing block needs (docs/methods.md §0): the ``log(size)`` key bias of proportional attention
+reducing block needs (docs/methods.md, "The hook point"): the ``log(size)`` key bias of proportional attention
 as a float ``attn_mask`` (the fused kernel is kept), and, only when a reducer asks, the
 head-averaged keys, the values, the class-token row of the probabilities or the full matrix
 (``"attn"``, the one request that gives up the fused kernel). On CUDA in half precision the bias
@@ -100,7 +100,7 @@ def attention_forward(attn: nn.Module, x: torch.Tensor, bias: Optional[torch.Ten
     """Run timm ``Attention`` module ``attn`` on ``x [B, N, C]`` with key bias ``bias [B,1,1,N]``.
 
     ``qk_hook(q, k, x) -> (q, k)`` changes the per-head queries and keys ``[B, h, N, d]`` after
-    qk-norm (DCS's channel masks, docs/methods.md §7).
+    qk-norm (DCS's channel masks, docs/methods.md, "DCS").
     """
     b, n, _ = x.shape
     gate = attn.gate(x).sigmoid() if getattr(attn, "gate", None) is not None else None

@@ -1,4 +1,4 @@
-"""The one generic reducing block that serves every token method (docs/methods.md §0).
+"""The one generic reducing block that serves every token method (docs/methods.md, "The hook point").
 
 ``x = x + ls1(attn(norm1(x)))  ->  reduce(x)  ->  x = x + ls2(mlp(norm2(x)))``
 

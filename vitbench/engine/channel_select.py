@@ -1,4 +1,4 @@
-"""Channel selection by straight-through Gumbel-sigmoid masks (DCS, docs/methods.md §7).
+"""Channel selection by straight-through Gumbel-sigmoid masks (DCS, docs/methods.md, "DCS").
 
 Family-independent building blocks of the DCS plugin: they see tensors, an MLP module or a
 1x1-conv projection, never a model family. :class:`QKChannelMask` is the input-dependent
@@ -27,7 +27,7 @@ __all__ = [
     "shrink_qk_mask", "sparse_mlp", "straight_through_mask",
 ]
 
-#: initial mask logit: untrained masks keep every channel (docs/methods.md §7, "Initial logit")
+#: initial mask logit: untrained masks keep every channel (docs/methods.md, "DCS", "Initial logit")
 KEEP_LOGIT = 2.0
 
 
@@ -39,7 +39,7 @@ def _keep_all_linear(in_features: int, out_features: int) -> nn.Linear:
 
 
 class QKChannelMask(nn.Module):
-    """Input-dependent query/key channel mask (DCS, docs/methods.md §7, "Q/K channels").
+    """Input-dependent query/key channel mask (DCS, docs/methods.md, "DCS", "Q/K channels").
 
     ``theta = Linear(x)`` maps the block's normed input ``x [B, N, in_features]`` to one logit
     per query/key channel (``num_heads * head_dim``), reshaped per head to ``[B, h, N, d]``; the
@@ -82,7 +82,7 @@ class QKChannelMask(nn.Module):
 
 
 class ChannelGate(nn.Module):
-    """Architecture logits ``alpha [C]`` of the attention-output/MLP channels (docs/methods.md §7).
+    """Architecture logits ``alpha [C]`` of the attention-output/MLP channels (docs/methods.md, "DCS").
 
     ``g = sigmoid((alpha + g1 - g2) / tau)``, hard with a straight-through gradient like
     :func:`straight_through_mask` (Gumbel noise in training only). ``alpha`` starts at
@@ -106,7 +106,7 @@ class ChannelGate(nn.Module):
     def decision(self, tau: torch.Tensor | float) -> torch.Tensor:
         """The keep/drop decision the shrink will take, ``alpha > 0`` as exact 0/1 ``[C]``, with
         the gradient of :meth:`expected_kept` (straight-through, no noise): what the search's
-        compute cost counts (docs/methods.md §7), so the cost the loss sees is the cost of the
+        compute cost counts (docs/methods.md, "DCS"), so the cost the loss sees is the cost of the
         architecture the shrink keeps, and its gradient still reaches every ``alpha``."""
         return straight_through_mask(self.alpha, tau, False)
 

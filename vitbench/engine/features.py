@@ -1,5 +1,5 @@
 """Features of a block's or stage's output per image: what the IB metric and the IB bounds read
-(docs/methods.md §6; :mod:`vitbench.measure.ib` re-exports them)."""
+(docs/methods.md, "The IB loss"; :mod:`vitbench.measure.ib` re-exports them)."""
 from __future__ import annotations
 
 import contextlib

@@ -1,6 +1,6 @@
 """Grid merges: how a token method tells a conv-hybrid adapter that it merged to a grid.
 
-Conv hybrids keep a grid (docs/methods.md §5, "Conv hybrids"): a method that merges a token sequence
+Conv hybrids keep a grid (docs/methods.md, "LTM / IBTM", "Conv hybrids"): a method that merges a token sequence
 of ``H x W`` patches into ``P = H' x W'`` tokens declares the ``(H', W')`` grid and hands over
 the merge matrices it used, so that the family adapter can fold the tokens to the reduced map
 and merge whatever else must stay aligned with them (MobileViT's fusion shortcut) "with the same

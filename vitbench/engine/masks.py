@@ -1,5 +1,5 @@
 """The straight-through (Gumbel-)sigmoid binary mask shared by LTMP's thresholds, LTM's merge
-masks and DCS's channel masks (docs/methods.md §2, §5, §7): a hard 0/1 forward, the gradient of
+masks and DCS's channel masks (docs/methods.md, "LTMP", "LTM / IBTM", "DCS"): a hard 0/1 forward, the gradient of
 ``sigmoid(logits / tau)`` backward.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Bipartite soft matching (ToMe, docs/methods.md §1) and the merge it defines.
+"""Bipartite soft matching (ToMe, docs/methods.md, "ToMe") and the merge it defines.
 
 Tokens after the ``prefix`` protected ones are split alternately by their absolute position:
 set A = even positions, set B = odd positions. Every A token picks its most similar B token
@@ -65,7 +65,7 @@ class Matching:
 
         ``keep = (merge_rows [B] bool, index [B, N - r])``: images where ``merge_rows`` is False
         are not merged but keep the tokens at ``index`` (PPT's per-image choice between pooling
-        and pruning, docs/methods.md §3) -- the same single gather, their weights 1 and their
+        and pruning, docs/methods.md, "PPT") -- the same single gather, their weights 1 and their
         sources' contributions 0, instead of a merge, a keep and a select over the whole ``x``.
         Every step is one operation on the whole batch, so that a small batch (batch 1 on a CPU:
         docs/measuring.md, "Batch 1 on a CPU") pays for few operations.
@@ -109,7 +109,7 @@ def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def max_merge(num_tokens: int, prefix: int) -> int:
-    """The most tokens one matching can remove: ``(N - prefix) // 2`` (docs/methods.md §1)."""
+    """The most tokens one matching can remove: ``(N - prefix) // 2`` (docs/methods.md, "ToMe")."""
     return max(num_tokens - prefix, 0) // 2
 
 
@@ -117,7 +117,7 @@ def bipartite_soft_matching(metric: torch.Tensor, r: int, prefix: int) -> Matchi
     """Match ``metric [B, N, d]`` (ToMe's head-averaged keys) to remove ``r`` tokens.
 
     ``r`` is capped at ``(N - prefix) // 2``. Runs under ``no_grad``: gradients flow through the
-    merge, not through the choice of partners (§1). In inference on a CPU, one compiled loop
+    merge, not through the choice of partners (docs/methods.md, "ToMe"). In inference on a CPU, one compiled loop
     (:mod:`vitbench.engine.cpu_kernels`).
     """
     r = min(r, max_merge(metric.shape[1], prefix))

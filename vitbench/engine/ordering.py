@@ -1,5 +1,5 @@
-"""The order of scores from highest to lowest, equal scores by position (ToMe §3.1's edge
-order; the kept tokens of pruning, docs/methods.md §3).
+"""The order of scores from highest to lowest, equal scores by position (ToMe Sec. 3.1's edge
+order; the kept tokens of pruning, docs/methods.md, "PPT").
 
 Compiled for a CPU, the stable sort that gives this order costs ToMe about 1 % of its
 forward at batch 1 (docs/measuring.md, "Batch 1 on a CPU"), so there float32 scores are sorted

@@ -24,14 +24,14 @@ class Reducer:
     """
 
     # -- the token step (every family with a token sequence) -------------------------------------
-    #: what the block's attention hands over in ``info`` (docs/methods.md §0); an instance may replace it
+    #: what the block's attention hands over in ``info`` (docs/methods.md, "The hook point"); an instance may replace it
     needs: frozenset[str] = frozenset()
 
     def __call__(self, x: torch.Tensor, state: TokenState, info: AttnInfo) -> torch.Tensor:
         """The reduced tokens ``[B, N', C]`` of ``x [B, N, C]``, recorded in ``state``."""
         raise NotImplementedError(f"{type(self).__name__} has no token step: define __call__(x, state, info)")
 
-    # -- channel selection (DCS, docs/methods.md §7) ---------------------------------------------
+    # -- channel selection (DCS, docs/methods.md, "DCS") ---------------------------------------------
     #: ``True`` for a channel method (keeps every token; docs/token-state.md, "The reducer contract")
     selects_channels: bool = False
 

@@ -1,4 +1,4 @@
-"""The per-forward token state that travels through the blocks (docs/methods.md §0).
+"""The per-forward token state that travels through the blocks (docs/methods.md, "The hook point").
 
 One small object, created fresh by the first block of every forward: ``size`` (patches per
 token; ``None`` keeps timm's code path), ``source`` and ``fill`` (only when tracing, for
@@ -28,7 +28,7 @@ class PrefixTokenError(VitbenchError, ValueError):
 
 @dataclass
 class TokenState:
-    """Token bookkeeping of one forward pass (docs/methods.md §0)."""
+    """Token bookkeeping of one forward pass (docs/methods.md, "The hook point")."""
 
     prefix: int
     size: Optional[torch.Tensor] = None
@@ -76,7 +76,7 @@ class TokenState:
 
     # -- reductions ----------------------------------------------------------------------
     def merge(self, x: torch.Tensor, m: Matching) -> torch.Tensor:
-        """Size-weighted merge of ``x`` by matching ``m`` (ToMe's weighted average, docs/methods.md §1).
+        """Size-weighted merge of ``x`` by matching ``m`` (ToMe's weighted average, docs/methods.md, "ToMe").
 
         ``m`` must protect at least the state's prefix tokens (``m.prefix >= prefix``): a
         matching made with a smaller prefix could merge the class token into a patch.
@@ -102,7 +102,7 @@ class TokenState:
     def merge_or_keep(self, x: torch.Tensor, m: Matching, index: torch.Tensor,
                       merge_rows: torch.Tensor) -> torch.Tensor:
         """Per image: the size-weighted merge by ``m`` where ``merge_rows [B]`` holds, else keep
-        the tokens at ``index [B, N - r]`` (PPT, docs/methods.md §3: pooling or pruning per
+        the tokens at ``index [B, N - r]`` (PPT, docs/methods.md, "PPT": pooling or pruning per
         image, ``r`` tokens fewer either way). Equal to :meth:`merge` on a copy, :meth:`keep` on
         another and :meth:`select`, in one pass over ``x``
         (:meth:`~vitbench.engine.matching.Matching.weighted_merge` with ``keep``); while tracing
@@ -125,7 +125,7 @@ class TokenState:
         The check is one comparison and one ``.all()`` (a single host sync), nothing per token.
 
         With source tracing, the pruned tokens' current values go to ``fill`` for every patch
-        they cover, so unmerge can restore a pruned patch's last value (§0, "Unmerge").
+        they cover, so unmerge can restore a pruned patch's last value (docs/methods.md, "Unmerge").
         """
         _check_prefix_first(index, self.prefix)
         if self.source is not None and self.fill is not None:

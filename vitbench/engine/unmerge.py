@@ -1,4 +1,4 @@
-"""Unmerge: the full token grid back from reduced tokens (docs/methods.md §0, "Unmerge").
+"""Unmerge: the full token grid back from reduced tokens (docs/methods.md, "The hook point", "Unmerge").
 
 Dense tasks need an ``H x W`` feature map. With source tracing on, every current token knows
 which original tokens it covers; each original position takes the value of the token that

@@ -1,4 +1,4 @@
-"""A compute budget over channel keep/drop decisions (DCS, docs/methods.md §7).
+"""A compute budget over channel keep/drop decisions (DCS, docs/methods.md, "DCS").
 
 The user states a budget: the fraction of the baseline's counted GMACs the searched model may
 keep. :class:`ComputeBudget` is the model's :class:`~vitbench.kit.cost.CostModel` (the fixed part

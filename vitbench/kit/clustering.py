@@ -16,7 +16,7 @@ ClusterFn = Callable[[torch.Tensor, int], torch.Tensor]
 
 
 def token_distances(x: torch.Tensor) -> torch.Tensor:
-    """``d_ij = ||x_i - x_j|| / sqrt(C)`` between the tokens of each image (TCFormer §3.2), in fp32."""
+    """``d_ij = ||x_i - x_j|| / sqrt(C)`` between the tokens of each image (TCFormer Sec. 3.2), in fp32."""
     return torch.cdist(x.float(), x.float()) / math.sqrt(x.shape[-1])
 
 

@@ -1,7 +1,7 @@
 """Differentiable cost models: the fixed part counted, the variable part by formula.
 
 A method that trains towards a GMACs budget (LTMP's matched penalty, DiffRate's search, DCS's
-compute budget; docs/methods.md §2, §7) needs one image's MACs as a differentiable function of
+compute budget; docs/methods.md, "LTMP", "DCS") needs one image's MACs as a differentiable function of
 its decisions. It writes only the part its decisions change, term by term
 (:meth:`CostModel.terms`); the rest is counted once with :func:`vitbench.measure.count_gmacs`,
 the counter the report uses, less the method's terms for the forward that was counted

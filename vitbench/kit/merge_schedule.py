@@ -1,4 +1,4 @@
-"""Tokens removed per block: ToMe's ``r`` as an int, a per-block list, or ``(r, inflect)`` (docs/methods.md §1)."""
+"""Tokens removed per block: ToMe's ``r`` as an int, a per-block list, or ``(r, inflect)`` (docs/methods.md, "ToMe")."""
 from __future__ import annotations
 
 from typing import Union

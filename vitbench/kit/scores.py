@@ -1,4 +1,5 @@
-"""Token significance scores from one block's attention (docs/methods.md §4; the PPT thesis' score functions).
+"""Token significance scores from one block's attention: the PPT thesis' score functions
+(docs/methods.md, "Token scorers").
 
 Each maps the block's attention to a significance per patch token ``[B, N - prefix]``,
 normalised to sum 1 per image; the attention includes proportional attention.

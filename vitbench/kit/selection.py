@@ -1,4 +1,4 @@
-"""Which tokens a pruning step keeps: the best-scoring patches behind the prefix (docs/methods.md §3)."""
+"""Which tokens a pruning step keeps: the best-scoring patches behind the prefix (docs/methods.md, "PPT")."""
 from __future__ import annotations
 
 import torch

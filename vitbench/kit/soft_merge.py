@@ -1,4 +1,4 @@
-"""Soft clustering merges (Sinkhorn token clustering, docs/methods.md §19): each patch token
+"""Soft clustering merges (Sinkhorn token clustering, docs/methods.md, "Sinkhorn"): each patch token
 shares itself among the new tokens by weights, and sizes and sources follow the shares."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""k-means clusters for the IB bounds (docs/methods.md §6), as the LTM authors' training code and
+"""k-means clusters for the IB bounds (docs/methods.md, "The IB loss"), as the LTM authors' training code and
 the DCS paper (its A = B = C clusters) use them instead of class centroids (``clusters=kmeans``
 of ``ltm`` and ``dcs``): scikit-learn's :class:`sklearn.cluster.KMeans` with a fixed
 ``random_state``, fitted on at most :data:`KMEANS_SAMPLES` vectors."""

@@ -1,4 +1,4 @@
-"""The information-bottleneck loss and its variational bound (docs/methods.md §6; IBTM/LTM papers,
+"""The information-bottleneck loss and its variational bound (docs/methods.md, "The IB loss"; IBTM/LTM papers,
 Section 3 and Theorem 3.1; DCS paper, the IB loss of its retraining phase).
 
 Written on soft cluster assignments, so it is differentiable (LTM and DCS train with the bound)
@@ -44,7 +44,7 @@ class IBTerms:
 
 def input_vectors(images: torch.Tensor, max_side: int = INPUT_SIDE) -> torch.Tensor:
     """``images [B, C, H, W]`` -> ``[B, D]``: area-downsampled to at most ``max_side`` per side,
-    flattened and L2-normalised (docs/methods.md §6)."""
+    flattened and L2-normalised (docs/methods.md, "The IB loss")."""
     if images.dim() != 4:
         raise ValueError(f"images must be [B, C, H, W], got shape {tuple(images.shape)}")
     h, w = images.shape[-2:]
@@ -65,7 +65,7 @@ def class_centroids(vectors: torch.Tensor, labels: torch.Tensor, num_classes: in
 @dataclass
 class ClassSums:
     """Per-class sums of vectors over a data pass, batch by batch, and the per-class counts: the
-    class centroids and ``Q(a|y)`` of LTM's Algorithm 1 and of the IB bounds (docs/methods.md §6)."""
+    class centroids and ``Q(a|y)`` of LTM's Algorithm 1 and of the IB bounds (docs/methods.md, "The IB loss")."""
 
     sums: Optional[torch.Tensor] = None  # [K, D]
     counts: Optional[torch.Tensor] = None  # [K]

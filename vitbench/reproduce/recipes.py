@@ -84,8 +84,8 @@ _SWIN_T = "swin_tiny_patch4_window7_224"
 _SWIN_B = "swin_base_patch4_window7_224"
 _NO_TOP1 = "The source's top-1 for this row is not cited in the project."
 _SWIN_R = "r is vitbench's per-tile budget that lands at the row's GFLOPs (the source's setting is not cited). "
-_THESIS = ("the thesis on PPT's score functions (docs/methods.md §3-§4): DeiT-S fine-tuned on CIFAR-100 "
-           "to 83.56 %, then pruned")
+_THESIS = ("the thesis on PPT's score functions (docs/methods.md, 'PPT' and 'Token scorers'): DeiT-S fine-tuned "
+           "on CIFAR-100 to 83.56 %, then pruned")
 _THESIS_NOTE = ("needs the DeiT-S fine-tuned on CIFAR-100 (--checkpoint). The thesis' r and blocks are not "
                 "recorded in the project: PPT's defaults (r=50 at blocks 3, 6, 9).")
 _THESIS_REASON = "the thesis' GFLOPs are not cited in the project (counted, not compared)"
@@ -95,19 +95,19 @@ _HAURUM_LINKAGE = "average linkage is the official training script's default; th
 RECIPES: tuple[Recipe, ...] = (
     Recipe("tome-deit-s-r13", "tome", _DEIT_S, params={"r": 13}, paper_gflops=2.706, paper_baseline_gflops=4.599,
            source="ToMe (Bolya et al., ICLR 2023); GMACs: the official code's count on the same timm DeiT-S "
-                  "(docs/methods.md §1, tests/plugins/test_gmacs_reference.py)",
+                  "(docs/methods.md, 'ToMe', tests/plugins/test_gmacs_reference.py)",
            note="the paper's printed DeiT-S GFLOPs and top-1 are not cited in the project."),
     Recipe("tome-swin-t", "tome", _SWIN_T, params={"r": 10}, paper_gflops=3.91, paper_baseline_gflops=4.50,
-           source="the IBTM paper's ToMe-Swin-T row (docs/methods.md §0 'Swin')", note=_SWIN_R + _NO_TOP1),
+           source="the IBTM paper's ToMe-Swin-T row (docs/methods.md, 'Swin')", note=_SWIN_R + _NO_TOP1),
     Recipe("tome-swin-b", "tome", _SWIN_B, params={"r": 12}, paper_gflops=13.0, paper_baseline_gflops=15.4,
-           source="the published ToMe-Swin-B row, 15.4 -> 13.0 (docs/methods.md §0 'Swin', "
+           source="the published ToMe-Swin-B row, 15.4 -> 13.0 (docs/methods.md, 'Swin', "
                   "tests/engine/families/test_swin.py); the paper and table are not named there",
            note=_SWIN_R + _NO_TOP1),
     Recipe("ppt-deit-s", "ppt", _DEIT_S, params={"r": 50, "layers": (3, 6, 9)}, paper_gflops=2.944, paper_top1=79.50,
            paper_baseline_gflops=4.6, paper_baseline_top1=79.8,
-           source="PPT (Wu et al., 2023), DeiT-S off the shelf (docs/methods.md §3); the table number is "
+           source="PPT (Wu et al., 2023), DeiT-S off the shelf (docs/methods.md, 'PPT'); the table number is "
                   "not recorded in the project",
-           note="training-free. The official code's count on the same timm DeiT-S is 2.942 (docs/methods.md §3)."),
+           note="training-free. The official code's count on the same timm DeiT-S is 2.942 (docs/methods.md, 'PPT')."),
     Recipe("ppt-thesis-cls-attn", "ppt", _DEIT_S, paper_top1=65.30, paper_baseline_top1=83.56, num_classes=100,
            data=CIFAR100_TEST, gmacs_reason=_THESIS_REASON, source=_THESIS + ", cls-attn scorer",
            note=_THESIS_NOTE),
@@ -118,87 +118,87 @@ RECIPES: tuple[Recipe, ...] = (
            data=CIFAR100_TEST, gmacs_reason=_THESIS_REASON, source=_THESIS + ", average-attention scorer",
            note=_THESIS_NOTE),
     Recipe("ltmp-swin-t", "ltmp", _SWIN_T, params={"target": 0.88}, paper_gflops=3.95, paper_baseline_gflops=4.50,
-           source="the LTMP-Swin-T row as docs/methods.md §2 ('On Swin') cites it; the paper and table are "
+           source="the LTMP-Swin-T row as docs/methods.md, 'LTMP' ('On Swin') cites it; the paper and table are "
                   "not named there",
            gmacs_reason="learned thresholds: the count depends on training (untrained, they merge almost "
                         "nothing on random keys: 4.49)", count=False,
-           note="target 0.88 = 3.95 / 4.49, a fraction of the counted GMACs on Swin (docs/methods.md §2). "
+           note="target 0.88 = 3.95 / 4.49, a fraction of the counted GMACs on Swin (docs/methods.md, 'LTMP'). "
                 + _NO_TOP1),
     Recipe("ibtm-vit-b", "ibtm", "vit_base_patch16_224", params={"ratio": 0.7}, paper_gflops=12.85,
            paper_top1=83.96, paper_baseline_gflops=17.58, paper_baseline_top1=83.74,
-           source="the IBTM paper, IBTM-ViT-B after 50 fine-tuning epochs (docs/methods.md §5)",
+           source="the IBTM paper, IBTM-ViT-B after 50 fine-tuning epochs (docs/methods.md, 'LTM / IBTM')",
            note="counted before any class statistics; with ImageNet's 1000 classes the IB step's distances "
-                "add about 2.3 GMACs (docs/methods.md §5). vitbench fine-tunes 2 epochs, backbone frozen. "
+                "add about 2.3 GMACs (docs/methods.md, 'LTM / IBTM'). vitbench fine-tunes 2 epochs, backbone frozen. "
                 "Which ViT-B weights the paper started from is not recorded."),
     Recipe("ibtm-swin-t", "ibtm", _SWIN_T, params={"ratio": 0.7}, paper_gflops=3.82, paper_baseline_gflops=4.50,
-           source="the IBTM paper's IBTM-Swin-T row (docs/methods.md §5 'On Swin')",
+           source="the IBTM paper's IBTM-Swin-T row (docs/methods.md, 'LTM / IBTM' 'On Swin')",
            gmacs_reason="the paper's ratio for Swin-T is not cited: ratio 0.7 counts 3.98 before class "
-                        "statistics (docs/methods.md §5)",
+                        "statistics (docs/methods.md, 'LTM / IBTM')",
            note="ratio 0.7 is vitbench's default, not the paper's. " + _NO_TOP1),
     Recipe("ibtm-mobilevit-s", "ibtm", "mobilevit_s", params={"ratio": 0.7}, paper_gflops=1.17, paper_top1=79.05,
            paper_baseline_gflops=1.40, paper_baseline_top1=78.4,
-           source="the IBTM/LTM papers' MobileViT-S row (docs/methods.md §5)",
+           source="the IBTM/LTM papers' MobileViT-S row (docs/methods.md, 'LTM / IBTM')",
            gmacs_reason="the baselines differ: the paper counts MobileViT-S as 1.40 GFLOPs, vitbench counts "
-                        "timm's mobilevit_s at 256 px as 2.00 (docs/methods.md §5)",
+                        "timm's mobilevit_s at 256 px as 2.00 (docs/methods.md, 'LTM / IBTM')",
            note="the paper's ratio for MobileViT-S is not cited; 0.7 is vitbench's default."),
     Recipe("dcs-mobilevit-s", "dcs", "mobilevit_s", paper_gflops=1.2, paper_top1=81.0, paper_baseline_gflops=1.6,
-           paper_baseline_top1=78.4, source="the DCS paper, DCS-MobileViT-S (docs/methods.md §7)",
+           paper_baseline_top1=78.4, source="the DCS paper, DCS-MobileViT-S (docs/methods.md, 'DCS')",
            gmacs_reason="channels are chosen by the search (fine-tuning): untrained, DCS keeps every channel; "
                         "and the paper's baseline (1.6) is not timm's count (2.00)", count=False,
            note="the paper's 1.2 / 1.6 = 0.75 is below what gating MLP channels reaches on MobileViT "
-                "(docs/methods.md §7), so the default budget 0.9 runs; the paper's arch for this row is not "
+                "(docs/methods.md, 'DCS'), so the default budget 0.9 runs; the paper's arch for this row is not "
                 "recorded."),
     Recipe("dcs-efficientvit-b1", "dcs", "efficientvit_b1", params={"budget": 0.885}, paper_gflops=0.46,
            paper_top1=81.2, paper_baseline_gflops=0.52, paper_baseline_top1=79.4,
-           source="the DCS paper, DCS-EfficientViT-B1 (docs/methods.md §7)",
+           source="the DCS paper, DCS-EfficientViT-B1 (docs/methods.md, 'DCS')",
            gmacs_reason="channels are chosen by the search (fine-tuning): untrained, DCS keeps every channel",
            count=False,
            note="budget 0.885 = 0.46 / 0.52, the paper's ratio (vitbench's budget is a GMACs fraction); the "
                 "paper's arch for this row is not recorded."),
     Recipe("tofu-swin-t", "tofu", _SWIN_T, params={"r": 10}, paper_gflops=3.91, paper_baseline_gflops=4.50,
-           source="the IBTM paper's ToFu-Swin-T row (README.md 'Backbone families', docs/methods.md §0)",
+           source="the IBTM paper's ToFu-Swin-T row (README.md 'Backbone families', docs/methods.md, 'The hook point')",
            note=_SWIN_R + "ToFu's own paper's rows are not cited in the project. " + _NO_TOP1),
     Recipe("mctf-deit-s", "mctf", _DEIT_S, params={"r": (0,) + (16,) * 11}, paper_gflops=2.60,
            source="MCTF (Lee et al., CVPR 2024), the official DeiT-S setting; GFLOPs: the official code's "
-                  "fvcore count (docs/methods.md §12)",
+                  "fvcore count (docs/methods.md, 'MCTF')",
            gmacs_reason="the official block also runs attention·V and the value and output projections on "
-                        "the fused tokens: vitbench counts 2.66 (docs/methods.md §12)",
+                        "the fused tokens: vitbench counts 2.66 (docs/methods.md, 'MCTF')",
            note="the paper's printed GFLOPs and top-1 are not cited in the project; training-free variant "
                 "(no token-reduction-consistency fine-tuning)."),
     Recipe("mctf-fast-deit-s", "mctf", _DEIT_S, params={"r": (0, 0, 0, 68, 0, 0, 44, 0, 0, 29, 0, 0)},
            paper_gflops=2.76,
            source="MCTF-Fast (Lee et al., CVPR 2024), 35 % at blocks 3, 6, 9; GFLOPs: the official code's "
-                  "count (docs/methods.md §12)",
+                  "count (docs/methods.md, 'MCTF')",
            note="the paper's printed GFLOPs and top-1 are not cited in the project."),
     Recipe("zero-tprune-deit-s", "zero-tprune", _DEIT_S, params={"r": 11}, paper_fraction=0.653,
            source="Zero-TPrune (Wang et al., CVPR 2024): the headline 0.653x of the baseline's FLOPs as "
-                  "docs/methods.md §14 cites it",
+                  "docs/methods.md, 'Zero-TPrune' cites it",
            note="the model of that headline is not recorded in the project (DeiT-S here, compared as a "
                 "fraction); r=11 in every block is vitbench's schedule (the paper's is not given). " + _NO_TOP1),
     Recipe("diffrate-deit-s", "diffrate", _DEIT_S, params={"keep": 0.3}, paper_gflops=2.9,
            paper_baseline_gflops=4.6,
-           source="DiffRate (Chen et al., ICCV 2023), the DeiT-S point (docs/methods.md §15)",
+           source="DiffRate (Chen et al., ICCV 2023), the DeiT-S point (docs/methods.md, 'DiffRate')",
            note="the paper's searched per-block rates are not in the project: vitbench's constant-r schedule "
                 "at keep=0.3 lands at the paper's compute (diffrate-search-deit-s searches them). " + _NO_TOP1),
     Recipe("diffrate-search-deit-s", "diffrate-search", _DEIT_S, params={"gmacs_fraction": 0.63}, paper_gflops=2.9,
            paper_baseline_gflops=4.6,
-           source="DiffRate (Chen et al., ICCV 2023), the DeiT-S point (docs/methods.md §15)",
+           source="DiffRate (Chen et al., ICCV 2023), the DeiT-S point (docs/methods.md, 'DiffRate')",
            gmacs_reason="learned rates: the count depends on the search (training)", count=False,
            note="gmacs_fraction 0.63 = about 2.9 / 4.6 (plugins/diffrate.py); backbone frozen. " + _NO_TOP1),
     Recipe("dynamicvit-deit-s", "dynamicvit", _DEIT_S, params={"keep": 0.7, "layers": (3, 6, 9)}, paper_gflops=2.9,
            paper_top1=79.3, paper_baseline_gflops=4.6, paper_baseline_top1=79.8,
-           source="DynamicViT (Rao et al., NeurIPS 2021), DeiT-S at rho 0.7 (docs/methods.md §16)",
+           source="DynamicViT (Rao et al., NeurIPS 2021), DeiT-S at rho 0.7 (docs/methods.md, 'DynamicViT')",
            gmacs_reason="the paper's modules sit before blocks 4, 7, 10, vitbench's after a block's attention: "
                         "layers (3, 6, 9) count 3.07, (2, 5, 8) 2.82; the paper's lies between "
-                        "(docs/methods.md §16)",
+                        "(docs/methods.md, 'DynamicViT')",
            note="the paper trains the whole model 30 epochs with distillation; vitbench trains the "
                 "predictors one epoch, no distillation."),
     Recipe("atc-deit-s", "atc", _DEIT_S, params={"keep": 0.5, "layers": (3, 6, 9), "linkage": "average"},
            paper_baseline_gflops=4.6,
            source="ATC (Haurum et al., ECCV 2024), DeiT-S fine-tuned on ImageNet at keep rate 0.5, reduction "
-                  "at the 4th, 7th and 10th blocks (the paper's classification table; docs/methods.md §18)",
+                  "at the 4th, 7th and 10th blocks (the paper's classification table; docs/methods.md, 'ATC')",
            gmacs_reason=_KEEP_RATES + "; the official schedule keeps int(196 * 0.5^s) = 98, 49, 24 tokens, "
-                        "vitbench ceil(keep * N): 98, 49, 25 (docs/methods.md §18)",
+                        "vitbench ceil(keep * N): 98, 49, 25 (docs/methods.md, 'ATC')",
            note="the paper's top-1 for this row is not recorded in the project (its table has not been quoted "
                 "from the paper; nothing is filled in from memory). The paper fine-tunes the whole model 30 epochs; ATC "
                 "itself is training-free, so this row runs off the shelf. " + _HAURUM_LINKAGE),
@@ -206,17 +206,17 @@ RECIPES: tuple[Recipe, ...] = (
            paper_baseline_gflops=4.6,
            source="Sinkhorn clustering as benchmarked in Haurum et al., 'Which Tokens to Use?' (ICCV Workshops "
                   "2023), DeiT-S on ImageNet at keep rate 0.5, blocks 4, 7, 10 (the paper's results table; "
-                  "docs/methods.md §19)",
+                  "docs/methods.md, 'Sinkhorn')",
            gmacs_reason=_KEEP_RATES + "; the official code clusters to int(196 * 0.5^s) = 98, 49, 24 centres, "
                         "vitbench to 98, 49, 25, and counts the transport (N_p M C MACs per listed block)",
            note="the paper's top-1 for this row is not recorded in the project (its table has not been quoted "
                 "from the paper; nothing is filled in from memory). The paper trains the whole model 30 epochs, "
-                "vitbench the centres one epoch (docs/methods.md §19 lists the other deviations)."),
+                "vitbench the centres one epoch (docs/methods.md, 'Sinkhorn' lists the other deviations)."),
     Recipe("patchmerger-deit-s", "patchmerger", _DEIT_S, params={"tokens": 24, "layer": 5},
            paper_baseline_gflops=4.6,
            source="PatchMerger (Renggli et al., 2022) as benchmarked in Haurum et al., 'Which Tokens to Use?' "
                   "(ICCV Workshops 2023), DeiT-S on ImageNet at keep rate 0.5 (the paper's results table; "
-                  "docs/methods.md §21)",
+                  "docs/methods.md, 'PatchMerger')",
            gmacs_reason=_KEEP_RATES + "; and the benchmark's PatchMerger merges at blocks 4, 7 and 10 to "
                         "int(196 * 0.5^s) = 98, 49, 24 tokens, vitbench's (the layer of Renggli et al.) once: "
                         "24 tokens in block 6 (layer=5) is vitbench's nearest setting, not the benchmark's",
@@ -226,7 +226,7 @@ RECIPES: tuple[Recipe, ...] = (
                 "one epoch."),
     Recipe("dtem-deit-s", "dtem", _DEIT_S, params={"r": 12}, paper_fraction=0.628, paper_top1=79.85,
            source="DTEM (Lee & Hong, NeurIPS 2024), the abstract's DeiT-S headline: 37.2 % fewer FLOPs at "
-                  "79.85 % top-1 on ImageNet-1k (arXiv 2412.10569; the method: docs/methods.md §20)",
+                  "79.85 % top-1 on ImageNet-1k (arXiv 2412.10569; the method: docs/methods.md, 'DTEM')",
            note="the abstract states the reduction, not GFLOPs or r: r=12 per block is the ToMe-style schedule "
                 "whose count is 0.628x the baseline's (2.886 / 4.599). Whether the 79.85 is the modular (frozen "
                 "backbone) or the end-to-end row of the paper's table is not recorded here (it matches DeiT-S's "

@@ -1,5 +1,5 @@
 """An independent, deliberately plain ToMe forward: explicit (unfused) attention and per-image
-Python loops for the matching (docs/methods.md §1). vitbench's engine must give the same outputs;
+Python loops for the matching (docs/methods.md, "ToMe"). vitbench's engine must give the same outputs;
 a plugin author can check a ToMe variant against it the same way."""
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Which patches a reduced model merged or dropped by each block: per-patch group maps.
 
-With source tracing on (docs/methods.md §0, "Unmerge"), row ``t`` of the token state's
+With source tracing on (docs/methods.md, "The hook point", "Unmerge"), row ``t`` of the token state's
 ``source [B, N, N0]`` says which original tokens token ``t`` stands for. After a block, each
 patch belongs to the token holding the largest share of it (hard merges: the one token covering
 it); a patch no token covers was pruned. :func:`group_map` turns one image's sources into a

@@ -1,8 +1,8 @@
-"""The EfficientViT family adapter: MIT EfficientViT (Cai et al., ICCV 2023, §3.1; timm
-``EfficientVit``, ``efficientvit_b*``); docs/methods.md §0, "EfficientViT".
+"""The EfficientViT family adapter: MIT EfficientViT (Cai et al., ICCV 2023, Sec. 3.1; timm
+``EfficientVit``, ``efficientvit_b*``); docs/methods.md, "The hook point", "EfficientViT".
 
 A LiteMLA runs linear attention on BCHW maps, so there is no token sequence: only channel
-methods apply (DCS, docs/methods.md §7). ``describe`` gives one block per LiteMLA in forward
+methods apply (DCS, docs/methods.md, "DCS"). ``describe`` gives one block per LiteMLA in forward
 order; ``patch`` replaces each ``context_module.main`` by a :class:`ReducingLiteMLA`, which runs
 the LiteMLA's own forward without a reducer and otherwise re-runs it op for op, calling the
 reducer's channel hooks (``observe``, ``selected_heads()``, ``qk`` after the ReLU kernel,

@@ -1,4 +1,4 @@
-"""EfficientViT's channel reducer: DCS's Q/K masks and output gate on a LiteMLA (docs/methods.md §7,
+"""EfficientViT's channel reducer: DCS's Q/K masks and output gate on a LiteMLA (docs/methods.md, "DCS",
 "on EfficientViT"); the family adapter offers it as :attr:`~vitbench.catalog.FamilySpec.channel_reducer`."""
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ BRANCHES = 2
 
 
 class DCSLiteMLAReducer(nn.Module, GatedDecisions, Reducer):
-    """One EfficientViT LiteMLA's DCS channel selection (docs/methods.md §7 on EfficientViT: "Q/K of
+    """One EfficientViT LiteMLA's DCS channel selection (docs/methods.md, "DCS" on EfficientViT: "Q/K of
     each LiteMLA branch, and the concatenated branch outputs feeding the projection").
 
     The hooks are those of :mod:`vitbench.engine.families.efficientvit`:

@@ -1,4 +1,4 @@
-"""The MobileViT family adapter (timm ``ByobNet`` ``mobilevit_xxs/xs/s``; docs/methods.md §0,
+"""The MobileViT family adapter (timm ``ByobNet`` ``mobilevit_xxs/xs/s``; docs/methods.md, "The hook point",
 "MobileViT").
 
 A MobileViT block unfolds its map into ``B*4`` token sequences without prefix tokens, runs timm
@@ -193,7 +193,8 @@ class MobileVitForward:
         tokens = m.norm(m.transformer(tokens))
         state = self.context.state
         record = grid_merge(state)
-        if record is not None:  # a grid merge: fold to its grid, merge the shortcut alike (§5)
+        # a grid merge: fold to its grid, merge the shortcut alike (docs/methods.md, "Conv hybrids")
+        if record is not None:
             if tokens.shape[1] != record.grid[0] * record.grid[1]:
                 raise ValueError(f"{self.context.method}: {tokens.shape[1]} tokens do not fill the "
                                  f"declared {record.grid[0]}x{record.grid[1]} grid")
@@ -248,7 +249,7 @@ def last_stage(model: nn.Module) -> nn.Module:
 
 
 def merge_grid(info: ModelInfo, ratio: float) -> tuple[int, Grid]:
-    """A merge to ``ratio`` keeps a grid (docs/methods.md §5 "Conv hybrids"): ``H' = ceil(H
+    """A merge to ``ratio`` keeps a grid (docs/methods.md, "LTM / IBTM" "Conv hybrids"): ``H' = ceil(H
     sqrt(ratio))``, ``W'`` likewise, ``P = H'W'``; ``info`` describes one token sequence."""
     root = math.sqrt(ratio)
     h, w = (max(1, math.ceil(n * root - 1e-9)) for n in info.grid)  # 1e-9: float noise at ratio 1

@@ -1,9 +1,9 @@
 """The Swin family adapter: timm ``SwinTransformer`` (V1) and ``SwinTransformerV2`` (Liu et al.,
-CVPR 2022, §3.2-3.3); docs/methods.md §0, "Swin".
+CVPR 2022, Sec. 3.2-3.3); docs/methods.md, "The hook point", "Swin".
 
 A Swin block attends within windows and the next stage merges 2x2 neighbours, so the map must
 keep every token. Each patched block therefore reduces tokens **for the MLP only, one tile at a
-time, and unmerges after it** (ToMe for Stable Diffusion, Bolya & Hoffman, CVPRW 2023, §3): the
+time, and unmerges after it** (ToMe for Stable Diffusion, Bolya & Hoffman, CVPRW 2023, Sec. 3): the
 (shifted) window attention runs on every token (:func:`window_attention`,
 :func:`window_attention_v2`, re-run on timm's modules to hand over the keys), the map is cut
 into non-overlapping tiles (:func:`tile_of`), the reducer runs on every tile as a short
@@ -147,7 +147,7 @@ def window_attention(attn: nn.Module, x: torch.Tensor, mask: Optional[torch.Tens
     """timm's ``WindowAttention.forward`` on ``x [B*nW, n, C]`` (relative position bias, the
     shifted-window mask), also handing over the head-averaged keys and the received attention
     per window ``[B*nW, n]`` when ``needs`` asks (the caller moves them onto the tiles);
-    ``qk_hook(q, k, x)`` changes the per-head queries and keys first (DCS, docs/methods.md §7).
+    ``qk_hook(q, k, x)`` changes the per-head queries and keys first (DCS, docs/methods.md, "DCS").
     A Swin V2 attention goes to :func:`window_attention_v2`."""
     if hasattr(attn, "cpb_mlp"):
         return window_attention_v2(attn, x, mask, needs, qk_hook)
@@ -187,7 +187,7 @@ def window_attention_v2(attn: nn.Module, x: torch.Tensor, mask: Optional[torch.T
     - ``received`` (``needs`` ``received_attn``): as :func:`window_attention`.
 
     ``qk_hook(q, k, x)`` (DCS's Q/K mask) runs on the raw per-head queries and keys, *before* the
-    cosine normalisation (docs/methods.md §0, "Swin")."""
+    cosine normalisation (docs/methods.md, "The hook point", "Swin")."""
     bw, n, _ = x.shape
     heads = attn.num_heads
     if attn.q_bias is None:
@@ -221,7 +221,7 @@ def window_attention_v2(attn: nn.Module, x: torch.Tensor, mask: Optional[torch.T
 def mlp_branch(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """The residual MLP branch of a Swin block on tokens ``x``: ``mlp(norm2(x))`` (V1, pre-norm)
     or ``norm2(mlp(x))`` (V2, post-norm: the norm is the branch's last step, so it runs on the
-    reduced tokens before the unmerge; docs/methods.md §0, "Swin")."""
+    reduced tokens before the unmerge; docs/methods.md, "The hook point", "Swin")."""
     if is_v2(block):
         return block.norm2(block.mlp(x))
     return block.mlp(block.norm2(x))
@@ -328,7 +328,7 @@ def _mlp_on_kept(blk: nn.Module, reduced: torch.Tensor, state: TokenState) -> tu
 
 def unmerge_mlp(y: torch.Tensor, state: TokenState) -> torch.Tensor:
     """The MLP outputs of the reduced tiles ``y [B*nT, n, C]`` back on every token of the tiles
-    (ToMe for SD's unmerge, §3): a token takes the output of the token holding the largest share
+    (ToMe for SD's unmerge, Sec. 3): a token takes the output of the token holding the largest share
     of it (:func:`~vitbench.engine.unmerge.unmerge`), and 0 where no token covers it (pruned: no
     MLP update; the residual stream keeps its value)."""
     if state.source is None:

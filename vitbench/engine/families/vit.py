@@ -2,7 +2,7 @@
 
 ``describe`` reads what methods size themselves by; ``patch`` wraps every block in a
 :class:`~vitbench.engine.block.ReducingBlock` (all blocks, so proportional attention reaches the
-blocks after a reduction) and makes average pooling size-weighted (docs/methods.md §0, "Pooling").
+blocks after a reduction) and makes average pooling size-weighted (docs/methods.md, "The hook point", "Pooling").
 """
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ class _RememberInputs:
 
 
 class _SizeWeightedPool:
-    """``VisionTransformer.pool`` with averages weighted by token size (docs/methods.md §0), and
+    """``VisionTransformer.pool`` with averages weighted by token size (docs/methods.md, "The hook point"), and
     maxima over the tokens of size > 0 only: a padded slot (an image that kept fewer tokens than
     its batch's largest count: ATS, LTMP at inference) holds zeros, which would otherwise win a
     max over negative features, and the image would pool differently in a batch than alone."""
@@ -122,7 +122,7 @@ def last_block(model: nn.Module) -> nn.Module:
 
 
 def final_features(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
-    """``[B, C]``: the size-weighted mean of the last block's patch tokens (docs/methods.md §6)."""
+    """``[B, C]``: the size-weighted mean of the last block's patch tokens (docs/methods.md, "The IB loss")."""
     return module_features(model, last_block(model), images)
 
 

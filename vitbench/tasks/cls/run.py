@@ -72,8 +72,8 @@ def _eval_batches(ws: ClsWorkspace, model: nn.Module, device: str, limit: Option
 
 def _ib_labels(ws: ClsWorkspace) -> Callable[[torch.Tensor], torch.Tensor]:
     """Labels 0..K-1 over the data's K classes for the IB metric: ImageNet synset folders carry
-    labels in the 1000-class space, and the IB clusters are the classes present (docs/methods.md
-    §6), not 1000 mostly empty ones."""
+    labels in the 1000-class space, and the IB clusters are the classes present (docs/methods.md,
+    "The IB loss"), not 1000 mostly empty ones."""
     used = sorted(set((ws.data.dataset.get("label_map") or {}).values()))
     if not used or used == list(range(ws.data.num_classes)):
         return lambda labels: labels

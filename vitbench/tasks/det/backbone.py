@@ -6,7 +6,7 @@ Hybrids and Swin: the maps come from the model's own stages, taken by forward ho
 (bilinear) back to its nominal stride, so the backbone keeps its savings and the detector its
 anchors. Plain ViT/DeiT: the tokens are unmerged to the full grid
 (:func:`vitbench.engine.unmerge.unmerge`) and a simple feature pyramid (ViTDet, Li et al., ECCV
-2022, §3) makes strides 4, 8 and 32 from the stride-16 map. The pyramid trains with the
+2022, Sec. 3) makes strides 4, 8 and 32 from the stride-16 map. The pyramid trains with the
 detector; the timm weights are never re-initialised."""
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def out_channels_of(model: nn.Module, strides: Sequence[int]) -> list[int]:
 
 
 class SimplePyramid(nn.Module):
-    """ViTDet's simple feature pyramid (§3): one stride-16 map to the requested strides.
+    """ViTDet's simple feature pyramid (Sec. 3): one stride-16 map to the requested strides.
 
     Stride 4: two 2x2 transposed convolutions (GELU and BatchNorm between); 8: one; 16: the map;
     32: 2x2 max-pool. Channels stay the ViT's width; the detector's neck (FPN / SSD neck) maps

@@ -2,7 +2,7 @@
 
 - ``det``: mmdet ``SingleStageDetector`` with ``SSDNeck`` and the SSDLite head (depthwise
   ``SSDHead``), anchors of mmdet's SSDLite-320 config (strides 16..320, min sizes 48..304),
-  smooth-L1 + CE with 3:1 hard negative mining (MobileViT paper §4.2 and mmdet's
+  smooth-L1 + CE with 3:1 hard negative mining (MobileViT paper Sec. 4.2 and mmdet's
   ``ssdlite_mobilenetv2-scratch_8xb24-600e_coco``): the backbone gives strides 16 and 32, the
   neck adds four extra levels.
 - ``seg``: mmdet ``MaskRCNN`` with ``FPN`` (strides 4..32, five outputs), RPN, RoIAlign box

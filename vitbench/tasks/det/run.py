@@ -307,7 +307,7 @@ def _accuracy(spec: Any, ws: DenseWorkspace, detector: nn.Module, backbone: nn.M
               progress: Progress) -> dict[str, Any]:
     """Box (and mask) mAP when ``accuracy`` is measured (a collective evaluation under a launcher:
     every rank scores its part of the images, every rank gets the metrics); every reduction step
-    of a reduced ``backbone`` is checked as it runs (docs/measuring.md, "Token rules")."""
+    of a reduced ``backbone`` is checked as it runs (docs/reliability.md, "Token rules are checked")."""
     if "accuracy" not in spec.metrics:
         return {}
     from vitbench.engine.token_rules import token_rules_traced
