@@ -347,7 +347,7 @@ def test_the_ib_step_mlps_stay_frozen_by_default_and_train_at_mlp_lr_when_asked(
 def test_the_mlp_learning_rate_does_not_reach_the_backbone_mlps():
     """With --train-backbone, the backbone's own ``blocks.i.mlp`` must train at ``lr``, not at
     the IB step MLPs' ``mlp_lr``."""
-    from vitbench.train.finetune import _optimizer
+    from vitbench.train.stages import _optimizer
 
     model = _ltm(stats=False, lr=0.2, mlp_lr=0.01)
     params = {n: p for n, p in model.named_parameters()

@@ -121,7 +121,7 @@ def test_statistics_take_every_tile_as_a_sample_of_its_image_class():
 
 
 def test_a_fine_tuning_step_trains_only_the_masks_and_keeps_timm_keys(tmp_path):
-    from vitbench.train.finetune import _optimizer, trainable_parameters
+    from vitbench.train.stages import _optimizer, trainable_parameters
 
     base = _swin()
     model = vitbench.apply(copy.deepcopy(base), "ltm")

@@ -119,7 +119,7 @@ def test_straight_through_gradients_reach_both_thresholds():
 def _one_step(max_grad):
     """The thresholds' raw gradients of one large-CE step and how far the stage's optimiser
     (with its gradient clamp) moves them, each divided by its learning rate."""
-    from vitbench.train.finetune import _optim_wrapper
+    from vitbench.train.stages import _optim_wrapper
 
     model = _set(vitbench.apply(_sharp_vit(), "ltmp", max_grad=max_grad), theta_m=0.3).train()
     params = {n: p for n, p in model.named_parameters() if "reducer" in n}

@@ -14,7 +14,7 @@ from vitbench.testing import tiny_vit
 
 from tests_support import CALLS  # noqa: E402 - tests/tests_support.py: the learnable test method
 from vitbench.train import finetune, load_trained, save_trained
-from vitbench.train.finetune import is_arch_step, trainable_parameters
+from vitbench.train.stages import is_arch_step, trainable_parameters
 
 @pytest.fixture(scope="module")
 def fmnist():
@@ -127,7 +127,7 @@ def test_non_finite_weights_after_training_are_an_error(gate_method, fmnist):
 def test_the_detector_training_hook_names_the_loss_term():
     from types import SimpleNamespace
 
-    from vitbench.train.finetune import FiniteLossHook
+    from vitbench.train.stages import FiniteLossHook
 
     hook = FiniteLossHook("detector training", "default training")
     runner = SimpleNamespace(epoch=1)

@@ -128,7 +128,7 @@ def test_a_batch_or_rank_count_below_one_is_refused():
 
 def test_without_a_process_group_the_guards_and_syncs_are_the_single_process_ones(gate_method):
     from vitbench.errors import NonFiniteError
-    from vitbench.train.finetune import _mean_over_ranks, broadcast_buffers, check_losses_on_every_rank
+    from vitbench.train.stages import _mean_over_ranks, broadcast_buffers, check_losses_on_every_rank
 
     model = vitbench.apply(_model(), gate_method)
     before = {k: v.clone() for k, v in model.state_dict().items()}

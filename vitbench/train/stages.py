@@ -1,13 +1,13 @@
-"""One fine-tuning loop for every learnable method, on the mmengine ``Runner``
+"""The stage loop every fine-tuning runs -- cls, det and seg alike -- on the mmengine ``Runner``
 (docs/architecture.md, "The fine-tuning loop").
 
-Each :class:`~vitbench.catalog.TrainStage` a method declares is one ``Runner.train()``: the
-method's parameters train (the backbone too with ``train_backbone``), the step
-(:class:`MethodTrainer`) adds the method's ``extra_loss`` to CE and may alternate architecture
-and weight optimisers, every step is guarded against non-finite losses and gradients
-(:func:`guarded_update`), and the stage's callbacks (:class:`StageHook`) see the training
-data. Under a launcher the trainer is wrapped in :class:`MethodDDP` and the loss guard is
-collective. Data: the training split, the first ``limit`` images, no augmentation."""
+Each :class:`~vitbench.catalog.TrainStage` a method declares is one ``Runner.train()``. A task
+supplies, through a :class:`StageSource`, what a stage trains, its trainer (a
+:class:`StageTrainer`: the task's batches and losses) and its data; :func:`run_stages` does the
+rest once: which parameters train, the stage's optimiser(s) and schedule, every step guarded
+against non-finite losses and gradients (:func:`guarded_update`), the stage's callbacks
+(:class:`StageHook`), progress, and under a launcher the DDP wrapper (:class:`MethodDDP`), the
+collective loss guard, rank 0's buffers everywhere and the ranks checked to agree."""
 from __future__ import annotations
 
 import contextlib
@@ -16,32 +16,32 @@ import io
 import math
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
-import torch.nn.functional as F
 from mmengine.hooks import Hook
 from mmengine.model import BaseModel, MMDistributedDataParallel
 from mmengine.optim import OptimWrapper, OptimWrapperDict
 from torch import nn
 
 from vitbench.catalog import TrainStage
-from vitbench.distributed import is_distributed, rank_batch_size
-from vitbench.engine.block import ReductionContext, reduction_context
+from vitbench.distributed import is_distributed
+from vitbench.engine.block import reduction_context
 from vitbench.errors import NonFiniteError, ParamError, VitbenchError
 from vitbench.guards import check_finite, check_gradients, check_losses, train_position
 from vitbench.measure.precision import autocast
+from vitbench.task import CONTROL
+from vitbench.train.batches import Batches
 
-__all__ = ["DDP_WRAPPER", "FiniteLossHook", "FinetuneResult", "MethodDDP", "MethodTrainer", "PositionHook", "StageHook",
-           "broadcast_buffers", "check_losses_on_every_rank", "finetune", "guarded_update", "step_wrapper",
-           "train_stage", "trainable_parameters"]
+__all__ = ["DDP_WRAPPER", "FiniteLossHook", "FinetuneResult", "MethodDDP", "PositionHook", "StageHook",
+           "StageSource", "StageTrainer", "broadcast_buffers", "check_losses_on_every_rank", "check_stage",
+           "guarded_update", "run_stages", "step_wrapper", "train_stage", "trainable_parameters"]
 
 OPTIMIZERS = ("SGD", "AdamW", "Adam")
 SCHEDULES = ("cosine", "constant")
-from vitbench.train.batches import Batches
 
 
 @dataclass
@@ -72,7 +72,7 @@ def trainable_parameters(model: nn.Module, stage: TrainStage, train_backbone: bo
     return out
 
 
-def _check_stage(method: str, stage: TrainStage) -> None:
+def check_stage(method: str, stage: TrainStage) -> None:
     if stage.optimizer not in OPTIMIZERS:
         raise ParamError(f"{method}: optimizer {stage.optimizer!r} is not supported; "
                          f"valid: {', '.join(OPTIMIZERS)}")
@@ -328,80 +328,6 @@ def train_stage(trainer: BaseModel, stage: TrainStage, params: dict[str, nn.Para
         release(runner)
 
 
-class MethodTrainer(BaseModel):
-    """The model the Runner trains: normalisation, the reduced timm model, CE + method loss."""
-
-    def __init__(self, model: nn.Module, stage: TrainStage, data_preprocessor: nn.Module,
-                 precision: str = "fp32") -> None:
-        super().__init__(data_preprocessor=data_preprocessor)
-        self.model = model
-        self.stage = stage
-        self.precision = precision  # the forward's autocast (vitbench.measure.precision)
-        self.steps = 0
-        self.position: Optional[tuple[int, int]] = None  # (epoch, iteration), set by PositionHook
-        self.last: dict[str, float] = {}
-
-    def init_weights(self) -> None:
-        """Keep the weights (``Runner.train()`` would re-initialise the timm backbone)."""
-
-    @property
-    def context(self) -> ReductionContext:
-        ctx = reduction_context(self.model)
-        assert ctx is not None
-        return ctx
-
-    def forward(self, inputs: torch.Tensor, data_samples: Any = None, mode: str = "tensor",
-                labels: Optional[torch.Tensor] = None) -> Any:
-        """``tensor``: the logits; ``loss``: :meth:`losses` of ``labels`` (what
-        :meth:`train_step` runs, through :class:`MethodDDP`'s forward under a launcher)."""
-        if mode == "loss" and labels is not None:
-            return self.losses(inputs, labels)
-        if mode != "tensor":
-            raise NotImplementedError(f"MethodTrainer runs mode 'tensor' or 'loss' with labels (from train_step); "
-                                      f"got mode {mode!r}")
-        return self.model(inputs)
-
-    def losses(self, inputs: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
-        """CE (with the stage's label smoothing) and the method's extra loss for one batch."""
-        ctx = self.context
-        ctx.labels = labels
-        try:
-            logits = self.model(inputs)
-            ce = F.cross_entropy(logits, labels, label_smoothing=self.stage.label_smoothing)
-            extra = self.stage.extra_loss(self.model, logits, labels) if self.stage.extra_loss else None
-        finally:
-            ctx.labels = None
-        out = {"ce": ce}
-        if extra is not None:
-            out["extra"] = extra
-        out["loss"] = ce + extra if extra is not None else ce
-        return out
-
-    def train_step(self, data: Any, optim_wrapper: OptimWrapper,
-                   forward: Optional[nn.Module] = None) -> dict[str, torch.Tensor]:
-        """One step: losses, the (collective) loss guard, backward, the gradient guard, the
-        update of this step's optimiser, the ``after_step`` callbacks. ``forward``: the
-        :class:`MethodDDP` around this trainer under a launcher (the losses must go through its
-        forward for DDP to average the gradients); ``None``: this trainer."""
-        run = self if forward is None else forward
-        data = self.data_preprocessor(data, True)
-        inputs = data["inputs"]
-        labels = torch.cat([s.gt_label for s in data["data_samples"]]).to(inputs.device)
-        wrapper = step_wrapper(optim_wrapper, self.stage, self.steps)
-        with wrapper.optim_context(run), autocast(self.precision, inputs.device):
-            losses = run(inputs, mode="loss", labels=labels)
-        who, where = self.context.method, trainer_position(self, self.stage)
-        check_losses_on_every_rank(losses, who, where)
-        optim_wrapper.zero_grad()  # the other optimiser's parameters must not accumulate grads
-        guarded_update(wrapper, losses["loss"], self.model, who, where)
-        self.steps += 1
-        for callback in self.stage.after_step:
-            callback(self.model)
-        out = {k: v.detach() for k, v in losses.items()}
-        self.last = {k: float(v) for k, v in out.items()}
-        return out
-
-
 @contextlib.contextmanager
 def _eval_no_grad(model: nn.Module) -> Iterator[None]:
     was_training = model.training
@@ -437,94 +363,185 @@ class StageHook(Hook):
             callback(self.model)
 
 
-def finetune(model: nn.Module, data: Any, *, train_backbone: bool = False, limit: Optional[int] = None,
-             device: str = "cpu", seed: int = 0, work_dir: str | Path | None = None,
-             verbose: bool = False, progress: Optional[Callable[[str], None]] = None,
-             precision: str = "fp32", workers: Optional[int] = None) -> FinetuneResult:
-    """Run the training stages of the method ``model`` was reduced with, in place.
 
-    ``data``: a :class:`~vitbench.tasks.cls.data.ClsData`; training uses its training split,
-    the first ``limit`` images when given. ``precision``: ``bf16`` runs the training forwards
-    under bf16 autocast; ``fp32`` as they are (:func:`vitbench.measure.precision.trains_in`
-    says which a run's precision trains in). Returns what was done; ``model`` is left in eval
-    mode with ``requires_grad`` as it was. ``workers``: loader worker processes (``--workers``;
-    None: :func:`vitbench.data.workers.workers_for`'s default).
-    """
-    from mmengine.dist import get_world_size
+class StageTrainer(BaseModel):
+    """The model the Runner trains in one stage: a task's losses of a batch (:meth:`losses_of`),
+    the (collective) loss guard, backward, the gradient guard, the update of this step's
+    optimiser (:func:`step_wrapper`) and the stage's ``after_step`` callbacks. A task subclasses
+    it for its batches and losses; under a launcher the Runner wraps it in :class:`MethodDDP`."""
 
+    def __init__(self, stage: TrainStage, data_preprocessor: Any, precision: str = "fp32") -> None:
+        super().__init__(data_preprocessor=data_preprocessor)
+        self.stage = stage
+        self.precision = precision  # the forward's autocast (vitbench.measure.precision)
+        self.steps = 0
+        self.position: Optional[tuple[int, int]] = None  # (epoch, iteration), set by PositionHook
+        self.last: dict[str, float] = {}
+
+    @property
+    def reduced(self) -> nn.Module:
+        """The model the method reduced (what the stage's callbacks get)."""
+        raise NotImplementedError
+
+    @property
+    def trained(self) -> nn.Module:
+        """The module whose parameters the step updates (what the gradient guard reads)."""
+        return self.reduced
+
+    @property
+    def who(self) -> str:
+        """The method's name in an error (the control's, :data:`~vitbench.task.CONTROL`, without one)."""
+        ctx = reduction_context(self.reduced)
+        return ctx.method if ctx is not None else CONTROL
+
+    def init_weights(self) -> None:
+        """Keep the weights (``Runner.train()`` would re-initialise them)."""
+
+    def split(self, data: dict[str, Any]) -> tuple[torch.Tensor, Any, torch.Tensor]:
+        """A preprocessed batch as (inputs, data samples, the images' class labels)."""
+        raise NotImplementedError
+
+    def losses_of(self, run: nn.Module, inputs: torch.Tensor, samples: Any, labels: torch.Tensor
+                  ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The loss to minimise and the terms to log, through ``run``'s forward (this trainer, or
+        the DDP wrapper around it: DDP averages the gradients of what goes through its forward)."""
+        raise NotImplementedError
+
+    def guarded_terms(self, terms: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The terms the loss guard checks (every one; a task drops logged extras such as an accuracy)."""
+        return terms
+
+    def train_step(self, data: Any, optim_wrapper: OptimWrapper,
+                   forward: Optional[nn.Module] = None) -> dict[str, torch.Tensor]:
+        """One step. ``forward``: the :class:`MethodDDP` around this trainer under a launcher;
+        ``None``: this trainer."""
+        run = self if forward is None else forward
+        inputs, samples, labels = self.split(self.data_preprocessor(data, True))
+        wrapper = step_wrapper(optim_wrapper, self.stage, self.steps)
+        with wrapper.optim_context(run), autocast(self.precision, inputs.device):
+            loss, terms = self.losses_of(run, inputs, samples, labels)
+        who, where = self.who, trainer_position(self, self.stage)
+        check_losses_on_every_rank(self.guarded_terms(terms), who, where)
+        optim_wrapper.zero_grad()  # the other optimiser's parameters must not accumulate grads
+        guarded_update(wrapper, loss, self.trained, who, where)
+        self.steps += 1
+        for callback in self.stage.after_step:
+            callback(self.reduced)
+        out = {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in terms.items()}
+        self.last = {k: float(v) for k, v in out.items()}
+        return out
+
+
+class StageSource:
+    """What a task gives :func:`run_stages`: the method's name, the module whose parameters the
+    stages may train, the model the method reduced, the training data of the stage callbacks,
+    and per stage its trainable parameters, trainer and data loader."""
+
+    #: the Runner's default registry scope (the task's data pipeline names its transforms)
+    scope = "mmpretrain"
+    #: iterations between progress lines
+    interval = 50
+
+    def __init__(self, method: str, module: nn.Module, reduced: nn.Module, batches: Optional[Batches]) -> None:
+        self.method, self.module, self.reduced, self.batches = method, module, reduced, batches
+
+    def prepare(self, stage: TrainStage, last: bool) -> TrainStage:
+        """``stage`` as this task runs it (``last``: the last stage with epochs)."""
+        return stage
+
+    def parameters(self, stage: TrainStage) -> dict[str, nn.Parameter]:
+        """The parameters ``stage`` trains, by name."""
+        raise NotImplementedError
+
+    def trainer(self, stage: TrainStage) -> StageTrainer:
+        """The trainer of ``stage``."""
+        raise NotImplementedError
+
+    def loader(self, stage: TrainStage, progress: Optional[Callable[[str], None]]
+               ) -> tuple[dict[str, Any], dict[str, int]]:
+        """The stage's dataloader config (each rank's batch) and what its record says of the ranks."""
+        raise NotImplementedError
+
+    def announce(self, stage: TrainStage, trainable: int) -> str:
+        """The progress line before ``stage`` trains ``trainable`` parameters."""
+        return f"fine-tuning stage {stage.name!r}: {stage.epochs} epoch(s), {trainable:,} trainable parameters"
+
+
+def _set_trainable(module: nn.Module, params: dict[str, nn.Parameter]) -> None:
+    chosen = {id(p) for p in params.values()}
+    for p in module.parameters():
+        p.requires_grad_(id(p) in chosen)
+
+
+def run_stages(stages: Sequence[TrainStage], source: StageSource, *, device: torch.device, seed: int = 0,
+               work_dir: str | Path | None = None, verbose: bool = False,
+               progress: Optional[Callable[[str], None]] = None) -> FinetuneResult:
+    """Run ``stages`` in order on what ``source`` supplies, in place; returns what was done.
+
+    Every stage is checked before the first runs. A stage of 0 epochs runs only its ``before``
+    and ``after`` callbacks. After each stage every rank holds rank 0's buffers and is checked to
+    hold the same weights (:func:`~vitbench.distributed.same_on_every_rank`); after the last the
+    weights are checked finite. ``requires_grad`` is restored and the module left in eval mode."""
+    from vitbench.distributed import same_on_every_rank
     from vitbench.mm.runner import work_dir_or_temp
-    from vitbench.train.batches import cls_batches, data_preprocessor, loader_cfg
 
-    ctx = reduction_context(model)
-    if ctx is None or ctx.reduction is None:
-        raise VitbenchError("finetune() needs a model reduced with vitbench.apply(model, method)")
-    stages = list(ctx.reduction.train)
-    result = FinetuneResult()
-    if not stages:
-        return result
     for stage in stages:
-        _check_stage(ctx.method, stage)
-    target = torch.device(device)
-    dataset = data.train_cfg(limit=limit)
-    preprocessor = data_preprocessor(model, data.bgr)
-    batches = cls_batches(dataset, preprocessor, device=target, seed=seed, workers=workers)
-    saved_grad = {n: p.requires_grad for n, p in model.named_parameters()}
+        check_stage(source.method, stage)
+    last = max((i for i, s in enumerate(stages) if s.epochs > 0), default=-1)
+    module, method = source.module, source.method
+    saved = {name: p.requires_grad for name, p in module.named_parameters()}  # by name: a shrink makes new tensors
+    result = FinetuneResult()
     start = time.perf_counter()
     try:
-        for stage in stages:
-            params = trainable_parameters(model, stage, train_backbone)
+        for i, declared in enumerate(stages):
+            stage = source.prepare(declared, last=i == last)
+            params = source.parameters(stage)
             if not params:
-                raise VitbenchError(f"{ctx.method}: training stage {stage.name!r} has no trainable "
-                                    f"parameters (trainable={stage.trainable})")
-            for name, p in model.named_parameters():
-                p.requires_grad_(name in params)
-            result.trainable_params = max(result.trainable_params, sum(p.numel() for p in params.values()))
+                raise VitbenchError(f"{method}: training stage {stage.name!r} has no trainable parameters "
+                                    f"(trainable={stage.trainable})")
+            _set_trainable(module, params)
+            trainable = sum(p.numel() for p in params.values())
+            result.trainable_params = max(result.trainable_params, trainable)
             if progress:
-                progress(f"fine-tuning stage {stage.name!r}: {stage.epochs} epoch(s), "
-                         f"{sum(p.numel() for p in params.values()):,} trainable parameters"
-                         + (" (backbone included)" if train_backbone else " (backbone frozen)"))
-            trainer = MethodTrainer(model, stage, preprocessor, precision=precision).to(target)
+                progress(source.announce(stage, trainable))
+            hook = StageHook(stage, source.reduced, source.batches)
             stage_start = time.perf_counter()
             if stage.epochs == 0:
-                hook = StageHook(stage, model, batches)
                 hook.before_train(None)
                 hook.after_train(None)
-                broadcast_buffers(model)
+                broadcast_buffers(module)
                 result.stages.append({"name": stage.name, "epochs": 0, "iters": 0,
                                       "seconds": round(time.perf_counter() - stage_start, 2)})
                 continue
-            world = get_world_size()
-            per_rank = rank_batch_size(stage.batch_size, world)
-            if progress and per_rank * world != stage.batch_size:
-                progress(f"stage {stage.name!r}: batch {stage.batch_size} does not divide over {world} ranks: "
-                         f"{per_rank} per rank, an effective batch of {per_rank * world}")
+            trainer = source.trainer(stage).to(device)
+            loader, ranks = source.loader(stage, progress)
             with work_dir_or_temp(work_dir) as wd:
-                iters, n_images = train_stage(
-                    trainer, stage, params, loader_cfg(dataset, per_rank, True, workers=workers, device=target,
-                               persistent=True),
-                    [StageHook(stage, model, batches),
-                     {"type": "vitbench.ProgressHook", "verbose": verbose, "interval": 50,
-                      "prefix": f"vitbench: {ctx.method} {stage.name}: ",
-                      "what": f"fine-tuning {ctx.method} (stage {stage.name!r})"}],
-                    work_dir=wd / stage.name, seed=seed, device=target)
-            broadcast_buffers(model)  # under a launcher: rank 0's buffers everywhere
-            last = _mean_over_ranks(trainer.last)  # the last step's losses over the whole batch
-            result.train_images = max(result.train_images, n_images)
-            ranks = {"ranks": world, "rank_batch_size": per_rank,
-                     "effective_batch_size": per_rank * world} if world > 1 else {}
-            result.stages.append({"name": stage.name, "epochs": stage.epochs, "iters": iters,
-                                  "images": n_images, **ranks, **{f"last_{k}": v for k, v in last.items()},
-                                  "seconds": round(time.perf_counter() - stage_start, 2)})
+                iters, images = train_stage(
+                    trainer, stage, params, loader,
+                    [hook, {"type": "vitbench.ProgressHook", "verbose": verbose, "interval": source.interval,
+                            "prefix": f"vitbench: {method} {stage.name}: ",
+                            "what": f"fine-tuning {method} (stage {stage.name!r})"}],
+                    work_dir=wd / stage.name, seed=seed, device=device, default_scope=source.scope)
+            broadcast_buffers(module)  # under a launcher: rank 0's buffers (BatchNorm statistics) everywhere
+            same_on_every_rank(module, f"{method}: stage {stage.name!r}")
+            losses = _mean_over_ranks(trainer.last)  # the last step's losses over the whole batch
+            result.train_images = max(result.train_images, images)
+            seconds = time.perf_counter() - stage_start
+            result.stages.append({"name": stage.name, "epochs": stage.epochs, "iters": iters, "images": images,
+                                  **ranks, **{f"last_{k}": v for k, v in losses.items()},
+                                  "seconds": round(seconds, 2)})
             if progress:
-                shown = ", ".join(f"{k} {v:.4f}" for k, v in last.items())
-                progress(f"stage {stage.name!r} done: {iters} iterations on {n_images} images "
-                         f"in {time.perf_counter() - stage_start:.0f} s ({shown})")
-        check_finite(model.state_dict(), f"{ctx.method}: the fine-tuned weights",
-                     f"after stage {stages[-1].name!r}")
+                shown = ", ".join(f"{k} {v:.4f}" for k, v in losses.items())
+                progress(f"stage {stage.name!r} done: {iters} iterations on {images} images in {seconds:.0f} s "
+                         f"({shown})")
+        if stages:
+            check_finite(module.state_dict(), f"{method}: the fine-tuned weights", f"after stage {stages[-1].name!r}")
     finally:
-        for name, p in model.named_parameters():
-            p.requires_grad_(saved_grad.get(name, False))
-        ctx.labels = None
+        for name, p in module.named_parameters():
+            p.requires_grad_(saved.get(name, p.requires_grad))
+        ctx = reduction_context(source.reduced)
+        if ctx is not None:
+            ctx.labels = None
     result.seconds = round(time.perf_counter() - start, 2)
-    model.eval()
+    module.eval()
     return result

@@ -29,7 +29,7 @@ LTM = {"ratio": 0.5, "epochs": 1, "batch_size": 2, "stats_images": 4}  # with it
 
 def _ltm_detector(backbone_factory, det_data):  # type: ignore[no-untyped-def]
     """A detector around an LTM-reduced backbone, its statistics pass done (the IB loss needs it)."""
-    from vitbench.train.finetune import StageHook
+    from vitbench.train.stages import StageHook
 
     backbone = backbone_factory("mobilevit_xs")
     baseline = build_detector("det", copy.deepcopy(backbone), 3, width="light")
@@ -96,7 +96,7 @@ def test_train_step_computes_every_loss_through_the_forward_it_is_given(backbone
 def test_train_step_guards_the_losses_on_every_rank(backbone_factory, det_data, monkeypatch):
     import importlib
 
-    finetune = importlib.import_module("vitbench.train.finetune")  # the module (vitbench.train.finetune is a function too)
+    finetune = importlib.import_module("vitbench.train.stages")
     seen: list[tuple] = []
     monkeypatch.setattr(finetune, "check_losses_on_every_rank",
                         lambda losses, who, where: seen.append((sorted(losses), who, where)))
@@ -217,7 +217,7 @@ def test_the_default_training_guards_its_losses_on_every_rank_before_the_update(
     from vitbench.errors import NonFiniteError
     from vitbench.tasks.det.train import DetectorTrainer
 
-    finetune = importlib.import_module("vitbench.train.finetune")
+    finetune = importlib.import_module("vitbench.train.stages")
     seen: list[tuple] = []
     check = finetune.check_losses_on_every_rank
 

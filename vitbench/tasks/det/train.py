@@ -6,7 +6,7 @@ learnable method's detector is, with no method (the ``baseline+ft`` control);
 :func:`finetune_method` runs a method's stages on the detection loss with the detector weights
 the dense fine-tuning protocol names (:mod:`vitbench.tasks.det.protocol`). A method that needs
 image labels gets the class of the image's largest object. Under a launcher all three train
-with DDP (:class:`~vitbench.train.finetune.MethodDDP`, at least :data:`MIN_RANK_BATCH` images
+with DDP (:class:`~vitbench.train.stages.MethodDDP`, at least :data:`MIN_RANK_BATCH` images
 per rank); afterwards every rank holds rank 0's buffers and is checked to hold the same weights
 (docs/architecture.md, "Distributed runs")."""
 from __future__ import annotations
@@ -27,12 +27,12 @@ from torch import nn
 from vitbench.distributed import same_on_every_rank
 from vitbench.engine.block import reduction_context
 from vitbench.errors import VitbenchError
-from vitbench.measure.precision import autocast
 from vitbench.tasks.det.data import DetData
 from vitbench.tasks.det.protocol import CONTROL, DenseFinetune, detector_parameters, stage_for
+from vitbench.train.stages import FinetuneResult, StageSource, StageTrainer
 
-__all__ = ["MIN_RANK_BATCH", "DetMethodTrainer", "DetectorTrainer", "dominant_labels", "finetune_control",
-           "finetune_method", "rank_share", "train_detector"]
+__all__ = ["MIN_RANK_BATCH", "ControlStages", "DetMethodTrainer", "DetStages", "DetectorTrainer", "dominant_labels",
+           "finetune_control", "finetune_method", "rank_share", "train_detector"]
 
 
 #: the default training: AdamW, cosine to 1% of the rate, per iteration
@@ -110,18 +110,18 @@ def train_detector(detector: nn.Module, data: DetData, *, masks: bool, epochs: i
 
     Under a launcher (a process group of more than one rank; every rank calls this at the same
     point with the same detector) the ranks train it together with DDP, as the fine-tunings do:
-    the Runner wraps :class:`DetectorTrainer` in :class:`~vitbench.train.finetune.MethodDDP`,
+    the Runner wraps :class:`DetectorTrainer` in :class:`~vitbench.train.stages.MethodDDP`,
     each rank trains on its ``DefaultSampler`` shard with :func:`rank_share`'s batch
     (``batch_size // world``, at least :data:`MIN_RANK_BATCH`), the loss guard is collective,
     and afterwards every rank holds rank 0's BatchNorm statistics (checked with
     :func:`~vitbench.distributed.same_on_every_rank`); the returned facts then say
     ``ranks``, ``rank_batch_size`` and ``effective_batch_size``. Without one: mmengine's own
-    ``train_step`` on the detector, with :class:`~vitbench.train.finetune.FiniteLossHook`."""
+    ``train_step`` on the detector, with :class:`~vitbench.train.stages.FiniteLossHook`."""
     from mmengine.runner import Runner
 
     from vitbench.distributed import is_distributed, is_main
     from vitbench.mm.runner import release, runner_kwargs, work_dir_or_temp
-    from vitbench.train.finetune import FiniteLossHook, PositionHook, _distributed_runner, broadcast_buffers
+    from vitbench.train.stages import FiniteLossHook, PositionHook, _distributed_runner, broadcast_buffers
 
     if epochs < 1 or batch_size < 2:
         raise VitbenchError(f"detector training needs epochs >= 1 and batch size >= 2 (BatchNorm in the "
@@ -178,11 +178,11 @@ DEFAULT_STAGE = "default training"
 
 class DetectorTrainer(BaseModel):
     """The model the Runner trains in the default training under a launcher (wrapped in
-    :class:`~vitbench.train.finetune.MethodDDP`): the detector's own step -- mmengine's
+    :class:`~vitbench.train.stages.MethodDDP`): the detector's own step -- mmengine's
     ``BaseModel.train_step``, with the detector's optimiser wrapper (AdamW, gradient clipping) --
     with the losses computed through the wrapper's forward (so their backward averages the
     gradients over the ranks) and the collective loss guard
-    (:func:`~vitbench.train.finetune.check_losses_on_every_rank`) before the update, so that a
+    (:func:`~vitbench.train.stages.check_losses_on_every_rank`) before the update, so that a
     non-finite loss stops every rank at the same step."""
 
     def __init__(self, detector: nn.Module) -> None:
@@ -204,7 +204,7 @@ class DetectorTrainer(BaseModel):
         """One step: the losses through ``forward`` (the DDP wrapper; ``None``: this trainer),
         the collective loss guard, the update."""
         from vitbench.guards import train_position
-        from vitbench.train.finetune import check_losses_on_every_rank
+        from vitbench.train.stages import check_losses_on_every_rank
 
         run = self if forward is None else forward
         with optim_wrapper.optim_context(run):
@@ -219,24 +219,24 @@ class DetectorTrainer(BaseModel):
         return log_vars
 
 
-class DetMethodTrainer(BaseModel):
+class DetMethodTrainer(StageTrainer):
     """The model the Runner trains while a method fine-tunes inside a detector: the detection
-    losses plus the method's ``extra_loss``, with the arch/weight alternation of the cls loop
-    (:class:`~vitbench.train.finetune.MethodTrainer`); under a launcher the Runner wraps it in
-    :class:`~vitbench.train.finetune.MethodDDP`."""
+    losses plus the method's ``extra_loss``; the step is the stage loop's
+    (:class:`~vitbench.train.stages.StageTrainer`). A method that needs image labels gets the
+    class of each image's largest object."""
 
     def __init__(self, detector: nn.Module, backbone: nn.Module, stage: Any, precision: str = "fp32") -> None:
-        super().__init__(data_preprocessor=detector.data_preprocessor)
-        self.precision = precision  # the forward's autocast (vitbench.measure.precision)
+        super().__init__(stage, detector.data_preprocessor, precision)
         self.detector = detector
         self.backbone = backbone  # the reduced timm model inside the detector
-        self.stage = stage
-        self.steps = 0
-        self.position: Optional[tuple[int, int]] = None  # (epoch, iteration), set by PositionHook
-        self.last: dict[str, float] = {}
 
-    def init_weights(self) -> None:
-        """Keep every weight (the detector is trained already)."""
+    @property
+    def reduced(self) -> nn.Module:
+        return self.backbone
+
+    @property
+    def trained(self) -> nn.Module:
+        return self.detector
 
     def train(self, mode: bool = True) -> "DetMethodTrainer":
         """Train mode, except for normalisation layers with nothing to train: a frozen
@@ -252,7 +252,7 @@ class DetMethodTrainer(BaseModel):
     def forward(self, inputs: torch.Tensor, data_samples: Any = None, mode: str = "tensor",
                 labels: Optional[torch.Tensor] = None) -> Any:
         """The detector's forward in ``mode``; ``loss`` with ``labels`` (what :meth:`train_step`
-        runs, through :class:`~vitbench.train.finetune.MethodDDP`'s forward under a launcher):
+        runs, through :class:`~vitbench.train.stages.MethodDDP`'s forward under a launcher):
         :meth:`losses`."""
         if mode == "loss" and labels is not None:
             return self.losses(inputs, data_samples, labels)
@@ -281,44 +281,24 @@ class DetMethodTrainer(BaseModel):
                 ctx.labels = None
         return out
 
-    def train_step(self, data: Any, optim_wrapper: OptimWrapper,
-                   forward: Optional[nn.Module] = None) -> dict[str, torch.Tensor]:
-        """One step: losses, the (collective) loss guard, backward, the gradient guard, the
-        update of this step's optimiser, the ``after_step`` callbacks. ``forward``: the
-        :class:`~vitbench.train.finetune.MethodDDP` around this trainer under a launcher (the
-        losses must go through its forward for DDP to average the gradients); ``None``: this
-        trainer."""
-        from vitbench.train.finetune import (
-            check_losses_on_every_rank,
-            guarded_update,
-            step_wrapper,
-            trainer_position,
-        )
-
-        run = self if forward is None else forward
-        data = self.data_preprocessor(data, True)
+    def split(self, data: dict[str, Any]) -> tuple[torch.Tensor, Any, torch.Tensor]:
         inputs, samples = data["inputs"], data["data_samples"]
-        labels = dominant_labels(samples, inputs.device)
-        wrapper = step_wrapper(optim_wrapper, self.stage, self.steps)
-        with wrapper.optim_context(run), autocast(self.precision, inputs.device):
-            raw = run(inputs, samples, mode="loss", labels=labels)
-            extra = raw.pop("extra", None)
-            loss, log_vars = self.detector.parse_losses(raw)
+        return inputs, samples, dominant_labels(samples, inputs.device)
+
+    def losses_of(self, run: nn.Module, inputs: torch.Tensor, samples: Any, labels: torch.Tensor
+                  ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        raw = run(inputs, samples, mode="loss", labels=labels)
+        extra = raw.pop("extra", None)
+        loss, log_vars = self.detector.parse_losses(raw)
         if extra is not None:
             loss = loss + extra
             log_vars["extra"] = extra.detach()
         log_vars["loss"] = loss.detach()
-        ctx = reduction_context(self.backbone)  # None: the control (no method)
-        who, where = ctx.method if ctx is not None else CONTROL, trainer_position(self, self.stage)
-        # each detection loss term and the method's extra (not logged extras such as Mask R-CNN's acc)
-        check_losses_on_every_rank({k: v for k, v in log_vars.items() if "loss" in k or k == "extra"}, who, where)
-        optim_wrapper.zero_grad()
-        guarded_update(wrapper, loss, self.detector, who, where)
-        self.steps += 1
-        for callback in self.stage.after_step:
-            callback(self.backbone)
-        self.last = {k: float(v.detach()) if isinstance(v, torch.Tensor) else float(v) for k, v in log_vars.items()}
-        return log_vars
+        return loss, log_vars
+
+    def guarded_terms(self, terms: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Each detection loss term and the method's extra (not logged extras such as Mask R-CNN's acc)."""
+        return {k: v for k, v in terms.items() if "loss" in k or k == "extra"}
 
 
 def _image_batches(detector: nn.Module, data: DetData, masks: bool, limit: Optional[int],
@@ -341,93 +321,92 @@ def _image_batches(detector: nn.Module, data: DetData, masks: bool, limit: Optio
     return batches
 
 
+class DetStages(StageSource):
+    """The dense tasks' part of the stage loop: the method's parameters plus the detector weights
+    of the dense fine-tuning protocol, each stage as the protocol runs it
+    (:func:`~vitbench.tasks.det.protocol.stage_for`), :class:`DetMethodTrainer`, the training
+    split at each rank's share of the stage's batch (at most 8 images)."""
+
+    scope = "mmdet"
+    interval = 10
+
+    def __init__(self, method: str, detector: nn.Module, backbone: nn.Module, data: DetData, *, masks: bool,
+                 settings: DenseFinetune, limit: Optional[int], precision: str,
+                 batches: Optional[Callable[[], Iterator[tuple[torch.Tensor, torch.Tensor]]]]) -> None:
+        super().__init__(method, detector, backbone, batches)
+        self.data, self.masks, self.settings, self.limit, self.precision = data, masks, settings, limit, precision
+
+    def prepare(self, stage: Any, last: bool) -> Any:
+        return stage_for(stage, self.settings, last)
+
+    def parameters(self, stage: Any) -> dict[str, nn.Parameter]:
+        from vitbench.train.stages import trainable_parameters
+
+        return {**trainable_parameters(self.reduced, stage, False),
+                **detector_parameters(self.module, self.settings.protocol)}
+
+    def trainer(self, stage: Any) -> DetMethodTrainer:
+        return DetMethodTrainer(self.module, self.reduced, stage, precision=self.precision)
+
+    def loader(self, stage: Any, progress: Optional[Callable[[str], None]]) -> tuple[dict[str, Any], dict[str, int]]:
+        per_rank, ranks = rank_share(max(2, min(stage.batch_size, CONTROL_BATCH)), stage.name, progress)
+        return _loader(self.data.dataset_cfg("train", masks=self.masks, limit=self.limit), per_rank, True), ranks
+
+    def announce(self, stage: Any, trainable: int) -> str:
+        return (f"fine-tuning stage {stage.name!r} on the detection loss: {stage.epochs} epoch(s), "
+                f"{trainable:,} trainable parameters (dense fine-tuning protocol {self.settings.protocol!r})")
+
+
+class ControlStages(DetStages):
+    """The control's one stage (:func:`control_stage`, already as the protocol runs it): the
+    detector weights alone, no method."""
+
+    def prepare(self, stage: Any, last: bool) -> Any:
+        return stage
+
+    def announce(self, stage: Any, trainable: int) -> str:
+        return (f"fine-tuning the baseline detector without a method (the control): {stage.epochs} epoch(s), "
+                f"{trainable:,} trainable parameters (dense fine-tuning protocol {self.settings.protocol!r})")
+
+
+def _record(result: FinetuneResult, settings: DenseFinetune) -> dict[str, Any]:
+    """A dense run record's training fields from what the stage loop did."""
+    return {"trained": "fine-tuned", "train_s": result.seconds, "trainable_params": result.trainable_params,
+            "train_stages": result.stages, "dense_finetune": settings.record(), "train_images": result.train_images}
+
+
 def finetune_method(detector: nn.Module, backbone: nn.Module, data: DetData, *, masks: bool,
                     settings: Optional[DenseFinetune] = None, limit: Optional[int] = None, device: str = "cpu",
                     seed: int = 0, work_dir: str | Path | None = None, verbose: bool = False,
                     progress: Optional[Callable[[str], None]] = None, precision: str = "fp32") -> dict[str, Any]:
     """Run the training stages of the method ``backbone`` was reduced with, inside ``detector``
-    (the forwards under ``precision``'s autocast, :func:`vitbench.train.finetune.finetune`).
+    (the forwards under ``precision``'s autocast), on the stage loop
+    (:func:`vitbench.train.stages.run_stages`).
 
     Trained: the method's parameters plus the detector weights of the dense fine-tuning
     protocol ``settings`` (:mod:`vitbench.tasks.det.protocol`; ``None``: ``method``, the
-    method's parameters alone -- the CLI's default is ``all``). Returns what was done, as
-    :func:`vitbench.train.finetune.finetune` does for cls, plus ``dense_finetune``.
+    method's parameters alone -- the CLI's default is ``all``). Returns the record's training
+    fields, ``dense_finetune`` among them.
     """
-    from vitbench.mm.runner import work_dir_or_temp
-    from vitbench.train.finetune import (
-        StageHook,
-        _check_stage,
-        _mean_over_ranks,
-        broadcast_buffers,
-        train_stage,
-        trainable_parameters,
-    )
+    from vitbench.train.stages import run_stages
 
     ctx = reduction_context(backbone)
     if ctx is None or ctx.reduction is None:
         raise VitbenchError("finetune_method() needs a backbone reduced with vitbench.apply(model, method)")
     target = torch.device(device)
-    batches = _image_batches(detector, data, masks, limit, target)
-    saved = {n: p.requires_grad for n, p in detector.named_parameters()}
-    stages_done: list[dict[str, Any]] = []
-    start = time.perf_counter()
-    trainable = 0
     settings = settings or DenseFinetune("method")
-    stages = list(ctx.reduction.train)
-    last_stage = max((i for i, s in enumerate(stages) if s.epochs > 0), default=-1)
-    try:
-        for i, stage in enumerate(stages):
-            _check_stage(ctx.method, stage)
-            stage = stage_for(stage, settings, last=i == last_stage)
-            params = trainable_parameters(backbone, stage, False)
-            params.update(detector_parameters(detector, settings.protocol))
-            if not params:
-                raise VitbenchError(f"{ctx.method}: training stage {stage.name!r} has no trainable parameters")
-            chosen = {id(p) for p in params.values()}
-            for p in detector.parameters():
-                p.requires_grad_(id(p) in chosen)
-            trainable = max(trainable, sum(p.numel() for p in params.values()))
-            if progress:
-                progress(f"fine-tuning stage {stage.name!r} on the detection loss: {stage.epochs} epoch(s), "
-                         f"{sum(p.numel() for p in params.values()):,} trainable parameters "
-                         f"(dense fine-tuning protocol {settings.protocol!r})")
-            hook = StageHook(stage, backbone, batches)
-            stage_start = time.perf_counter()
-            if stage.epochs == 0:
-                hook.before_train(None)
-                hook.after_train(None)
-                broadcast_buffers(detector)  # under a launcher: rank 0's buffers everywhere
-                stages_done.append({"name": stage.name, "epochs": 0, "iters": 0})
-                continue
-            trainer = DetMethodTrainer(detector, backbone, stage, precision=precision).to(target)
-            per_rank, ranks = rank_share(max(2, min(stage.batch_size, 8)), stage.name, progress)
-            loader = _loader(data.dataset_cfg("train", masks=masks, limit=limit), per_rank, True)
-            with work_dir_or_temp(work_dir) as wd:
-                iters, images = train_stage(
-                    trainer, stage, params, loader,
-                    [hook, _progress_hook(f"vitbench: {ctx.method} {stage.name}: ", verbose)],
-                    work_dir=wd / stage.name, seed=seed, device=target, default_scope="mmdet")
-            broadcast_buffers(detector)  # under a launcher: rank 0's BatchNorm statistics everywhere
-            same_on_every_rank(detector, f"{ctx.method}: stage {stage.name!r}")
-            losses = _mean_over_ranks(trainer.last)  # the last step's losses over the whole batch
-            stages_done.append({"name": stage.name, "epochs": stage.epochs, "iters": iters, "images": images,
-                                **ranks, **{f"last_{k}": v for k, v in losses.items()},
-                                "seconds": round(time.perf_counter() - stage_start, 2)})
-    finally:
-        for n, p in detector.named_parameters():
-            p.requires_grad_(saved.get(n, True))
-        ctx.labels = None
-    detector.eval()
-    return {"trained": "fine-tuned", "train_s": round(time.perf_counter() - start, 2),
-            "trainable_params": trainable, "train_stages": stages_done, "dense_finetune": settings.record(),
-            "train_images": max((s.get("images", 0) for s in stages_done), default=0)}
+    source = DetStages(ctx.method, detector, backbone, data, masks=masks, settings=settings, limit=limit,
+                       precision=precision, batches=_image_batches(detector, data, masks, limit, target))
+    result = run_stages(list(ctx.reduction.train), source, device=target, seed=seed, work_dir=work_dir,
+                        verbose=verbose, progress=progress)
+    return _record(result, settings)
 
 
 def control_stage(settings: DenseFinetune) -> Any:
     """The one training stage of the control: the detector-weight half of a learnable method's
     last dense stage (:func:`~vitbench.tasks.det.protocol.stage_for`) -- AdamW without weight
     decay, cosine to 1 %, ``settings.epochs`` epochs, detector weights at ``settings.detector_lr``,
-    batch 8 (what the methods' stages of batch >= 8 run at, :func:`finetune_method`)."""
+    batch 8 (what the methods' stages of batch >= 8 run at, :class:`DetStages`)."""
     from vitbench.catalog import TrainStage
 
     base = TrainStage(name="control", epochs=settings.epochs, optimizer="AdamW", lr=settings.detector_lr,
@@ -446,43 +425,16 @@ def finetune_control(detector: nn.Module, data: DetData, *, masks: bool, setting
     """Fine-tune the unreduced ``detector`` as :func:`finetune_method` fine-tunes a learnable
     method's detector under ``settings`` -- the same detector weights
     (:func:`~vitbench.tasks.det.protocol.detector_parameters`), epochs, learning rate and
-    schedule, BatchNorm handling -- with no method. Returns the record fields
+    schedule, BatchNorm handling, stage loop -- with no method. Returns the record fields
     :func:`finetune_method` returns."""
-    from vitbench.mm.runner import work_dir_or_temp
-    from vitbench.train.finetune import _mean_over_ranks, broadcast_buffers, train_stage
+    from vitbench.train.stages import run_stages
 
     if not settings.trains_detector or settings.epochs < 1:
         raise VitbenchError(f"the {CONTROL} control fine-tunes detector weights: it needs the dense "
                             f"fine-tuning protocol all or heads and epochs >= 1; got protocol "
                             f"{settings.protocol!r}, epochs {settings.epochs}")
-    target = torch.device(device)
-    stage = control_stage(settings)
-    params = detector_parameters(detector, settings.protocol)
-    saved = {n: p.requires_grad for n, p in detector.named_parameters()}
-    chosen = {id(p) for p in params.values()}
-    start = time.perf_counter()
-    if progress:
-        progress(f"fine-tuning the baseline detector without a method (the control): {stage.epochs} epoch(s), "
-                 f"{sum(p.numel() for p in params.values()):,} trainable parameters "
-                 f"(dense fine-tuning protocol {settings.protocol!r})")
-    try:
-        for p in detector.parameters():
-            p.requires_grad_(id(p) in chosen)
-        trainer = DetMethodTrainer(detector, detector.backbone, stage, precision=precision).to(target)
-        per_rank, ranks = rank_share(CONTROL_BATCH, stage.name, progress)
-        loader = _loader(data.dataset_cfg("train", masks=masks, limit=limit), per_rank, True)
-        with work_dir_or_temp(work_dir) as wd:
-            iters, images = train_stage(trainer, stage, params, loader,
-                                        [_progress_hook(f"vitbench: {CONTROL}: ", verbose)],
-                                        work_dir=wd / stage.name, seed=seed, device=target, default_scope="mmdet")
-        broadcast_buffers(detector)  # under a launcher: rank 0's BatchNorm statistics everywhere
-        same_on_every_rank(detector, f"the {CONTROL} control")
-    finally:
-        for n, p in detector.named_parameters():
-            p.requires_grad_(saved.get(n, True))
-    detector.eval()
-    seconds = round(time.perf_counter() - start, 2)
-    done = {"name": stage.name, "epochs": stage.epochs, "iters": iters, "images": images, **ranks,
-            **{f"last_{k}": v for k, v in _mean_over_ranks(trainer.last).items()}, "seconds": seconds}
-    return {"trained": "fine-tuned", "train_s": seconds, "trainable_params": sum(p.numel() for p in params.values()),
-            "train_stages": [done], "dense_finetune": settings.record(), "train_images": images}
+    source = ControlStages(CONTROL, detector, detector.backbone, data, masks=masks, settings=settings, limit=limit,
+                           precision=precision, batches=None)
+    result = run_stages([control_stage(settings)], source, device=torch.device(device), seed=seed,
+                        work_dir=work_dir, verbose=verbose, progress=progress)
+    return _record(result, settings)
