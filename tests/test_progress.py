@@ -127,3 +127,19 @@ def test_text_from_users_and_plugins_is_never_read_as_markup(terminal):
     plain = ANSI.sub("", out.getvalue())
     assert f"[1/2] {HOSTILE}: {HOSTILE}" in plain and f"vitbench: {HOSTILE}" in plain
     assert f"vitbench: {HOSTILE}: done, 2/2 runs in" in plain
+
+
+def test_a_resumed_training_counts_the_iterations_left(monkeypatch):
+    """Resumed at 469 of 938 iterations, the step counts the 469 left (its rate and time left are
+    this run's) and says where it resumed."""
+    from types import SimpleNamespace
+
+    from vitbench.mm.hooks import ProgressHook
+
+    started: list[tuple] = []
+    monkeypatch.setattr(progress, "start", lambda what, total, unit, **kw: started.append((what, total, unit)))
+    hook = ProgressHook(what="training the default model")
+    hook.before_train(SimpleNamespace(iter=469, max_iters=938))
+    hook.before_train(SimpleNamespace(iter=0, max_iters=938))
+    assert started == [("training the default model (resumed after 469 of 938 iterations)", 469, "iterations"),
+                       ("training the default model", 938, "iterations")]

@@ -40,7 +40,9 @@ class ProgressHook(Hook):
 
     def before_train(self, runner: Any) -> None:
         self._start = time.perf_counter()
-        self._step = progress.start(self.what, runner.max_iters, "iterations")
+        done = runner.iter  # a resumed training starts after its checkpoint: count what is left
+        what = f"{self.what} (resumed after {done} of {runner.max_iters} iterations)" if done else self.what
+        self._step = progress.start(what, runner.max_iters - done, "iterations")
 
     def after_train_iter(self, runner: Any, batch_idx: int, data_batch: Any = None,
                          outputs: dict | None = None) -> None:
