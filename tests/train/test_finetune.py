@@ -136,3 +136,15 @@ def test_the_detector_training_hook_names_the_loss_term():
                                              r"in stage 'default training', epoch 2, iteration 4$"):
         hook.after_train_iter(runner, 3, outputs={"loss": torch.tensor(float("inf")),
                                                   "loss_cls": torch.tensor(float("inf")), "acc": 0.5})
+
+
+def test_the_loop_helpers_moved_to_stages_still_import_from_finetune():
+    """Code written before the one stage loop imports them from vitbench.train.finetune: it keeps
+    working, with a deprecation warning naming the new home."""
+    from vitbench.train import stages
+
+    with pytest.warns(DeprecationWarning, match=r"vitbench.train.finetune.StageHook moved to vitbench.train.stages"):
+        from vitbench.train.finetune import StageHook
+    assert StageHook is stages.StageHook
+    with pytest.raises(ImportError):
+        from vitbench.train.finetune import no_such_name  # noqa: F401

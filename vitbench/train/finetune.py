@@ -146,3 +146,21 @@ def finetune(model: nn.Module, data: Any, *, train_backbone: bool = False, limit
                        workers=workers, device=target)
     return run_stages(stages, source, device=target, seed=seed, work_dir=work_dir, verbose=verbose,
                       progress=progress)
+
+
+#: the loop's helpers that lived here before the one stage loop (:mod:`vitbench.train.stages`)
+_MOVED = ("DDP_WRAPPER", "FiniteLossHook", "MethodDDP", "PositionHook", "StageHook", "broadcast_buffers",
+          "check_losses_on_every_rank", "guarded_update", "is_arch_step", "step_wrapper", "train_stage")
+
+
+def __getattr__(name: str) -> Any:
+    """A moved helper, from :mod:`vitbench.train.stages`, with a deprecation warning."""
+    if name in _MOVED:
+        import warnings
+
+        from vitbench.train import stages
+
+        warnings.warn(f"vitbench.train.finetune.{name} moved to vitbench.train.stages.{name}",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(stages, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
