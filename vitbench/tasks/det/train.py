@@ -29,7 +29,7 @@ from vitbench.engine.block import reduction_context
 from vitbench.errors import VitbenchError
 from vitbench.tasks.det.data import DetData
 from vitbench.tasks.det.protocol import CONTROL, DenseFinetune, detector_parameters, stage_for
-from vitbench.train.stages import FinetuneResult, StageSource, StageTrainer
+from vitbench.train.stages import FinetuneResult, StageSource, StageTrainer, run_stages, trainable_parameters
 
 __all__ = ["MIN_RANK_BATCH", "ControlStages", "DetMethodTrainer", "DetStages", "DetectorTrainer", "dominant_labels",
            "finetune_control", "finetune_method", "rank_share", "train_detector"]
@@ -340,8 +340,6 @@ class DetStages(StageSource):
         return stage_for(stage, self.settings, last)
 
     def parameters(self, stage: Any) -> dict[str, nn.Parameter]:
-        from vitbench.train.stages import trainable_parameters
-
         return {**trainable_parameters(self.reduced, stage, False),
                 **detector_parameters(self.module, self.settings.protocol)}
 
@@ -388,8 +386,6 @@ def finetune_method(detector: nn.Module, backbone: nn.Module, data: DetData, *, 
     method's parameters alone -- the CLI's default is ``all``). Returns the record's training
     fields, ``dense_finetune`` among them.
     """
-    from vitbench.train.stages import run_stages
-
     ctx = reduction_context(backbone)
     if ctx is None or ctx.reduction is None:
         raise VitbenchError("finetune_method() needs a backbone reduced with vitbench.apply(model, method)")
@@ -427,8 +423,6 @@ def finetune_control(detector: nn.Module, data: DetData, *, masks: bool, setting
     (:func:`~vitbench.tasks.det.protocol.detector_parameters`), epochs, learning rate and
     schedule, BatchNorm handling, stage loop -- with no method. Returns the record fields
     :func:`finetune_method` returns."""
-    from vitbench.train.stages import run_stages
-
     if not settings.trains_detector or settings.epochs < 1:
         raise VitbenchError(f"the {CONTROL} control fine-tunes detector weights: it needs the dense "
                             f"fine-tuning protocol all or heads and epochs >= 1; got protocol "
