@@ -38,7 +38,7 @@ import torch
 
 import vitbench
 from vitbench.engine import cpu_kernels
-from vitbench.environment import device_name
+from vitbench.host.environment import device_name
 from vitbench.measure import count_gmacs
 from vitbench.measure.compiled import compile_for_timing
 from vitbench.measure.limit import TokenCountLimit, token_counts

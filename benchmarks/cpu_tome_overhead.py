@@ -24,7 +24,7 @@ import torch
 
 import vitbench
 from vitbench.engine import bipartite_soft_matching, cpu_kernels, max_merge
-from vitbench.environment import device_name
+from vitbench.host.environment import device_name
 from vitbench.measure.limit import TokenCountLimit, token_counts
 from vitbench_plugins.tome.reduction import ToMeReducer
 

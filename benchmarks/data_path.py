@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     from vitbench.data.decoded import decode_once
     from vitbench.data.fingerprint import folder_fingerprint
     from vitbench.data.workers import usable_cores
-    from vitbench.environment import device_name
+    from vitbench.host.environment import device_name
     from vitbench.measure import measure_throughput
     from vitbench.tasks.cls.data import resolve_cls_data
     from vitbench.tasks.cls.evaluate import evaluate_cls

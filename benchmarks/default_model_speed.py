@@ -5,9 +5,9 @@
 
 Each entry of ``--methods`` is ``name@F``: the method's budget knob matched so that its GMACs land
 at ``F`` x the baseline's, as ``vitbench run --match-gmacs F`` matches it (the same
-:func:`vitbench.calibrate.calibrate`, counted on the same images). ``--ltm NAME@RATIO`` adds LTM
+:func:`vitbench.measure.calibrate.calibrate`, counted on the same images). ``--ltm NAME@RATIO`` adds LTM
 (``ltm`` or its alias ``ibtm``) at that merge ratio, at inference with its class statistics in place
-(:func:`vitbench.calibrate.prepared_as_trained`), and ToMe matched to LTM's GMACs, so that the two
+(:func:`vitbench.measure.calibrate.prepared_as_trained`), and ToMe matched to LTM's GMACs, so that the two
 efficiencies compare at the same compute. Every model is timed in one process, interleaved with
 the baseline (one forward of each per round, in turn; the median over rounds), fp32, on the first
 ``--batch`` Fashion-MNIST test images. Speed-up = the baseline's time / the method's; efficiency =
@@ -27,11 +27,11 @@ import pandas as pd
 import torch
 
 import vitbench
-from vitbench.calibrate import GmacsCounter, calibrate, prepared_as_trained
-from vitbench.environment import device_name
+from vitbench.measure.calibrate import GmacsCounter, calibrate, prepared_as_trained
+from vitbench.host.environment import device_name
 from vitbench.measure import count_gmacs
 from vitbench.measure.speed import machine_load
-from vitbench.plugins import get_host
+from vitbench.host import get_host
 from vitbench.tasks.cls import DEFAULT_MODEL
 from vitbench.tasks.cls.models import load_model
 

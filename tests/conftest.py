@@ -31,13 +31,13 @@ def deit_small():
 @pytest.fixture(autouse=True)
 def _fresh_plugin_host(monkeypatch):
     """Every test starts from the process-wide host of the installed plugins, never a leftover."""
-    import vitbench.plugins
+    import vitbench.host
 
     monkeypatch.delenv("VITBENCH_PLUGINS", raising=False)
     monkeypatch.delenv("VITBENCH_DISABLE_PLUGINS", raising=False)
     monkeypatch.delenv("VITBENCH_STRICT_PLUGINS", raising=False)
     yield
-    vitbench.plugins.reset_host()
+    vitbench.host.reset_host()
 
 
 #: the signals whose handlers a test must leave as it found them

@@ -16,7 +16,7 @@ import vitbench
 from vitbench.cli.main import build_parser, main
 from vitbench.cli.run_cmd import run_options
 from vitbench.errors import VitbenchError
-from vitbench.options import RunOptions, option_names
+from vitbench.core.options import RunOptions, option_names
 
 DEIT = "deit_tiny_patch16_224"
 

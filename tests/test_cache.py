@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vitbench.cache import ENV_CACHE, cache_dir
+from vitbench.core.cache import ENV_CACHE, cache_dir
 
 
 def test_an_explicit_path_wins_then_the_environment_then_home(tmp_path, monkeypatch):

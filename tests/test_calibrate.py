@@ -11,12 +11,12 @@ import torch
 
 import vitbench
 from vitbench import measure
-from vitbench.calibrate import (
+from vitbench.measure.calibrate import (
     TOLERANCE, GmacsCounter, calibrate, check_fraction, parse_budgets, prepared_as_trained, search_knob,
 )
 from vitbench.catalog import BudgetKnob, MethodSpec, Reduction
 from vitbench.errors import BudgetError, ParamError
-from vitbench.plugins import get_host
+from vitbench.host import get_host
 from vitbench.testing.conformance import tiny_vit
 
 

@@ -57,7 +57,7 @@ def forbidden_mentions(path: Path) -> list[str]:
 
 def test_sources_are_found():
     names = {_rel(p) for p in SOURCES}
-    assert "vitbench/plan.py" in names and "plugins/tome/__init__.py" in names
+    assert "vitbench/run/plan.py" in names and "plugins/tome/__init__.py" in names
 
 
 def test_module_docstrings_are_short():

@@ -1,7 +1,7 @@
 """Records name the processor, not just its architecture."""
 from __future__ import annotations
 
-from vitbench import environment
+from vitbench.host import environment
 
 
 def test_the_cpu_is_named_by_its_model_and_cores(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""vitbench.guards: what becomes non-finite is named, with where, and finite values pass."""
+"""vitbench.core.guards: what becomes non-finite is named, with where, and finite values pass."""
 from __future__ import annotations
 
 import pytest
@@ -7,7 +7,7 @@ from mmengine.structures import InstanceData
 from torch import nn
 
 from vitbench.errors import NonFiniteError, VitbenchError
-from vitbench.guards import check_finite, check_gradients, check_losses, check_metrics, nonfinite_tensors
+from vitbench.core.guards import check_finite, check_gradients, check_losses, check_metrics, nonfinite_tensors
 
 NAN, INF = float("nan"), float("inf")
 WHERE = "in stage 'finetune', epoch 1, iteration 37"

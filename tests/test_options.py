@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from vitbench.errors import UnknownNameError
-from vitbench.options import parse_list
+from vitbench.core.options import parse_list
 
 
 def test_a_comma_list_is_split_and_checked():

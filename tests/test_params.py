@@ -1,4 +1,4 @@
-"""Method parameters from keywords or ``KEY=VALUE`` strings (vitbench.params), on real built-ins."""
+"""Method parameters from keywords or ``KEY=VALUE`` strings (vitbench.core.params), on real built-ins."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ from typing import Optional
 import pytest
 
 from vitbench.errors import ParamError, UnknownNameError, VitbenchError
-from vitbench.params import make_params, param_names, params_dict
+from vitbench.core.params import make_params, param_names, params_dict
 from vitbench_plugins.ppt import PPTParams
 from vitbench_plugins.tome import ToMeParams
 from vitbench_plugins.topk import TopKParams
@@ -104,7 +104,7 @@ def test_params_dict_is_json_friendly() -> None:
 def test_tome_r_in_every_form_round_trips_through_the_run_spec(text) -> None:
     """``--param tome.r=...`` -> plan -> the spec's JSON (the run id, the store) -> the params
     ``apply`` builds: equal, so ``(13, 0)`` stays a schedule and never becomes a 2-block list."""
-    from vitbench.plan import build_plan
+    from vitbench.run.plan import build_plan
 
     given = make_params("tome", ToMeParams, {"r": text})
     (_, spec) = build_plan(task="cls", model="deit_tiny_patch16_224", methods=["tome"], data=None,
@@ -114,7 +114,7 @@ def test_tome_r_in_every_form_round_trips_through_the_run_spec(text) -> None:
 
 
 def test_every_built_in_method_s_defaults_round_trip() -> None:
-    from vitbench.plugins import get_host
+    from vitbench.host import get_host
 
     host = get_host()
     for name in host.names("methods"):

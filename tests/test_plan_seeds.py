@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from vitbench.errors import ParamError
-from vitbench.plan import build_plan, build_seeded_plan, parse_seeds
+from vitbench.run.plan import build_plan, build_seeded_plan, parse_seeds
 
 COMMON = dict(task="cls", model="test_vit", methods=["tome", "ppt"], data=None, overrides={"tome": {"r": "4"}},
               metrics=("gmacs",), batch_size=2, device="cpu")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from vitbench.plan import CONTROL, RunSpec, build_plan
+from vitbench.run.plan import CONTROL, RunSpec, build_plan
 
 DET = dict(task="det", model="mobilevit_xs", data="shapes-coco", metrics=("accuracy",), batch_size=2, device="cpu",
            seed=0)

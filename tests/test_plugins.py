@@ -4,7 +4,7 @@ Discovery is real: each test writes fake installed distributions (a ``NAME-0.1.d
 ``METADATA`` and ``entry_points.txt`` beside the plugin modules) into ``tmp_path`` and puts it on
 ``sys.path``, so ``importlib.metadata`` finds them next to the installed ones. Every test builds
 its own :class:`PluginHost`; only ``check_method`` (which asks ``get_host()``) is handed one, by
-monkeypatching ``vitbench.plugins._HOST`` for the test.
+monkeypatching ``vitbench.host._HOST`` for the test.
 """
 from __future__ import annotations
 
@@ -23,10 +23,10 @@ import pytest
 import torch
 
 import vitbench
-import vitbench.plugins
+import vitbench.host
 from vitbench.errors import PluginError, UnknownNameError
 from vitbench.cli.main import main
-from vitbench.plugins import PluginClash, PluginFailure, PluginHost
+from vitbench.host import PluginClash, PluginFailure, PluginHost
 from vitbench.testing import check_method
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "vitbench-example-plugin"
@@ -349,8 +349,8 @@ def vitbench_register_tasks(register):
 def test_a_scorer_and_a_task_clash_break_only_what_asks_for_them(
         fake_dists: FakeDistributions, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     fake_dists.add("twin-plugin", {"twin": SCORER_AND_TASK_PLUGIN})
-    vitbench.plugins.reset_host()
-    host = vitbench.plugins.get_host()
+    vitbench.host.reset_host()
+    host = vitbench.host.get_host()
     assert {(c.kind, c.name, c.kept_by) for c in host.clashes} == {("scorers", "entropy", "scorers"),
                                                                    ("tasks", "cls", "cls_task")}
     with pytest.raises(PluginError, match=r"^scorer 'entropy' is registered by more than one plugin: "
@@ -398,7 +398,7 @@ def test_a_plugin_registering_tome_breaks_only_asking_for_tome(
         "uninstall one of them, or set VITBENCH_DISABLE_PLUGINS=rel_dup or =tome"]
     assert not out.exists()
 
-    vitbench.plugins.reset_host()  # the same installation, in this process
+    vitbench.host.reset_host()  # the same installation, in this process
     assert main(["plugins"]) == 0
     assert ("CLASH method 'tome'  kept by plugin 'tome', left out of plugin 'rel_dup' (asking for it is an error)"
             in capsys.readouterr().out.splitlines())
@@ -426,7 +426,7 @@ def test_strict_plugins_is_one_line_also_for_version_and_plugins(
     fake_dists.add("broken-plugin", {"broken": "raise RuntimeError('boom')\n"})
     monkeypatch.setenv("VITBENCH_STRICT_PLUGINS", "1")
     for args in (["--version"], ["plugins"], ["list", "scorers"]):
-        vitbench.plugins.reset_host()
+        vitbench.host.reset_host()
         assert main(args) == 2
         captured = capsys.readouterr()
         assert captured.out == "" and captured.err == (
@@ -478,7 +478,7 @@ def test_the_example_plugin_is_discovered_through_its_entry_point(monkeypatch: p
         declared["name"], declared["version"])
     assert info.registered["methods"] == ["random-drop"]
 
-    monkeypatch.setattr(vitbench.plugins, "_HOST", host)
+    monkeypatch.setattr(vitbench.host, "_HOST", host)
     report = check_method("random-drop", {"keep": 0.5})
     assert report.token_counts == [65] * 3 + [33] * 3 + [17] * 3 + [9] * 3
 
@@ -614,13 +614,13 @@ def _method_whose_build(body: str) -> str:
 
 def _run_exiter(fake_dists: FakeDistributions, tmp_path: Path, build_body: str) -> tuple[int, dict]:
     fake_dists.add("exiting-method", {"exiter_plugin": _method_whose_build(build_body)})
-    vitbench.plugins.reset_host()
+    vitbench.host.reset_host()
     out = tmp_path / "out"
     try:
         code = main(["run", "--task", "agreement", "--methods", "exiter,tome", "--model", "test_vit",
                      "--param", "tome.r=4", "--batch-size", "2", "--out", str(out)])
     finally:
-        vitbench.plugins.reset_host()
+        vitbench.host.reset_host()
     store = out / "runs.jsonl"
     records = [json.loads(line) for line in store.read_text().splitlines()] if store.exists() else []
     return code, {r["method"]: r for r in records}
@@ -653,7 +653,7 @@ def test_a_plugin_raising_keyboard_interrupt_at_import_or_in_a_hook_fails_alone(
         fake_dists: FakeDistributions, tmp_path: Path) -> None:
     import signal
 
-    from vitbench.interrupts import watch_ctrl_c
+    from vitbench.core.interrupts import watch_ctrl_c
 
     fake_dists.add("interrupting-plugin", {"interrupting": "raise KeyboardInterrupt\n"})
     fake_dists.add("hostile-hooks", {"hostile": HOSTILE_HOOKS.replace("sys.exit(0)", "raise KeyboardInterrupt")})

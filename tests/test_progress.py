@@ -1,4 +1,4 @@
-"""Progress of the long steps (:mod:`vitbench.progress`): bars with the time left on a terminal,
+"""Progress of the long steps (:mod:`vitbench.core.progress`): bars with the time left on a terminal,
 plain lines elsewhere, nothing on a rank > 0 or without a sink (library use)."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 import pytest
 from rich.console import Console
 
-from vitbench import progress
+from vitbench.core import progress
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 

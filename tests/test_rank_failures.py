@@ -1,5 +1,5 @@
 """A rank that fails must not leave the other ranks hanging (issue 13): the helpers of
-:mod:`vitbench.distributed` that exchange the ranks' errors, and the bounded wait
+:mod:`vitbench.host.distributed` that exchange the ranks' errors, and the bounded wait
 ``VITBENCH_DIST_TIMEOUT``. Without a process group they are no-ops or raise locally; with one
 (two gloo processes started here, a few seconds) every rank raises or records the same error,
 naming the rank that failed. The end-to-end run under ``torchrun`` is in
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from ranks_support import free_port, run_ranks  # tests/ranks_support.py
 
-from vitbench.distributed import (TIMEOUT_VARIABLE, _describe_failures, collective_test, dist_timeout,
+from vitbench.host.distributed import (TIMEOUT_VARIABLE, _describe_failures, collective_test, dist_timeout,
                                   failure_on_any_rank, init_launcher, raise_if_any_rank_failed)
 from vitbench.errors import NonFiniteError, VitbenchError
 
@@ -89,7 +89,7 @@ def test_the_timeout_reaches_the_process_group_on_either_path(monkeypatch):
 #: rank 1 failing in some; each outcome printed as JSON
 _RANK = textwrap.dedent("""
     import json, os, sys, time
-    from vitbench.distributed import (all_ranks, barrier, collective_test, failure_on_any_rank, init_launcher,
+    from vitbench.host.distributed import (all_ranks, barrier, collective_test, failure_on_any_rank, init_launcher,
                                       raise_if_any_rank_failed)
     from vitbench.errors import NonFiniteError, VitbenchError
 

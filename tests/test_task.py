@@ -13,7 +13,7 @@ import vitbench
 from vitbench.catalog import ReportColumn, TaskSetup
 from vitbench.errors import UnknownNameError, VitbenchError
 from vitbench.hookspecs import hookimpl
-from vitbench.plugins import get_host
+from vitbench.host import get_host
 from vitbench.task import CONTROL, Task, option
 
 

@@ -11,7 +11,7 @@ from torch import nn
 from vitbench.catalog import MethodSpec, Reduction, TrainStage
 from vitbench.engine import Reducer, reduction_context
 from vitbench.hookspecs import hookimpl
-from vitbench.plugins import get_host
+from vitbench.host import get_host
 
 CALLS: list[tuple] = []
 

@@ -7,13 +7,16 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from vitbench.core.moved import install as _install_moved  # noqa: E402
 from vitbench.errors import VitbenchError  # noqa: E402
+
+_install_moved()  # the old module names (vitbench.plugins, vitbench.plan, ...) still import
 
 __all__ = ["__version__", "apply", "benchmark", "sweep", "Results", "RunOptions", "Task", "VitbenchError"]
 
 #: the Python API (:mod:`vitbench.api`), imported on first use so that ``import vitbench`` stays cheap
 _LAZY = {"benchmark": "vitbench.api", "sweep": "vitbench.api", "Results": "vitbench.api",
-         "RunOptions": "vitbench.options", "Task": "vitbench.task"}
+         "RunOptions": "vitbench.core.options", "Task": "vitbench.task"}
 
 
 def __getattr__(name: str):  # type: ignore[no-untyped-def]
@@ -25,7 +28,7 @@ def __getattr__(name: str):  # type: ignore[no-untyped-def]
 
 
 def apply(model, method: str, **params):  # type: ignore[no-untyped-def]
-    """Reduce ``model`` in place with ``method`` and return it (see :func:`vitbench.engine.apply.apply`)."""
-    from vitbench.engine.apply import apply as _apply
+    """Reduce ``model`` in place with ``method`` and return it (see :func:`vitbench.host.apply.apply`)."""
+    from vitbench.host.apply import apply as _apply
 
     return _apply(model, method, **params)

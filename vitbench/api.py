@@ -4,7 +4,7 @@
 >>> r.table()  # the report's comparison table, the baseline first  # doctest: +SKIP
 
 Both write the store and report.md under ``out`` and return :class:`Results`. The CLI builds a
-:class:`~vitbench.options.RunOptions` from its flags and calls :func:`run` (docs/guide/run.md).
+:class:`~vitbench.core.options.RunOptions` from its flags and calls :func:`run` (docs/guide/run.md).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 from vitbench.errors import VitbenchError
-from vitbench.options import RunOptions, option_names
+from vitbench.core.options import RunOptions, option_names
 
 if TYPE_CHECKING:  # pandas comes with the report
     import pandas as pd
@@ -73,7 +73,7 @@ def benchmark(task: str = "cls", model: Optional[str] = None, methods: Names = (
     ``methods`` and ``metrics`` are lists of names (or one comma-separated string); ``options``
     are the other ``vitbench run`` options by their dest names (``seeds=[0, 1]``,
     ``match_gmacs=0.6``, ``limit=256``, ``task_options={"detector_epochs": 4}``, ...;
-    :class:`~vitbench.options.RunOptions`); an unknown name raises :class:`VitbenchError`."""
+    :class:`~vitbench.core.options.RunOptions`); an unknown name raises :class:`VitbenchError`."""
     given = dict(task=task, model=model, methods=methods, params=params, metrics=metrics, out=out, **options)
     return run(_options("benchmark", given, exclude=("budgets",)), command=_call("benchmark", given))
 
@@ -99,7 +99,7 @@ def _options(function: str, given: Mapping[str, Any], exclude: tuple[str, ...]) 
         if isinstance(values.get(name), str):
             values[name] = [item.strip() for item in values[name].split(",") if item.strip()]
     if isinstance(values.get("shard"), str):
-        from vitbench.plan import parse_shard
+        from vitbench.run.plan import parse_shard
 
         values["shard"] = parse_shard(values["shard"])
     for name in ("methods", "metrics", "seeds", "budgets", "shard"):
@@ -121,12 +121,12 @@ def run(options: RunOptions, command: Optional[Sequence[str]] = None) -> Results
     executor, the store and the report are the same for every task. ``command`` is the report's
     (default: ``vitbench`` and this process's arguments)."""
     from vitbench.catalog import WorkspaceRequest
-    from vitbench.distributed import (check_launcher, finish_launcher, init_launcher, is_main, launcher_rank,
+    from vitbench.host.distributed import (check_launcher, finish_launcher, init_launcher, is_main, launcher_rank,
                                       one_rank_at_a_time)
     from vitbench.engine import cpu_kernels
-    from vitbench.environment import environment
-    from vitbench.execute import execute_plan
-    from vitbench.plugins import get_host
+    from vitbench.host.environment import environment
+    from vitbench.run.execute import execute_plan
+    from vitbench.host import get_host
     from vitbench.results import ResultStore
     from vitbench.results.writable import check_writable
 
@@ -179,7 +179,7 @@ def _methods(options: RunOptions) -> list[str]:
 
 def _seeds(options: RunOptions) -> tuple[int, ...]:
     """``seeds`` or ``(seed,)`` (default 0) as the plan's seeds; both at once is an error."""
-    from vitbench.plan import check_seeds
+    from vitbench.run.plan import check_seeds
 
     if options.seeds is not None and options.seed is not None:
         raise VitbenchError(f"--seed {options.seed} and --seeds {','.join(map(str, options.seeds))} were both "
@@ -192,7 +192,7 @@ def _seeds(options: RunOptions) -> tuple[int, ...]:
 def _budgets(options: RunOptions) -> Optional[tuple[float, ...]]:
     """The matched budgets: a sweep's, or ``(F,)`` for ``match_gmacs=F``, or ``None`` (every
     method at its own defaults)."""
-    from vitbench.calibrate import check_fraction, parse_budgets
+    from vitbench.measure.calibrate import check_fraction, parse_budgets
 
     if options.budgets is not None:
         return parse_budgets(",".join(map(str, options.budgets)))
@@ -211,7 +211,7 @@ def _with_gmacs(metrics: tuple[str, ...], budgets: Optional[tuple[float, ...]]) 
 
 def _plan(options: RunOptions, budgets: Optional[tuple[float, ...]], **kwargs: Any) -> list:  # type: ignore[type-arg]
     """The run (or sweep) plan, or its ``shard`` part."""
-    from vitbench.plan import build_seeded_plan, build_sweep_plan, parse_shard, shard_plan
+    from vitbench.run.plan import build_seeded_plan, build_sweep_plan, parse_shard, shard_plan
 
     shard = None if options.shard is None else parse_shard("/".join(map(str, options.shard)))
     plan = build_seeded_plan(**kwargs) if budgets is None else build_sweep_plan(budgets=budgets, **kwargs)
@@ -282,7 +282,7 @@ class _Progress:
 
     def _print(self, markup: str) -> None:
         """Through the command line's progress sink (above its bars) where one is installed."""
-        from vitbench import progress
+        from vitbench.core import progress
 
         if not progress.say(markup):
             self.console.print(markup)

@@ -1,7 +1,7 @@
 """What plugins register: methods, scorers, model families and tasks (docs/architecture.md,
 "Plugins").
 
-These are plain frozen dataclasses. The plugin host (:mod:`vitbench.plugins`) keeps one
+These are plain frozen dataclasses. The plugin host (:mod:`vitbench.host`) keeps one
 catalog of each and records which plugin registered what. Every command loads every plugin, so a
 spec names its heavy code (a method's ``build``, a scorer, a family's functions) by reference, a
 ``"package.module:name"`` string that is imported the first time the thing is asked for
@@ -21,7 +21,9 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
     from torch import nn
 
-    from vitbench.options import RunOptions
+    from vitbench.core.options import RunOptions
+
+from vitbench.engine.contract import BlockInfo, ModelInfo, Reduction, StatsCallback, TrainStage  # noqa: F401 (re-exported)
 
 
 #: ``"package.module:name"`` (``name`` may be dotted): what a spec's field may hold instead of the object
@@ -51,117 +53,6 @@ def resolved(spec: Any) -> Any:
     changes = {name: load_reference(getattr(spec, name)) for name in getattr(spec, "_references", ())
                if isinstance(getattr(spec, name), str)}
     return dataclasses.replace(spec, **changes) if changes else spec
-
-
-@dataclass(frozen=True)
-class BlockInfo:
-    """One attention block of a backbone whose blocks differ (conv hybrids, docs/architecture.md
-    "Engine"): its width, heads, the token grid it sees, and which token sequence it belongs to
-    (MobileViT: one sequence per MobileViT block; the state restarts at each ``first`` block)."""
-
-    dim: int
-    num_heads: int
-    num_patches: int
-    grid: tuple[int, int]
-    sequence: int = 0
-    first: bool = False
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """A family adapter's uniform description of a backbone (what a method may size itself by).
-
-    Plain ViTs fill the scalar fields; hybrids also fill ``blocks`` (one :class:`BlockInfo` per
-    attention block, in forward order), and their scalar fields describe the first block.
-    ``input_size`` is the ``(H, W)`` the description was made for (token grids depend on it).
-    """
-
-    family: str
-    depth: int
-    embed_dim: int
-    num_heads: int
-    num_prefix_tokens: int
-    num_patches: int
-    grid: tuple[int, int]
-    has_dist_token: bool = False
-    global_pool: str = "token"
-    blocks: tuple[BlockInfo, ...] = ()
-    input_size: tuple[int, int] = (0, 0)
-
-    @property
-    def num_tokens(self) -> int:
-        return self.num_prefix_tokens + self.num_patches
-
-    @property
-    def max_patches(self) -> int:
-        """The most patch tokens any attention block sees (hybrids: over all their sequences)."""
-        return max([self.num_patches, *(blk.num_patches for blk in self.blocks)])
-
-
-#: ``callback(model, batches)``; ``batches()`` yields ``(images, labels)`` once, no grad, eval mode
-StatsCallback = Callable[["nn.Module", Callable[[], Any]], None]
-
-
-@dataclass(frozen=True)
-class TrainStage:
-    """One stage of the fine-tuning loop (:mod:`vitbench.train`): a learnable method declares
-    its stages; methods never write their own loop (docs/architecture.md, "Plugins").
-
-    Trained: the parameters of the method's modules (its ``nn.Module`` reducers) whose names
-    contain one of ``trainable`` (``None``: all of them); with ``--train-backbone`` the
-    backbone's too. ``lr_groups`` gives parameter-name substrings their own learning rate (LTMP:
-    merge 5e-3, prune 5e-6). ``arch_keys``/``arch_fraction``: parameters whose names contain one
-    of ``arch_keys`` are updated on a share ``arch_fraction`` of the steps, the others on the
-    rest (DCS's alternating search). ``extra_loss`` reads per-forward values from
-    ``reduction_context(model).extras``; its terms are logged separately. The callbacks'
-    ``batches()`` yields ``(images [B, C, H, W] normalised like the model's input, labels [B])``.
-    """
-
-    name: str = "finetune"
-    epochs: int = 1
-    optimizer: str = "AdamW"  # SGD | AdamW | Adam
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    momentum: float = 0.9  # SGD only
-    schedule: str = "cosine"  # cosine | constant
-    lr_groups: tuple[tuple[str, float], ...] = ()
-    label_smoothing: float = 0.0
-    arch_keys: tuple[str, ...] = ()
-    arch_fraction: float = 0.0
-    batch_size: int = 64
-    trainable: Optional[tuple[str, ...]] = None
-    #: ``(model, logits, labels) -> scalar | None`` added to CE (LTMP's penalty, the IB bound)
-    extra_loss: Optional[Callable[["nn.Module", "torch.Tensor", "torch.Tensor"], Optional["torch.Tensor"]]] = None
-    #: ``callback(model, batches)`` once before the first epoch (LTM's statistics pass)
-    before: tuple[StatsCallback, ...] = ()
-    #: ``callback(model, epoch, batches)`` after every epoch (statistics, temperature schedules)
-    epoch_end: tuple[Callable[["nn.Module", int, Callable[[], Any]], None], ...] = ()
-    #: every gradient clamped to ``[-value, value]`` after DDP's average, before each step (LTMP)
-    clip_grad_value: Optional[float] = None
-    #: ``callback(model)`` after every optimiser step (LTMP clamps its thresholds)
-    after_step: tuple[Callable[["nn.Module"], None], ...] = ()
-    #: ``callback(model)`` when the stage ends (DCS shrinks its MLPs after the search)
-    after: tuple[Callable[["nn.Module"], None], ...] = ()
-
-
-@dataclass
-class Reduction:
-    """What a method contributes to one model: one reducer (or ``None``) per block.
-
-    Each reducer is a ``vitbench.engine.Reducer`` (docs/token-state.md, "The reducer
-    contract"): its token step ``reducer(x, state, info) -> x`` and its ``needs`` (what the
-    attention of its block must hand over, docs/methods.md, "The hook point"). Blocks whose reducer is ``None``
-    only apply proportional attention (when ``prop_attn``) and keep the fused kernel.
-    """
-
-    reducers: Sequence[Optional[Callable[..., "torch.Tensor"]]]
-    prop_attn: bool = True
-    trace_source: bool = False
-    # -- learnable methods: what the fine-tuning loop runs ----------------------------------
-    #: the training stages in order (empty for training-free methods)
-    train: Sequence[TrainStage] = ()
-    #: ``(model, state_dict)``: reshape a reduced model so a trained state dict loads strictly
-    prepare_load: Optional[Callable[["nn.Module", dict], None]] = None
 
 
 #: how a budget knob is set for ``--match-gmacs F`` (:class:`BudgetKnob`)
@@ -366,7 +257,7 @@ class ReportColumn:
 class TaskSetup:
     """What a task resolved from the command line before anything heavy runs
     (:meth:`vitbench.task.Task.setup`): the model and data names, the metrics it will measure, and the
-    extra keywords its plan needs (:func:`vitbench.plan.build_plan`'s ``train_limit``,
+    extra keywords its plan needs (:func:`vitbench.run.plan.build_plan`'s ``train_limit``,
     ``train_backbone``, ``control`` and the task's :attr:`~vitbench.task.Task.spec_fields`)."""
 
     model: str
@@ -378,7 +269,7 @@ class TaskSetup:
 @dataclass(frozen=True)
 class WorkspaceRequest:
     """What :meth:`vitbench.task.Task.workspace` builds the plan's workspace from: the options, the
-    task's own :class:`TaskSetup`, the plan (a list of :class:`~vitbench.spec.RunSpec`), the
+    task's own :class:`TaskSetup`, the plan (a list of :class:`~vitbench.host.spec.RunSpec`), the
     result folder, whether finished runs are reused (``--resume``, sweeps) and where progress
     notes go."""
 

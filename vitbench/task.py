@@ -1,7 +1,7 @@
 """The task contract: one :class:`Task` subclass per task (``vitbench run --task NAME``), registered
 through ``vitbench_register_tasks`` like a method (docs/architecture.md, "Tasks").
 
-A task names its model, data and metrics from typed :class:`~vitbench.options.RunOptions`, builds
+A task names its model, data and metrics from typed :class:`~vitbench.core.options.RunOptions`, builds
 what the runs of a plan share, runs one spec, and declares what the plan and the reports need to
 know of it (its accuracy columns, whose GMACs it counts, its control row, the notes under a row's
 label), so that neither the plan nor the reports name a task.
@@ -20,7 +20,7 @@ from vitbench.catalog import COUNTED, ReportColumn, TaskSetup, WorkspaceRequest
 from vitbench.errors import UnknownNameError, VitbenchError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from vitbench.options import RunOptions
+    from vitbench.core.options import RunOptions
 
 __all__ = ["BASELINE", "CONTROL", "REFERENCES", "NoOptions", "Progress", "Task", "TaskSetup", "WorkspaceRequest",
            "option"]
@@ -62,13 +62,13 @@ class Task(ABC):
     name: ClassVar[str] = ""
     #: one line for ``vitbench list tasks``
     description: ClassVar[str] = ""
-    #: the ``--metrics`` names the task measures (:data:`vitbench.metrics.METRICS`)
+    #: the ``--metrics`` names the task measures (:data:`vitbench.core.metrics.METRICS`)
     metrics: ClassVar[tuple[str, ...]] = ()
     #: its accuracy metrics as the reports show them, the headline first
     accuracy: ClassVar[tuple[ReportColumn, ...]] = ()
     #: whose GMACs a budget is matched on and the reports compare (:data:`~vitbench.catalog.COUNTED`)
     counts: ClassVar[str] = "model"
-    #: its runs can spread over ``torchrun`` processes (``--launcher pytorch``, :mod:`vitbench.distributed`)
+    #: its runs can spread over ``torchrun`` processes (``--launcher pytorch``, :mod:`vitbench.host.distributed`)
     distributed: ClassVar[bool] = False
     #: its plans may hold the :data:`CONTROL` row (:meth:`control_fields` says when)
     control: ClassVar[bool] = False
@@ -134,7 +134,7 @@ class Task(ABC):
     @abstractmethod
     def workspace(self, request: WorkspaceRequest) -> Any:
         """Load the model and data, check every method of the plan applies
-        (:func:`vitbench.engine.apply.check_applies`) and return what the runs share: an object with
+        (:func:`vitbench.host.apply.check_applies`) and return what the runs share: an object with
         ``model`` (the unreduced model every run reduces a copy of) and ``counters`` (a dict the
         executor caches matched-compute counters in, one per seed)."""
 
@@ -145,7 +145,7 @@ class Task(ABC):
         returned go into the record. Raises on failure (the executor records the error)."""
 
     def gmacs_counter(self, spec: Any, ws: Any, progress: Progress) -> Any:
-        """A :class:`~vitbench.calibrate.GmacsCounter` of what :attr:`counts` names, on the images
+        """A :class:`~vitbench.measure.calibrate.GmacsCounter` of what :attr:`counts` names, on the images
         the run counts on (``--match-gmacs``, sweeps); ``None``: the task cannot match compute."""
         return None
 

@@ -43,10 +43,10 @@ def cli_reference() -> str:
     os.environ.update(COLUMNS=WIDTH, VITBENCH_PLUGINS=_builtin_plugins())
     os.environ.pop("VITBENCH_DISABLE_PLUGINS", None)
     try:
-        import vitbench.plugins
+        import vitbench.host
         from vitbench.cli.main import build_parser
 
-        vitbench.plugins.reset_host()
+        vitbench.host.reset_host()
         parts = []
         for name, parser in _commands(build_parser(), "vitbench"):
             parts.append(f"## `{name}`\n\n```text\n{parser.format_help().rstrip()}\n```\n")
@@ -57,7 +57,7 @@ def cli_reference() -> str:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        vitbench.plugins.reset_host()
+        vitbench.host.reset_host()
 
 
 def on_files(files: Files, config) -> Files:  # type: ignore[no-untyped-def]

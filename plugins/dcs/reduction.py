@@ -26,7 +26,7 @@ from vitbench.measure.ib import (
     class_centroids, feature_source, ib_terms, input_vectors, log_q_given_y, module_features, pooled_features,
     soft_assign,
 )
-from vitbench.plugins import get_host
+from vitbench.host import get_host
 from vitbench_plugins.dcs import DCSParams
 
 

@@ -23,7 +23,7 @@ from vitbench.measure.clusters import KMEANS_SAMPLES, kmeans_centroids, run_seed
 from vitbench.measure.ib import (
     ClassSums, feature_source, ib_terms, input_vectors, module_features, pooled_features, soft_assign,
 )
-from vitbench.plugins import get_host
+from vitbench.host import get_host
 from vitbench_plugins.ltm import LTMParams
 
 

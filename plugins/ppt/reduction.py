@@ -10,7 +10,7 @@ from vitbench.catalog import ModelInfo, Reduction
 from vitbench.engine import AttnInfo, Reducer, TokenState, bipartite_soft_matching, max_merge
 from vitbench.engine.host_sync import host_reads_allowed
 from vitbench.kit import check_layers, top_tokens
-from vitbench.plugins import get_host
+from vitbench.host import get_host
 from vitbench_plugins.ppt import PPTParams
 
 

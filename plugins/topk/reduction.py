@@ -11,7 +11,7 @@ import torch
 from vitbench.catalog import ModelInfo, Reduction
 from vitbench.engine import AttnInfo, Reducer, TokenState
 from vitbench.kit import check_layers, top_tokens
-from vitbench.plugins import get_host
+from vitbench.host import get_host
 from vitbench_plugins.topk import TopKParams
 
 

@@ -8,7 +8,7 @@ import pytest
 from vitbench.catalog import HELP, MethodSpec, param_docs
 from vitbench.cli.describe_cmd import card
 from vitbench.cli.main import main
-from vitbench.plugins import get_host
+from vitbench.host import get_host
 
 
 def test_describe_tome_shows_r_with_its_type_default_and_meaning(capsys):

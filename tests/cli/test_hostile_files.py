@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vitbench.cache import atomic_write
+from vitbench.core.cache import atomic_write
 from vitbench.cli.main import main
 from vitbench.data.image_folder import MAX_PIXELS, LoadImage, find_split
 from vitbench.errors import DataError
-from vitbench.files import special_file
+from vitbench.core.files import special_file
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes need a POSIX system")
 

@@ -20,7 +20,7 @@ from ranks_support import free_port, run_ranks  # tests/ranks_support.py
 import torch
 
 from vitbench.cli.main import main
-from vitbench.distributed import SLURM_VARIABLES, TORCHRUN_VARIABLES, first_slurm_host, slurm_environment
+from vitbench.host.distributed import SLURM_VARIABLES, TORCHRUN_VARIABLES, first_slurm_host, slurm_environment
 from vitbench.errors import VitbenchError
 
 #: an odd image count: DefaultSampler pads rank 1's part with one repeated image, which the

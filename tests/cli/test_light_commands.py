@@ -13,7 +13,7 @@ import pytest
 from vitbench.catalog import FamilySpec, MethodSpec
 from vitbench.errors import PluginError, UnsupportedError
 from vitbench.hookspecs import hookimpl
-from vitbench.plugins import PluginHost, get_host
+from vitbench.host import PluginHost, get_host
 
 HEAVY = ("torch", "timm", "mmengine", "mmcv", "mmdet", "mmpretrain", "pandas", "matplotlib")
 LIGHT_COMMANDS = (["--help"], ["list", "methods"], ["list", "scorers"], ["list", "families"], ["list", "tasks"],

@@ -85,7 +85,7 @@ ACCEPTED = ("deit_tiny_patch16_224", "deit_tiny_distilled_patch16_224", "vit_tin
 def test_list_models_names_only_what_the_families_accept_and_no_refused_variant(capsys):
     import timm
 
-    from vitbench.plugins import get_host
+    from vitbench.host import get_host
     from vitbench.tasks.model_names import accepted_models, family_models
 
     names = _listed_models(capsys)
@@ -106,7 +106,7 @@ def test_the_listed_and_refused_names_agree_with_runs_check_on_the_built_model()
     import torch
 
     from vitbench.errors import UnsupportedError
-    from vitbench.plugins import get_host
+    from vitbench.host import get_host
 
     host = get_host()
 

@@ -8,7 +8,7 @@ import pytest
 import vitbench.reproduce.recipes as recipes_module
 from vitbench.cli.main import main
 from vitbench.errors import ParamError
-from vitbench.plugins import get_host
+from vitbench.host import get_host
 from vitbench.reproduce import RECIPES, Recipe
 from vitbench.reproduce.check import validated_params
 

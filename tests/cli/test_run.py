@@ -13,7 +13,7 @@ import torch
 
 from vitbench.cli.main import main
 from vitbench.hookspecs import hookimpl
-from vitbench.plugins import get_host
+from vitbench.host import get_host
 
 FAST = ["--model", "test_vit", "--metrics", "gmacs,params,throughput", "--batch-size", "2"]
 

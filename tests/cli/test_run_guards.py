@@ -14,7 +14,7 @@ from PIL import Image
 
 from vitbench.cli.main import main
 from vitbench.hookspecs import hookimpl
-from vitbench.plugins import get_host
+from vitbench.host import get_host
 
 
 def _write(root: Path, splits: dict[str, int], classes=("cat", "dog", "eel")) -> Path:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from vitbench.cli.main import main
-from vitbench.options import RunOptions
+from vitbench.core.options import RunOptions
 from vitbench.tasks.cls.task import ClsTask
 
 DEFAULT = ["--task", "cls", "--metrics", "accuracy", "--batch-size", "2"]

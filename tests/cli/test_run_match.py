@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from vitbench.calibrate import TOLERANCE
+from vitbench.measure.calibrate import TOLERANCE
 from vitbench.cli.main import main
 from vitbench.hookspecs import hookimpl
-from vitbench.plugins import get_host
+from vitbench.host import get_host
 
 FAST = ["--model", "test_vit", "--metrics", "gmacs"]
 TOPK = ["--param", "topk.layers=(1,3)"]  # test_vit has 6 blocks
@@ -44,7 +44,7 @@ def test_matched_runs_land_within_tolerance_with_their_knobs_in_record_label_and
 
 def test_the_knob_shows_even_when_it_equals_its_default(tmp_path):
     # topk's default keep is 0.7: a matched row still says keep=... (a plain run would not)
-    from vitbench.plan import build_plan
+    from vitbench.run.plan import build_plan
 
     spec = build_plan(task="cls", model="m", methods=["topk"], data=None, overrides={}, metrics=("gmacs",),
                       batch_size=1, device="cpu", seed=0, match_gmacs=0.5)[1]

@@ -57,7 +57,7 @@ def test_quick_records_its_repeats_and_the_report_says_so(tmp_path, capsys):
 
 
 def test_repeats_are_in_a_run_s_identity_only_when_given():
-    from vitbench.plan import build_plan
+    from vitbench.run.plan import build_plan
 
     plan = build_plan(task="cls", model="test_vit", methods=["tome"], data=None, overrides={},
                       metrics=("throughput",), batch_size=2, device="cpu", seed=0)
@@ -69,9 +69,9 @@ def test_repeats_are_in_a_run_s_identity_only_when_given():
 
 
 def test_a_rank_above_0_prints_no_progress(tmp_path, capsys, monkeypatch):
-    import vitbench.distributed
+    import vitbench.host.distributed
 
-    monkeypatch.setattr(vitbench.distributed, "launcher_rank", lambda launcher: 1)
+    monkeypatch.setattr(vitbench.host.distributed, "launcher_rank", lambda launcher: 1)
     assert main(["run", *TINY, "--quick", "--out", str(tmp_path / "out")]) == 0
     err = capsys.readouterr().err
     assert "runs of the plan" not in err and "timing throughput" not in err and "[1/2]" not in err

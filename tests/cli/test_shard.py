@@ -9,7 +9,7 @@ import pytest
 
 from vitbench.cli.main import main
 from vitbench.errors import ParamError
-from vitbench.plan import build_seeded_plan, parse_shard, shard_plan
+from vitbench.run.plan import build_seeded_plan, parse_shard, shard_plan
 from vitbench.report.sweep import budget_records, summary_table
 from vitbench.report.tables import comparison_table
 from vitbench.results import ResultStore

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vitbench.calibrate import TOLERANCE
+from vitbench.measure.calibrate import TOLERANCE
 from vitbench.cli.main import main
 
 SWEEP = ["sweep", "--task", "cls", "--model", "test_vit", "--methods", "tome,topk", "--param", "topk.layers=(1,3)",

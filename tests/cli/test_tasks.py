@@ -12,7 +12,7 @@ from vitbench.catalog import ReportColumn, TaskSetup
 from vitbench.cli.main import main
 from vitbench.errors import UnknownNameError
 from vitbench.hookspecs import hookimpl
-from vitbench.plugins import PluginHost, get_host
+from vitbench.host import PluginHost, get_host
 from vitbench.task import Task
 
 FAST = ["--model", "test_vit", "--param", "tome.r=4", "--param", "random-drop.layers=(1,3)", "--batch-size", "2"]
@@ -165,7 +165,7 @@ def test_a_task_adds_its_own_options_and_other_tasks_refuse_them(tmp_path, capsy
 def test_a_task_whose_options_break_is_a_plugin_failure_and_the_others_still_parse(monkeypatch, capsys):
     """A plugin task whose ``options`` raises (or clashes with an option vitbench has) is reported
     as a broken plugin; what it added is removed and every other option still parses."""
-    import vitbench.plugins
+    import vitbench.host
     from vitbench.cli.main import build_parser
 
     def clashing(group):
@@ -179,7 +179,7 @@ def test_a_task_whose_options_break_is_a_plugin_failure_and_the_others_still_par
 
     host = get_host()
     host.add_plugin(Plugin(), "clashing_plugin")
-    monkeypatch.setattr(vitbench.plugins, "_HOST", host)
+    monkeypatch.setattr(vitbench.host, "_HOST", host)
     args = build_parser().parse_args(["run", "--methods", "tome", "--detector-width", "light", "--limit", "3"])
     assert (args.detector_width, args.limit) == ("light", "3")  # integers are checked by run_options
     assert not hasattr(args, "clash_extra") and "clash_extra" not in args.task_options

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import vitbench
-from vitbench.plugins import get_host
+from vitbench.host import get_host
 
 PLUGIN = Path(__file__).parent / "tutorial_2026_11" / "vitbench_norm_drop.py"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from vitbench.plugins import PluginHost
+from vitbench.host import PluginHost
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"

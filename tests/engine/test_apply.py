@@ -37,7 +37,7 @@ def test_applying_twice_is_an_error():
 
 
 def _spec(method: str, params_json: str = "{}"):
-    from vitbench.spec import RunSpec
+    from vitbench.host.spec import RunSpec
 
     return RunSpec(task="cls", model="tiny", method=method, params_json=params_json, data=None,
                    metrics=("gmacs",), batch_size=1, device="cpu", seed=0)
@@ -45,7 +45,7 @@ def _spec(method: str, params_json: str = "{}"):
 
 def test_check_applies_tries_each_method_on_a_copy_and_skips_the_references():
     from vitbench.engine import reduction_context
-    from vitbench.engine.apply import check_applies
+    from vitbench.host.apply import check_applies
 
     model = tiny_vit()
     check_applies([_spec("baseline"), _spec("baseline+ft"), _spec("tome", '{"r": 4}')], model)

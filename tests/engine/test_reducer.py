@@ -14,7 +14,7 @@ from vitbench.catalog import Reduction
 from vitbench.engine import AttnInfo, Reducer, TokenState, reduction_context
 from vitbench.engine.families import efficientvit, vit
 from vitbench.errors import PluginError
-from vitbench.plugins import get_host
+from vitbench.host import get_host
 from vitbench.testing import tiny_vit
 
 

@@ -13,7 +13,7 @@ from vitbench.engine import Reducer, bipartite_soft_matching, reduction_context
 from vitbench.engine.token_rules import CHECK_IMAGES, check_token_rules, token_rules_traced
 from vitbench.errors import TokenRuleError, VitbenchError
 from vitbench.hookspecs import hookimpl
-from vitbench.plugins import get_host
+from vitbench.host import get_host
 from vitbench.testing import tiny_deit_distilled, tiny_vit
 
 

@@ -5,7 +5,7 @@ import torch
 
 from vitbench.engine import AttnInfo
 from vitbench.kit import average_score, cls_attn_score, entropy_score
-from vitbench.plugins import get_host
+from vitbench.host import get_host
 
 
 def test_the_registered_scorers_are_the_kit_functions():

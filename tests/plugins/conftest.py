@@ -35,8 +35,8 @@ def calibrated_on_tiny_vit() -> Callable[[str, float], Any]:
 
     import vitbench
     from vitbench import measure
-    from vitbench.calibrate import GmacsCounter, calibrate, prepared_as_trained
-    from vitbench.plugins import get_host
+    from vitbench.measure.calibrate import GmacsCounter, calibrate, prepared_as_trained
+    from vitbench.host import get_host
     from vitbench.testing import tiny_vit
 
     def run(method: str, fraction: float) -> Any:

@@ -16,8 +16,8 @@ from vitbench.engine import reduction_context
 from vitbench.errors import ParamError, UnsupportedError
 from vitbench.measure.flops import count_gmacs
 from vitbench.measure.ib import final_features, ib_terms, input_vectors, soft_assign
-from vitbench.params import make_params
-from vitbench.plugins import get_host
+from vitbench.core.params import make_params
+from vitbench.host import get_host
 from vitbench.testing import check_method, tiny_vit
 
 DEPTH = 4

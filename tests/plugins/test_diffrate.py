@@ -13,7 +13,7 @@ import vitbench
 from vitbench.engine import AttnInfo, TokenState, enable_source_tracing, reduction_context
 from vitbench.errors import ParamError, UnsupportedError
 from vitbench.measure import count_gmacs
-from vitbench.plugins import get_host
+from vitbench.host import get_host
 from vitbench.testing import check_method, check_prefix_tokens, tiny_deit_distilled, tiny_vit, tiny_vit_registers
 from vitbench_plugins.diffrate.reduction import (
     DiffRateReducer,

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import vitbench
-from vitbench.calibrate import TOLERANCE
+from vitbench.measure.calibrate import TOLERANCE
 from vitbench.engine import bipartite_soft_matching, reduction_context
 from vitbench.errors import ParamError
-from vitbench.plugins import get_host
+from vitbench.host import get_host
 from vitbench.testing import check_method, tiny_vit
 from vitbench_plugins.dtem import DTEMParams
 from vitbench_plugins.dtem.reduction import DTEMReducer, soft_top_r

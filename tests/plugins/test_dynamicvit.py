@@ -11,7 +11,7 @@ import vitbench
 from vitbench.engine import TokenState, enable_source_tracing, reduction_context, unmerge
 from vitbench.engine.attention import AttnInfo, attention_forward
 from vitbench.errors import ParamError
-from vitbench.plugins import get_host
+from vitbench.host import get_host
 from vitbench.testing import check_method, tiny_deit_distilled, tiny_vit
 from vitbench_plugins.dynamicvit import DynamicViTParams
 from vitbench_plugins.dynamicvit.reduction import DynamicViTReducer, KeepPredictor, key_bias_of, stage_count

@@ -21,7 +21,7 @@ from vitbench.measure.ib import (
     log_q_given_y,
     soft_assign,
 )
-from vitbench.plugins import get_host
+from vitbench.host import get_host
 from vitbench.testing import check_method, tiny_vit
 
 P = 45  # ceil(0.7 * 64)

@@ -183,7 +183,7 @@ def test_another_input_size_is_a_clear_error():
 
 
 def test_swin_is_listed_and_other_families_still_refused():
-    assert "swin" in vitbench.plugins.get_host().method("ltm").families
+    assert "swin" in vitbench.host.get_host().method("ltm").families
     with pytest.raises(UnsupportedError):
         vitbench.apply(timm.create_model("efficientvit_b0", pretrained=False), "ltm")
 

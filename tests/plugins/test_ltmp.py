@@ -11,7 +11,7 @@ import vitbench
 from vitbench.engine import enable_source_tracing, last_state, reduction_context, unmerge
 from vitbench.errors import ParamError
 from vitbench.measure import count_gmacs
-from vitbench.plugins import get_host
+from vitbench.host import get_host
 from vitbench.testing import check_method, tiny_vit
 from vitbench.testing import tiny_deit_distilled
 from vitbench_plugins.ltmp import LTMPParams

@@ -13,7 +13,7 @@ import torch
 import vitbench
 from vitbench.engine import AttnInfo, TokenState, reduction_context
 from vitbench.errors import ParamError
-from vitbench.plugins import get_host
+from vitbench.host import get_host
 from vitbench_plugins.mctf.reduction import (
     MCTFReducer,
     Temperatures,

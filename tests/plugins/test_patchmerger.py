@@ -7,11 +7,11 @@ import pytest
 import torch
 
 import vitbench
-from vitbench.calibrate import TOLERANCE
+from vitbench.measure.calibrate import TOLERANCE
 from vitbench.engine import TokenState, reduction_context
 from vitbench.engine.attention import AttnInfo
 from vitbench.errors import ParamError
-from vitbench.plugins import get_host
+from vitbench.host import get_host
 from vitbench.testing import check_method, tiny_vit
 from vitbench_plugins.patchmerger import PatchMergerParams
 from vitbench_plugins.patchmerger.reduction import PatchMergerReducer

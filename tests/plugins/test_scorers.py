@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from vitbench.engine import AttnInfo
-from vitbench.plugins import get_host
+from vitbench.host import get_host
 
 
 def _info(b=2, h=3, n=6, d=4):

@@ -262,7 +262,7 @@ def test_tofu_conforms(vitbench_check_method):
 
 
 def test_tofu_is_registered_as_a_hybrid_with_a_budget_knob():
-    from vitbench.plugins import get_host
+    from vitbench.host import get_host
 
     spec = get_host().method("tofu")
     assert spec.kind == "hybrid" and spec.budget.param == "r" and spec.budget.per_block

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from vitbench.plan import build_plan
+from vitbench.run.plan import build_plan
 from vitbench.report import comparison_table, render_markdown, write_report
 from vitbench.report.row_facts import interval_pct, row_label, wilson
 from vitbench.tasks.cls.weights_from import default_model_weights

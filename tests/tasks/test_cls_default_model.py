@@ -257,7 +257,7 @@ def test_the_default_recipe_trains_and_resumes_after_an_interruption(tmp_path: P
 
 
 def _method_names() -> list[str]:
-    from vitbench.plugins import PluginHost
+    from vitbench.host import PluginHost
 
     host = PluginHost()
     host.load_entry_points()

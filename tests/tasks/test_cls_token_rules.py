@@ -8,12 +8,12 @@ import pytest
 import torch
 
 import vitbench
-import vitbench.plugins
+import vitbench.host
 from vitbench.catalog import MethodSpec, Reduction
 from vitbench.engine import Reducer
 from vitbench.engine import token_rules
 from vitbench.hookspecs import hookimpl
-from vitbench.plugins import get_host
+from vitbench.host import get_host
 
 
 class _Step(Reducer):
@@ -90,7 +90,7 @@ def checked(tmp_path_factory: pytest.TempPathFactory) -> vitbench.Results:
         return vitbench.benchmark(methods=[*BROKEN, "tome", "topk"], metrics=["gmacs"], limit=4,
                                   out=tmp_path_factory.mktemp("checked"))
     finally:
-        vitbench.plugins.reset_host()
+        vitbench.host.reset_host()
 
 
 def test_a_broken_token_rule_is_an_error_record_naming_it(checked: vitbench.Results) -> None:
@@ -124,7 +124,7 @@ def test_a_rule_broken_only_in_large_batches_is_caught_on_the_scored_steps(tmp_p
         results = vitbench.benchmark(methods=["large-batch-only", "tome"], metrics=["accuracy"], limit=16,
                                      out=tmp_path / "large")
     finally:
-        vitbench.plugins.reset_host()
+        vitbench.host.reset_host()
     by_method = {x["method"]: x for x in results.records}
     assert by_method["large-batch-only"]["status"] == "error"
     assert by_method["large-batch-only"]["error"].startswith(

@@ -6,11 +6,11 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-import vitbench.plugins
+import vitbench.host
 from vitbench.catalog import MethodSpec, Reduction
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
-from vitbench.plugins import PluginHost
+from vitbench.host import PluginHost
 import vitbench
 from vitbench.engine import Reducer, reduction_context
 from vitbench.testing import (
@@ -226,7 +226,7 @@ def broken_host(monkeypatch: pytest.MonkeyPatch) -> PluginHost:
     host = PluginHost()
     host.load_entry_points()
     host.add_plugin(BrokenMethods(), "broken_methods", "test-broken-methods", "0.0")
-    monkeypatch.setattr(vitbench.plugins, "_HOST", host)
+    monkeypatch.setattr(vitbench.host, "_HOST", host)
     return host
 
 

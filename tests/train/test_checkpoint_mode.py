@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import vitbench
-from vitbench.cache import atomic_write
+from vitbench.core.cache import atomic_write
 from vitbench.report._atomic import atomic_write_bytes
 from vitbench.testing import tiny_vit
 from vitbench.train import load_trained, save_trained

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import vitbench
-from vitbench.distributed import rank_batch_size
+from vitbench.host.distributed import rank_batch_size
 from vitbench.errors import VitbenchError
 
 #: 128 training images in batches of 32 (16 per rank): 4 steps, alternating the gate's

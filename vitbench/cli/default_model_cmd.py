@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = dm.train_config(model=name)
     cached, shipped = dm.cache_paths(cfg, model=name)[0], dm.shipped_paths(cfg, name)[0]
     if args.retrain:
-        from vitbench import progress
+        from vitbench.core import progress
 
         with progress.reporting(progress.sink_for()):  # a bar with the time left on a terminal
             _, meta = dm.train_default_model(model=name)

@@ -11,7 +11,7 @@ import textwrap
 from vitbench.catalog import MethodSpec, param_docs
 from vitbench.cli.list_cmd import WIDTH
 from vitbench.errors import choices_error
-from vitbench.plugins import get_host
+from vitbench.host import get_host
 
 NO_HELP = "(no description)"
 

@@ -6,7 +6,7 @@ import fnmatch
 import textwrap
 
 from vitbench.catalog import METHOD_KINDS
-from vitbench.plugins import get_host
+from vitbench.host import get_host
 from vitbench.tasks.cls import DEFAULT_MODEL, EMBEDDED_MODELS
 
 KINDS = ("methods", "scorers", "models", "families", "tasks")

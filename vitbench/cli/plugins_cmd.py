@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from vitbench.plugins import SINGULAR, get_host
+from vitbench.host import SINGULAR, get_host
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

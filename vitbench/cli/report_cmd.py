@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from vitbench.errors import DataError
-from vitbench.files import special_file
+from vitbench.core.files import special_file
 from vitbench.results import ResultStore
 
 FORMATS = ("md", "csv", "latex")

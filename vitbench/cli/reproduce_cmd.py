@@ -76,7 +76,7 @@ def _num(value: Optional[float], fmt: str) -> str:
 
 def _check(rows: list) -> int:  # type: ignore[type-arg]
     """Count every row and print measured against paper; 1 when a row is off."""
-    from vitbench.environment import device_name
+    from vitbench.host.environment import device_name
     from vitbench.reproduce.check import IMAGES, TOLERANCE, check_gmacs
 
     print(f"GMACs on random weights (timm, pretrained=False), mean over {IMAGES} seeded random images of "

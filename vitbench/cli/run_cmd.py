@@ -5,8 +5,8 @@ store and report), then print the summary.
 [--param METHOD.KEY=VALUE ...] [--metrics ...] [--batch-size B] [--device cpu|cuda] [--seed S | --seeds S1,S2,...]
 [--out DIR] [--resume] [--match-gmacs F] [--quick | --repeats N] [--launcher none|pytorch|slurm]``. The
 baseline always runs too. Bad input exits 2 before anything runs. Progress goes to stderr through
-:mod:`vitbench.progress`: bars with the time left on a terminal, plain lines elsewhere, nothing on a
-rank > 0. ``--match-gmacs F`` puts every method at F x the baseline's GMACs (:mod:`vitbench.calibrate`);
+:mod:`vitbench.core.progress`: bars with the time left on a terminal, plain lines elsewhere, nothing on a
+rank > 0. ``--match-gmacs F`` puts every method at F x the baseline's GMACs (:mod:`vitbench.measure.calibrate`);
 ``vitbench sweep`` (:mod:`vitbench.cli.sweep_cmd`) shares these options and :func:`run`.
 """
 from __future__ import annotations
@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any, Optional
 
 from vitbench.cli.task_options import OwnedOption, add_task_options, check_task_options
-from vitbench.distributed import add_launcher_option
+from vitbench.host.distributed import add_launcher_option
 from vitbench.errors import ParamError, VitbenchError
-from vitbench.metrics import METRICS
-from vitbench.options import RunOptions
-from vitbench.plan import parse_param_overrides, parse_seeds
-from vitbench.plugins import get_host
+from vitbench.core.metrics import METRICS
+from vitbench.core.options import RunOptions
+from vitbench.run.plan import parse_param_overrides, parse_seeds
+from vitbench.host import get_host
 from vitbench.tasks.cls import DEFAULT_MODEL, EMBEDDED_TRAIN_LIMIT
 
 
@@ -104,12 +104,12 @@ def add_run_options(parser: argparse.ArgumentParser) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """``vitbench run`` (and ``vitbench sweep``): the options as :class:`~vitbench.options.RunOptions`,
+    """``vitbench run`` (and ``vitbench sweep``): the options as :class:`~vitbench.core.options.RunOptions`,
     run by :func:`vitbench.api.run`; print the summary table and the report's paths."""
     from vitbench.api import run as run_benchmark
 
-    from vitbench import progress
-    from vitbench.distributed import launcher_rank
+    from vitbench.core import progress
+    from vitbench.host.distributed import launcher_rank
 
     task = get_host().task(args.task)  # unknown -> error listing the registered tasks
     check_task_options(args, task.name)  # another task's option (--detector-epochs with cls) is refused
@@ -135,9 +135,9 @@ def run(args: argparse.Namespace) -> int:
 def run_options(args: argparse.Namespace, task: str) -> RunOptions:
     """The parsed command line as typed options (``--param`` strings as a mapping, lists as tuples,
     the options of ``task`` alone as its ``task_options``)."""
-    from vitbench.calibrate import check_fraction, parse_budgets
+    from vitbench.measure.calibrate import check_fraction, parse_budgets
     from vitbench.measure.speed import chosen_repeats
-    from vitbench.plan import parse_shard
+    from vitbench.run.plan import parse_shard
 
     owned: dict[str, OwnedOption] = getattr(args, "task_options", {}) or {}
     budgets, match = getattr(args, "budgets", None), getattr(args, "match_gmacs", None)

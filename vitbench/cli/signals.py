@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Optional
 
-from vitbench.interrupts import watch_ctrl_c
+from vitbench.core.interrupts import watch_ctrl_c
 
 __all__ = ["Terminated", "signals_as_exceptions"]
 
@@ -24,7 +24,7 @@ def _raise(signum: int, frame: Optional[FrameType]) -> None:
 @contextmanager
 def signals_as_exceptions() -> Iterator[None]:
     """Within the block SIGTERM raises :class:`Terminated` and SIGINT a ``KeyboardInterrupt`` noted
-    as a real Ctrl-C (:mod:`vitbench.interrupts`); the previous handlers come back after it, so an
+    as a real Ctrl-C (:mod:`vitbench.core.interrupts`); the previous handlers come back after it, so an
     in-process caller (a test, a notebook) keeps its own. Outside the main thread: nothing changes."""
     try:
         previous = signal.signal(signal.SIGTERM, _raise)

@@ -2,7 +2,7 @@
 
 ``vitbench sweep --task cls --methods M1,M2 --budgets 0.9,0.8,0.7 [the options of vitbench run]``
 runs the baseline once and each method at each budget (its budget knob matched to that fraction
-of the baseline's GMACs, :mod:`vitbench.calibrate`), through the same plan, executor and store
+of the baseline's GMACs, :mod:`vitbench.measure.calibrate`), through the same plan, executor and store
 as ``vitbench run``. A sweep always resumes: re-running it skips the runs already done and
 retries failed ones. OUT/report.md holds one table per budget, a summary and the Pareto plots.
 """

@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from vitbench.errors import VitbenchError
-from vitbench.plugins import get_host
+from vitbench.host import get_host
 from vitbench.task import Task
 
 __all__ = ["OwnedOption", "add_task_options", "check_task_options"]

@@ -31,7 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from vitbench.errors import ParamError
-    from vitbench.plan import parse_param_overrides
+    from vitbench.run.plan import parse_param_overrides
     from vitbench.tasks.cls import DEFAULT_MODEL
     from vitbench.visualize import Choice, visualize
     from vitbench.visualize.inputs import parse_blocks
@@ -113,7 +113,7 @@ def visualize_run(results: Any) -> Optional[Path]:
 def link_in_report(md: Path, png: Path) -> None:
     """Add one image line for ``png`` under report.md's "## Plot" section (a new section if none);
     ``vitbench report`` adds it again from the file (:mod:`vitbench.report.attached`)."""
-    from vitbench.cache import atomic_write
+    from vitbench.core.cache import atomic_write
     from vitbench.report.attached import with_figure
 
     text = with_figure(md.read_text(encoding="utf-8"), png.name)

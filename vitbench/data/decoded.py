@@ -30,7 +30,7 @@ from typing import Any, ClassVar, Optional
 import numpy as np
 from mmengine.dataset import BaseDataset
 
-from vitbench.cache import cache_dir, cache_lock
+from vitbench.core.cache import cache_dir, cache_lock
 from vitbench.errors import DataError, ParamError
 from vitbench.data.workers import without_worker_traceback
 from vitbench.mm.registry import DATASETS

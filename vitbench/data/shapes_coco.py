@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 
-from vitbench.cache import cache_dir
+from vitbench.core.cache import cache_dir
 from vitbench.errors import DataError
 
 #: Bump when the drawing or the file layout changes: the cache stamp then no longer matches.

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from vitbench.errors import ParamError, UnknownNameError
-from vitbench.plugins import get_host
+from vitbench.host import get_host
 
 __all__ = ["check_layers", "check_scorer"]
 

@@ -17,9 +17,9 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
-from vitbench import progress
+from vitbench.core import progress
 from vitbench.errors import ParamError
-from vitbench.guards import check_finite, check_metrics
+from vitbench.core.guards import check_finite, check_metrics
 from vitbench.measure._common import (
     check_input_size,
     check_int,
@@ -152,7 +152,7 @@ def count_gmacs(model: nn.Module, images: torch.Tensor, *, what: Optional[str] =
     eager model: a ``torch.compile`` wrapper is refused. A forward whose output holds NaN/inf
     raises :class:`~vitbench.errors.NonFiniteError`: the count of a broken forward (whose
     input-dependent decisions were taken on NaNs) is not a measurement. ``what``: report the
-    images as a :mod:`vitbench.progress` step of that name (a run's count, not a search's).
+    images as a :mod:`vitbench.core.progress` step of that name (a run's count, not a search's).
     """
     check_model(model)
     if not isinstance(images, torch.Tensor):

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitbench.engine.features import block_output, features_during, module_features, pooled_features, token_features
-from vitbench.guards import check_finite, check_metrics
+from vitbench.core.guards import check_finite, check_metrics
 
 __all__ = [
     "ClassSums", "IBSamples", "IBTerms", "block_output", "class_centroids", "ib_terms", "input_vectors", "log_q_from_sums",
@@ -171,7 +171,7 @@ def final_features(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
 def _family_of(model: nn.Module) -> Any:
     """The family adapter that recognises ``model``, or ``None``."""
     from vitbench.errors import UnsupportedError
-    from vitbench.plugins import get_host
+    from vitbench.host import get_host
 
     try:
         return get_host().family_of(model)

@@ -18,7 +18,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from vitbench import progress
+from vitbench.core import progress
 from vitbench.errors import ParamError
 from vitbench.measure.precision import DEFAULT_PRECISION, autocast
 from vitbench.measure._common import (
@@ -199,7 +199,7 @@ def _time_forwards(
 ) -> tuple[list[float], int, MachineLoad, MachineLoad]:
     """Seconds of each of ``repeats`` timed forwards (after warm-up, in ``precision``), the
     warm-up used, and the machine's load just before the warm-up and just after the last repeat.
-    Warm-up and repeats are a :mod:`vitbench.progress` step ``what``, reported between clock reads."""
+    Warm-up and repeats are a :mod:`vitbench.core.progress` step ``what``, reported between clock reads."""
     check_model(model, allow_compiled=True)  # --compile times the compiled model
     check_int("batch_size", batch_size, 1)
     size = check_input_size(input_size)

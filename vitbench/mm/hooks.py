@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 from mmengine.hooks import Hook
 
-from vitbench import progress
+from vitbench.core import progress
 from vitbench.mm.registry import HOOKS
 
 
@@ -19,7 +19,7 @@ class ProgressHook(Hook):
     ``LoggerHook`` lines; a user waiting minutes for the embedded default model to train needs
     to see it move. Lines go to stderr so stdout stays clean for results. ``interval`` is in
     iterations; ``verbose=False`` keeps the metrics without printing. The iterations are a
-    :mod:`vitbench.progress` step (``what``, default: the prefix's words); where it draws bars,
+    :mod:`vitbench.core.progress` step (``what``, default: the prefix's words); where it draws bars,
     the loss goes beside the bar instead of into a line.
     """
 
@@ -70,7 +70,7 @@ class ProgressHook(Hook):
 
 
 class TestProgressHook(Hook):
-    """Advances a :mod:`vitbench.progress` step after each test batch (its total: the loader's
+    """Advances a :mod:`vitbench.core.progress` step after each test batch (its total: the loader's
     length) and counts the predictions the batches returned (:attr:`scored`)."""
 
     priority = "VERY_LOW"

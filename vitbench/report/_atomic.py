@@ -1,11 +1,11 @@
 """Write a whole file or nothing: a new file in the same folder, then ``os.replace``
-(:func:`vitbench.cache.atomic_write`: the mode a plain ``open()`` gives)."""
+(:func:`vitbench.core.cache.atomic_write`: the mode a plain ``open()`` gives)."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from vitbench.cache import atomic_write
+from vitbench.core.cache import atomic_write
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:

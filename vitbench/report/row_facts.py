@@ -101,7 +101,7 @@ def row_label(rec: Record) -> Optional[str]:
 
 def _knob(method: str) -> Optional[str]:
     """The budget parameter of ``method`` when a loaded plugin registers it."""
-    from vitbench.plugins import get_host
+    from vitbench.host import get_host
 
     spec = get_host().catalogs["methods"].get(method)
     budget = getattr(spec, "budget", None)

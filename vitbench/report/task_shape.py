@@ -19,7 +19,7 @@ _UNKNOWN = (ReportColumn("accuracy", "Accuracy", "ΔAccuracy"),)
 
 def task_spec(task: str) -> Optional[Task]:
     """The registered task ``task``, or ``None`` when no loaded plugin registers it."""
-    from vitbench.plugins import get_host
+    from vitbench.host import get_host
 
     return get_host().catalogs["tasks"].get(task)
 

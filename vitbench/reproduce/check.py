@@ -56,8 +56,8 @@ class GmacsCheck:
 def validated_params(r: Recipe) -> Any:
     """The recipe's parameters as its method's validated parameter dataclass (a bad one raises
     :class:`~vitbench.errors.ParamError` naming it)."""
-    from vitbench.params import make_params
-    from vitbench.plugins import get_host
+    from vitbench.core.params import make_params
+    from vitbench.host import get_host
 
     spec = get_host().method(r.method)
     return make_params(spec.name, spec.params, dict(r.params))

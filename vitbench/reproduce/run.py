@@ -1,6 +1,6 @@
 """Run one recipe as ``vitbench run`` would (``vitbench reproduce ROW --data PATH``).
 
-The recipe becomes :class:`~vitbench.options.RunOptions` (its model, method, parameters and head)
+The recipe becomes :class:`~vitbench.core.options.RunOptions` (its model, method, parameters and head)
 and runs through :func:`vitbench.api.run`: the same plan, executor, store and report. The
 row's published numbers go into the run's folder (``published.json``), and the report gets a
 "Published" section, the source's top-1 and GFLOPs beside the measured ones, which ``vitbench
@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from vitbench.options import RunOptions
+from vitbench.core.options import RunOptions
 from vitbench.report.attached import PUBLISHED
 from vitbench.reproduce.recipes import Recipe
 
@@ -61,7 +61,7 @@ def published_fields(r: Recipe) -> dict[str, Any]:
 
 def write_published(folder: Path, r: Recipe) -> Path:
     """Write ``folder/published.json`` (whole or not at all), for the report to find again."""
-    from vitbench.cache import atomic_write
+    from vitbench.core.cache import atomic_write
 
     path = Path(folder) / PUBLISHED
     text = json.dumps(published_fields(r), indent=1) + "\n"
@@ -79,7 +79,7 @@ def published_section(r: Recipe, records: Sequence[Mapping[str, Any]]) -> str:
 
 def add_published(report: Path, section: str) -> None:
     """Append ``section`` to the report, replacing one an earlier reproduction left there."""
-    from vitbench.cache import atomic_write
+    from vitbench.core.cache import atomic_write
     from vitbench.report.attached import with_published
 
     body = with_published(report.read_text(encoding="utf-8"), section)

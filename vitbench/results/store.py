@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from vitbench.errors import DataError
-from vitbench.files import special_file
+from vitbench.core.files import special_file
 
 __all__ = ["CorruptLine", "ResultStore", "latest_records", "shard_file", "to_jsonable", "FINISHED_STATUSES"]
 

@@ -1,5 +1,5 @@
 """What decides a run's numbers besides the options a plan already holds, as run-spec fields
-(:class:`~vitbench.spec.RunSpec` ``limit``, ``weights``; docs/measuring.md, "What a run's identity
+(:class:`~vitbench.host.spec.RunSpec` ``limit``, ``weights``; docs/measuring.md, "What a run's identity
 holds"): the evaluation images, the content of a ``--checkpoint`` file, the seed of a random
 init. A task's :meth:`~vitbench.task.Task.setup` returns them in its plan keywords, so that
 ``--resume`` never reuses a run measured on something else. :func:`weights_from` says the same
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from vitbench.errors import CheckpointError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from vitbench.options import RunOptions
+    from vitbench.core.options import RunOptions
 
 __all__ = ["data_path", "file_digest", "first_seed", "identity_fields", "weights_from"]
 

@@ -35,7 +35,7 @@ def family_models(family: FamilySpec) -> list[str]:
 
 def accepted_models() -> dict[str, str]:
     """Each timm name a registered family accepts (:func:`family_models`), mapped to that family."""
-    from vitbench.plugins import get_host
+    from vitbench.host import get_host
 
     host = get_host()
     found: dict[str, str] = {}

@@ -20,13 +20,14 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
-from vitbench.engine import Reducer, apply, reduction_context
+from vitbench.engine import Reducer, reduction_context
+from vitbench.host.apply import apply
 from vitbench.engine.attention import NEEDS
 from vitbench.engine.token_rules import token_rules_traced
 from vitbench.engine.token_state import PrefixTokenError
 from vitbench.errors import ParamError, TokenRuleError
-from vitbench.params import make_params
-from vitbench.plugins import get_host
+from vitbench.core.params import make_params
+from vitbench.host import get_host
 
 
 #: the tiny models' timm kwargs (32x32 input, patch 4: 64 patches, 12 blocks of width 48)

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from vitbench.cache import atomic_write
+from vitbench.core.cache import atomic_write
 from vitbench.engine.block import reduction_context
 from vitbench.errors import CheckpointError
 

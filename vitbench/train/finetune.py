@@ -99,7 +99,7 @@ class ClsStages(StageSource):
                ) -> tuple[dict[str, Any], dict[str, int]]:
         from mmengine.dist import get_world_size
 
-        from vitbench.distributed import rank_batch_size
+        from vitbench.host.distributed import rank_batch_size
         from vitbench.train.batches import loader_cfg
 
         world = get_world_size()

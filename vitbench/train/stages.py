@@ -28,10 +28,10 @@ from mmengine.optim import OptimWrapper, OptimWrapperDict
 from torch import nn
 
 from vitbench.catalog import TrainStage
-from vitbench.distributed import is_distributed
+from vitbench.host.distributed import is_distributed
 from vitbench.engine.block import reduction_context
 from vitbench.errors import NonFiniteError, ParamError, VitbenchError
-from vitbench.guards import check_finite, check_gradients, check_losses, train_position
+from vitbench.core.guards import check_finite, check_gradients, check_losses, train_position
 from vitbench.measure.precision import autocast
 from vitbench.task import CONTROL
 from vitbench.train.batches import Batches
@@ -140,7 +140,7 @@ def guarded_update(wrapper: OptimWrapper, loss: torch.Tensor, model: nn.Module, 
 
 
 def check_losses_on_every_rank(losses: Mapping[str, torch.Tensor], who: str, where: str) -> None:
-    """:func:`~vitbench.guards.check_losses`, decided by every rank together (a collective under
+    """:func:`~vitbench.core.guards.check_losses`, decided by every rank together (a collective under
     a launcher: every rank calls it at every step). Without a process group it is
     ``check_losses`` itself. With one, the ranks share whether any loss is non-finite (one small
     all-reduce per step) and, when one is, every rank raises the same
@@ -256,7 +256,7 @@ class FiniteLossHook(Hook):
     training, whose ``train_step`` is mmengine's) at the first iteration whose loss terms are
     non-finite. It sees the losses after that step's update, so it costs nothing per step but
     the one check; vitbench's own trainers check before the update
-    (:func:`~vitbench.guards.check_losses`)."""
+    (:func:`~vitbench.core.guards.check_losses`)."""
 
     priority = "VERY_HIGH"
 
@@ -300,10 +300,10 @@ def train_stage(trainer: BaseModel, stage: TrainStage, params: dict[str, nn.Para
     shard and its batch size is each rank's. Before the Runner is built (its constructor
     broadcasts) the ranks meet at an agreement point, so a rank that failed earlier in the run
     makes every rank raise its error here instead of leaving them in DDP's first all-reduce
-    (:func:`vitbench.distributed.raise_if_any_rank_failed`)."""
+    (:func:`vitbench.host.distributed.raise_if_any_rank_failed`)."""
     from mmengine.runner import Runner
 
-    from vitbench.distributed import raise_if_any_rank_failed
+    from vitbench.host.distributed import raise_if_any_rank_failed
     from vitbench.mm.runner import release, runner_kwargs
 
     raise_if_any_rank_failed(None)
@@ -480,9 +480,9 @@ def run_stages(stages: Sequence[TrainStage], source: StageSource, *, device: tor
 
     Every stage is checked before the first runs. A stage of 0 epochs runs only its ``before``
     and ``after`` callbacks. After each stage every rank holds rank 0's buffers and is checked to
-    hold the same weights (:func:`~vitbench.distributed.same_on_every_rank`); after the last the
+    hold the same weights (:func:`~vitbench.host.distributed.same_on_every_rank`); after the last the
     weights are checked finite. ``requires_grad`` is restored and the module left in eval mode."""
-    from vitbench.distributed import same_on_every_rank
+    from vitbench.host.distributed import same_on_every_rank
     from vitbench.mm.runner import work_dir_or_temp
 
     for stage in stages:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vitbench.cache import atomic_write
+from vitbench.core.cache import atomic_write
 from vitbench.visualize.groups import DROPPED, BlockGroups
 
 __all__ = ["Row", "draw_figure", "paint"]

@@ -42,8 +42,8 @@ class Choice:
 
 def check_choices(choices: Sequence[Choice]) -> None:
     """Unknown methods, methods without the ViT family and bad parameters fail here, model-free."""
-    from vitbench.params import make_params
-    from vitbench.plugins import get_host
+    from vitbench.core.params import make_params
+    from vitbench.host import get_host
 
     if not choices:
         raise UnsupportedError("--method names no method; give one or more, e.g. tome,topk "
@@ -69,7 +69,7 @@ def visualize(choices: Sequence[Choice], out: str | Path, *, model: str = DEFAUL
               checkpoint: Optional[str] = None, pretrained: bool = False, seed: int = 0,
               filename: Optional[str] = None) -> Path:
     """Draw ``choices`` on ``model`` for one image into ``out``; returns the PNG's path."""
-    from vitbench.engine import apply
+    from vitbench.host.apply import apply
     from vitbench.visualize.draw import Row, draw_figure
     from vitbench.visualize.groups import trace_groups
 

@@ -31,7 +31,7 @@ def check_vit_name(name: str) -> None:
         return
     import timm
 
-    from vitbench.plugins import get_host
+    from vitbench.host import get_host
     from vitbench.tasks.model_names import unknown_model
 
     if not timm.is_model(name):

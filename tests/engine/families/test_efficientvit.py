@@ -19,7 +19,7 @@ from vitbench.engine.families.efficientvit import (
     patch,
 )
 from vitbench.errors import UnsupportedError
-from vitbench.plugins import get_host
+from vitbench.host import get_host
 
 SIZE = 64
 DIMS = [128] * 3 + [256] * 4

@@ -9,7 +9,7 @@ from timm.models.swin_transformer import SwinTransformer
 
 from vitbench.engine.families import efficientvit, mobilevit, vit
 from vitbench.measure.ib import final_features, token_features
-from vitbench.plugins import get_host
+from vitbench.host import get_host
 from vitbench.testing import tiny_vit
 
 

@@ -293,7 +293,7 @@ def test_dcs_untrained_is_timm_and_the_shrunk_mlps_equal_the_gated_ones():
 
 
 def test_the_stages_are_the_det_seg_pyramid():
-    from vitbench.tasks.det.backbone import FeatureMaps
+    from vitbench.tasks.dense.backbone import FeatureMaps
 
     torch.manual_seed(0)
     model = SwinTransformerV2(img_size=128, embed_dim=16, depths=(1, 1, 2, 2), num_heads=(1, 2, 2, 4),

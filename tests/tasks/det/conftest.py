@@ -1,5 +1,5 @@
 """Fixtures of the det/seg task tests: a tiny generated shapes COCO set (64 px, 4+4 images) and
-small random-init backbones sized as :func:`vitbench.tasks.det.run.load_backbone` sizes them."""
+small random-init backbones sized as :func:`vitbench.tasks.dense.run.load_backbone` sizes them."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,7 +10,7 @@ import timm
 import torch
 
 from vitbench.data.shapes_coco import generate_shapes_coco
-from vitbench.tasks.det.data import DetData, resolve_det_data
+from vitbench.tasks.dense.data import DetData, resolve_det_data
 
 #: the image size of the tiny set and of the detectors built on it (the generator's minimum)
 SIZE = 64

@@ -13,7 +13,7 @@ from torch import nn
 import vitbench
 from vitbench.engine import reduction_context
 from vitbench.errors import UnsupportedError
-from vitbench.tasks.det.backbone import FeatureMaps, SimplePyramid, is_plain_vit, out_channels_of
+from vitbench.tasks.dense.backbone import FeatureMaps, SimplePyramid, is_plain_vit, out_channels_of
 
 HYBRIDS = ("mobilevit_xs", "efficientvit_b1")
 STRIDES = ((16, 32), (4, 8, 16, 32))

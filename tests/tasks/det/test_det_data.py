@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from vitbench.errors import DataError
-from vitbench.tasks.det import data as det_data_module
-from vitbench.tasks.det.data import INPUT_SIZE, SHAPES, DetData, resolve_det_data
+from vitbench.tasks.dense import data as det_data_module
+from vitbench.tasks.dense.data import INPUT_SIZE, SHAPES, DetData, resolve_det_data
 
 CLASSES = ("circle", "square", "triangle")
 

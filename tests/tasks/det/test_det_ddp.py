@@ -14,15 +14,15 @@ from mmengine.optim import OptimWrapper
 from torch import nn
 
 import vitbench
-from vitbench import distributed
+from vitbench.host import distributed
 from vitbench.cli.main import build_parser
 from vitbench.cli.run_cmd import run_options
 from vitbench.engine import reduction_context
 from vitbench.errors import VitbenchError
-from vitbench.plugins import get_host
-from vitbench.tasks.det.detectors import build_detector
-from vitbench.tasks.det.run import load_detector_weights
-from vitbench.tasks.det.train import DetMethodTrainer, _image_batches, _loader, rank_share
+from vitbench.host import get_host
+from vitbench.tasks.dense.detectors import build_detector
+from vitbench.tasks.dense.run import load_detector_weights
+from vitbench.tasks.dense.train import DetMethodTrainer, _image_batches, _loader, rank_share
 
 LTM = {"ratio": 0.5, "epochs": 1, "batch_size": 2, "stats_images": 4}  # with its IB loss: an extra loss term
 
@@ -107,8 +107,8 @@ def test_train_step_guards_the_losses_on_every_rank(backbone_factory, det_data, 
 
 
 def test_a_detector_trainer_without_a_method_has_no_extra_loss(backbone_factory, det_data):
-    from vitbench.tasks.det.train import control_stage
-    from vitbench.tasks.det.protocol import dense_finetune_for
+    from vitbench.tasks.dense.train import control_stage
+    from vitbench.tasks.dense.protocol import dense_finetune_for
 
     detector = build_detector("det", backbone_factory("mobilevit_xs"), 3, width="light")
     trainer = DetMethodTrainer(detector, detector.backbone, control_stage(dense_finetune_for("det", "all")))
@@ -186,7 +186,7 @@ def test_the_default_trainings_step_under_a_launcher_is_mmengines_step_through_t
     """DetectorTrainer (the default training under a launcher) takes the step mmengine's own
     ``train_step`` takes on the detector (what one process trains with), its losses computed
     through the forward it is given (DDP's, so that their backward averages the gradients)."""
-    from vitbench.tasks.det.train import DetectorTrainer
+    from vitbench.tasks.dense.train import DetectorTrainer
 
     batch = _batch(det_data)
     detector = _initialised(backbone_factory)
@@ -215,7 +215,7 @@ def test_the_default_training_guards_its_losses_on_every_rank_before_the_update(
     import importlib
 
     from vitbench.errors import NonFiniteError
-    from vitbench.tasks.det.train import DetectorTrainer
+    from vitbench.tasks.dense.train import DetectorTrainer
 
     finetune = importlib.import_module("vitbench.train.stages")
     seen: list[tuple] = []

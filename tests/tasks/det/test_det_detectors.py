@@ -12,9 +12,11 @@ from torch import nn
 import vitbench
 from vitbench.errors import UnknownNameError, VitbenchError
 from vitbench.mm.compat import ssd_head_predict_fix
-from vitbench.tasks.det.backbone import FeatureMaps
-from vitbench.tasks.det.detectors import STRIDES, build_detector, mask_rcnn_cfg, ssdlite_cfg
-from vitbench.tasks.det.run import DetectorForward, load_detector_weights
+from vitbench.tasks.dense.backbone import FeatureMaps
+from vitbench.tasks.dense.detectors import build_detector, dense_task
+from vitbench.tasks.det.ssdlite import ssdlite_cfg
+from vitbench.tasks.seg.mask_rcnn import mask_rcnn_cfg
+from vitbench.tasks.dense.run import DetectorForward, load_detector_weights
 
 
 def _state(module: nn.Module) -> dict[str, torch.Tensor]:
@@ -51,7 +53,7 @@ def test_build_wraps_the_backbone_without_copying_it(backbone_factory, task, kin
     detector = build_detector(task, backbone, 3, width="light")
     assert type(detector).__name__ == kind
     assert isinstance(detector.backbone, FeatureMaps) and detector.backbone.model is backbone
-    assert detector.backbone.strides == STRIDES[task]
+    assert detector.backbone.strides == dense_task(task).strides
     channels = detector.backbone.out_channels
     assert channels == ([80, 384] if task == "det" else [48, 64, 80, 384])
     if task == "det":

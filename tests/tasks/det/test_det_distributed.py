@@ -12,16 +12,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from vitbench import distributed
+from vitbench.host import distributed
 from vitbench.catalog import TaskSetup, WorkspaceRequest
 from vitbench.cli.main import build_parser
 from vitbench.cli.run_cmd import run_options
 from vitbench.errors import VitbenchError
-from vitbench.plan import build_plan
-from vitbench.plugins import get_host
-from vitbench.tasks.det import run as det_run
-from vitbench.tasks.det.evaluate import coco_metric
-from vitbench.tasks.det.run import DenseWorkspace, run_dense_spec, trained_weights
+from vitbench.run.plan import build_plan
+from vitbench.host import get_host
+from vitbench.tasks.dense import run as det_run
+from vitbench.tasks.dense.evaluate import coco_metric
+from vitbench.tasks.dense.run import DenseWorkspace, run_dense_spec, trained_weights
 
 
 def _fake_training(calls: list[int]):  # type: ignore[no-untyped-def]
@@ -122,7 +122,7 @@ def test_the_workspace_trains_nothing_and_a_resume_with_nothing_left_trains_noth
                                                                                    monkeypatch):
     """Under a launcher too, the detectors are trained by the first run that needs them (every rank
     together), not while the workspace is built: a --resume whose runs are all finished trains none."""
-    from vitbench.execute import execute_plan
+    from vitbench.run.execute import execute_plan
     from vitbench.results import ResultStore
 
     calls: list[int] = []

@@ -10,10 +10,10 @@ import torch
 
 import vitbench
 from vitbench.errors import NonFiniteError
-from vitbench.tasks.det.detectors import build_detector
-from vitbench.tasks.det.evaluate import evaluate_detector
-from vitbench.tasks.det.run import load_detector_weights
-from vitbench.tasks.det.train import finetune_method, train_detector
+from vitbench.tasks.dense.detectors import build_detector
+from vitbench.tasks.dense.evaluate import evaluate_detector
+from vitbench.tasks.dense.run import load_detector_weights
+from vitbench.tasks.dense.train import finetune_method, train_detector
 
 NAN = float("nan")
 
@@ -75,11 +75,11 @@ def test_a_non_finite_detection_loss_stops_method_fine_tuning_before_the_update(
 
 
 def test_a_non_finite_detector_is_an_error_record_in_the_report(backbone_factory, det_data, tmp_path, monkeypatch):
-    from vitbench.execute import run_spec
-    from vitbench.plan import build_plan
+    from vitbench.run.execute import run_spec
+    from vitbench.run.plan import build_plan
     from vitbench.report.markdown import render_markdown
-    from vitbench.tasks.det import run as det_run
-    from vitbench.tasks.det.run import DenseWorkspace
+    from vitbench.tasks.dense import run as det_run
+    from vitbench.tasks.dense.run import DenseWorkspace
 
     def diverged_training(ws, detector, seed):  # stands in for a default training that went to NaN
         with torch.no_grad():

@@ -11,10 +11,10 @@ import torch
 import vitbench
 from vitbench.cli.main import main
 from vitbench.errors import UnknownNameError
-from vitbench.plan import build_plan
+from vitbench.run.plan import build_plan
 from vitbench.report.markdown import render_markdown
-from vitbench.tasks.det.detectors import build_detector
-from vitbench.tasks.det.protocol import (
+from vitbench.tasks.dense.detectors import build_detector
+from vitbench.tasks.dense.protocol import (
     CONTROL,
     DEFAULT_PROTOCOL,
     DENSE_EPOCHS,
@@ -26,8 +26,8 @@ from vitbench.tasks.det.protocol import (
     detector_parameters,
     describe,
 )
-from vitbench.tasks.det.run import load_detector_weights
-from vitbench.tasks.det.train import finetune_method
+from vitbench.tasks.dense.run import load_detector_weights
+from vitbench.tasks.dense.train import finetune_method
 
 #: LTM at a small ratio, without its IB term (fast; the IB path is tested in test_det_train)
 LTM = {"ratio": 0.5, "epochs": 1, "batch_size": 2, "stats_images": 4, "ib_weight": 0.0}
@@ -219,8 +219,8 @@ def test_the_control_stage_trains_the_detector_as_a_method_stage_does():
     """The control's stage is the detector half of a method's last dense stage: the same
     epochs, optimiser, schedule, weight decay, detector learning rate and batch."""
     from vitbench.catalog import TrainStage
-    from vitbench.tasks.det.protocol import stage_for
-    from vitbench.tasks.det.train import CONTROL_BATCH, control_stage
+    from vitbench.tasks.dense.protocol import stage_for
+    from vitbench.tasks.dense.train import CONTROL_BATCH, control_stage
 
     settings = dense_finetune_for("seg", "all")
     control = control_stage(settings)

@@ -16,10 +16,10 @@ from vitbench.catalog import MethodSpec, Reduction
 from vitbench.engine import Reducer
 from vitbench.errors import TokenRuleError, UnknownNameError
 from vitbench.hookspecs import hookimpl
-from vitbench.plugins import get_host
-from vitbench.plan import build_plan
-from vitbench.tasks.det import run as det_run
-from vitbench.tasks.det.run import DenseWorkspace, load_backbone, run_dense_spec, trained_weights
+from vitbench.host import get_host
+from vitbench.run.plan import build_plan
+from vitbench.tasks.dense import run as det_run
+from vitbench.tasks.dense.run import DenseWorkspace, load_backbone, run_dense_spec, trained_weights
 
 
 class _FakeTraining:
@@ -207,7 +207,7 @@ def test_run_dense_spec_records(backbone_factory, det_data, tmp_path):
 
 
 def test_load_backbone_random_init_is_seeded():
-    from vitbench.tasks.det.run import load_backbone
+    from vitbench.tasks.dense.run import load_backbone
 
     a, b = (load_backbone("mobilevit_xs", 3, 64, seed=0) for _ in range(2))
     c = load_backbone("mobilevit_xs", 3, 64, seed=1)

@@ -15,10 +15,10 @@ from torch import nn
 
 import vitbench
 from vitbench.errors import VitbenchError
-from vitbench.tasks.det.detectors import build_detector
-from vitbench.tasks.det.evaluate import evaluate_detector, first_val_images
-from vitbench.tasks.det.run import load_detector_weights
-from vitbench.tasks.det.train import DetMethodTrainer, dominant_labels, finetune_method, train_detector
+from vitbench.tasks.dense.detectors import build_detector
+from vitbench.tasks.dense.evaluate import evaluate_detector, first_val_images
+from vitbench.tasks.dense.run import load_detector_weights
+from vitbench.tasks.dense.train import DetMethodTrainer, dominant_labels, finetune_method, train_detector
 
 BOX_KEYS = ("box_map", "box_ap50", "box_ap75")
 MASK_KEYS = ("mask_map", "mask_ap50", "mask_ap75")

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from timm.models.vision_transformer import VisionTransformer
 
-from vitbench.cache import ENV_CACHE, atomic_write, cache_dir, cache_lock
+from vitbench.core.cache import ENV_CACHE, atomic_write, cache_dir, cache_lock
 from vitbench.data.fashion_mnist import CLASSES, load_fashion_mnist, pad_images
 from vitbench.errors import choices_error
 from vitbench.tasks.cls import DEFAULT_MODEL, DEIT_MODEL, LEGACY_MODEL
@@ -421,7 +421,7 @@ def load_default_model(*, model: str | EmbeddedModel = DEFAULT_MODEL, cache: str
     ``train_kwargs`` (``epochs``, ``max_train_images``, ``batch_size``, ``lr``, ``seed``,
     ``max_test_images``, ``data_dir``) select a non-default training; each setting has its own cache entry. A
     corrupt entry is reported and retrained. Training holds a lock file beside the entry
-    (:func:`vitbench.cache.cache_lock`): a second process asking meanwhile waits, then loads
+    (:func:`vitbench.core.cache.cache_lock`): a second process asking meanwhile waits, then loads
     what the first one cached instead of training again.
     """
     keys = {"epochs", "max_train_images", "batch_size", "lr", "seed", "max_test_images", "data_dir"}

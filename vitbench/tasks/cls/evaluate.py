@@ -10,7 +10,7 @@ against a 10-class folder's labels 0-9 also gives 0.00 %).
 
 Under a launcher the logits guard of one rank finds NaN in that rank's shard only: that rank
 stops, and every rank raises the same error naming it (``... in batch 1 on rank 1 of 2``) where
-they would otherwise gather the results (:func:`vitbench.distributed.collective_test`), instead
+they would otherwise gather the results (:func:`vitbench.host.distributed.collective_test`), instead
 of the others waiting there for it until the process group's timeout.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from vitbench.errors import DataError, ParamError, UnsupportedError
-from vitbench.guards import check_finite
+from vitbench.core.guards import check_finite
 from vitbench.tasks.cls.data import ClsData, resolve_cls_data
 from vitbench.data.input_config import input_config
 
@@ -68,7 +68,7 @@ def _accuracy_metric(topk: tuple[int, ...], work_dir: Path | None) -> Any:
     (kept when there is no ``work_dir``: each rank's temporary folder would differ)."""
     from mmpretrain.evaluation import Accuracy
 
-    from vitbench.distributed import collect_in
+    from vitbench.host.distributed import collect_in
 
     return collect_in(Accuracy(topk=topk), work_dir)
 
@@ -129,14 +129,14 @@ def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, devi
     :class:`~vitbench.errors.UnsupportedError` then. Under ``--launcher pytorch`` (a process group is
     running) every rank must call this with the same model: mmengine's ``DefaultSampler`` gives
     each rank its part of the images and the metrics are gathered over all of them, each image
-    counted once (:mod:`vitbench.distributed`); an error on one rank (non-finite logits in its
+    counted once (:mod:`vitbench.host.distributed`); an error on one rank (non-finite logits in its
     shard) is raised on every rank, naming that rank.
     """
     from vitbench.measure.precision import autocast_method
     from mmengine.runner import Runner
 
-    from vitbench import progress
-    from vitbench.distributed import collective_test, is_distributed, raise_if_any_rank_failed
+    from vitbench.core import progress
+    from vitbench.host.distributed import collective_test, is_distributed, raise_if_any_rank_failed
     from vitbench.measure.ib import final_features_during
     from vitbench.mm.classifier import build_classifier
     from vitbench.mm.hooks import TestProgressHook

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitbench.errors import DataError, UnsupportedError
-from vitbench.guards import check_finite
+from vitbench.core.guards import check_finite
 from vitbench.tasks.cls.models import classifier_keys, load_checkpoint
 
 __all__ = ["HeadFit", "classifier_layers", "fit_linear_head", "fitted_head", "probe_features"]

@@ -14,10 +14,11 @@ import torch
 from torch import nn
 
 from vitbench import measure
-from vitbench.calibrate import GmacsCounter, prepared_as_trained
+from vitbench.measure.calibrate import GmacsCounter, prepared_as_trained
 from vitbench.catalog import WorkspaceRequest
-from vitbench.engine import apply, reduction_context
-from vitbench.engine.apply import check_applies
+from vitbench.engine import reduction_context
+from vitbench.host.apply import apply
+from vitbench.host.apply import check_applies
 from vitbench.errors import VitbenchError
 from vitbench.measure.precision import autocast, trains_in
 from vitbench.task import BASELINE
@@ -28,7 +29,7 @@ from vitbench.tasks.identity import first_seed, weights_from
 
 if TYPE_CHECKING:  # pragma: no cover
     from vitbench.measure.ib import IBSamples
-    from vitbench.spec import RunSpec
+    from vitbench.host.spec import RunSpec
 
 __all__ = ["ClsWorkspace", "cls_gmacs_counter", "cls_workspace", "run_cls_spec"]
 
@@ -52,7 +53,7 @@ class ClsWorkspace:
     verbose_training: bool = False
     #: how a new classifier head was fitted (``--num-classes``; :mod:`vitbench.tasks.cls.head`)
     head: Optional[dict] = None
-    #: matched compute: one cached GMACs counter per seed (:func:`vitbench.execute.match_compute`)
+    #: matched compute: one cached GMACs counter per seed (:func:`vitbench.run.execute.match_compute`)
     counters: dict = field(default_factory=dict)
     #: what every record of the plan was measured on (:mod:`vitbench.report.measured_on`)
     measured_on: dict = field(default_factory=dict)
@@ -103,7 +104,7 @@ def _gmacs_images(spec: RunSpec, ws: ClsWorkspace) -> torch.Tensor:
 
 def cls_gmacs_counter(spec: RunSpec, ws: ClsWorkspace, progress: Progress) -> GmacsCounter:
     """Counts a reduced copy of the workspace's model on the images the report counts it on
-    (matched compute, :mod:`vitbench.calibrate`)."""
+    (matched compute, :mod:`vitbench.measure.calibrate`)."""
     images = _gmacs_images(spec, ws)
 
     def count(method: Optional[str], params: dict[str, Any]) -> float:
@@ -120,7 +121,7 @@ def _train(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progress
     every rank fine-tunes (DDP, :mod:`vitbench.train.finetune`), the ranks reload a checkpoint
     only when every one of them finds it (a decision they take together), and rank 0 alone
     writes it."""
-    from vitbench.distributed import all_ranks, is_main
+    from vitbench.host.distributed import all_ranks, is_main
     from vitbench.train import finetune, load_trained, save_trained
 
     path = ws.checkpoint_dir / f"{spec.spec_id}.pth" if ws.checkpoint_dir else None
@@ -169,7 +170,7 @@ def _accuracy(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progr
 
 
 def _measure(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progress) -> dict[str, Any]:
-    from vitbench.distributed import is_main
+    from vitbench.host.distributed import is_main
 
     if not is_main():  # --launcher pytorch: the other ranks take part in the evaluation only
         return _accuracy(spec, ws, model.to(spec.device), progress)
@@ -207,7 +208,7 @@ def _measure(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progre
 def _shared_ib_samples(spec: RunSpec, ws: ClsWorkspace, model: nn.Module) -> Optional[IBSamples]:
     """Where the IB metric can read the accuracy pass's own forwards (one process, accuracy
     measured, a model whose family names its feature module): an empty :class:`IBSamples` for it."""
-    from vitbench.distributed import is_distributed
+    from vitbench.host.distributed import is_distributed
     from vitbench.measure.ib import IBSamples, feature_source
 
     shared = ("ib" in spec.metrics and "accuracy" in spec.metrics and ws.data is not None

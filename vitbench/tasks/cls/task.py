@@ -11,17 +11,17 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from vitbench.catalog import ReportColumn, TaskSetup, WorkspaceRequest
 from vitbench.errors import VitbenchError
-from vitbench.metrics import DATA_METRICS, METRICS
-from vitbench.options import parse_list
-from vitbench.plugins import get_host
+from vitbench.core.metrics import DATA_METRICS, METRICS
+from vitbench.core.options import parse_list
+from vitbench.host import get_host
 from vitbench.task import Progress, Task
 from vitbench.tasks.cls import DEFAULT_MODEL, EMBEDDED_MODELS, EMBEDDED_TRAIN_LIMIT, ENV_DEFAULT_MODEL
 from vitbench.tasks.identity import data_path, identity_fields
 
 if TYPE_CHECKING:  # pragma: no cover
-    from vitbench.calibrate import GmacsCounter
-    from vitbench.options import RunOptions
-    from vitbench.spec import RunSpec
+    from vitbench.measure.calibrate import GmacsCounter
+    from vitbench.core.options import RunOptions
+    from vitbench.host.spec import RunSpec
     from vitbench.tasks.cls.run import ClsWorkspace
 
 __all__ = ["CLS_ACCURACY", "ClsTask"]

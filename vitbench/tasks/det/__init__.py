@@ -1,0 +1,1 @@
+"""``det``: object detection with SSDLite on the reduced backbone."""

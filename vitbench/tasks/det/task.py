@@ -1,175 +1,25 @@
-"""The ``det`` and ``seg`` tasks (:class:`~vitbench.task.Task` subclasses; the built-in plugin
-``dense_tasks`` registers them): the backbone and COCO-format data, the dense fine-tuning
-protocol, and the workspace whose baseline detector is trained once, by the first run that needs
-it (:mod:`vitbench.tasks.det.run`; under a launcher by every rank together, with DDP).
-"""
+"""The ``det`` task: SSDLite detection on the reduced backbone (shared code: :mod:`vitbench.tasks.dense`)."""
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Optional
+from collections.abc import Sequence
+from typing import Any
 
-from vitbench.catalog import ReportColumn, TaskSetup, WorkspaceRequest
-from vitbench.errors import VitbenchError
-from vitbench.metrics import METRICS
-from vitbench.options import parse_list
-from vitbench.task import Progress, Task
-from vitbench.tasks.det.options import DenseOptions
-from vitbench.tasks.identity import data_path, first_seed, identity_fields
+from vitbench.tasks.dense.task import BOX_MAP, DenseTask
 
-if TYPE_CHECKING:  # the mm stack is imported when a dense run starts, not when the plugin loads
-    from vitbench.options import RunOptions
-    from vitbench.tasks.det.run import DenseWorkspace
-
-__all__ = ["DEFAULT_DENSE_MODEL", "DENSE_METRICS", "DET_ACCURACY", "SEG_ACCURACY", "DenseTask", "DetTask", "SegTask"]
-
-#: the default backbone of the dense tasks (random init, trained with the detector)
-DEFAULT_DENSE_MODEL = "mobilevit_xs"
-#: metrics of the dense tasks ("accuracy" is box/mask mAP; the IB metric needs image classes)
-DENSE_METRICS = tuple(m for m in METRICS if m != "ib")
-_BOX = ReportColumn("box_map", "Box mAP", "ΔBox mAP", ".3f", plot_label="box mAP",
-                    after=(("Box AP50", "box_ap50"), ("Box AP75", "box_ap75")))
-_MASK = ReportColumn("mask_map", "Mask mAP", "ΔMask mAP", ".3f", plot_label="mask mAP",
-                     after=(("Mask AP50", "mask_ap50"), ("Mask AP75", "mask_ap75")))
-#: what the reports show as accuracy: COCO box (and mask) mAP with AP50 and AP75
-DET_ACCURACY = (_BOX,)
-SEG_ACCURACY = (_BOX, _MASK)
-
-
-class DenseTask(Task):
-    """What ``det`` and ``seg`` share: an mmdet detector around the reduced backbone, its
-    backbone's GMACs matched, the dense fine-tuning protocol as a spec field and the control row."""
-
-    metrics = DENSE_METRICS
-    counts = "backbone"
-    distributed = True
-    control = True
-    spec_fields = ("dense_finetune",)
-    Options = DenseOptions
-
-    def setup(self, options: "RunOptions") -> TaskSetup:
-        """The backbone (default :data:`DEFAULT_DENSE_MODEL`), data (default: the embedded shapes
-        set), metrics and dense fine-tuning protocol."""
-        from vitbench.tasks.det.data import SHAPES
-        from vitbench.tasks.det.requires import check_dense_stack
-
-        check_dense_stack(self.name)  # mmdet and mmcv's ops: the dense extra, not the cls install
-        own = self.parse_options(options.task_options)
-        metrics = (parse_list("metric", ",".join(options.metrics), DENSE_METRICS) if options.metrics is not None
-                   else DENSE_METRICS)
-        protocol = _dense_protocol(own, options.train_backbone)
-        epochs = self._epochs(own)
-        if epochs < 1:
-            raise VitbenchError(f"--detector-epochs {epochs} is out of range; it must be >= 1")
-        identity = identity_fields(options, evaluates_data=True, random_init=not options.pretrained)
-        data = data_path(options.data) if options.data and options.data != SHAPES else SHAPES
-        return TaskSetup(model=options.model or DEFAULT_DENSE_MODEL, data=data, metrics=metrics,
-                         plan={"train_limit": options.train_limit, "dense_finetune": protocol,
-                               "control": not own.no_control, **identity})
-
-    def _epochs(self, own: DenseOptions) -> int:
-        from vitbench.tasks.det.run import DEFAULT_EPOCHS
-
-        return DEFAULT_EPOCHS[self.name] if own.detector_epochs is None else own.detector_epochs
-
-    def workspace(self, request: WorkspaceRequest) -> "DenseWorkspace":
-        """Resolve the data, load the backbone, check every method applies. Nothing is trained here:
-        each seed's baseline detector is trained (or loaded from the cache) when the first run of
-        that seed needs it (:func:`~vitbench.tasks.det.run.trained_weights`) -- under
-        ``--launcher pytorch|slurm`` by every rank together, with DDP, once the process group runs --
-        so a ``--resume`` with every run finished trains nothing."""
-        from vitbench.cache import cache_dir
-        from vitbench.engine.apply import check_applies
-        from vitbench.tasks.det.data import resolve_det_data
-        from vitbench.tasks.det.run import DenseWorkspace, check_model_name, load_backbone
-
-        options, setup, plan = request.options, request.setup, request.plan
-        own = self.parse_options(options.task_options)
-        check_model_name(setup.model)  # before the data: the default set takes seconds to generate
-        data = resolve_det_data(options.data)
-        request.note(f"data {data.name}: {data.num_classes} classes ({', '.join(data.classes[:8])}"
-                     f"{', ...' if data.num_classes > 8 else ''}); loading backbone {setup.model}")
-        model = load_backbone(setup.model, data.num_classes, data.input_size, pretrained=options.pretrained,
-                              checkpoint=options.checkpoint, seed=first_seed(options))
-        check_applies(plan, model)
-        request.out.mkdir(parents=True, exist_ok=True)
-        return DenseWorkspace(task=self.name, model=model, model_name=setup.model, data=data,
-                              width=own.detector_width or ("light" if data.embedded else "full"),
-                              epochs=self._epochs(own), train_limit=options.train_limit,
-                              work_dir=request.out / "work", eval_limit=options.limit,
-                              cache_dir=cache_dir() / "detectors" if data.embedded else request.out / "checkpoints")
-
-    def run(self, spec: Any, ws: "DenseWorkspace", params: dict[str, Any], progress: Progress) -> dict[str, Any]:
-        """One det/seg spec (:func:`vitbench.tasks.det.run.run_dense_spec`)."""
-        from vitbench.tasks.det.run import run_dense_spec
-
-        return run_dense_spec(spec, ws, progress, params=params)
-
-    def gmacs_counter(self, spec: Any, ws: "DenseWorkspace", progress: Progress) -> Any:
-        """The backbone's GMACs inside the trained detector (matched compute)."""
-        from vitbench.tasks.det.run import dense_gmacs_counter
-
-        return dense_gmacs_counter(ws, spec.seed, progress)
-
-    def control_fields(self, fields: Mapping[str, Any]) -> Optional[dict[str, Any]]:
-        """The control row when detector weights train (protocol ``all`` or ``heads``), under the
-        plan's protocol."""
-        from vitbench.tasks.det.protocol import DEFAULT_PROTOCOL, check_protocol
-
-        protocol = fields.get("dense_finetune") or DEFAULT_PROTOCOL
-        return {"dense_finetune": protocol} if check_protocol(protocol) != "method" else None
-
-    def compared_with_control(self, record: Mapping[str, Any]) -> bool:
-        """Rows that fine-tuned detector weights, as the control did."""
-        from vitbench.tasks.det.report import finetunes_detector
-
-        return finetunes_detector(record)
-
-    def label_notes(self, fields: Mapping[str, Any]) -> list[str]:
-        """``fine-tuned: heads``: a protocol other than the default."""
-        from vitbench.tasks.det.protocol import DEFAULT_PROTOCOL
-
-        protocol = fields.get("dense_finetune")
-        return [f"fine-tuned: {protocol}"] if protocol not in (None, DEFAULT_PROTOCOL) else []
-
-    def training_words(self, record: Mapping[str, Any], with_method: bool = True) -> Optional[str]:
-        """The recorded dense fine-tuning protocol in words."""
-        from vitbench.tasks.det.protocol import describe
-
-        settings = record.get("dense_finetune")
-        return describe(settings, with_method) if settings else None
-
-    def report_notes(self, rows: Sequence[Mapping[str, Any]]) -> list[str]:
-        """The detector, its training, what GMACs cover, the protocol and the control
-        (:func:`vitbench.tasks.det.report.detector_notes`)."""
-        from vitbench.tasks.det.report import detector_notes
-
-        return detector_notes(rows)
+__all__ = ["DetTask"]
 
 
 class DetTask(DenseTask):
     """``det``: mmdet SSDLite on the reduced backbone; box mAP, AP50, AP75."""
 
     name = "det"
-    accuracy = DET_ACCURACY
+    accuracy = (BOX_MAP,)
     description = "object detection (mmdet SSDLite on the backbone): box mAP, AP50, AP75"
+    strides = (16, 32)
 
+    def detector_config(self, in_channels: Sequence[int], num_classes: int, *, width: str,
+                        mean: Sequence[float], std: Sequence[float]) -> dict[str, Any]:
+        """SSDLite-320 (:func:`~vitbench.tasks.det.ssdlite.ssdlite_cfg`)."""
+        from vitbench.tasks.det.ssdlite import ssdlite_cfg
 
-class SegTask(DenseTask):
-    """``seg``: mmdet Mask R-CNN with FPN on the reduced backbone; box and mask mAP."""
-
-    name = "seg"
-    accuracy = SEG_ACCURACY
-    description = "instance segmentation (mmdet Mask R-CNN + FPN): box and mask mAP"
-
-
-def _dense_protocol(own: DenseOptions, train_backbone: bool) -> str:
-    """``--dense-finetune`` checked (``--train-backbone`` on det/seg is ``all``)."""
-    from vitbench.tasks.det.protocol import DEFAULT_PROTOCOL, check_protocol
-
-    protocol = check_protocol(own.dense_finetune) if own.dense_finetune is not None else None
-    if train_backbone:
-        if protocol not in (None, "all"):
-            raise VitbenchError(f"--train-backbone trains every detector weight (--dense-finetune all); "
-                                f"it contradicts --dense-finetune {protocol}")
-        protocol = "all"
-    return protocol or DEFAULT_PROTOCOL
+        return ssdlite_cfg(in_channels, num_classes, width=width, mean=mean, std=std)

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any, Optional
 from vitbench import apply
 from vitbench.catalog import ReportColumn, TaskSetup, WorkspaceRequest
 from vitbench.errors import VitbenchError
-from vitbench.options import RunOptions, parse_list
-from vitbench.plugins import get_host
+from vitbench.core.options import RunOptions, parse_list
+from vitbench.host import get_host
 from vitbench.task import BASELINE, Progress, Task, option
 from vitbench.tasks.cls import DEFAULT_MODEL
 
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from vitbench.calibrate import GmacsCounter
+    from vitbench.measure.calibrate import GmacsCounter
 
 #: what the task can measure (``--metrics``); "accuracy" is the agreement
 METRICS = ("accuracy", "gmacs", "params")
@@ -112,7 +112,7 @@ class AgreementTask(Task):
         """Load the model, check every method applies, draw the images and the reference predictions."""
         import torch
 
-        from vitbench.engine.apply import check_applies
+        from vitbench.host.apply import check_applies
         from vitbench.tasks.cls.models import load_model
         from vitbench.tasks.common import input_size_of
 
@@ -150,7 +150,7 @@ class AgreementTask(Task):
     def gmacs_counter(self, spec: Any, ws: AgreementWorkspace, progress: Progress) -> "GmacsCounter":
         """GMACs of a reduced copy on the images :meth:`run` counts on (``--match-gmacs``)."""
         from vitbench import measure
-        from vitbench.calibrate import GmacsCounter
+        from vitbench.measure.calibrate import GmacsCounter
 
         images = ws.images[:GMACS_IMAGES]
         return GmacsCounter(lambda method, params: measure.count_gmacs(_reduced(ws, method, params).eval(),

@@ -4,7 +4,7 @@
 Under ``--launcher pytorch|slurm`` (a process group of more than one rank) every rank runs the
 same call: mmengine's ``DefaultSampler`` gives each rank its part of the validation images and
 the ``Evaluator`` gathers the per-image predictions on rank 0 (in the spec's work folder,
-:func:`vitbench.distributed.collect_in`), which scores them once with ``CocoMetric`` and
+:func:`vitbench.host.distributed.collect_in`), which scores them once with ``CocoMetric`` and
 broadcasts the metrics, so every rank returns what a single process would.
 
 Guarded: NaN features drop every box at NMS's score threshold and read as an mAP
@@ -12,7 +12,7 @@ near 0 with no sign of why, so the outputs of the backbone, neck and heads and t
 predictions must be finite in every batch, and so must the metrics. Under a launcher a rank
 whose shard trips a guard stops, and every rank raises the same error naming it (``... in batch
 2 on rank 1 of 2``) where they would otherwise gather the predictions
-(:func:`vitbench.distributed.collective_test`), instead of the others waiting there for it.
+(:func:`vitbench.host.distributed.collective_test`), instead of the others waiting there for it.
 """
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ from mmengine.hooks import Hook
 from torch import nn
 
 from vitbench.errors import DataError
-from vitbench.guards import check_finite, check_metrics
-from vitbench.tasks.det.data import DetData
-from vitbench.tasks.det.train import _loader, quiet_stdout
+from vitbench.core.guards import check_finite, check_metrics
+from vitbench.tasks.dense.data import DetData
+from vitbench.tasks.dense.train import _loader, quiet_stdout
 
 #: record field <- CocoMetric key (COCO's 0..1 scale, as mmdet and the papers' tables report it)
 _KEYS = {"box_map": "coco/bbox_mAP", "box_ap50": "coco/bbox_mAP_50", "box_ap75": "coco/bbox_mAP_75",
@@ -72,12 +72,12 @@ class _PredictionsHook(Hook):
 
 def coco_metric(data: DetData, *, masks: bool, work_dir: str | Path | None = None) -> Any:
     """mmdet's ``CocoMetric`` on ``data``'s validation annotations, collecting the ranks' results
-    in ``work_dir/collect`` under a launcher (:func:`vitbench.distributed.collect_in`; instead of
+    in ``work_dir/collect`` under a launcher (:func:`vitbench.host.distributed.collect_in`; instead of
     ``./.dist_test`` in the current folder)."""
     from mmdet.registry import METRICS
     from mmengine.registry import DefaultScope
 
-    from vitbench.distributed import collect_in
+    from vitbench.host.distributed import collect_in
 
     with DefaultScope.overwrite_default_scope("mmdet"), quiet_stdout():  # pycocotools reads the annotations
         metric = METRICS.build(data.metric_cfg(masks=masks))
@@ -97,8 +97,8 @@ def evaluate_detector(detector: nn.Module, data: DetData, *, masks: bool, batch_
     raised on every rank, naming that rank)."""
     from mmengine.runner import Runner
 
-    from vitbench import progress
-    from vitbench.distributed import collective_test, is_distributed, raise_if_any_rank_failed
+    from vitbench.core import progress
+    from vitbench.host.distributed import collective_test, is_distributed, raise_if_any_rank_failed
     from vitbench.measure.precision import autocast_method
     from vitbench.mm.hooks import TestProgressHook
     from vitbench.mm.runner import release, runner_kwargs, work_dir_or_temp

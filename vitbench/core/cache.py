@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from vitbench.files import special_file
+from vitbench.core.files import special_file
 
 __all__ = ["ENV_CACHE", "atomic_write", "cache_dir", "cache_lock"]
 

@@ -26,8 +26,8 @@ import pluggy
 from vitbench import hookspecs
 from vitbench.catalog import FamilySpec, MethodSpec, ScorerSpec, resolved
 from vitbench.errors import PLUGIN_FAILURES, PluginError, choices_error, failure_text
-from vitbench.interrupts import is_ctrl_c
-from vitbench.metrics import METRICS
+from vitbench.core.interrupts import is_ctrl_c
+from vitbench.core.metrics import METRICS
 from vitbench.task import REFERENCES, Task
 
 ENTRY_POINT_GROUP = "vitbench"

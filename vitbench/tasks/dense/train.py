@@ -4,7 +4,7 @@
 cosine), done once and cached; :func:`finetune_control` fine-tunes that detector exactly as a
 learnable method's detector is, with no method (the ``baseline+ft`` control);
 :func:`finetune_method` runs a method's stages on the detection loss with the detector weights
-the dense fine-tuning protocol names (:mod:`vitbench.tasks.det.protocol`). A method that needs
+the dense fine-tuning protocol names (:mod:`vitbench.tasks.dense.protocol`). A method that needs
 image labels gets the class of the image's largest object. Under a launcher all three train
 with DDP (:class:`~vitbench.train.stages.MethodDDP`, at least :data:`MIN_RANK_BATCH` images
 per rank); afterwards every rank holds rank 0's buffers and is checked to hold the same weights
@@ -24,11 +24,11 @@ from mmengine.model import BaseModel
 from mmengine.optim import OptimWrapper
 from torch import nn
 
-from vitbench.distributed import same_on_every_rank
+from vitbench.host.distributed import same_on_every_rank
 from vitbench.engine.block import reduction_context
 from vitbench.errors import VitbenchError
-from vitbench.tasks.det.data import DetData
-from vitbench.tasks.det.protocol import CONTROL, DenseFinetune, detector_parameters, stage_for
+from vitbench.tasks.dense.data import DetData
+from vitbench.tasks.dense.protocol import CONTROL, DenseFinetune, detector_parameters, stage_for
 from vitbench.train.stages import FinetuneResult, StageSource, StageTrainer, run_stages, trainable_parameters
 
 __all__ = ["MIN_RANK_BATCH", "ControlStages", "DetMethodTrainer", "DetStages", "DetectorTrainer", "dominant_labels",
@@ -81,12 +81,12 @@ def rank_share(batch_size: int, stage: str, progress: Optional[Callable[[str], N
                ) -> tuple[int, dict[str, int]]:
     """Each rank's batch of a detector fine-tuning stage and what the stage record says about it:
     ``batch_size`` and ``{}`` without a process group; under a launcher
-    :func:`~vitbench.distributed.rank_batch_size` (at least :data:`MIN_RANK_BATCH`) and
+    :func:`~vitbench.host.distributed.rank_batch_size` (at least :data:`MIN_RANK_BATCH`) and
     ``ranks``/``rank_batch_size``/``effective_batch_size`` (``progress`` is told when the
     effective batch differs from ``batch_size``)."""
     from mmengine.dist import get_world_size
 
-    from vitbench.distributed import rank_batch_size
+    from vitbench.host.distributed import rank_batch_size
 
     world = get_world_size()
     if world <= 1:
@@ -114,12 +114,12 @@ def train_detector(detector: nn.Module, data: DetData, *, masks: bool, epochs: i
     each rank trains on its ``DefaultSampler`` shard with :func:`rank_share`'s batch
     (``batch_size // world``, at least :data:`MIN_RANK_BATCH`), the loss guard is collective,
     and afterwards every rank holds rank 0's BatchNorm statistics (checked with
-    :func:`~vitbench.distributed.same_on_every_rank`); the returned facts then say
+    :func:`~vitbench.host.distributed.same_on_every_rank`); the returned facts then say
     ``ranks``, ``rank_batch_size`` and ``effective_batch_size``. Without one: mmengine's own
     ``train_step`` on the detector, with :class:`~vitbench.train.stages.FiniteLossHook`."""
     from mmengine.runner import Runner
 
-    from vitbench.distributed import is_distributed, is_main
+    from vitbench.host.distributed import is_distributed, is_main
     from vitbench.mm.runner import release, runner_kwargs, work_dir_or_temp
     from vitbench.train.stages import FiniteLossHook, PositionHook, _distributed_runner, broadcast_buffers
 
@@ -131,7 +131,7 @@ def train_detector(detector: nn.Module, data: DetData, *, masks: bool, epochs: i
     distributed = is_distributed()
     per_rank, ranks = rank_share(batch_size, DEFAULT_STAGE, progress)
     if distributed:  # every rank trains its shard; the losses go through DDP's forward
-        from vitbench.distributed import raise_if_any_rank_failed
+        from vitbench.host.distributed import raise_if_any_rank_failed
 
         raise_if_any_rank_failed(None)  # the agreement point before a Runner, as train_stage's
         model: nn.Module = DetectorTrainer(detector)
@@ -203,7 +203,7 @@ class DetectorTrainer(BaseModel):
                    forward: Optional[nn.Module] = None) -> dict[str, torch.Tensor]:
         """One step: the losses through ``forward`` (the DDP wrapper; ``None``: this trainer),
         the collective loss guard, the update."""
-        from vitbench.guards import train_position
+        from vitbench.core.guards import train_position
         from vitbench.train.stages import check_losses_on_every_rank
 
         run = self if forward is None else forward
@@ -324,7 +324,7 @@ def _image_batches(detector: nn.Module, data: DetData, masks: bool, limit: Optio
 class DetStages(StageSource):
     """The dense tasks' part of the stage loop: the method's parameters plus the detector weights
     of the dense fine-tuning protocol, each stage as the protocol runs it
-    (:func:`~vitbench.tasks.det.protocol.stage_for`), :class:`DetMethodTrainer`, the training
+    (:func:`~vitbench.tasks.dense.protocol.stage_for`), :class:`DetMethodTrainer`, the training
     split at each rank's share of the stage's batch (at most 8 images)."""
 
     scope = "mmdet"
@@ -382,7 +382,7 @@ def finetune_method(detector: nn.Module, backbone: nn.Module, data: DetData, *, 
     (:func:`vitbench.train.stages.run_stages`).
 
     Trained: the method's parameters plus the detector weights of the dense fine-tuning
-    protocol ``settings`` (:mod:`vitbench.tasks.det.protocol`; ``None``: ``method``, the
+    protocol ``settings`` (:mod:`vitbench.tasks.dense.protocol`; ``None``: ``method``, the
     method's parameters alone -- the CLI's default is ``all``). Returns the record's training
     fields, ``dense_finetune`` among them.
     """
@@ -400,7 +400,7 @@ def finetune_method(detector: nn.Module, backbone: nn.Module, data: DetData, *, 
 
 def control_stage(settings: DenseFinetune) -> Any:
     """The one training stage of the control: the detector-weight half of a learnable method's
-    last dense stage (:func:`~vitbench.tasks.det.protocol.stage_for`) -- AdamW without weight
+    last dense stage (:func:`~vitbench.tasks.dense.protocol.stage_for`) -- AdamW without weight
     decay, cosine to 1 %, ``settings.epochs`` epochs, detector weights at ``settings.detector_lr``,
     batch 8 (what the methods' stages of batch >= 8 run at, :class:`DetStages`)."""
     from vitbench.catalog import TrainStage
@@ -420,7 +420,7 @@ def finetune_control(detector: nn.Module, data: DetData, *, masks: bool, setting
                      progress: Optional[Callable[[str], None]] = None, precision: str = "fp32") -> dict[str, Any]:
     """Fine-tune the unreduced ``detector`` as :func:`finetune_method` fine-tunes a learnable
     method's detector under ``settings`` -- the same detector weights
-    (:func:`~vitbench.tasks.det.protocol.detector_parameters`), epochs, learning rate and
+    (:func:`~vitbench.tasks.dense.protocol.detector_parameters`), epochs, learning rate and
     schedule, BatchNorm handling, stage loop -- with no method. Returns the record fields
     :func:`finetune_method` returns."""
     if not settings.trains_detector or settings.epochs < 1:

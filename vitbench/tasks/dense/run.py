@@ -3,7 +3,7 @@ learnable method on the detection loss, measure (docs/measuring.md).
 
 As in ``cls``, the baseline detector is trained once (:func:`trained_weights`, cached) and
 every method is applied to its backbone; learnable methods fine-tune under the dense
-fine-tuning protocol (:mod:`vitbench.tasks.det.protocol`). Measured: box (and mask)
+fine-tuning protocol (:mod:`vitbench.tasks.dense.protocol`). Measured: box (and mask)
 mAP/AP50/AP75 with CocoMetric; GMACs of the whole detector and of the backbone alone;
 parameters; throughput, latency and peak memory of the detector's tensor forward (no NMS).
 Under a launcher every rank trains and evaluates together; a detector trained on N ranks is
@@ -22,13 +22,14 @@ import torch
 from torch import nn
 
 from vitbench import measure
-from vitbench.cache import atomic_write, cache_lock
-from vitbench.engine import apply, reduction_context
+from vitbench.core.cache import atomic_write, cache_lock
+from vitbench.engine import reduction_context
+from vitbench.host.apply import apply
 from vitbench.measure.precision import trains_in
 from vitbench.errors import VitbenchError
 from vitbench.tasks.common import measure_timings
-from vitbench.tasks.det.data import DetData
-from vitbench.tasks.det.detectors import build_detector
+from vitbench.tasks.dense.data import DetData
+from vitbench.tasks.dense.detectors import build_detector
 
 Progress = Callable[[str], None]
 #: default training of the baseline detector on the embedded shapes set (measured: docs/results.md)
@@ -113,13 +114,13 @@ def trained_weights(ws: DenseWorkspace, seed: int, progress: Progress) -> dict[s
     Under a launcher (a process group of more than one rank) every rank calls this at the same
     point -- the first run of the seed that needs the detector, every rank running every spec in
     the same order -- and the ranks decide together whether to load the cache (only when every
-    rank finds the file, :func:`~vitbench.distributed.all_ranks`) or to train the detector
-    together with DDP (:func:`~vitbench.tasks.det.train.train_detector`); rank 0 alone writes the
+    rank finds the file, :func:`~vitbench.host.distributed.all_ranks`) or to train the detector
+    together with DDP (:func:`~vitbench.tasks.dense.train.train_detector`); rank 0 alone writes the
     cache file and its ``.json``, and the others wait for it. A detector trained on N > 1 ranks
     has its own cache key (:meth:`DenseWorkspace.weights_key`): it is not the single-process one.
     Training holds the cache file's lock (:func:`_training_lock`): another vitbench process
     that needs the same detector meanwhile waits, then loads it instead of training it again."""
-    from vitbench.distributed import is_main
+    from vitbench.host.distributed import is_main
 
     if seed in ws._weights:
         return ws._weights[seed]
@@ -149,7 +150,7 @@ def trained_weights(ws: DenseWorkspace, seed: int, progress: Progress) -> dict[s
 def _load_cached(ws: DenseWorkspace, seed: int, path: Optional[Path], progress: Progress) -> bool:
     """Load ``seed``'s trained detector from the cache file ``path`` into ``ws`` when every rank
     finds it (a collective under a launcher: the ranks load or train together)."""
-    from vitbench.distributed import all_ranks
+    from vitbench.host.distributed import all_ranks
 
     if not all_ranks(path is not None and path.is_file()):
         return False
@@ -162,7 +163,7 @@ def _load_cached(ws: DenseWorkspace, seed: int, path: Optional[Path], progress: 
 
 
 def _training_lock(ws: DenseWorkspace, path: Optional[Path], main: bool) -> contextlib.AbstractContextManager:
-    """The cache file's lock (:func:`vitbench.cache.cache_lock`) while the detector is trained:
+    """The cache file's lock (:func:`vitbench.core.cache.cache_lock`) while the detector is trained:
     another vitbench process training the same detector is waited for, then its file loaded.
     Under a launcher rank 0 alone takes it (the others wait for rank 0 in the collectives)."""
     if path is None or not main:
@@ -179,8 +180,8 @@ def _world_size() -> int:
 def _save_on_rank_0(weights: dict[str, torch.Tensor], info: dict[str, Any], path: Path, main: bool) -> None:
     """Rank 0 (or the one process) writes the trained detector to ``path``, atomically, and its
     training facts beside it; under a launcher the others wait until it has (the outcome is
-    shared, :func:`~vitbench.distributed.all_ranks`, so a failed write fails every rank)."""
-    from vitbench.distributed import all_ranks
+    shared, :func:`~vitbench.host.distributed.all_ranks`, so a failed write fails every rank)."""
+    from vitbench.host.distributed import all_ranks
 
     failure: Optional[BaseException] = None
     if main:
@@ -197,7 +198,7 @@ def _save_on_rank_0(weights: dict[str, torch.Tensor], info: dict[str, Any], path
 
 
 def train_detector_weights(ws: DenseWorkspace, detector: nn.Module, seed: int) -> dict[str, Any]:
-    from vitbench.tasks.det.train import train_detector
+    from vitbench.tasks.dense.train import train_detector
 
     return train_detector(detector, ws.data, masks=ws.masks, epochs=ws.epochs, batch_size=TRAIN_BATCH,
                           limit=ws.train_limit, seed=seed, verbose=ws.verbose_training,
@@ -237,9 +238,9 @@ class DetectorForward(nn.Module):
 
 def dense_gmacs_counter(ws: DenseWorkspace, seed: int, progress: Progress) -> Any:
     """A cached counter of the backbone's GMACs inside the trained detector, on the images
-    :func:`run_dense_spec` counts on (matched compute, :mod:`vitbench.calibrate`)."""
-    from vitbench.calibrate import GmacsCounter, prepared_as_trained
-    from vitbench.tasks.det.evaluate import first_val_images
+    :func:`run_dense_spec` counts on (matched compute, :mod:`vitbench.measure.calibrate`)."""
+    from vitbench.measure.calibrate import GmacsCounter, prepared_as_trained
+    from vitbench.tasks.dense.evaluate import first_val_images
 
     weights = trained_weights(ws, seed, progress)
 
@@ -267,8 +268,8 @@ def run_dense_spec(spec: Any, ws: DenseWorkspace, progress: Progress,
     learnable method or the control) and takes part in the mAP evaluation (a collective); rank 0
     alone counts and times it (:func:`_measure`)."""
     from vitbench.task import CONTROL, REFERENCES
-    from vitbench.tasks.det.protocol import DEFAULT_PROTOCOL, dense_finetune_for
-    from vitbench.tasks.det.train import finetune_control, finetune_method
+    from vitbench.tasks.dense.protocol import DEFAULT_PROTOCOL, dense_finetune_for
+    from vitbench.tasks.dense.train import finetune_control, finetune_method
 
     weights = trained_weights(ws, spec.seed, progress)
     from vitbench.tasks.identity import weights_from
@@ -296,7 +297,7 @@ def run_dense_spec(spec: Any, ws: DenseWorkspace, progress: Progress,
     detector.eval()
     if ctx is not None:  # a broken token rule is an error, not a row (one forward of 4 images, model kept)
         from vitbench.engine.token_rules import check_token_rules
-        from vitbench.tasks.det.evaluate import first_val_images
+        from vitbench.tasks.dense.evaluate import first_val_images
 
         check_token_rules(backbone, first_val_images(detector, ws.data, 4))
     out.update(_measure(spec, ws, detector, backbone, progress))
@@ -311,7 +312,7 @@ def _accuracy(spec: Any, ws: DenseWorkspace, detector: nn.Module, backbone: nn.M
     if "accuracy" not in spec.metrics:
         return {}
     from vitbench.engine.token_rules import token_rules_traced
-    from vitbench.tasks.det.evaluate import evaluate_detector
+    from vitbench.tasks.dense.evaluate import evaluate_detector
 
     progress("evaluating mAP")
     traced = token_rules_traced(backbone, spec.method) if reduction_context(backbone) is not None else contextlib.nullcontext()
@@ -327,8 +328,8 @@ def _measure(spec: Any, ws: DenseWorkspace, detector: nn.Module, backbone: nn.Mo
     a launcher the ranks other than 0 take part in the mAP evaluation only, then wait at the
     executor's barrier while rank 0 times (the pattern of ``cls``,
     :func:`vitbench.tasks.cls.run._measure`)."""
-    from vitbench.distributed import is_main
-    from vitbench.tasks.det.evaluate import first_val_images
+    from vitbench.host.distributed import is_main
+    from vitbench.tasks.dense.evaluate import first_val_images
 
     if not is_main():
         return _accuracy(spec, ws, detector.to(spec.device), backbone, progress)
@@ -379,7 +380,7 @@ def load_backbone(name: str, num_classes: int, input_size: int, *, pretrained: b
     import timm
 
     from vitbench.tasks.cls.models import load_checkpoint
-    from vitbench.tasks.det.backbone import is_plain_vit
+    from vitbench.tasks.dense.backbone import is_plain_vit
 
     check_model_name(name)
     kwargs: dict[str, Any] = {}

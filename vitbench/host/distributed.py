@@ -52,7 +52,7 @@ def check_launcher(launcher: str, task: str, methods: Sequence[str]) -> None:
         raise VitbenchError(f"--launcher {launcher!r} is unknown; valid launchers: {', '.join(LAUNCHERS)}")
     if launcher == "none":
         return
-    from vitbench.plugins import get_host
+    from vitbench.host import get_host
 
     host = get_host()
     able = [name for name, spec in sorted(host.specs("tasks").items()) if spec.distributed]

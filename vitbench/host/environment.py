@@ -65,7 +65,7 @@ def environment(device: str, command: list[str] | None = None, precision: str = 
     """Versions, device, threads, precision (``--precision``), whether timings ran the
     ``torch.compile``d model (``--compile``) and a CUDA graph (``--cuda-graph``), git revision,
     loaded plugins and the command."""
-    from vitbench.plugins import get_host
+    from vitbench.host import get_host
 
     host = get_host()
     return {

@@ -8,8 +8,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Optional
 
 from vitbench.errors import VitbenchError
-from vitbench.params import make_params, params_dict
-from vitbench.plugins import get_host
+from vitbench.core.params import make_params, params_dict
+from vitbench.host import get_host
 from vitbench.task import BASELINE, CONTROL
 
 __all__ = ["RunSpec"]
@@ -136,7 +136,7 @@ class RunSpec:
 
 
 def _written_tuple(value: Any) -> bool:
-    """A tuple as :func:`~vitbench.params.params_dict` writes it (``"(13,0.0)"``): shown bare."""
+    """A tuple as :func:`~vitbench.core.params.params_dict` writes it (``"(13,0.0)"``): shown bare."""
     return isinstance(value, str) and value.startswith("(") and value.endswith(")")
 
 

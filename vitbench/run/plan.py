@@ -7,9 +7,9 @@ import json
 from typing import Any, Iterable, Mapping, Optional
 
 from vitbench.errors import ParamError, VitbenchError, choices_error
-from vitbench.params import make_params, params_dict
-from vitbench.plugins import get_host
-from vitbench.spec import RunSpec
+from vitbench.core.params import make_params, params_dict
+from vitbench.host import get_host
+from vitbench.host.spec import RunSpec
 from vitbench.task import BASELINE, CONTROL, REFERENCES
 
 DEVICES = ("cpu", "cuda")
@@ -53,7 +53,7 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
     can be compared at equal training.
 
     ``match_gmacs``: every method runs at that fraction of the baseline's GMACs, its budget knob
-    chosen when it runs (:mod:`vitbench.calibrate`); ``--param`` may not set the knob then.
+    chosen when it runs (:mod:`vitbench.measure.calibrate`); ``--param`` may not set the knob then.
 
     ``limit``, ``head``, ``weights``, ``data_id``: what else decides the numbers, as the task's
     :meth:`~vitbench.task.Task.setup` names it (the evaluation images, a new head's inputs, a
@@ -90,7 +90,7 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
                                  f"{value!r} (through the alias {name!r}); give it once")
             merged[key] = value
     if match_gmacs is not None:
-        from vitbench.calibrate import check_fraction
+        from vitbench.measure.calibrate import check_fraction
 
         match_gmacs = check_fraction(match_gmacs)
         for name, values in canonical_overrides.items():
@@ -178,7 +178,7 @@ def build_sweep_plan(*, budgets: Iterable[float], **kwargs: Any) -> list[RunSpec
     """:func:`build_seeded_plan` at each of ``budgets`` (``vitbench sweep``): every method at
     every budget, the baseline of each seed once (the first budget's; later budgets share it).
     ``kwargs`` are :func:`build_seeded_plan`'s, without ``match_gmacs``."""
-    from vitbench.calibrate import check_fraction
+    from vitbench.measure.calibrate import check_fraction
 
     if "match_gmacs" in kwargs:
         raise TypeError("build_sweep_plan takes budgets=, not match_gmacs=")

@@ -7,7 +7,7 @@ with its seed's baseline and writes the records. A run that fails is recorded as
 with its message and the other runs go on; records are appended whole, so an interrupted plan
 never leaves a half-written result, and ``--resume`` skips finished specs and retries failed ones.
 Under ``--launcher pytorch|slurm`` every rank runs every spec (evaluation and fine-tuning are
-collective) and only rank 0 appends records (:mod:`vitbench.distributed`); after each run the
+collective) and only rank 0 appends records (:mod:`vitbench.host.distributed`); after each run the
 ranks exchange their outcomes, so that a run that failed on any rank is an ``error`` record
 naming the rank(s), even where rank 0 itself succeeded.
 """
@@ -22,14 +22,14 @@ import numpy as np
 import torch
 
 from vitbench import measure
-from vitbench.calibrate import Calibration, calibrate, not_matchable, off_pct
+from vitbench.measure.calibrate import Calibration, calibrate, not_matchable, off_pct
 from vitbench.data.workers import without_worker_traceback
-from vitbench.distributed import failure_on_any_rank, is_main
+from vitbench.host.distributed import failure_on_any_rank, is_main
 from vitbench.errors import BudgetError, VitbenchError, failure_text
-from vitbench.interrupts import is_ctrl_c
-from vitbench.plan import BASELINE, REFERENCES, RunSpec
-from vitbench.plugins import get_host
-from vitbench.progress import steps
+from vitbench.core.interrupts import is_ctrl_c
+from vitbench.run.plan import BASELINE, REFERENCES, RunSpec
+from vitbench.host import get_host
+from vitbench.core.progress import steps
 from vitbench.results import ResultStore
 from vitbench.results.writable import rescue_record
 from vitbench.task import Task
@@ -156,7 +156,7 @@ def execute_plan(plan: list[RunSpec], ws: Any, store: ResultStore, *, resume: bo
         if spec.method == BASELINE and spec.spec_id in finished and latest[spec.spec_id]["status"] == "ok":
             baselines[spec.seed] = latest[spec.spec_id]
     records = []
-    with steps("runs of the plan", len(plan), "runs") as runs:  # the plan's bar (vitbench.progress)
+    with steps("runs of the plan", len(plan), "runs") as runs:  # the plan's bar (vitbench.core.progress)
         for i, spec in enumerate(plan, start=1):
             runs.note(spec.label)
             if spec.spec_id in finished:

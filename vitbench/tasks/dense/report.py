@@ -7,7 +7,7 @@ from typing import Any
 
 from vitbench.report.words import distinct, joined
 from vitbench.task import CONTROL
-from vitbench.tasks.det.protocol import describe
+from vitbench.tasks.dense.protocol import describe
 
 __all__ = ["detector_epochs", "detector_notes", "finetunes_detector"]
 

@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from vitbench.errors import PLUGIN_FAILURES, UnsupportedError, VitbenchError
-from vitbench.interrupts import is_ctrl_c
-from vitbench.params import make_params
-from vitbench.plugins import get_host
+from vitbench.core.interrupts import is_ctrl_c
+from vitbench.core.params import make_params
+from vitbench.host import get_host
 from vitbench.task import REFERENCES
 
 if TYPE_CHECKING:  # pragma: no cover
-    from vitbench.spec import RunSpec
+    from vitbench.host.spec import RunSpec
 
 __all__ = ["apply", "check_applies"]
 

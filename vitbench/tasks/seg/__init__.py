@@ -1,0 +1,1 @@
+"""``seg``: instance segmentation with Mask R-CNN on the reduced backbone."""
