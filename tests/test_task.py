@@ -14,7 +14,8 @@ from vitbench.catalog import ReportColumn, TaskSetup
 from vitbench.errors import UnknownNameError, VitbenchError
 from vitbench.hookspecs import hookimpl
 from vitbench.host import get_host
-from vitbench.task import CONTROL, Task, option
+from vitbench.task import (CONTROL, Task, TaskReport, add_options, compute_key, compute_name, option, option_flags,
+                           option_names, report_words)
 
 
 @dataclass(frozen=True)
@@ -110,10 +111,10 @@ def test_an_unknown_task_option_names_the_valid_ones(echo_host, tmp_path):
 
 def test_the_options_dataclass_becomes_typed_flags():
     task = EchoTask()
-    assert task.option_flags() == ("--echo-scale", "--echo-mode", "--echo-quiet")
-    assert task.option_names() == ("echo_scale", "echo_mode", "echo_quiet")
+    assert option_flags(task) == ("--echo-scale", "--echo-mode", "--echo-quiet")
+    assert option_names(task) == ("echo_scale", "echo_mode", "echo_quiet")
     parser = argparse.ArgumentParser()
-    task.add_options(parser.add_argument_group())
+    add_options(task, parser.add_argument_group())
     args = parser.parse_args(["--echo-scale", "0.5", "--echo-mode", "ctl", "--echo-quiet"])
     assert (args.echo_scale, args.echo_mode, args.echo_quiet) == (0.5, "ctl", True)
     assert vars(parser.parse_args([])) == {"echo_scale": 1.0, "echo_mode": None, "echo_quiet": False}
@@ -126,7 +127,26 @@ def test_a_task_declares_what_it_counts_and_has_defaults():
         type("Bad", (EchoTask,), {"name": "bad", "counts": "detector"})
     task = EchoTask()
     assert task.gmacs_counter(None, None, print) is None and task.shared_fields(None) == {}
-    assert task.training_words({}) is None and task.report_notes([]) == []
-    assert (task.compute_key, task.compute_name) == ("gmacs", "GMACs")
+    words = report_words(task)  # EchoTask defines label_notes alone, as a Task method
+    assert words.training_words({}) is None and words.report_notes([]) == []
+    assert words.label_notes({"echo_mode": "ctl"}) == ["mode: ctl"] and not words.compared_with_control({})
+    assert (compute_key(task), compute_name(task)) == ("gmacs", "GMACs")
     with pytest.raises(TypeError):
         Task()  # setup, workspace and run are abstract
+
+
+def test_the_run_contract_is_short_and_report_words_are_apart():
+    """What a task must implement to run is at most 8 methods; the report's words are the
+    optional TaskReport, which a task mixes in."""
+    run_members = [name for name, value in vars(Task).items()
+                   if callable(value) and not isinstance(value, type) and not name.startswith("_")]
+    assert sorted(run_members) == ["control_fields", "gmacs_counter", "parse_options", "run", "setup",
+                                   "shared_fields", "workspace"]
+    assert not set(run_members) & set(vars(TaskReport))
+
+    class Worded(EchoTask, TaskReport):
+        def report_notes(self, rows):
+            return [f"{len(rows)} rows"]
+
+    assert report_words(Worded()).report_notes([{}]) == ["1 rows"]
+    assert report_words(Worded()).label_notes({"echo_mode": "x"}) == ["mode: x"]  # EchoTask's, before TaskReport's

@@ -2,9 +2,12 @@
 through ``vitbench_register_tasks`` like a method (docs/architecture.md, "Tasks").
 
 A task names its model, data and metrics from typed :class:`~vitbench.core.options.RunOptions`, builds
-what the runs of a plan share, runs one spec, and declares what the plan and the reports need to
-know of it (its accuracy columns, whose GMACs it counts, its control row, the notes under a row's
-label), so that neither the plan nor the reports name a task.
+what the runs of a plan share, runs one spec, and declares what the plan needs to know of it (its
+accuracy columns, whose GMACs it counts, its control row), so that neither the plan nor the reports
+name a task. :class:`Task` is what a task must implement to run (seven methods, three of them
+optional); what it says in reports is the optional :class:`TaskReport`; its command-line options
+are read off its ``Options`` dataclass by :func:`add_options`, :func:`option_flags` and
+:func:`option_names`.
 """
 from __future__ import annotations
 
@@ -22,8 +25,9 @@ from vitbench.errors import UnknownNameError, VitbenchError
 if TYPE_CHECKING:  # pragma: no cover
     from vitbench.core.options import RunOptions
 
-__all__ = ["BASELINE", "CONTROL", "REFERENCES", "NoOptions", "Progress", "Task", "TaskSetup", "WorkspaceRequest",
-           "option"]
+__all__ = ["BASELINE", "CONTROL", "REFERENCES", "NoOptions", "Progress", "Task", "TaskReport", "TaskSetup",
+           "WorkspaceRequest", "add_options", "compute_key", "compute_name", "option", "option_flags", "option_names",
+           "report_words"]
 
 #: the unreduced model's row of every plan
 BASELINE = "baseline"
@@ -55,8 +59,10 @@ def _value_type(hint: Any) -> Any:
 
 class Task(ABC):
     """A task as a plugin registers it: subclass, set the class attributes, implement
-    :meth:`setup`, :meth:`workspace` and :meth:`run`; register an instance with
-    ``register(MyTask())`` in ``vitbench_register_tasks``."""
+    :meth:`setup`, :meth:`workspace` and :meth:`run` (and optionally :meth:`gmacs_counter`,
+    :meth:`shared_fields`, :meth:`control_fields`); register an instance with
+    ``register(MyTask())`` in ``vitbench_register_tasks``. Mix in :class:`TaskReport` for words of
+    its own in the reports."""
 
     #: ``vitbench run --task NAME``
     name: ClassVar[str] = ""
@@ -82,38 +88,6 @@ class Task(ABC):
         if cls.counts not in COUNTED:
             raise UnknownNameError(f"unknown counted part {cls.counts!r} of task {cls.name!r}; valid counted "
                                    f"parts: {', '.join(COUNTED)}")
-
-    # -- options ------------------------------------------------------------------------------
-    def add_options(self, group: argparse._ArgumentGroup) -> None:
-        """Add the task's own ``vitbench run``/``sweep`` flags to ``group``, one per field of
-        :attr:`Options`; refused by name with another ``--task``
-        (:func:`vitbench.cli.task_options.check_task_options`)."""
-        hints = typing.get_type_hints(self.Options)
-        for f in dataclasses.fields(self.Options):
-            flag, meta = "--" + f.name.replace("_", "-"), f.metadata
-            kind = _value_type(hints[f.name])
-            if kind is bool:
-                group.add_argument(flag, action="store_true", default=f.default, help=meta.get("help"))
-                continue
-            extra = {k: meta[k] for k in ("metavar", "choices") if meta.get(k) is not None}
-            group.add_argument(flag, type=kind, default=f.default, help=meta.get("help"), **extra)
-
-    def _option_actions(self) -> list[argparse.Action]:
-        group = argparse.ArgumentParser(add_help=False).add_argument_group()
-        try:
-            self.add_options(group)
-        except Exception:  # noqa: BLE001 - listed as none; `vitbench run` names the failure
-            return []
-        return [a for a in group._group_actions if a.option_strings]
-
-    def option_flags(self) -> tuple[str, ...]:
-        """The flags :meth:`add_options` adds (``("--detector-epochs", ...)``; ``()`` when it has
-        none or they cannot be added: the CLI reports that as a broken plugin)."""
-        return tuple(a.option_strings[0] for a in self._option_actions())
-
-    def option_names(self) -> tuple[str, ...]:
-        """The names of the task's own options (``RunOptions.task_options`` keys, argparse dests)."""
-        return tuple(a.dest for a in self._option_actions())
 
     def parse_options(self, values: Mapping[str, Any]) -> Any:
         """``values`` (``RunOptions.task_options``) as an :attr:`Options` instance; a missing name
@@ -153,11 +127,17 @@ class Task(ABC):
         """What every record of the plan carries, failed runs' too (cls: the head fitted once)."""
         return {}
 
-    # -- what the plan and the reports ask of the task ----------------------------------------
+    # -- what the plan asks of the task --------------------------------------------------------
     def control_fields(self, fields: Mapping[str, Any]) -> Optional[dict[str, Any]]:
         """Given the task fields of a plan's learnable specs, the task fields of its control row,
         or ``None`` for none (asked only when :attr:`control` is set and a method trains)."""
         return None
+
+
+class TaskReport:
+    """Optional: what a task says in the reports beyond its numbers (det: its fine-tuning protocol,
+    its detector). Mix it into a :class:`Task` and override what applies; every method has a
+    default that says nothing."""
 
     def compared_with_control(self, record: Mapping[str, Any]) -> bool:
         """Whether the report compares ``record`` with the :data:`CONTROL` row (its "vs +ft"
@@ -179,12 +159,68 @@ class Task(ABC):
         training); ``[]``: none."""
         return []
 
-    @property
-    def compute_key(self) -> str:
-        """The record field a budget is matched on and the sweep plots: ``gmacs`` or ``backbone_gmacs``."""
-        return "gmacs" if self.counts == "model" else "backbone_gmacs"
 
-    @property
-    def compute_name(self) -> str:
-        """``GMACs`` or ``backbone GMACs``: what :attr:`compute_key` holds, in words."""
-        return "GMACs" if self.counts == "model" else "backbone GMACs"
+_REPORT_HOOKS = tuple(name for name in vars(TaskReport) if not name.startswith("_"))
+
+
+def report_words(task: Task) -> TaskReport:
+    """What ``task`` says in reports: the task itself when it mixes in :class:`TaskReport`;
+    otherwise the defaults, with any hook the task defines by the same name (tasks written when
+    these hooks were :class:`Task` methods)."""
+    if isinstance(task, TaskReport):
+        return task
+    words = TaskReport()
+    for name in _REPORT_HOOKS:
+        if hasattr(task, name):
+            setattr(words, name, getattr(task, name))
+    return words
+
+
+def compute_key(task: Task) -> str:
+    """The record field a budget is matched on and the sweep plots: ``gmacs`` or ``backbone_gmacs``."""
+    return "gmacs" if task.counts == "model" else "backbone_gmacs"
+
+
+def compute_name(task: Task) -> str:
+    """``GMACs`` or ``backbone GMACs``: what :func:`compute_key` holds, in words."""
+    return "GMACs" if task.counts == "model" else "backbone GMACs"
+
+
+def add_options(task: Task, group: argparse._ArgumentGroup) -> None:
+    """Add ``task``'s own ``vitbench run``/``sweep`` flags to ``group``, one per field of its
+    ``Options``; refused by name with another ``--task``
+    (:func:`vitbench.cli.task_options.check_task_options`). A task whose class defines
+    ``add_options(group)`` adds its flags itself."""
+    own = getattr(task, "add_options", None)
+    if own is not None:
+        own(group)
+        return
+    hints = typing.get_type_hints(task.Options)
+    for f in dataclasses.fields(task.Options):
+        flag, meta = "--" + f.name.replace("_", "-"), f.metadata
+        kind = _value_type(hints[f.name])
+        if kind is bool:
+            group.add_argument(flag, action="store_true", default=f.default, help=meta.get("help"))
+            continue
+        extra = {k: meta[k] for k in ("metavar", "choices") if meta.get(k) is not None}
+        group.add_argument(flag, type=kind, default=f.default, help=meta.get("help"), **extra)
+
+
+def _option_actions(task: Task) -> list[argparse.Action]:
+    group = argparse.ArgumentParser(add_help=False).add_argument_group()
+    try:
+        add_options(task, group)
+    except Exception:  # noqa: BLE001 - listed as none; `vitbench run` names the failure
+        return []
+    return [a for a in group._group_actions if a.option_strings]
+
+
+def option_flags(task: Task) -> tuple[str, ...]:
+    """The flags :func:`add_options` adds for ``task`` (``("--detector-epochs", ...)``; ``()`` when
+    it has none or they cannot be added: the CLI reports that as a broken plugin)."""
+    return tuple(a.option_strings[0] for a in _option_actions(task))
+
+
+def option_names(task: Task) -> tuple[str, ...]:
+    """The names of ``task``'s own options (``RunOptions.task_options`` keys, argparse dests)."""
+    return tuple(a.dest for a in _option_actions(task))

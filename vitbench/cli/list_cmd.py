@@ -7,6 +7,7 @@ import textwrap
 
 from vitbench.catalog import METHOD_KINDS
 from vitbench.host import get_host
+from vitbench.task import option_flags
 from vitbench.tasks.cls import DEFAULT_MODEL, EMBEDDED_MODELS
 
 KINDS = ("methods", "scorers", "models", "families", "tasks")
@@ -54,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.kind == "tasks":
         for name, spec in sorted(host.specs("tasks").items()):
             control = "; control row" if spec.control else ""
-            flags = spec.option_flags()
+            flags = option_flags(spec)
             options = f"; options: {', '.join(flags)}" if flags else ""
             print(fit(f"{name}  [plugin: {host.owner('tasks', name)}; metrics: {', '.join(spec.metrics)}; budgets "
                       f"matched on the {spec.counts}'s GMACs{control}{options}]  {spec.description}"))

@@ -17,7 +17,7 @@ from typing import Any
 
 from vitbench.errors import VitbenchError
 from vitbench.host import get_host
-from vitbench.task import Task
+from vitbench.task import Task, add_options
 
 __all__ = ["OwnedOption", "add_task_options", "check_task_options"]
 
@@ -37,8 +37,8 @@ def add_task_options(parser: argparse.ArgumentParser) -> None:
     host = get_host()
     shared: dict[Any, list[Task]] = {}
     for _, task in sorted(host.specs("tasks").items()):  # listing, not asking: a clashed name is no error
-        adder = type(task).add_options
-        if adder is Task.add_options and not fields(task.Options):
+        adder = getattr(type(task), "add_options", None)  # a task that adds its flags itself
+        if adder is None and not fields(task.Options):
             continue  # no options of its own
         shared.setdefault((adder, task.Options), []).append(task)
     owned: dict[str, OwnedOption] = {}
@@ -46,7 +46,7 @@ def add_task_options(parser: argparse.ArgumentParser) -> None:
         tasks = [task.name for task in same]
         group = parser.add_argument_group(f"options of --task {', '.join(tasks)}")
         try:
-            same[0].add_options(group)
+            add_options(same[0], group)
         except Exception as exc:  # noqa: BLE001 - a broken plugin must not take the command line down
             for action in list(group._group_actions):  # what it added before failing goes too
                 parser._remove_action(action)

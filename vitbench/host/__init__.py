@@ -28,7 +28,7 @@ from vitbench.catalog import FamilySpec, MethodSpec, ScorerSpec, resolved
 from vitbench.errors import PLUGIN_FAILURES, PluginError, choices_error, failure_text
 from vitbench.core.interrupts import is_ctrl_c
 from vitbench.core.metrics import METRICS
-from vitbench.task import REFERENCES, Task
+from vitbench.task import REFERENCES, Task, option_flags
 
 ENTRY_POINT_GROUP = "vitbench"
 _KINDS = {"methods": MethodSpec, "scorers": ScorerSpec, "families": FamilySpec, "tasks": Task}
@@ -376,7 +376,7 @@ class PluginHost:
         return {
             "plugins": [vars(info) | {"registered": dict(info.registered)} for info in self.plugins.values()],
             "tasks": [{"name": name, "plugin": self.owner("tasks", name), "description": tasks[name].description,
-                       "options": list(tasks[name].option_flags())} for name in sorted(tasks)],
+                       "options": list(option_flags(tasks[name]))} for name in sorted(tasks)],
             "failures": [vars(f) for f in self.failures],
             "clashes": [vars(c) for c in self.clashes],
             "skipped": list(self.skipped),

@@ -10,7 +10,7 @@ from typing import Any, Mapping, Optional
 from vitbench.errors import VitbenchError
 from vitbench.core.params import make_params, params_dict
 from vitbench.host import get_host
-from vitbench.task import BASELINE, CONTROL
+from vitbench.task import BASELINE, CONTROL, report_words
 
 __all__ = ["RunSpec"]
 
@@ -128,7 +128,7 @@ class RunSpec:
         return f"{self.method} ({inner})" if inner else self.method
 
     def _task_notes(self) -> list[str]:
-        return get_host().task(self.task).label_notes(dict(self.task_fields)) if self.task_fields else []
+        return report_words(get_host().task(self.task)).label_notes(dict(self.task_fields)) if self.task_fields else []
 
     @staticmethod
     def _shown(changed: dict[str, Any]) -> list[str]:

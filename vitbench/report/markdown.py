@@ -26,6 +26,7 @@ from vitbench.report.tables import (
 from vitbench.report.words import distinct as _distinct
 from vitbench.report.words import joined as _joined
 from vitbench.results.store import latest_records
+from vitbench.task import report_words
 
 __all__ = ["render_markdown", "METHODOLOGY", "group_section", "header_lines"]
 
@@ -56,7 +57,7 @@ def _training_line(rec: Mapping[str, Any]) -> str:
     parts = [f"{s.get('name')}: {s.get('epochs')} epoch(s), {s.get('iters')} iterations" for s in stages]
     frozen = "backbone trained" if "backbone trained" in str(rec.get("label")) else "backbone frozen"
     spec = task_spec(str(rec.get("task")))  # det/seg: the dense fine-tuning protocol says what trained
-    words = spec.training_words(rec, with_method=rec.get("method") != CONTROL) if spec is not None else None
+    words = report_words(spec).training_words(rec, with_method=rec.get("method") != CONTROL) if spec is not None else None
     frozen = words or frozen
     per_seed = f" per seed (time: mean over {rec['n_seeds']} seeds)" if int(rec.get("n_seeds") or 1) > 1 else ""
     return (f"{'; '.join(parts)} on {rec.get('train_images')} training images in "
@@ -168,7 +169,7 @@ def _weights_lines(task: str, rows: list[Mapping[str, Any]]) -> list[str]:
 def _task_notes(task: str, rows: list[Mapping[str, Any]]) -> list[str]:
     """The task's own sentences under its table (det/seg: the detector and its training)."""
     spec = task_spec(task)
-    notes = spec.report_notes(rows) if spec is not None else []
+    notes = report_words(spec).report_notes(rows) if spec is not None else []
     return [" ".join(notes), ""] if notes else []
 
 

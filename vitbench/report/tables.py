@@ -26,7 +26,7 @@ from vitbench.report.row_facts import images, interval_pct, row_label, shows_top
 from vitbench.report.seeds import aggregate_over_seeds
 from vitbench.report.task_shape import accuracy_columns, task_spec
 from vitbench.results.store import latest_records
-from vitbench.task import CONTROL
+from vitbench.task import CONTROL, report_words
 
 __all__ = [
     "NA", "accuracy_key", "drop_unmeasured", "gmacs_spec", "metric", "comparison_table", "group_records", "groups",
@@ -267,7 +267,7 @@ def _rows(rows: list[Record], base: Record | None, task: str, spec: Any, tp_col:
             v, b = metric(rec, col.key), metric(base, col.key)  # means over seeds; the delta of the means
             row[col.title] = _accuracy_cell(rec, col.key, col.fmt)
             row[col.delta] = _fmt(v - b, "+" + col.fmt) if v is not None and b is not None else NA
-            compared = spec is not None and spec.compared_with_control(rec)  # trained as the control did
+            compared = spec is not None and report_words(spec).compared_with_control(rec)  # trained as the control did
             c = metric(control, col.key) if compared else None
             row[f"{col.delta} vs +ft"] = _fmt(v - c, "+" + col.fmt) if v is not None and c is not None else NA
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Optional
 
 from vitbench.catalog import ReportColumn
+from vitbench import task as task_contract
 from vitbench.task import Task
 
 __all__ = ["accuracy_column", "accuracy_columns", "compute_key", "compute_name", "task_spec"]
@@ -38,10 +39,10 @@ def accuracy_column(task: str, key: str) -> ReportColumn:
 def compute_key(task: str) -> str:
     """The GMACs field a budget is matched on: ``gmacs`` (the model's) or ``backbone_gmacs``."""
     spec = task_spec(task)
-    return spec.compute_key if spec is not None else "gmacs"
+    return task_contract.compute_key(spec) if spec is not None else "gmacs"
 
 
 def compute_name(task: str) -> str:
     """:func:`compute_key` in words: ``GMACs`` or ``backbone GMACs``."""
     spec = task_spec(task)
-    return spec.compute_name if spec is not None else "GMACs"
+    return task_contract.compute_name(spec) if spec is not None else "GMACs"

@@ -32,7 +32,7 @@ from vitbench.host import get_host
 from vitbench.core.progress import steps
 from vitbench.results import ResultStore
 from vitbench.results.writable import rescue_record
-from vitbench.task import Task
+from vitbench.task import Task, compute_key
 
 Progress = Callable[[str], None]
 
@@ -74,7 +74,7 @@ def match_compute(spec: RunSpec, ws: Any, progress: Progress, task: Optional[Tas
 def _landed(task: Task, record: dict[str, Any]) -> None:
     """Where a matched run's measured GMACs landed against its target (after any fine-tuning)."""
     budget = record.get("budget")
-    gmacs = record.get(task.compute_key)
+    gmacs = record.get(compute_key(task))
     if not budget or gmacs is None:
         return
     off = off_pct(gmacs, budget["target_gmacs"])

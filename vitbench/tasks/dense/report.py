@@ -1,4 +1,4 @@
-"""What the report says under a det/seg table (:meth:`vitbench.task.Task.report_notes`): the
+"""What the report says under a det/seg table (:meth:`vitbench.task.TaskReport.report_notes`): the
 detector, its baseline training, what GMACs cover, the dense fine-tuning protocol and the control."""
 from __future__ import annotations
 

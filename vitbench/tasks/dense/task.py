@@ -12,7 +12,7 @@ from vitbench.catalog import ReportColumn, TaskSetup, WorkspaceRequest
 from vitbench.errors import VitbenchError
 from vitbench.core.metrics import METRICS
 from vitbench.core.options import parse_list
-from vitbench.task import Progress, Task
+from vitbench.task import Progress, Task, TaskReport
 from vitbench.tasks.dense.options import DenseOptions
 from vitbench.tasks.identity import data_path, first_seed, identity_fields
 
@@ -31,7 +31,7 @@ BOX_MAP = ReportColumn("box_map", "Box mAP", "ΔBox mAP", ".3f", plot_label="box
                        after=(("Box AP50", "box_ap50"), ("Box AP75", "box_ap75")))
 
 
-class DenseTask(Task):
+class DenseTask(Task, TaskReport):
     """What ``det`` and ``seg`` share: an mmdet detector around the reduced backbone, its
     backbone's GMACs matched, the dense fine-tuning protocol as a spec field and the control row."""
 
