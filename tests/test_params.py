@@ -9,6 +9,8 @@ import pytest
 
 from vitbench.errors import ParamError, UnknownNameError, VitbenchError
 from vitbench.core.params import make_params, param_names, params_dict
+from vitbench_plugins.atc import ATCParams
+from vitbench_plugins.ats import ATSParams
 from vitbench_plugins.ppt import PPTParams
 from vitbench_plugins.tome import ToMeParams
 from vitbench_plugins.topk import TopKParams
@@ -159,11 +161,13 @@ def test_a_wrong_item_type_names_the_item() -> None:
     ("tome", ToMeParams, {"r": "[4,-1]"}, r"tome\.r=\[4, -1\] is out of range"),
     ("topk", TopKParams, {"keep": 1.5}, r"topk\.keep=1\.5 is out of range; it must be in \(0, 1\]"),
     ("topk", TopKParams, {"keep": "0"}, r"topk\.keep=0\.0 is out of range"),
-    ("topk", TopKParams, {"layers": "[-1]"}, r"topk\.layers=\[-1\]: block indices are >= 0"),
+    ("topk", TopKParams, {"layers": "[-1]"}, r"topk\.layers=\[-1\] is out of range; every item must be >= 0"),
     ("ppt", PPTParams, {"threshold": -1}, r"ppt\.threshold=-1\.0 is out of range; it must be >= 0"),
-    ("ppt", PPTParams, {"r": "-2"}, r"ppt\.r=-2 is out of range; r must be >= 0"),
+    ("ppt", PPTParams, {"r": "-2"}, r"ppt\.r=-2 is out of range; it must be >= 0"),
+    ("atc", ATCParams, {"linkage": "ward"}, r"atc\.linkage='ward'; valid values: average, complete, single$"),
+    ("ats", ATSParams, {"keep": 9}, r"ats\.keep=9\.0 is out of range; it must be in \(0, 8\] \(sample points"),
 ])
-def test_range_errors_come_from_the_params_dataclass(method, params_type, overrides, message) -> None:
+def test_range_errors_name_the_method_key_value_and_what_is_valid(method, params_type, overrides, message) -> None:
     with pytest.raises(ParamError, match=message):
         make_params(method, params_type, overrides)
 

@@ -27,8 +27,9 @@ def __getattr__(name: str):  # type: ignore[no-untyped-def]
     raise AttributeError(f"module 'vitbench' has no attribute {name!r}")
 
 
-def apply(model, method: str, **params):  # type: ignore[no-untyped-def]
-    """Reduce ``model`` in place with ``method`` and return it (see :func:`vitbench.host.apply.apply`)."""
+def apply(model, method: str, params=None, /, **overrides):  # type: ignore[no-untyped-def]
+    """Reduce ``model`` in place with ``method`` and return it: ``params`` the method's parameter
+    dataclass, or keywords (see :func:`vitbench.host.apply.apply`)."""
     from vitbench.host.apply import apply as _apply
 
-    return _apply(model, method, **params)
+    return _apply(model, method, params, **overrides)

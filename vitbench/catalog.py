@@ -23,7 +23,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from vitbench.core.options import RunOptions
 
-from vitbench.engine.contract import BlockInfo, ModelInfo, Reduction, StatsCallback, TrainStage  # noqa: F401 (re-exported)
+from vitbench.core.params import (  # noqa: F401 (re-exported: what a plugin declares its parameters with)
+    CHOICES, HELP, RANGE, Range, above, at_least, limits_text, param)
+from vitbench.core.contract import BlockInfo, ModelInfo, Reduction, StatsCallback, TrainStage  # noqa: F401 (re-exported)
 
 
 #: ``"package.module:name"`` (``name`` may be dotted): what a spec's field may hold instead of the object
@@ -281,10 +283,6 @@ class WorkspaceRequest:
     note: Callable[[str], None]
 
 
-#: the key of a params field's one-line meaning: ``field(default=..., metadata={HELP: "..."})``
-HELP = "help"
-
-
 @dataclass(frozen=True)
 class ParamDoc:
     """One parameter of a method as ``vitbench describe`` and the docs show it."""
@@ -293,6 +291,8 @@ class ParamDoc:
     type: str
     default: Any
     help: str
+    #: the declared limits in words (``>= 0``, ``one of: a, b``; :func:`~vitbench.core.params.param`)
+    limits: str = ""
 
 
 def type_name(tp: Any) -> str:
@@ -334,7 +334,8 @@ def param_docs(params: type) -> list[ParamDoc]:
         else:
             default = dataclasses.MISSING
         tp = hints.get(f.name, f.type)
-        docs.append(ParamDoc(f.name, tp if isinstance(tp, str) else type_name(tp), default, _help(params, f.name)))
+        docs.append(ParamDoc(f.name, tp if isinstance(tp, str) else type_name(tp), default, _help(params, f.name),
+                             limits_text(f)))
     return docs
 
 

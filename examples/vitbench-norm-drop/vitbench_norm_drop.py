@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from vitbench.catalog import HELP, BudgetKnob, MethodSpec, ModelInfo, Reduction
+from vitbench.catalog import BudgetKnob, MethodSpec, ModelInfo, Range, Reduction, param
 from vitbench.engine import AttnInfo, Reducer, TokenState
-from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
 
 
@@ -16,13 +15,10 @@ from vitbench.hookspecs import hookimpl
 class NormDropParams:
     """``keep``: fraction of patch tokens kept at each of ``layers`` (0-indexed blocks)."""
 
-    # each field's metadata[HELP] is the one-line meaning `vitbench describe norm-drop` prints
-    keep: float = field(default=0.7, metadata={HELP: "fraction of patch tokens kept at each listed block"})
-    layers: tuple[int, ...] = field(default=(3, 6, 9), metadata={HELP: "the blocks that drop tokens (0-based)"})
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.keep <= 1.0:
-            raise ParamError(f"norm-drop.keep={self.keep} is out of range; it must be in (0, 1]")
+    # param(default, meaning, range=...): `vitbench describe norm-drop` prints the meaning and the
+    # range, and a value outside it is refused before anything runs
+    keep: float = param(0.7, "fraction of patch tokens kept at each listed block", range=Range(0, 1, low_open=True))
+    layers: tuple[int, ...] = param((3, 6, 9), "the blocks that drop tokens (0-based)", range=Range(0))
 
 
 class NormDrop(Reducer):

@@ -11,10 +11,9 @@ becomes the size-weighted mean of its members, and proportional attention follow
 Parameters: ``keep``, ``layers``, ``linkage``."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from vitbench.catalog import HELP, BudgetKnob, MethodSpec
-from vitbench.errors import ParamError
+from vitbench.catalog import BudgetKnob, MethodSpec, Range, param
 from vitbench.hookspecs import hookimpl
 
 #: the linkage functions of the paper (Sec. 3)
@@ -26,20 +25,12 @@ class ATCParams:
     """``keep``: clusters per listed block as a fraction of its patch tokens; ``layers``: the
     blocks that cluster (the paper's 4th, 7th and 10th); ``linkage``: the linkage function."""
 
-    keep: float = field(default=0.5, metadata={HELP: (
-        "clusters per listed block, as a fraction of its patch tokens (1 changes nothing)")})
-    layers: tuple[int, ...] = field(default=(3, 6, 9), metadata={HELP: (
-        "the blocks that cluster (0-based; the paper's 4th, 7th and 10th)")})
-    linkage: str = field(default="average", metadata={HELP: (
-        "the linkage of the hierarchical clustering: average, complete or single")})
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.keep <= 1.0:
-            raise ParamError(f"atc.keep={self.keep} is out of range; it must be in (0, 1]")
-        if self.linkage not in LINKAGES:
-            raise ParamError(f"atc.linkage={self.linkage!r} is not a linkage; choose one of {', '.join(LINKAGES)}")
-        if any(layer < 0 for layer in self.layers):
-            raise ParamError(f"atc.layers={list(self.layers)}: block indices are >= 0")
+    keep: float = param(0.5, "clusters per listed block, as a fraction of its patch tokens (1 changes nothing)",
+                        range=Range(0, 1, low_open=True))
+    layers: tuple[int, ...] = param((3, 6, 9), "the blocks that cluster (0-based; the paper's 4th, 7th and 10th)",
+                                    range=Range(0))
+    linkage: str = param("average", "the linkage of the hierarchical clustering: average, complete or single",
+                         choices=LINKAGES)
 
 
 @hookimpl

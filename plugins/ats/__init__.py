@@ -13,11 +13,9 @@ setting and not a no-op), ``layers`` (default ``(3, ..., 11)``, the official Dei
 ``()`` switches it off)."""
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from vitbench.catalog import HELP, BudgetKnob, MethodSpec
-from vitbench.errors import ParamError
+from vitbench.catalog import BudgetKnob, MethodSpec, Range, param
 from vitbench.hookspecs import hookimpl
 
 
@@ -30,17 +28,11 @@ class ATSParams:
     """``keep``: sample points ``K = ceil(keep * N_p0)`` per listed block (``N_p0`` the model's
     patch count; 1.0 = the paper's DeiT-S setting); ``layers``: the blocks that sample."""
 
-    keep: float = field(default=1.0, metadata={HELP: (
-        "sample points K = ceil(keep * patches) per listed block (1.0: the paper's DeiT-S setting)")})
-    layers: tuple[int, ...] = field(default=(3, 4, 5, 6, 7, 8, 9, 10, 11), metadata={HELP: (
-        "the blocks that sample (0-based)")})
-
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.keep) and 0.0 < self.keep <= MAX_KEEP):
-            raise ParamError(f"ats.keep={self.keep} is out of range; it must be in (0, {MAX_KEEP:g}] "
-                             f"(sample points per original patch token; 1 = the paper's setting)")
-        if any(layer < 0 for layer in self.layers):
-            raise ParamError(f"ats.layers={list(self.layers)}: block indices are >= 0")
+    keep: float = param(1.0,
+                        "sample points K = ceil(keep * patches) per listed block (1.0: the paper's DeiT-S setting)",
+                        range=Range(0, MAX_KEEP, low_open=True),
+                        why="sample points per original patch token; 1 = the paper's setting")
+    layers: tuple[int, ...] = param((3, 4, 5, 6, 7, 8, 9, 10, 11), "the blocks that sample (0-based)", range=Range(0))
 
 
 @hookimpl

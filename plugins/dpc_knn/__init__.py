@@ -12,10 +12,9 @@ the method is deterministic. ``keep = 1`` changes nothing.
 Parameters: ``keep``, ``layers``, ``k`` (neighbours of the density)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from vitbench.catalog import HELP, BudgetKnob, MethodSpec
-from vitbench.errors import ParamError
+from vitbench.catalog import BudgetKnob, MethodSpec, Range, param
 from vitbench.hookspecs import hookimpl
 
 
@@ -24,18 +23,10 @@ class DPCKNNParams:
     """``keep``: clusters per listed block as a fraction of its patch tokens; ``layers``: the
     blocks that cluster; ``k``: neighbours of the density estimate (TCFormer: 5)."""
 
-    keep: float = field(default=0.5, metadata={HELP: (
-        "clusters per listed block, as a fraction of its patch tokens (1 changes nothing)")})
-    layers: tuple[int, ...] = field(default=(3, 6, 9), metadata={HELP: "the blocks that cluster (0-based)"})
-    k: int = field(default=5, metadata={HELP: "neighbours of the kNN density estimate (TCFormer: 5)"})
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.keep <= 1.0:
-            raise ParamError(f"dpc-knn.keep={self.keep} is out of range; it must be in (0, 1]")
-        if self.k < 1:
-            raise ParamError(f"dpc-knn.k={self.k} is out of range; it must be an integer >= 1")
-        if any(layer < 0 for layer in self.layers):
-            raise ParamError(f"dpc-knn.layers={list(self.layers)}: block indices are >= 0")
+    keep: float = param(0.5, "clusters per listed block, as a fraction of its patch tokens (1 changes nothing)",
+                        range=Range(0, 1, low_open=True))
+    layers: tuple[int, ...] = param((3, 6, 9), "the blocks that cluster (0-based)", range=Range(0))
+    k: int = param(5, "neighbours of the kNN density estimate (TCFormer: 5)", range=Range(1))
 
 
 @hookimpl

@@ -12,9 +12,9 @@ Parameters: ``keep`` (the paper's ``rho``), ``layers`` (default ``(3, 6, 9)`` as
 ``batch_size``. docs/methods.md, "DynamicViT" lists every choice and where vitbench differs."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from vitbench.catalog import HELP, BudgetKnob, MethodSpec
+from vitbench.catalog import BudgetKnob, MethodSpec, Range, param
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
 
@@ -27,37 +27,22 @@ class DynamicViTParams:
     Gumbel-softmax temperature; ``epochs``, ``lr``, ``batch_size``: the fine-tuning of the
     prediction modules (AdamW, cosine schedule)."""
 
-    keep: float = field(default=0.7, metadata={HELP: "keep ratio rho: stage s keeps ceil(rho^s * patches) tokens"})
-    layers: tuple[int, ...] = field(default=(3, 6, 9), metadata={HELP: (
-        "the blocks with a prediction module (one stage each, in order)")})
-    ratio_weight: float = field(default=2.0, metadata={HELP: (
-        "weight of the keep-ratio loss (the paper's lambda_ratio)")})
-    tau: float = field(default=1.0, metadata={HELP: "Gumbel-softmax temperature"})
-    epochs: int = field(default=1, metadata={HELP: (
-        "fine-tuning epochs of the prediction modules (AdamW, cosine schedule)")})
-    lr: float = field(default=1e-2, metadata={HELP: "fine-tuning learning rate"})
-    batch_size: int = field(default=64, metadata={HELP: "images per training batch"})
+    keep: float = param(0.7, "keep ratio rho: stage s keeps ceil(rho^s * patches) tokens",
+                        range=Range(0, 1, low_open=True))
+    layers: tuple[int, ...] = param((3, 6, 9), "the blocks with a prediction module (one stage each, in order)",
+                                    range=Range(0))
+    ratio_weight: float = param(2.0, "weight of the keep-ratio loss (the paper's lambda_ratio)", range=Range(0))
+    tau: float = param(1.0, "Gumbel-softmax temperature", range=Range(0, low_open=True), why="the temperature")
+    epochs: int = param(1, "fine-tuning epochs of the prediction modules (AdamW, cosine schedule)", range=Range(1))
+    lr: float = param(1e-2, "fine-tuning learning rate", range=Range(0, low_open=True))
+    batch_size: int = param(64, "images per training batch", range=Range(1))
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.keep <= 1.0:
-            raise ParamError(f"dynamicvit.keep={self.keep} is out of range; it must be in (0, 1]")
         if len(self.layers) == 0:
             raise ParamError("dynamicvit.layers=[] is out of range; it must list at least one block")
-        if any(layer < 0 for layer in self.layers):
-            raise ParamError(f"dynamicvit.layers={list(self.layers)}: block indices are >= 0")
         if len(set(self.layers)) != len(self.layers):
             raise ParamError(f"dynamicvit.layers={list(self.layers)} is out of range; each block may "
                              f"be listed once")
-        if not self.ratio_weight >= 0.0:
-            raise ParamError(f"dynamicvit.ratio_weight={self.ratio_weight} is out of range; it must be >= 0")
-        if not self.tau > 0.0:
-            raise ParamError(f"dynamicvit.tau={self.tau} is out of range; the temperature must be > 0")
-        if self.epochs < 1:
-            raise ParamError(f"dynamicvit.epochs={self.epochs} is out of range; it must be >= 1")
-        if not self.lr > 0.0:
-            raise ParamError(f"dynamicvit.lr={self.lr} is out of range; it must be > 0")
-        if self.batch_size < 1:
-            raise ParamError(f"dynamicvit.batch_size={self.batch_size} is out of range; it must be >= 1")
 
 
 @hookimpl

@@ -12,10 +12,9 @@ of least summed distance, and each final cluster becomes the size-weighted mean 
 Parameters: ``keep``, ``layers``, ``iters``."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from vitbench.catalog import HELP, BudgetKnob, MethodSpec
-from vitbench.errors import ParamError
+from vitbench.catalog import BudgetKnob, MethodSpec, Range, param
 from vitbench.hookspecs import hookimpl
 
 
@@ -24,18 +23,10 @@ class KMedoidsParams:
     """``keep``: clusters per listed block as a fraction of its patch tokens; ``layers``: the
     blocks that cluster; ``iters``: Voronoi iterations."""
 
-    keep: float = field(default=0.5, metadata={HELP: (
-        "clusters per listed block, as a fraction of its patch tokens (1 changes nothing)")})
-    layers: tuple[int, ...] = field(default=(3, 6, 9), metadata={HELP: "the blocks that cluster (0-based)"})
-    iters: int = field(default=3, metadata={HELP: "Voronoi iterations of the medoid search"})
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.keep <= 1.0:
-            raise ParamError(f"kmedoids.keep={self.keep} is out of range; it must be in (0, 1]")
-        if self.iters < 0:
-            raise ParamError(f"kmedoids.iters={self.iters} is out of range; it must be an integer >= 0")
-        if any(layer < 0 for layer in self.layers):
-            raise ParamError(f"kmedoids.layers={list(self.layers)}: block indices are >= 0")
+    keep: float = param(0.5, "clusters per listed block, as a fraction of its patch tokens (1 changes nothing)",
+                        range=Range(0, 1, low_open=True))
+    layers: tuple[int, ...] = param((3, 6, 9), "the blocks that cluster (0-based)", range=Range(0))
+    iters: int = param(3, "Voronoi iterations of the medoid search", range=Range(0))
 
 
 @hookimpl

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from vitbench.catalog import HELP, MethodSpec
+from vitbench.catalog import HELP, MethodSpec, Range, param
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
 
@@ -51,62 +51,37 @@ RECIPE_VALUES = {"tuned": Recipe(1.0, 0.0, 0.0), "official": Recipe(0.1, 0.3, 0.
 class LTMParams:
     """LTM/IBTM options (docs/methods.md, "LTM / IBTM"); each field's help says what it is."""
 
-    ratio: float = field(default=0.7, metadata={HELP: (
-        "P = ceil(ratio * N_p) tokens after the first block (the budget knob)")})
-    eta: float = field(default=1.0, metadata={HELP: "step size of the IB gradient step in every later block"})
-    tau: float = field(default=1.0, metadata={HELP: "Gumbel temperature of both masks"})
-    epochs: int = field(default=2, metadata={HELP: (
-        "fine-tuning epochs; the class statistics are refreshed between them")})
-    lr: float = field(default=0.3, metadata={HELP: "AdamW's rate for M1, the M_l logits and the scales s_l"})
-    mlp_lr: Optional[float] = field(default=0.0, metadata={HELP: (
-        "rate of the IB step's per-block MLPs: 0 keeps them frozen, None: lr")})
-    optimizer: str = field(default="AdamW", metadata={HELP: "the fine-tuning optimizer"})
-    ib_weight: Optional[float] = field(default=None, metadata={HELP: (
-        "weight of the IB bound in the loss (None: the recipe's; given, it overrides it)")})
-    recipe: str = field(default="tuned", metadata={HELP: (
-        "tuned (IB weight 1) or official (the authors': 0.1 after a 30 % warm-up, smoothing 0.1)")})
-    clusters: str = field(default="class", metadata={HELP: (
-        "the IB clusters: class centroids or k-means on features and inputs")})
-    num_clusters: Optional[int] = field(default=None, metadata={HELP: (
-        "k-means clusters (None: the class count)")})
-    batch_size: int = field(default=64, metadata={HELP: "fine-tuning batch size"})
-    mlp_ratio: float = field(default=0.25, metadata={HELP: (
-        "hidden width of the per-block MLP as a share of the token width")})
-    stats_images: int = field(default=2048, metadata={HELP: "training images per statistics pass (0: all)"})
+    ratio: float = param(0.7, "P = ceil(ratio * N_p) tokens after the first block (the budget knob)",
+                         range=Range(0, 1, low_open=True))
+    eta: float = param(1.0, "step size of the IB gradient step in every later block", range=Range(0))
+    tau: float = param(1.0, "Gumbel temperature of both masks", range=Range(0, low_open=True))
+    epochs: int = param(2, "fine-tuning epochs; the class statistics are refreshed between them", range=Range(0))
+    lr: float = param(0.3, "AdamW's rate for M1, the M_l logits and the scales s_l", range=Range(0, low_open=True))
+    mlp_lr: Optional[float] = param(0.0, "rate of the IB step's per-block MLPs: 0 keeps them frozen, None: lr",
+                                    range=Range(0), why="0: frozen; None: the same as lr")
+    optimizer: str = param("AdamW", "the fine-tuning optimizer", choices=OPTIMIZERS)
+    ib_weight: Optional[float] = param(None,
+                                       "weight of the IB bound in the loss (None: the recipe's; given, it overrides it)",
+                                       range=Range(0), why="None: the recipe's")
+    recipe: str = param("tuned",
+                        "tuned (IB weight 1) or official (the authors': 0.1 after a 30 % warm-up, smoothing 0.1)",
+                        choices=RECIPES)
+    clusters: str = param("class", "the IB clusters: class centroids or k-means on features and inputs",
+                          choices=CLUSTERS)
+    num_clusters: Optional[int] = param(None, "k-means clusters (None: the class count)", range=Range(1),
+                                        why="None: the class count")
+    batch_size: int = param(64, "fine-tuning batch size", range=Range(1))
+    mlp_ratio: float = param(0.25, "hidden width of the per-block MLP as a share of the token width",
+                             range=Range(0, low_open=True))
+    stats_images: int = param(2048, "training images per statistics pass (0: all)", range=Range(0),
+                              why="0: all training images")
     trace_source: bool = field(default=False, metadata={HELP: "record the patches each token stands for"})
-    step_labels: str = field(default="prior", metadata={HELP: (
-        "log Q(a|y) in training: under the class prior (as at inference) or the true label")})
-    init: str = field(default="auto", metadata={HELP: (
-        "the first merge's initialisation: runs (ViT), grid (pooling), auto")})
+    step_labels: str = param("prior",
+                             "log Q(a|y) in training: under the class prior (as at inference) or the true label",
+                             choices=STEP_LABELS)
+    init: str = param("auto", "the first merge's initialisation: runs (ViT), grid (pooling), auto", choices=INITS)
 
     def __post_init__(self) -> None:
-        checks = [
-            ("ratio", 0.0 < self.ratio <= 1.0, "in (0, 1]"),
-            ("eta", self.eta >= 0.0, ">= 0"),
-            ("tau", self.tau > 0.0, "> 0"),
-            ("epochs", self.epochs >= 0, "an integer >= 0"),
-            ("lr", self.lr > 0.0, "> 0"),
-            ("mlp_lr", self.mlp_lr is None or self.mlp_lr >= 0.0, ">= 0 (0: frozen; None: the same as lr)"),
-            ("ib_weight", self.ib_weight is None or self.ib_weight >= 0.0, ">= 0 (None: the recipe's)"),
-            ("num_clusters", self.num_clusters is None or self.num_clusters >= 1,
-             "an integer >= 1 (None: the class count)"),
-            ("batch_size", self.batch_size >= 1, "an integer >= 1"),
-            ("mlp_ratio", self.mlp_ratio > 0.0, "> 0"),
-            ("stats_images", self.stats_images >= 0, "an integer >= 0 (0: all training images)"),
-        ]
-        for name, ok, valid in checks:
-            if not ok:
-                raise ParamError(f"ltm.{name}={getattr(self, name)!r} is out of range; it must be {valid}")
-        if self.init not in INITS:
-            raise ParamError(f"ltm.init={self.init!r} is not supported; valid: {', '.join(INITS)}")
-        if self.step_labels not in STEP_LABELS:
-            raise ParamError(f"ltm.step_labels={self.step_labels!r} is not supported; valid: {', '.join(STEP_LABELS)}")
-        if self.optimizer not in OPTIMIZERS:
-            raise ParamError(f"ltm.optimizer={self.optimizer!r} is not supported; valid: {', '.join(OPTIMIZERS)}")
-        if self.recipe not in RECIPES:
-            raise ParamError(f"ltm.recipe={self.recipe!r} is not supported; valid: {', '.join(RECIPES)}")
-        if self.clusters not in CLUSTERS:
-            raise ParamError(f"ltm.clusters={self.clusters!r} is not supported; valid: {', '.join(CLUSTERS)}")
         if self.clusters == "class" and self.num_clusters is not None:
             raise ParamError(f"ltm.num_clusters={self.num_clusters!r} applies to clusters=kmeans only; valid "
                              f"with clusters=class: None (one cluster per class)")

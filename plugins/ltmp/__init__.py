@@ -14,11 +14,10 @@ Parameters: ``target`` (or ``gmacs_fraction`` at matched compute), ``tau``, ``la
 ``batch_size``, ``layers``, ``order`` (``bipartite``, the official layout, or ``original``)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
-from vitbench.catalog import HELP, BudgetKnob, MethodSpec
-from vitbench.errors import ParamError
+from vitbench.catalog import BudgetKnob, MethodSpec, Range, param
 from vitbench.hookspecs import hookimpl
 
 
@@ -41,53 +40,28 @@ class LTMPParams:
     threshold's gradient per step (``None``: unbounded, as the paper), so one step moves a
     threshold by at most ``lr * max_grad`` (docs/methods.md, "LTMP", "Thresholds")."""
 
-    target: float = field(default=0.75, metadata={HELP: (
-        "FLOPs ratio to reach (Swin: a fraction of the counted GMACs); unused with gmacs_fraction")})
-    tau: float = field(default=0.1, metadata={HELP: "temperature of the learned thresholds' maskers"})
-    lambda_flops: float = field(default=10.0, metadata={HELP: "weight of the FLOPs penalty"})
-    epochs: int = field(default=1, metadata={HELP: "fine-tuning epochs of the thresholds"})
-    lr_merge: float = field(default=5e-3, metadata={HELP: "learning rate of the merging thresholds theta_m"})
-    lr_prune: float = field(default=5e-6, metadata={HELP: "learning rate of the pruning thresholds theta_p"})
-    max_grad: Optional[float] = field(default=10.0, metadata={HELP: (
-        "bound on each threshold's gradient per step (None: unbounded, as the paper)")})
-    optimizer: str = field(default="SGD", metadata={HELP: "the fine-tuning's optimizer: SGD, AdamW or Adam"})
-    label_smoothing: float = field(default=0.1, metadata={HELP: "label smoothing of the cross-entropy"})
-    batch_size: int = field(default=64, metadata={HELP: "images per training batch"})
-    layers: Optional[tuple[int, ...]] = field(default=None, metadata={HELP: (
-        "the blocks that reduce (0-based; None: all)")})
-    order: str = field(default="bipartite", metadata={HELP: (
-        "token layout after a reducing block: bipartite (prefix, A, B) or original")})
-    gmacs_fraction: Optional[float] = field(default=None, metadata={HELP: (
-        "fraction of the counted GMACs to reach (--match-gmacs sets it; None: use target)")})
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.target <= 1.0:
-            raise ParamError(f"ltmp.target={self.target} is out of range; the FLOPs ratio must be in (0, 1]")
-        if self.gmacs_fraction is not None and not 0.0 < self.gmacs_fraction <= 1.0:
-            raise ParamError(f"ltmp.gmacs_fraction={self.gmacs_fraction} is out of range; the fraction of "
-                             f"the model's GMACs must be in (0, 1]")
-        if not self.tau > 0.0:
-            raise ParamError(f"ltmp.tau={self.tau} is out of range; the temperature must be > 0")
-        if not self.lambda_flops >= 0.0:
-            raise ParamError(f"ltmp.lambda_flops={self.lambda_flops} is out of range; it must be >= 0")
-        if self.epochs < 1:
-            raise ParamError(f"ltmp.epochs={self.epochs} is out of range; it must be >= 1")
-        for name in ("lr_merge", "lr_prune"):
-            if not getattr(self, name) >= 0.0:
-                raise ParamError(f"ltmp.{name}={getattr(self, name)} is out of range; it must be >= 0")
-        if self.max_grad is not None and not self.max_grad > 0.0:
-            raise ParamError(f"ltmp.max_grad={self.max_grad} is out of range; it must be > 0 (or None: unbounded)")
-        if self.optimizer not in _OPTIMIZERS:
-            raise ParamError(f"ltmp.optimizer={self.optimizer!r}; valid optimizers: {', '.join(_OPTIMIZERS)}")
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise ParamError(f"ltmp.label_smoothing={self.label_smoothing} is out of range; "
-                             f"it must be in [0, 1)")
-        if self.batch_size < 1:
-            raise ParamError(f"ltmp.batch_size={self.batch_size} is out of range; it must be >= 1")
-        if self.layers is not None and any(layer < 0 for layer in self.layers):
-            raise ParamError(f"ltmp.layers={list(self.layers)}: block indices are >= 0")
-        if self.order not in ORDERS:
-            raise ParamError(f"ltmp.order={self.order!r}; valid orders: {', '.join(ORDERS)}")
+    target: float = param(0.75,
+                          "FLOPs ratio to reach (Swin: a fraction of the counted GMACs); unused with gmacs_fraction",
+                          range=Range(0, 1, low_open=True), why="the FLOPs ratio")
+    tau: float = param(0.1, "temperature of the learned thresholds' maskers", range=Range(0, low_open=True),
+                       why="the temperature")
+    lambda_flops: float = param(10.0, "weight of the FLOPs penalty", range=Range(0))
+    epochs: int = param(1, "fine-tuning epochs of the thresholds", range=Range(1))
+    lr_merge: float = param(5e-3, "learning rate of the merging thresholds theta_m", range=Range(0))
+    lr_prune: float = param(5e-6, "learning rate of the pruning thresholds theta_p", range=Range(0))
+    max_grad: Optional[float] = param(10.0,
+                                      "bound on each threshold's gradient per step (None: unbounded, as the paper)",
+                                      range=Range(0, low_open=True), why="or None: unbounded")
+    optimizer: str = param("SGD", "the fine-tuning's optimizer: SGD, AdamW or Adam", choices=_OPTIMIZERS)
+    label_smoothing: float = param(0.1, "label smoothing of the cross-entropy", range=Range(0, 1, high_open=True))
+    batch_size: int = param(64, "images per training batch", range=Range(1))
+    layers: Optional[tuple[int, ...]] = param(None, "the blocks that reduce (0-based; None: all)", range=Range(0))
+    order: str = param("bipartite", "token layout after a reducing block: bipartite (prefix, A, B) or original",
+                       choices=ORDERS)
+    gmacs_fraction: Optional[float] = param(None,
+                                            "fraction of the counted GMACs to reach (--match-gmacs sets it; None: use target)",
+                                            range=Range(0, 1, low_open=True),
+                                            why="the fraction of the model's GMACs")
 
 
 @hookimpl

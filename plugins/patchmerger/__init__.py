@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from vitbench.catalog import HELP, BudgetKnob, MethodSpec, patch_count
+from vitbench.catalog import HELP, BudgetKnob, MethodSpec, Range, param, patch_count
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
 
@@ -31,10 +31,10 @@ class PatchMergerParams:
     tokens: int = field(default=8, metadata={HELP: "the output token count M"})
     layer: Optional[int] = field(default=None, metadata={HELP: (
         "the block whose MLP and later blocks see M tokens (None: the middle, depth // 2 - 1)")})
-    epochs: int = field(default=1, metadata={HELP: "fine-tuning epochs of the merger (AdamW, cosine schedule)"})
-    lr: float = field(default=1e-3, metadata={HELP: "fine-tuning learning rate"})
-    weight_decay: float = field(default=0.0, metadata={HELP: "fine-tuning weight decay"})
-    batch_size: int = field(default=64, metadata={HELP: "images per training batch"})
+    epochs: int = param(1, "fine-tuning epochs of the merger (AdamW, cosine schedule)", range=Range(1))
+    lr: float = param(1e-3, "fine-tuning learning rate", range=Range(0, low_open=True))
+    weight_decay: float = param(0.0, "fine-tuning weight decay", range=Range(0))
+    batch_size: int = param(64, "images per training batch", range=Range(1))
 
     def __post_init__(self) -> None:
         if not isinstance(self.tokens, int) or isinstance(self.tokens, bool) or self.tokens < 1:
@@ -42,14 +42,6 @@ class PatchMergerParams:
                              f"must be an integer >= 1 (and at most the model's patch count)")
         if self.layer is not None and (not isinstance(self.layer, int) or self.layer < 0):
             raise ParamError(f"patchmerger.layer={self.layer!r} is out of range; it is a block index >= 0")
-        if self.epochs < 1:
-            raise ParamError(f"patchmerger.epochs={self.epochs} is out of range; it must be >= 1")
-        if not self.lr > 0.0:
-            raise ParamError(f"patchmerger.lr={self.lr} is out of range; it must be > 0")
-        if not self.weight_decay >= 0.0:
-            raise ParamError(f"patchmerger.weight_decay={self.weight_decay} is out of range; it must be >= 0")
-        if self.batch_size < 1:
-            raise ParamError(f"patchmerger.batch_size={self.batch_size} is out of range; it must be >= 1")
 
 
 @hookimpl

@@ -14,11 +14,10 @@ Parameters: ``r`` (ToMe's knob; :func:`ratio_schedule` turns the paper's keep ra
 ``prop_attn``, ``trace_source``. docs/methods.md, "PiToMe" lists the differences from the official code."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Union
 
-from vitbench.catalog import HELP, BudgetKnob, MethodSpec, patch_count
+from vitbench.catalog import HELP, BudgetKnob, MethodSpec, Range, param, patch_count
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
 
@@ -38,8 +37,8 @@ class PiToMeParams:
         "energy margin at the first block (block l of L uses margin - margin_decay * l / L)")})
     margin_decay: float = field(default=0.9, metadata={HELP: (
         "how much the margin falls from the first block to the last")})
-    alpha: float = field(default=1.0, metadata={HELP: "the energy's scale below the margin"})
-    energy: str = field(default="paper", metadata={HELP: "the energy score: paper, or elu (the official code's form)"})
+    alpha: float = param(1.0, "the energy's scale below the margin", range=Range(0))
+    energy: str = param("paper", "the energy score: paper, or elu (the official code's form)", choices=ENERGIES)
     prop_attn: bool = field(default=True, metadata={HELP: "proportional attention: add log(size) to the logits"})
     trace_source: bool = field(default=False, metadata={HELP: "record the patches each token stands for"})
 
@@ -56,11 +55,6 @@ class PiToMeParams:
             raise ParamError(f"pitome.margin_decay={self.margin_decay} is out of range; with "
                              f"margin={self.margin} it must be in [{low:g}, {high:g}], so that every "
                              f"block's margin stays in [-1, 1]")
-        if not (math.isfinite(self.alpha) and self.alpha >= 0.0):
-            raise ParamError(f"pitome.alpha={self.alpha} is out of range; it must be a finite number >= 0")
-        if self.energy not in ENERGIES:
-            raise ParamError(f"pitome.energy={self.energy!r} is out of range; it must be one of: "
-                             f"{', '.join(ENERGIES)}")
 
 
 @hookimpl

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vitbench.catalog import HELP, BudgetKnob, MethodSpec, patch_count
+from vitbench.catalog import HELP, BudgetKnob, MethodSpec, Range, param, patch_count
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
 
@@ -34,19 +34,13 @@ class PPTParams:
     ``order`` lays out the tokens a pruning step keeps (``"score"``: highest first, as the
     official code; ``"original"``: spatial order)."""
 
-    r: int = field(default=50, metadata={HELP: "tokens pooled or pruned at each listed block"})
-    layers: tuple[int, ...] = field(default=(3, 6, 9), metadata={HELP: "blocks (0-indexed) that reduce"})
-    threshold: float = field(default=7e-5, metadata={HELP: "pool when the scores' variance is below it, else prune"})
+    r: int = param(50, "tokens pooled or pruned at each listed block", range=Range(0))
+    layers: tuple[int, ...] = param((3, 6, 9), "blocks (0-indexed) that reduce", range=Range(0))
+    threshold: float = param(7e-5, "pool when the scores' variance is below it, else prune", range=Range(0))
     score: str = field(default="cls-attn", metadata={HELP: "the scorer (vitbench list scorers)"})
     order: str = field(default="score", metadata={HELP: "layout of kept tokens: score (highest first) or original"})
 
     def __post_init__(self) -> None:
-        if self.r < 0:
-            raise ParamError(f"ppt.r={self.r} is out of range; r must be >= 0")
-        if self.threshold < 0:
-            raise ParamError(f"ppt.threshold={self.threshold} is out of range; it must be >= 0")
-        if any(layer < 0 for layer in self.layers):
-            raise ParamError(f"ppt.layers={list(self.layers)}: block indices are >= 0")
         from vitbench.kit import check_scorer  # the scorers' names: the plugin host
 
         check_scorer("ppt", self.score)

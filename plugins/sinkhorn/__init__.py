@@ -13,9 +13,9 @@ of the patches. ``M = ceil(keep * M_prev)`` per listed block; ``keep = 1`` chang
 Parameters: ``keep``, ``layers``, ``eps``, ``iters``, ``epochs``, ``lr``, ``batch_size``."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from vitbench.catalog import HELP, BudgetKnob, MethodSpec
+from vitbench.catalog import BudgetKnob, MethodSpec, Range, param
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
 
@@ -27,32 +27,19 @@ class SinkhornParams:
     Sinkhorn iterations (official: 3); ``epochs``, ``lr``, ``batch_size``: the training of the
     centres (AdamW, cosine schedule)."""
 
-    keep: float = field(default=0.5, metadata={HELP: "centres per listed block, as a fraction of its patch tokens"})
-    layers: tuple[int, ...] = field(default=(3, 6, 9), metadata={HELP: "the blocks that cluster (0-based)"})
-    eps: float = field(default=1.0, metadata={HELP: (
-        "entropic regularisation of the Sinkhorn assignment (official code: 1.0)")})
-    iters: int = field(default=3, metadata={HELP: "Sinkhorn iterations (official code: 3)"})
-    epochs: int = field(default=1, metadata={HELP: "training epochs of the centres (AdamW, cosine schedule)"})
-    lr: float = field(default=1e-2, metadata={HELP: "learning rate of the centres"})
-    batch_size: int = field(default=64, metadata={HELP: "images per training batch"})
+    keep: float = param(0.5, "centres per listed block, as a fraction of its patch tokens",
+                        range=Range(0, 1, low_open=True))
+    layers: tuple[int, ...] = param((3, 6, 9), "the blocks that cluster (0-based)", range=Range(0))
+    eps: float = param(1.0, "entropic regularisation of the Sinkhorn assignment (official code: 1.0)",
+                       range=Range(0, low_open=True))
+    iters: int = param(3, "Sinkhorn iterations (official code: 3)", range=Range(1))
+    epochs: int = param(1, "training epochs of the centres (AdamW, cosine schedule)", range=Range(1))
+    lr: float = param(1e-2, "learning rate of the centres", range=Range(0, low_open=True))
+    batch_size: int = param(64, "images per training batch", range=Range(1))
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.keep <= 1.0:
-            raise ParamError(f"sinkhorn.keep={self.keep} is out of range; it must be in (0, 1]")
-        if any(layer < 0 for layer in self.layers):
-            raise ParamError(f"sinkhorn.layers={list(self.layers)}: block indices are >= 0")
         if len(set(self.layers)) != len(self.layers):
             raise ParamError(f"sinkhorn.layers={list(self.layers)} is out of range; each block may be listed once")
-        if not self.eps > 0.0:
-            raise ParamError(f"sinkhorn.eps={self.eps} is out of range; it must be > 0")
-        if self.iters < 1:
-            raise ParamError(f"sinkhorn.iters={self.iters} is out of range; it must be an integer >= 1")
-        if self.epochs < 1:
-            raise ParamError(f"sinkhorn.epochs={self.epochs} is out of range; it must be >= 1")
-        if not self.lr > 0.0:
-            raise ParamError(f"sinkhorn.lr={self.lr} is out of range; it must be > 0")
-        if self.batch_size < 1:
-            raise ParamError(f"sinkhorn.batch_size={self.batch_size} is out of range; it must be >= 1")
 
 
 @hookimpl

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vitbench.catalog import HELP, BudgetKnob, MethodSpec
-from vitbench.errors import ParamError
+from vitbench.catalog import HELP, BudgetKnob, MethodSpec, Range, param
 from vitbench.hookspecs import hookimpl
 
 
@@ -26,16 +25,13 @@ from vitbench.hookspecs import hookimpl
 class TopKParams:
     """``keep`` fraction of patch tokens kept at each of ``layers``; ``fuse`` adds EViT's token."""
 
-    keep: float = field(default=0.7, metadata={HELP: "fraction of patch tokens kept at each listed block, in (0, 1]"})
-    layers: tuple[int, ...] = field(default=(3, 6, 9), metadata={HELP: "blocks (0-indexed) that prune"})
+    keep: float = param(0.7, "fraction of patch tokens kept at each listed block, in (0, 1]",
+                        range=Range(0, 1, low_open=True))
+    layers: tuple[int, ...] = param((3, 6, 9), "blocks (0-indexed) that prune", range=Range(0))
     score: str = field(default="cls-attn", metadata={HELP: "the scorer that ranks tokens (vitbench list scorers)"})
     fuse: bool = field(default=False, metadata={HELP: "fuse the dropped tokens into one extra token (EViT)"})
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.keep <= 1.0:
-            raise ParamError(f"topk.keep={self.keep} is out of range; it must be in (0, 1]")
-        if any(layer < 0 for layer in self.layers):
-            raise ParamError(f"topk.layers={list(self.layers)}: block indices are >= 0")
         from vitbench.kit import check_scorer  # the scorers' names: the plugin host
 
         check_scorer("topk", self.score)

@@ -14,11 +14,10 @@ Parameters: ``r`` (int or per-block list), ``i_share`` (the I-stage's share of `
 says which choices are the paper's and which are ours, and the sources used."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional, Union
 
-from vitbench.catalog import HELP, BudgetKnob, MethodSpec, patch_count
-from vitbench.errors import ParamError
+from vitbench.catalog import BudgetKnob, MethodSpec, Range, param, patch_count
 from vitbench.hookspecs import hookimpl
 
 
@@ -39,37 +38,18 @@ class ZeroTPruneParams:
     ``partition``, ``init`` and ``order`` as in the module docstring; ``layers`` the pruning
     blocks (``None``: all)."""
 
-    r: Union[int, list[int]] = field(default=11, metadata={HELP: (
-        "tokens pruned per pruning block: one int, or one per block")})
-    i_share: float = field(default=0.5, metadata={HELP: (
-        "share of r pruned by importance (I-stage); the rest by similarity (S-stage)")})
-    iters: int = field(default=30, metadata={HELP: "Weighted PageRank iterations of the I-stage"})
-    heads: str = field(default="eir", metadata={HELP: "how per-head importance combines: eir or mean"})
-    partition: str = field(default="sequential", metadata={HELP: (
-        "how the kept tokens split into sources and targets: sequential or alternate")})
-    layers: Optional[tuple[int, ...]] = field(default=None, metadata={HELP: "the pruning blocks (0-based; None: all)"})
-    init: str = field(default="cls", metadata={HELP: "the Weighted PageRank's starting scores: cls or uniform"})
-    order: str = field(default="s_first", metadata={HELP: "order of the stages in a pruning block: s_first or i_first"})
-
-    def __post_init__(self) -> None:
-        values = [self.r] if isinstance(self.r, int) else list(self.r)
-        if any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in values):
-            raise ParamError(f"zero-tprune.r={self.r!r} is out of range; r must be an integer >= 0 "
-                             f"(or a list of them, one per block)")
-        if not 0.0 <= self.i_share <= 1.0:
-            raise ParamError(f"zero-tprune.i_share={self.i_share} is out of range; it must be in [0, 1]")
-        if isinstance(self.iters, bool) or not isinstance(self.iters, int) or self.iters < 1:
-            raise ParamError(f"zero-tprune.iters={self.iters!r} is out of range; it must be an integer >= 1")
-        if self.heads not in HEAD_MODES:
-            raise ParamError(f"zero-tprune.heads={self.heads!r}; valid: {', '.join(HEAD_MODES)}")
-        if self.partition not in PARTITIONS:
-            raise ParamError(f"zero-tprune.partition={self.partition!r}; valid: {', '.join(PARTITIONS)}")
-        if self.init not in INITS:
-            raise ParamError(f"zero-tprune.init={self.init!r}; valid: {', '.join(INITS)}")
-        if self.order not in ORDERS:
-            raise ParamError(f"zero-tprune.order={self.order!r}; valid: {', '.join(ORDERS)}")
-        if self.layers is not None and any(layer < 0 for layer in self.layers):
-            raise ParamError(f"zero-tprune.layers={list(self.layers)}: block indices are >= 0")
+    r: Union[int, list[int]] = param(11, "tokens pruned per pruning block: one int, or one per block",
+                                     range=Range(0), why="or a list of them, one per block")
+    i_share: float = param(0.5, "share of r pruned by importance (I-stage); the rest by similarity (S-stage)",
+                           range=Range(0, 1))
+    iters: int = param(30, "Weighted PageRank iterations of the I-stage", range=Range(1))
+    heads: str = param("eir", "how per-head importance combines: eir or mean", choices=HEAD_MODES)
+    partition: str = param("sequential",
+                           "how the kept tokens split into sources and targets: sequential or alternate",
+                           choices=PARTITIONS)
+    layers: Optional[tuple[int, ...]] = param(None, "the pruning blocks (0-based; None: all)", range=Range(0))
+    init: str = param("cls", "the Weighted PageRank's starting scores: cls or uniform", choices=INITS)
+    order: str = param("s_first", "order of the stages in a pruning block: s_first or i_first", choices=ORDERS)
 
 
 @hookimpl

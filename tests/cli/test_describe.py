@@ -75,6 +75,12 @@ def test_evit_is_the_topk_preset_with_fuse_on(capsys):
     assert main(["describe", "evit"]) == 0
     out = capsys.readouterr().out
     assert "    fuse: bool = True\n" in out and "    keep: float = 0.7\n" in out
+    assert "in (0, 1]\n        valid: in (0, 1]\n    layers" in out  # the declared limits, under the help
+
+
+def test_describe_shows_declared_choices(capsys):
+    assert main(["describe", "atc"]) == 0
+    assert "        valid: one of: average, complete, single\n" in capsys.readouterr().out
 
 
 def test_run_help_is_grouped_and_states_the_defaults(capsys):

@@ -9,6 +9,7 @@ from scipy.cluster.hierarchy import fcluster, linkage
 from scipy.spatial.distance import pdist
 
 from vitbench.engine.families.vit import describe
+from vitbench.core.params import make_params
 from vitbench.errors import ParamError
 from vitbench_plugins.atc import ATCParams
 from vitbench_plugins.atc.reduction import agglomerative, build
@@ -62,9 +63,9 @@ def test_the_reducers_cluster_the_keys_at_the_listed_blocks(vit):
 @pytest.mark.parametrize("kwargs, message", [
     ({"keep": 0.0}, r"atc.keep=0.0 is out of range; it must be in \(0, 1\]"),
     ({"keep": 1.5}, r"atc.keep=1.5 is out of range"),
-    ({"linkage": "ward"}, "atc.linkage='ward' is not a linkage; choose one of average, complete, single"),
-    ({"layers": (-1,)}, "block indices are >= 0"),
+    ({"linkage": "ward"}, "atc.linkage='ward'; valid values: average, complete, single"),
+    ({"layers": (-1,)}, "every item must be >= 0"),
 ])
 def test_bad_parameters(kwargs, message):
     with pytest.raises(ParamError, match=message):
-        ATCParams(**kwargs)
+        make_params("atc", ATCParams, kwargs)  # what the command line, the plan and apply go through

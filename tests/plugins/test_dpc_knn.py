@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from vitbench.engine import TokenState
+from vitbench.core.params import make_params
 from vitbench.errors import ParamError
 from vitbench_plugins.dpc_knn import DPCKNNParams
 from vitbench_plugins.dpc_knn.reduction import dpc_knn
@@ -52,8 +53,8 @@ def test_cluster_refuses_an_empty_cluster_and_a_bad_assignment():
     ({"keep": 0.0}, "dpc-knn.keep=0.0 is out of range"),
     ({"keep": 1.5}, "dpc-knn.keep=1.5 is out of range"),
     ({"k": 0}, "dpc-knn.k=0 is out of range"),
-    ({"layers": (-1,)}, "block indices are >= 0"),
+    ({"layers": (-1,)}, "every item must be >= 0"),
 ])
 def test_bad_parameters(kwargs, message):
     with pytest.raises(ParamError, match=message):
-        DPCKNNParams(**kwargs)
+        make_params("dpc-knn", DPCKNNParams, kwargs)  # what the command line, the plan and apply go through

@@ -9,6 +9,7 @@ import torch
 import vitbench
 from vitbench.measure.calibrate import TOLERANCE
 from vitbench.engine import bipartite_soft_matching, reduction_context
+from vitbench.core.params import make_params
 from vitbench.errors import ParamError
 from vitbench.host import get_host
 from vitbench.testing import check_method, tiny_vit
@@ -47,7 +48,7 @@ def test_registers_as_a_learnable_merging_method():
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"r": -1}, r"dtem.r=-1 is out of range; r must be an integer >= 0"),
-    ({"r": (4,)}, r"dtem.r=\(4,\): a schedule is \(r, inflect\)"),
+    ({"r": (4,)}, r"dtem.r=\(4,\) is not a valid "),  # parentheses: a schedule, never a list
     ({"feat_dim": 0}, r"dtem.feat_dim=0 is out of range; it must be an integer >= 1"),
     ({"init": "zeros"}, r"dtem.init='zeros'; valid inits: keys, random"),
     ({"k2": 0}, r"dtem.k2=0 is out of range; it must be an integer >= 1"),
@@ -60,7 +61,7 @@ def test_registers_as_a_learnable_merging_method():
 ])
 def test_bad_parameters(kwargs, message):
     with pytest.raises(ParamError, match=message):
-        DTEMParams(**kwargs)
+        make_params("dtem", DTEMParams, kwargs)  # what the command line, the plan and apply go through
 
 
 @pytest.mark.parametrize("kwargs, message", [

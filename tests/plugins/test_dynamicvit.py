@@ -10,6 +10,7 @@ import torch
 import vitbench
 from vitbench.engine import TokenState, enable_source_tracing, reduction_context, unmerge
 from vitbench.engine.attention import AttnInfo, attention_forward
+from vitbench.core.params import make_params
 from vitbench.errors import ParamError
 from vitbench.host import get_host
 from vitbench.testing import check_method, tiny_deit_distilled, tiny_vit
@@ -69,17 +70,17 @@ def test_registers_as_a_learnable_pruning_method():
     ({"keep": 0.0}, r"dynamicvit.keep=0.0 is out of range; it must be in \(0, 1\]"),
     ({"keep": 1.5}, r"dynamicvit.keep=1.5 is out of range"),
     ({"layers": ()}, r"dynamicvit.layers=\[\] is out of range; it must list at least one block"),
-    ({"layers": (-1,)}, r"block indices are >= 0"),
+    ({"layers": (-1,)}, r"every item must be >= 0"),
     ({"layers": (3, 3)}, r"each block may be listed once"),
     ({"ratio_weight": -1.0}, r"dynamicvit.ratio_weight=-1.0 is out of range; it must be >= 0"),
-    ({"tau": 0.0}, r"dynamicvit.tau=0.0 is out of range; the temperature must be > 0"),
+    ({"tau": 0.0}, r"dynamicvit.tau=0.0 is out of range; it must be > 0 \(the temperature\)"),
     ({"epochs": 0}, r"dynamicvit.epochs=0 is out of range; it must be >= 1"),
     ({"lr": 0.0}, r"dynamicvit.lr=0.0 is out of range; it must be > 0"),
     ({"batch_size": 0}, r"dynamicvit.batch_size=0 is out of range; it must be >= 1"),
 ])
 def test_bad_parameters(kwargs, message):
     with pytest.raises(ParamError, match=message):
-        DynamicViTParams(**kwargs)
+        make_params("dynamicvit", DynamicViTParams, kwargs)  # what the command line, the plan and apply go through
 
 
 def test_a_block_the_model_lacks_is_a_param_error():

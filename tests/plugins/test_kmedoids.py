@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from vitbench.core.params import make_params
 from vitbench.errors import ParamError
 from vitbench_plugins.kmedoids import KMedoidsParams
 from vitbench_plugins.kmedoids.reduction import kmedoids
@@ -44,8 +45,8 @@ def test_deterministic_and_each_medoid_in_its_own_cluster():
 @pytest.mark.parametrize("kwargs, message", [
     ({"keep": 0.0}, "kmedoids.keep=0.0 is out of range"),
     ({"iters": -1}, "kmedoids.iters=-1 is out of range"),
-    ({"layers": (-2,)}, "block indices are >= 0"),
+    ({"layers": (-2,)}, "every item must be >= 0"),
 ])
 def test_bad_parameters(kwargs, message):
     with pytest.raises(ParamError, match=message):
-        KMedoidsParams(**kwargs)
+        make_params("kmedoids", KMedoidsParams, kwargs)  # what the command line, the plan and apply go through

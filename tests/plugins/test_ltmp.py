@@ -357,17 +357,17 @@ def test_matched_compute_sets_gmacs_fraction():
 
 
 @pytest.mark.parametrize("bad, message", [
-    (dict(target=0.0), r"ltmp.target=0.0 is out of range; the FLOPs ratio must be in \(0, 1\]"),
+    (dict(target=0.0), r"ltmp.target=0.0 is out of range; it must be in \(0, 1\] \(the FLOPs ratio\)"),
     (dict(target=1.5), r"ltmp.target=1.5 is out of range"),
-    (dict(gmacs_fraction=0.0), r"ltmp.gmacs_fraction=0.0 is out of range; the fraction of the model's GMACs"),
+    (dict(gmacs_fraction=0.0), r"ltmp.gmacs_fraction=0.0 is out of range; it must be in \(0, 1\] \(the fraction of the model's GMACs"),
     (dict(gmacs_fraction=1.5), r"ltmp.gmacs_fraction=1.5 is out of range"),
-    (dict(tau=0.0), r"ltmp.tau=0.0 is out of range; the temperature must be > 0"),
+    (dict(tau=0.0), r"ltmp.tau=0.0 is out of range; it must be > 0 \(the temperature\)"),
     (dict(tau=-1.0), r"ltmp.tau=-1.0 is out of range"),
     (dict(lambda_flops=-1.0), r"ltmp.lambda_flops=-1.0 is out of range"),
     (dict(epochs=0), r"ltmp.epochs=0 is out of range"),
     (dict(lr_merge=-1e-3), r"ltmp.lr_merge=-0.001 is out of range"),
     (dict(max_grad=0.0), r"ltmp.max_grad=0.0 is out of range; it must be > 0 \(or None: unbounded\)"),
-    (dict(optimizer="LBFGS"), r"valid optimizers: SGD, AdamW, Adam"),
+    (dict(optimizer="LBFGS"), r"valid values: SGD, AdamW, Adam"),
     (dict(label_smoothing=1.0), r"ltmp.label_smoothing=1.0 is out of range"),
     (dict(batch_size=0), r"ltmp.batch_size=0 is out of range"),
     (dict(layers=(3, 12)), r"ltmp.layers contains 12; valid block indices for this model: 0..11"),

@@ -10,6 +10,7 @@ import vitbench
 from vitbench.measure.calibrate import TOLERANCE
 from vitbench.engine import TokenState, reduction_context
 from vitbench.engine.attention import AttnInfo
+from vitbench.core.params import make_params
 from vitbench.errors import ParamError
 from vitbench.host import get_host
 from vitbench.testing import check_method, tiny_vit
@@ -36,7 +37,7 @@ def test_registers_as_a_learnable_merging_method():
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"tokens": 0}, r"patchmerger.tokens=0 is out of range; the output token count must be an integer >= 1"),
-    ({"tokens": 2.5}, r"patchmerger.tokens=2.5 is out of range"),
+    ({"tokens": 2.5}, r"patchmerger.tokens=2.5 is not a valid int"),
     ({"layer": -1}, r"patchmerger.layer=-1 is out of range; it is a block index >= 0"),
     ({"epochs": 0}, r"patchmerger.epochs=0 is out of range; it must be >= 1"),
     ({"lr": 0.0}, r"patchmerger.lr=0.0 is out of range; it must be > 0"),
@@ -45,7 +46,7 @@ def test_registers_as_a_learnable_merging_method():
 ])
 def test_bad_parameters(kwargs, message):
     with pytest.raises(ParamError, match=message):
-        PatchMergerParams(**kwargs)
+        make_params("patchmerger", PatchMergerParams, kwargs)  # what the command line, the plan and apply go through
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -295,9 +295,9 @@ def test_conforms(params, counts):
     (dict(r=[1, 2]), r"pitome.r has 2 entries; the model has 6 blocks"),
     (dict(margin=1.5), r"pitome.margin=1.5 is out of range; it must be in \[-1, 1\]"),
     (dict(margin_decay=2.5), r"pitome.margin_decay=2.5 is out of range; with margin=0.9 it must be in \[-0.1, 1.9\]"),
-    (dict(alpha=-1.0), r"pitome.alpha=-1.0 is out of range; it must be a finite number >= 0"),
+    (dict(alpha=-1.0), r"pitome.alpha=-1.0 is out of range; it must be >= 0"),
     (dict(alpha=float("nan")), r"pitome\.alpha=nan is not a finite number"),
-    (dict(energy="gauss"), r"pitome.energy='gauss' is out of range; it must be one of: paper, elu"),
+    (dict(energy="gauss"), r"pitome.energy='gauss'; valid values: paper, elu"),
     (dict(q=1), r"unknown parameter pitome.q; valid parameters of pitome: r, margin, margin_decay, alpha"),
 ])
 def test_bad_parameters_name_the_value(vit, bad, message):

@@ -11,6 +11,7 @@ import torch
 import vitbench
 from vitbench.engine import TokenState
 from vitbench.engine.families.vit import describe
+from vitbench.core.params import make_params
 from vitbench.errors import ParamError
 from vitbench.kit import soft_cluster
 from vitbench_plugins.sinkhorn import SinkhornParams
@@ -107,11 +108,11 @@ def test_the_centres_train(vit):
 @pytest.mark.parametrize("kwargs, message", [
     ({"keep": 0.0}, r"sinkhorn.keep=0.0 is out of range; it must be in \(0, 1\]"),
     ({"eps": 0.0}, "sinkhorn.eps=0.0 is out of range; it must be > 0"),
-    ({"iters": 0}, "sinkhorn.iters=0 is out of range; it must be an integer >= 1"),
+    ({"iters": 0}, "sinkhorn.iters=0 is out of range; it must be >= 1"),
     ({"layers": (3, 3)}, "each block may be listed once"),
-    ({"layers": (-1,)}, "block indices are >= 0"),
+    ({"layers": (-1,)}, "every item must be >= 0"),
     ({"lr": 0.0}, "sinkhorn.lr=0.0 is out of range"),
 ])
 def test_bad_parameters(kwargs, message):
     with pytest.raises(ParamError, match=message):
-        SinkhornParams(**kwargs)
+        make_params("sinkhorn", SinkhornParams, kwargs)  # what the command line, the plan and apply go through

@@ -13,6 +13,7 @@ import torch
 
 import vitbench
 from vitbench.engine import AttnInfo, TokenState, reduction_context
+from vitbench.core.params import make_params
 from vitbench.errors import ParamError
 from vitbench.testing import check_method, tiny_deit_distilled, tiny_vit
 from vitbench_plugins.zero_tprune import ZeroTPruneParams
@@ -329,19 +330,19 @@ def test_only_the_pruning_blocks_give_up_the_fused_kernel():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"r": -1}, r"zero-tprune.r=-1 is out of range; r must be an integer >= 0"),
+    ({"r": -1}, r"zero-tprune.r=-1 is out of range; it must be >= 0"),
     ({"r": [1, -2]}, r"zero-tprune.r=\[1, -2\] is out of range"),
     ({"i_share": 1.5}, r"zero-tprune.i_share=1.5 is out of range; it must be in \[0, 1\]"),
-    ({"iters": 0}, r"zero-tprune.iters=0 is out of range; it must be an integer >= 1"),
-    ({"heads": "max"}, r"zero-tprune.heads='max'; valid: eir, mean"),
-    ({"partition": "random"}, r"zero-tprune.partition='random'; valid: sequential, alternate"),
-    ({"layers": (-1,)}, r"zero-tprune.layers=\[-1\]: block indices are >= 0"),
-    ({"init": "zeros"}, r"zero-tprune.init='zeros'; valid: cls, uniform"),
-    ({"order": "is"}, r"zero-tprune.order='is'; valid: s_first, i_first"),
+    ({"iters": 0}, r"zero-tprune.iters=0 is out of range; it must be >= 1"),
+    ({"heads": "max"}, r"zero-tprune.heads='max'; valid values: eir, mean"),
+    ({"partition": "random"}, r"zero-tprune.partition='random'; valid values: sequential, alternate"),
+    ({"layers": (-1,)}, r"zero-tprune.layers=\[-1\] is out of range; every item must be >= 0"),
+    ({"init": "zeros"}, r"zero-tprune.init='zeros'; valid values: cls, uniform"),
+    ({"order": "is"}, r"zero-tprune.order='is'; valid values: s_first, i_first"),
 ])
 def test_bad_parameters(kwargs, message):
     with pytest.raises(ParamError, match=message):
-        ZeroTPruneParams(**kwargs)
+        make_params("zero-tprune", ZeroTPruneParams, kwargs)  # what the command line, the plan and apply go through
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -66,6 +66,8 @@ def card(spec: MethodSpec) -> list[str]:
         default = "(required)" if doc.default is dataclasses.MISSING else repr(doc.default)
         lines.append(f"    {doc.name}: {doc.type} = {default}")
         lines.append(f"        {doc.help or NO_HELP}")
+        if doc.limits:
+            lines.append(f"        valid: {doc.limits}")
     return lines
 
 

@@ -1,8 +1,11 @@
 """Method parameters: dataclasses with defaults, built from keyword or ``KEY=VALUE`` strings.
 
-A parameter dataclass validates itself in ``__post_init__`` (raising
-:class:`~vitbench.errors.ParamError`); this module converts CLI strings to the declared field
-types and rejects unknown keys, naming the valid ones.
+This module converts command-line strings to the declared field types once, rejects unknown
+keys naming the valid ones, and checks the limits a field declares (:data:`RANGE`,
+:data:`CHOICES`, made with :func:`param`; ``vitbench describe`` shows them). What spans fields
+the dataclass checks itself in ``__post_init__`` (raising :class:`~vitbench.errors.ParamError`).
+The canonical JSON of a parameter set (:func:`params_json`, the run id's and the store's) reads
+back equal (:func:`params_from_json`): tuples stay tuples.
 """
 from __future__ import annotations
 
@@ -12,12 +15,101 @@ import math
 import re
 import types
 import typing
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
 
 from vitbench.errors import ParamError
 
 #: nan/inf as Python writes them (``nan``, ``-inf``, ``Infinity``): read as JSON's tokens, then refused
 _NON_FINITE = re.compile(r"(?<![\w.\"])([+-]?)(nan|inf(?:inity)?)(?![\w.\"])", re.IGNORECASE)
+
+
+#: field metadata: the one-line meaning ``vitbench describe`` shows
+HELP = "help"
+#: field metadata: a :class:`Range` every number of the field must lie in
+RANGE = "range"
+#: field metadata: the field's valid values
+CHOICES = "choices"
+
+
+@dataclass(frozen=True)
+class Range:
+    """The interval a number (or each number of a list or tuple) must lie in; ``None``: unbounded."""
+
+    low: Optional[float] = None
+    high: Optional[float] = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def __contains__(self, value: float) -> bool:
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return not (self.high is not None and (value >= self.high if self.high_open else value > self.high))
+
+    def __str__(self) -> str:
+        if self.high is None:
+            return f"{'>' if self.low_open else '>='} {self.low:g}"
+        if self.low is None:
+            return f"{'<' if self.high_open else '<='} {self.high:g}"
+        return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+
+
+def at_least(low: float) -> Range:
+    """``>= low``."""
+    return Range(low)
+
+
+def above(low: float) -> Range:
+    """``> low``."""
+    return Range(low, low_open=True)
+
+
+def param(default: Any = dataclasses.MISSING, help: str = "", *, range: Optional[Range] = None,
+          choices: Optional[tuple[Any, ...]] = None, default_factory: Any = dataclasses.MISSING,
+          why: str = "") -> Any:
+    """A parameter field with its meaning and its limits, checked by :func:`check_limits` when
+    the parameters are made and shown by ``vitbench describe``; ``why`` follows a refusal."""
+    metadata: dict[str, Any] = {HELP: help}
+    if range is not None:
+        metadata[RANGE] = range
+    if choices is not None:
+        metadata[CHOICES] = tuple(choices)
+    if why:
+        metadata["why"] = why
+    return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
+
+
+def limits_text(f: dataclasses.Field) -> str:
+    """A field's declared limits in words (``>= 0``, ``one of: a, b``); ``""`` when it has none."""
+    words = []
+    if RANGE in f.metadata:
+        words.append(str(f.metadata[RANGE]))
+    if CHOICES in f.metadata:
+        words.append("one of: " + ", ".join(map(str, f.metadata[CHOICES])))
+    return "; ".join(words)
+
+
+def _numbers(value: Any) -> list[float]:
+    """The numbers a range applies to: the value, or each item of a list or tuple (bools are no number)."""
+    items = value if isinstance(value, (list, tuple)) else [value]
+    return [v for v in items if isinstance(v, (int, float)) and not isinstance(v, bool)]
+
+
+def check_limits(method: str, values: Mapping[str, Any], fields: tuple[dataclasses.Field, ...]) -> None:
+    """Refuse a value outside its field's declared :data:`RANGE` or :data:`CHOICES`, naming the
+    method, the parameter, the value and what is valid."""
+    for f in fields:
+        if f.name not in values:
+            continue
+        value, meta = values[f.name], f.metadata
+        why = f" ({meta['why']})" if meta.get("why") else ""
+        if CHOICES in meta and value not in meta[CHOICES]:
+            raise ParamError(f"{method}.{f.name}={value!r}; valid values: {', '.join(map(str, meta[CHOICES]))}{why}")
+        span = meta.get(RANGE)
+        if span is not None and any(number not in span for number in _numbers(value)):
+            which = "every item" if isinstance(value, (list, tuple)) else "it"
+            shown = list(value) if isinstance(value, tuple) else value
+            raise ParamError(f"{method}.{f.name}={shown} is out of range; {which} must be {span}{why}")
 
 
 class _NonFiniteParam(ParamError):
@@ -116,7 +208,8 @@ def _json_non_finite(match: re.Match[str]) -> str:
 def _written_container_first(value: Any, args: tuple[Any, ...]) -> list[Any]:
     """The arms of a Union, those of the container ``value`` is written as tried first.
 
-    So ``"(13, 0)"`` or ``(13, 0)`` picks ``tuple[int, float]`` before ``list[int]`` (tome.r).
+    So ``"(13, 0)"`` or ``(13, 0)`` picks ``tuple[int, float]`` before ``list[int]`` (tome.r), and
+    a value written as one kind of container is never read as the other when the hint has both.
     """
     text = value.strip() if isinstance(value, str) else ""
     if isinstance(value, tuple) or text.startswith("("):
@@ -125,6 +218,9 @@ def _written_container_first(value: Any, args: tuple[Any, ...]) -> list[Any]:
         written = list
     else:
         return list(args)
+    other = list if written is tuple else tuple
+    if any(typing.get_origin(arg) is written for arg in args):  # "(4,)" is no per-block list
+        args = tuple(arg for arg in args if typing.get_origin(arg) is not other)
     return sorted(args, key=lambda arg: typing.get_origin(arg) is not written)
 
 
@@ -138,7 +234,8 @@ def make_params(method: str, params_type: type, overrides: Mapping[str, Any]) ->
     """Build a validated parameter dataclass for ``method`` from ``overrides``.
 
     Unknown keys and values of the wrong type raise :class:`ParamError` naming the key and the
-    valid ones; range checks are the dataclass's own ``__post_init__``.
+    valid ones; then each value given is checked against its field's declared limits
+    (:func:`check_limits`), and what spans fields is the dataclass's own ``__post_init__``.
     """
     hints = typing.get_type_hints(params_type)
     valid = param_names(params_type)
@@ -148,6 +245,7 @@ def make_params(method: str, params_type: type, overrides: Mapping[str, Any]) ->
             listed = ", ".join(valid) if valid else "(none)"
             raise ParamError(f"unknown parameter {method}.{key}; valid parameters of {method}: {listed}")
         kwargs[key] = _convert(method, key, value, hints[key])
+    check_limits(method, kwargs, dataclasses.fields(params_type))
     try:
         return params_type(**kwargs)
     except ParamError:
@@ -175,3 +273,22 @@ def _takes_list_and_tuple(hint: Any) -> bool:
     """Whether a Union ``hint`` has both a list arm and a tuple arm (a JSON list would be ambiguous)."""
     arms = {typing.get_origin(arg) for arg in typing.get_args(hint)}
     return list in arms and tuple in arms
+
+
+def params_json(params: Any) -> str:
+    """The canonical JSON of a parameter dataclass instance (sorted keys, :func:`params_dict`):
+    the text a run id hashes and the store keeps."""
+    return json.dumps(params_dict(params), sort_keys=True)
+
+
+def params_from_json(method: str, params_type: type, text: str) -> Any:
+    """The parameter dataclass instance :func:`params_json` wrote, read back equal (tuples stay tuples)."""
+    return make_params(method, params_type, json.loads(text))
+
+
+def checked(method: str, params: Any) -> Any:
+    """A parameter dataclass instance made by hand (``apply(model, "tome", ToMeParams(r=8))``),
+    with its declared limits checked as :func:`make_params` checks them."""
+    check_limits(method, {f.name: getattr(params, f.name) for f in dataclasses.fields(params)},
+                 dataclasses.fields(params))
+    return params

@@ -1,20 +1,17 @@
 """The engine: the tensor code that reduces tokens inside a timm model (docs/architecture.md,
-"The layers"). It imports torch, numpy and :mod:`vitbench.errors` only; what it needs of a method or
-a family comes in as arguments. Its public names load on first use, so importing
-:mod:`vitbench.engine.contract` (as :mod:`vitbench.catalog` does) imports no torch."""
+"The layers"). It imports torch, numpy, :mod:`vitbench.errors` and the core's contract
+(:mod:`vitbench.core.contract`) only: what it needs of a method or a family comes in as arguments."""
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # pragma: no cover
-    from vitbench.engine.attention import AttnInfo
-    from vitbench.engine.block import ReducingBlock, reduction_context
-    from vitbench.engine.matching import Matching, bipartite_soft_matching, max_merge
-    from vitbench.engine.ordering import descending_order
-    from vitbench.engine.reducer import Reducer
-    from vitbench.engine.token_state import PrefixTokenError, TokenState
-    from vitbench.engine.unmerge import enable_source_tracing, last_state, unmerge
+from vitbench.engine.attention import AttnInfo
+from vitbench.engine.block import ReducingBlock, reduction_context
+from vitbench.engine.matching import Matching, bipartite_soft_matching, max_merge
+from vitbench.engine.ordering import descending_order
+from vitbench.engine.reducer import Reducer
+from vitbench.engine.token_state import PrefixTokenError, TokenState
+from vitbench.engine.unmerge import enable_source_tracing, last_state, unmerge
 
 __all__ = [
     "AttnInfo", "ReducingBlock", "reduction_context", "Matching", "bipartite_soft_matching", "max_merge",
@@ -22,22 +19,11 @@ __all__ = [
     "unmerge",
 ]
 
-_HOME = {"AttnInfo": "attention", "ReducingBlock": "block", "reduction_context": "block", "Matching": "matching",
-         "bipartite_soft_matching": "matching", "max_merge": "matching", "descending_order": "ordering",
-         "Reducer": "reducer", "PrefixTokenError": "token_state", "TokenState": "token_state",
-         "enable_source_tracing": "unmerge", "last_state": "unmerge", "unmerge": "unmerge"}
-
 
 def __getattr__(name: str) -> Any:
-    if name in _HOME:
-        return getattr(importlib.import_module(f"vitbench.engine.{_HOME[name]}"), name)
     if name == "apply":  # apply's old home: it looks the method up in the plugin host, a layer above
         from vitbench.core.moved import moved_attribute
 
         globals()["apply"] = moved_attribute("vitbench.engine", "apply", "vitbench.host.apply")  # warned once
         return globals()["apply"]
     raise AttributeError(f"module 'vitbench.engine' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])

@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from vitbench.errors import PLUGIN_FAILURES, UnsupportedError, VitbenchError
+from vitbench.errors import PLUGIN_FAILURES, ParamError, UnsupportedError, VitbenchError
 from vitbench.core.interrupts import is_ctrl_c
-from vitbench.core.params import make_params
+from vitbench.core.params import checked, make_params
 from vitbench.host import get_host
 from vitbench.task import REFERENCES
 
@@ -19,12 +19,14 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["apply", "check_applies"]
 
 
-def apply(model: nn.Module, method: str, **params: Any) -> nn.Module:
+def apply(model: nn.Module, method: str, params: Any = None, /, **overrides: Any) -> nn.Module:
     """Reduce ``model`` in place with the registered ``method`` and return it.
 
-    Parameters are validated against the method's parameter dataclass (unknown keys, wrong
-    types and out-of-range values raise :class:`~vitbench.errors.ParamError`); a method that
-    does not support the model's family raises :class:`~vitbench.errors.UnsupportedError`.
+    The parameters come as the method's parameter dataclass, taken as it is (``apply(model,
+    "tome", ToMeParams(r=8))``; a run spec's :attr:`~vitbench.host.spec.RunSpec.values`), or as
+    keywords made into it (``apply(model, "tome", r=8)``). Either way unknown keys, wrong types
+    and values outside a field's declared limits raise :class:`~vitbench.errors.ParamError`; a
+    method that does not support the model's family raises :class:`~vitbench.errors.UnsupportedError`.
     """
     host = get_host()
     spec = host.method(method)
@@ -33,10 +35,21 @@ def apply(model: nn.Module, method: str, **params: Any) -> nn.Module:
         raise UnsupportedError(
             f"method {spec.name!r} does not support the {family.name!r} family "
             f"({type(model).__name__}); {spec.name} supports: {', '.join(spec.families)}")
-    values = make_params(spec.name, spec.params, params)
+    values = _values(spec, params, overrides)
     info = family.describe(model)
     reduction = spec.build(values, info)
     return family.patch(model, reduction, method=spec.name, params=values)
+
+
+def _values(spec: Any, params: Any, overrides: dict[str, Any]) -> Any:
+    """The method's parameter dataclass: ``params`` checked, or made from ``overrides``."""
+    if params is None:
+        return make_params(spec.name, spec.params, overrides)
+    if overrides:
+        raise ParamError(f"{spec.name}: give the parameters as a {spec.params.__name__} or as keywords, not both")
+    if not isinstance(params, spec.params):
+        raise ParamError(f"{spec.name} takes its parameters as a {spec.params.__name__}, not a {type(params).__name__}")
+    return checked(spec.name, params)
 
 
 def check_applies(plan: Iterable[RunSpec], model: Any) -> None:
@@ -50,7 +63,7 @@ def check_applies(plan: Iterable[RunSpec], model: Any) -> None:
             continue  # the baseline, or the same method checked for an earlier seed
         checked.add((spec.method, spec.params_json))
         try:
-            apply(copy.deepcopy(model), spec.method, **spec.params)
+            apply(copy.deepcopy(model), spec.method, spec.values)
         except VitbenchError:
             raise
         except PLUGIN_FAILURES as exc:

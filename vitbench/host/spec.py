@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Optional
 
 from vitbench.errors import VitbenchError
-from vitbench.core.params import make_params, params_dict
+from vitbench.core.params import make_params, params_dict, params_from_json
 from vitbench.host import get_host
 from vitbench.task import BASELINE, CONTROL, report_words
 
@@ -75,7 +75,17 @@ class RunSpec:
 
     @property
     def params(self) -> dict[str, Any]:
+        """The parameters as their canonical JSON holds them (a tuple written ``"(13,0.0)"``)."""
         return json.loads(self.params_json)
+
+    @property
+    def values(self) -> Any:
+        """The method's validated parameter dataclass, read back from :attr:`params_json` by
+        :func:`~vitbench.core.params.params_from_json` (tuples stay tuples; a knob that
+        ``--match-gmacs`` sets at run start at its default). ``None`` for the reference rows."""
+        if self.method in (BASELINE, CONTROL):
+            return None
+        return params_from_json(self.method, get_host().method(self.method).params, self.params_json)
 
     @property
     def spec_id(self) -> str:

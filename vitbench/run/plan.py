@@ -7,7 +7,7 @@ import json
 from typing import Any, Iterable, Mapping, Optional
 
 from vitbench.errors import ParamError, VitbenchError, choices_error
-from vitbench.core.params import make_params, params_dict
+from vitbench.core.params import make_params, params_dict, params_json
 from vitbench.host import get_host
 from vitbench.host.spec import RunSpec
 from vitbench.task import BASELINE, CONTROL, REFERENCES
@@ -117,11 +117,13 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
         training = ({"train_backbone": train_backbone, "train_limit": train_limit,
                      "task_fields": _task_fields(task_fields)} if spec.needs_training else {})
         matched = {"match_gmacs": match_gmacs} if match_gmacs is not None else {}
-        params = params_dict(values)
         if match_gmacs is not None and spec.budget is not None:
+            params = params_dict(values)
             params.pop(spec.budget.param, None)  # chosen when the run starts
-        plan.append(RunSpec(method=name, params_json=json.dumps(params, sort_keys=True),
-                            **common, **training, **matched))
+            text = json.dumps(params, sort_keys=True)
+        else:
+            text = params_json(values)
+        plan.append(RunSpec(method=name, params_json=text, **common, **training, **matched))
     return plan
 
 

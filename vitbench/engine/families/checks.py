@@ -5,7 +5,7 @@ from typing import Callable
 
 from torch import nn
 
-from vitbench.engine.contract import ModelInfo, Reduction
+from vitbench.core.contract import ModelInfo, Reduction
 from vitbench.engine.block import reduction_context
 from vitbench.engine.reducer import check_reducers
 from vitbench.errors import UnsupportedError

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitbench.engine.contract import BlockInfo, ModelInfo, Reduction
+from vitbench.core.contract import BlockInfo, ModelInfo, Reduction
 from vitbench.engine.block import (
     ReductionContext,
     _add_wrapper_level,

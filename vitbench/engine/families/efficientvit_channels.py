@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from vitbench.engine.contract import BlockInfo
+from vitbench.core.contract import BlockInfo
 from vitbench.engine.channel_select import (
     ChannelGate,
     GatedDecisions,

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitbench.engine.contract import BlockInfo, ModelInfo, Reduction
+from vitbench.core.contract import BlockInfo, ModelInfo, Reduction
 from vitbench.engine.block import ReducingBlock, ReductionContext
 from vitbench.engine.families.checks import describe_for_patch
 from vitbench.engine.families.vit import _RememberInputs

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitbench.engine.contract import BlockInfo, ModelInfo, Reduction
+from vitbench.core.contract import BlockInfo, ModelInfo, Reduction
 from vitbench.engine.attention import AttnInfo, QKHook
 from vitbench.engine.block import ReductionContext, _add_wrapper_level, _drop_wrapper_level
 from vitbench.engine.families.checks import describe_for_patch

@@ -12,7 +12,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from vitbench.engine.contract import ModelInfo, Reduction
+from vitbench.core.contract import ModelInfo, Reduction
 from vitbench.engine.block import ReducingBlock, ReductionContext
 from vitbench.engine.families.checks import describe_for_patch
 from vitbench.engine.features import module_features
