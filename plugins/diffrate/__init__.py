@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from vitbench.catalog import HELP, BudgetKnob, MethodSpec
+from vitbench.catalog import HELP, BudgetKnob, MethodSpec, Range, param
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
 
@@ -68,20 +68,16 @@ class DiffRateParams:
     pruned; ``prune_kept``/``merge_kept``: patch tokens kept after each block's pruning/merging
     (one count per block; given, they replace the default schedule and ``keep`` is not used)."""
 
-    keep: float = field(default=0.3, metadata={HELP: (
-        "fraction of patch tokens left after the last block, removed evenly over the blocks")})
-    merge_share: float = field(default=0.5, metadata={HELP: (
-        "share of each block's removed tokens that merge rather than being pruned")})
+    keep: float = param(0.3, "fraction of patch tokens left after the last block, removed evenly over the blocks",
+                        range=Range(0, 1, low_open=True))
+    merge_share: float = param(0.5, "share of each block's removed tokens that merge rather than being pruned",
+                               range=Range(0, 1))
     prune_kept: Optional[tuple[int, ...]] = field(default=None, metadata={HELP: (
         "patch tokens kept after each block's pruning (one per block; replaces keep)")})
     merge_kept: Optional[tuple[int, ...]] = field(default=None, metadata={HELP: (
         "patch tokens kept after each block's merging (one per block; replaces keep)")})
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.keep <= 1.0:
-            raise ParamError(f"diffrate.keep={self.keep} is out of range; it must be in (0, 1]")
-        if not 0.0 <= self.merge_share <= 1.0:
-            raise ParamError(f"diffrate.merge_share={self.merge_share} is out of range; it must be in [0, 1]")
         _check_counts("diffrate", "prune_kept", self.prune_kept)
         _check_counts("diffrate", "merge_kept", self.merge_kept)
         if self.prune_kept is not None and self.merge_kept is not None:
@@ -99,32 +95,14 @@ class DiffRateSearchParams:
     ``lambda_flops``: weight of the penalty ``(gmacs_ratio - gmacs_fraction)^2``;
     the rest: the training stage (only the rate distributions train; the backbone is frozen)."""
 
-    gmacs_fraction: float = field(default=0.63, metadata={HELP: (
-        "fraction of the model's counted GMACs the search aims at")})
-    lambda_flops: float = field(default=10.0, metadata={HELP: "weight of the penalty (gmacs_ratio - gmacs_fraction)^2"})
-    epochs: int = field(default=1, metadata={HELP: "epochs of the rate search (the backbone is frozen)"})
-    lr: float = field(default=0.05, metadata={HELP: "learning rate of the rate distributions"})
-    optimizer: str = field(default="Adam", metadata={HELP: "the search's optimizer: SGD, AdamW or Adam"})
-    batch_size: int = field(default=64, metadata={HELP: "images per training batch"})
-    label_smoothing: float = field(default=0.0, metadata={HELP: "label smoothing of the cross-entropy"})
-
-    def __post_init__(self) -> None:
-        m = "diffrate-search"
-        if not 0.0 < self.gmacs_fraction <= 1.0:
-            raise ParamError(f"{m}.gmacs_fraction={self.gmacs_fraction} is out of range; the fraction of "
-                             f"the model's GMACs must be in (0, 1]")
-        if not self.lambda_flops >= 0.0:
-            raise ParamError(f"{m}.lambda_flops={self.lambda_flops} is out of range; it must be >= 0")
-        if self.epochs < 1:
-            raise ParamError(f"{m}.epochs={self.epochs} is out of range; it must be >= 1")
-        if not self.lr > 0.0:
-            raise ParamError(f"{m}.lr={self.lr} is out of range; it must be > 0")
-        if self.optimizer not in _OPTIMIZERS:
-            raise ParamError(f"{m}.optimizer={self.optimizer!r}; valid optimizers: {', '.join(_OPTIMIZERS)}")
-        if self.batch_size < 1:
-            raise ParamError(f"{m}.batch_size={self.batch_size} is out of range; it must be >= 1")
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise ParamError(f"{m}.label_smoothing={self.label_smoothing} is out of range; it must be in [0, 1)")
+    gmacs_fraction: float = param(0.63, "fraction of the model's counted GMACs the search aims at",
+                                  range=Range(0, 1, low_open=True), why="the fraction of the model's GMACs")
+    lambda_flops: float = param(10.0, "weight of the penalty (gmacs_ratio - gmacs_fraction)^2", range=Range(0))
+    epochs: int = param(1, "epochs of the rate search (the backbone is frozen)", range=Range(1))
+    lr: float = param(0.05, "learning rate of the rate distributions", range=Range(0, low_open=True))
+    optimizer: str = param("Adam", "the search's optimizer: SGD, AdamW or Adam", choices=_OPTIMIZERS)
+    batch_size: int = param(64, "images per training batch", range=Range(1))
+    label_smoothing: float = param(0.0, "label smoothing of the cross-entropy", range=Range(0, 1, high_open=True))
 
 
 @hookimpl

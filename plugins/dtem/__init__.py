@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
-from vitbench.catalog import HELP, BudgetKnob, MethodSpec, patch_count
+from vitbench.catalog import HELP, BudgetKnob, MethodSpec, Range, param, patch_count
 from vitbench.errors import ParamError
 from vitbench.hookspecs import hookimpl
 
@@ -37,17 +37,19 @@ class DTEMParams:
 
     r: Union[int, list[int], tuple[int, float]] = field(default=16, metadata={HELP: (
         "tokens merged per block: one int, one per block, or (r, inflect) for a linear schedule")})
-    feat_dim: Optional[int] = field(default=None, metadata={HELP: (
-        "width of the learned merging embedding (None: the head width, doubled from width 1024)")})
-    init: str = field(default="keys", metadata={HELP: (
-        "how the embedding starts: keys (the attention's keys) or random")})
-    k2: int = field(default=3, metadata={HELP: "B candidates per A token in the soft grouping"})
-    tau1: float = field(default=0.1, metadata={HELP: "temperature of the soft grouping's similarity"})
-    tau2: float = field(default=0.1, metadata={HELP: "temperature of the soft grouping's top-k"})
-    epochs: int = field(default=1, metadata={HELP: "fine-tuning epochs (AdamW, cosine schedule)"})
-    lr: float = field(default=1e-4, metadata={HELP: "fine-tuning learning rate"})
-    weight_decay: float = field(default=1e-4, metadata={HELP: "fine-tuning weight decay"})
-    batch_size: int = field(default=64, metadata={HELP: "images per training batch"})
+    feat_dim: Optional[int] = param(None,
+                                    "width of the learned merging embedding (None: the head width, doubled from width 1024)",
+                                    range=Range(1))
+    init: str = param("keys", "how the embedding starts: keys (the attention's keys) or random", choices=INITS)
+    k2: int = param(3, "B candidates per A token in the soft grouping", range=Range(1))
+    tau1: float = param(0.1, "temperature of the soft grouping's similarity", range=Range(0, low_open=True),
+                        why="the temperature")
+    tau2: float = param(0.1, "temperature of the soft grouping's top-k", range=Range(0, low_open=True),
+                        why="the temperature")
+    epochs: int = param(1, "fine-tuning epochs (AdamW, cosine schedule)", range=Range(1))
+    lr: float = param(1e-4, "fine-tuning learning rate", range=Range(0, low_open=True))
+    weight_decay: float = param(1e-4, "fine-tuning weight decay", range=Range(0))
+    batch_size: int = param(64, "images per training batch", range=Range(1))
     trace_source: bool = field(default=False, metadata={HELP: "record the patches each token stands for"})
 
     def __post_init__(self) -> None:
@@ -59,23 +61,6 @@ class DTEMParams:
         if any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in values):
             raise ParamError(f"dtem.r={self.r!r} is out of range; r must be an integer >= 0 "
                              f"(or a list of them, one per block)")
-        if self.feat_dim is not None and (not isinstance(self.feat_dim, int) or self.feat_dim < 1):
-            raise ParamError(f"dtem.feat_dim={self.feat_dim!r} is out of range; it must be an integer >= 1")
-        if self.init not in INITS:
-            raise ParamError(f"dtem.init={self.init!r}; valid inits: {', '.join(INITS)}")
-        if not isinstance(self.k2, int) or self.k2 < 1:
-            raise ParamError(f"dtem.k2={self.k2!r} is out of range; it must be an integer >= 1")
-        for name in ("tau1", "tau2"):
-            if not getattr(self, name) > 0.0:
-                raise ParamError(f"dtem.{name}={getattr(self, name)} is out of range; the temperature must be > 0")
-        if self.epochs < 1:
-            raise ParamError(f"dtem.epochs={self.epochs} is out of range; it must be >= 1")
-        if not self.lr > 0.0:
-            raise ParamError(f"dtem.lr={self.lr} is out of range; it must be > 0")
-        if not self.weight_decay >= 0.0:
-            raise ParamError(f"dtem.weight_decay={self.weight_decay} is out of range; it must be >= 0")
-        if self.batch_size < 1:
-            raise ParamError(f"dtem.batch_size={self.batch_size} is out of range; it must be >= 1")
 
 
 @hookimpl

@@ -359,11 +359,11 @@ def test_the_penalty_alone_moves_the_counts_towards_the_fraction():
 
 
 @pytest.mark.parametrize("params, message", [
-    (dict(gmacs_fraction=0.0), r"diffrate-search.gmacs_fraction=0.0 is out of range; the fraction"),
+    (dict(gmacs_fraction=0.0), r"diffrate-search.gmacs_fraction=0.0 is out of range; it must be in \(0, 1\] \(the fraction"),
     (dict(lambda_flops=-1.0), r"diffrate-search.lambda_flops=-1.0 is out of range"),
     (dict(epochs=0), r"diffrate-search.epochs=0 is out of range"),
     (dict(lr=0.0), r"diffrate-search.lr=0.0 is out of range"),
-    (dict(optimizer="LBFGS"), r"valid optimizers: SGD, AdamW, Adam"),
+    (dict(optimizer="LBFGS"), r"valid values: SGD, AdamW, Adam"),
     (dict(batch_size=0), r"diffrate-search.batch_size=0 is out of range"),
     (dict(label_smoothing=1.0), r"diffrate-search.label_smoothing=1.0 is out of range"),
 ])

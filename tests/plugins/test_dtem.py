@@ -49,11 +49,11 @@ def test_registers_as_a_learnable_merging_method():
 @pytest.mark.parametrize("kwargs, message", [
     ({"r": -1}, r"dtem.r=-1 is out of range; r must be an integer >= 0"),
     ({"r": (4,)}, r"dtem.r=\(4,\) is not a valid "),  # parentheses: a schedule, never a list
-    ({"feat_dim": 0}, r"dtem.feat_dim=0 is out of range; it must be an integer >= 1"),
-    ({"init": "zeros"}, r"dtem.init='zeros'; valid inits: keys, random"),
-    ({"k2": 0}, r"dtem.k2=0 is out of range; it must be an integer >= 1"),
-    ({"tau1": 0.0}, r"dtem.tau1=0.0 is out of range; the temperature must be > 0"),
-    ({"tau2": -1.0}, r"dtem.tau2=-1.0 is out of range; the temperature must be > 0"),
+    ({"feat_dim": 0}, r"dtem.feat_dim=0 is out of range; it must be >= 1"),
+    ({"init": "zeros"}, r"dtem.init='zeros'; valid values: keys, random"),
+    ({"k2": 0}, r"dtem.k2=0 is out of range; it must be >= 1"),
+    ({"tau1": 0.0}, r"dtem.tau1=0.0 is out of range; it must be > 0 \(the temperature\)"),
+    ({"tau2": -1.0}, r"dtem.tau2=-1.0 is out of range; it must be > 0 \(the temperature\)"),
     ({"epochs": 0}, r"dtem.epochs=0 is out of range; it must be >= 1"),
     ({"lr": 0.0}, r"dtem.lr=0.0 is out of range; it must be > 0"),
     ({"weight_decay": -1.0}, r"dtem.weight_decay=-1.0 is out of range; it must be >= 0"),
