@@ -48,7 +48,7 @@ def test_registers_as_a_learnable_merging_method():
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"r": -1}, r"dtem.r=-1 is out of range; r must be an integer >= 0"),
-    ({"r": (4,)}, r"dtem.r=\(4,\) is not a valid "),  # parentheses: a schedule, never a list
+    ({"r": "(4,)"}, r"dtem.r='\(4,\)' is not a valid "),  # parentheses: a schedule, never a list
     ({"feat_dim": 0}, r"dtem.feat_dim=0 is out of range; it must be >= 1"),
     ({"init": "zeros"}, r"dtem.init='zeros'; valid values: keys, random"),
     ({"k2": 0}, r"dtem.k2=0 is out of range; it must be >= 1"),

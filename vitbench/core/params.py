@@ -209,7 +209,8 @@ def _written_container_first(value: Any, args: tuple[Any, ...]) -> list[Any]:
     """The arms of a Union, those of the container ``value`` is written as tried first.
 
     So ``"(13, 0)"`` or ``(13, 0)`` picks ``tuple[int, float]`` before ``list[int]`` (tome.r), and
-    a value written as one kind of container is never read as the other when the hint has both.
+    text written as one kind of container is never read as the other when the hint has both (a
+    Python tuple may still be a per-block sequence: a recipe's ``r=(0, 16, ...)``).
     """
     text = value.strip() if isinstance(value, str) else ""
     if isinstance(value, tuple) or text.startswith("("):
@@ -219,7 +220,7 @@ def _written_container_first(value: Any, args: tuple[Any, ...]) -> list[Any]:
     else:
         return list(args)
     other = list if written is tuple else tuple
-    if any(typing.get_origin(arg) is written for arg in args):  # "(4,)" is no per-block list
+    if text and any(typing.get_origin(arg) is written for arg in args):  # the text "(4,)" is no per-block list
         args = tuple(arg for arg in args if typing.get_origin(arg) is not other)
     return sorted(args, key=lambda arg: typing.get_origin(arg) is not written)
 
