@@ -178,7 +178,7 @@ def test_training_masks_the_tokens_inference_removes_in_every_block(order):
 
 
 def test_order_is_validated():
-    with pytest.raises(ParamError, match=r"ltmp.order='tome'; valid orders: bipartite, original"):
+    with pytest.raises(ParamError, match=r"ltmp.order='tome'; valid values: bipartite, original"):
         vitbench.apply(tiny_vit(), "ltmp", order="tome")
 
 
