@@ -149,7 +149,7 @@ def run(options: RunOptions, command: Optional[Sequence[str]] = None) -> Results
         return Results(options, out, [], [])
     _check_device(options)
     store = ResultStore(out, shard=options.shard)  # --shard I/N: its own file, merged on read
-    check_writable(out, store.path)  # before anything is loaded or measured
+    check_writable(out, store.path, shared=options.launcher != "none")  # before anything is loaded or measured
 
     say = _Progress(quiet=launcher_rank(options.launcher) != 0)
     resume = options.resume or options.is_sweep  # a sweep always resumes: re-running skips done runs

@@ -58,6 +58,19 @@ def test_the_probe_leaves_nothing_behind(tmp_path):
     assert out.is_dir() and list(out.iterdir()) == []
 
 
+def test_ranks_that_share_a_folder_leave_it_for_each_other(tmp_path):
+    """Under a launcher every rank checks the same ``--out`` at once: the folder stays, so one
+    rank's check never removes it while another rank takes the launcher's lock in it."""
+    from filelock import FileLock
+
+    out = tmp_path / "new" / "deeper"
+    check_writable(out, out / "runs.jsonl", shared=True)
+    assert out.is_dir() and list(out.iterdir()) == []  # kept, the probe gone
+    with FileLock(str(out / ".vitbench-launcher.lock")):
+        check_writable(out, out / "runs.jsonl", shared=True)  # a second rank, while the first holds the lock
+    assert out.is_dir()
+
+
 def test_an_out_under_a_file_is_refused(tmp_path):
     (tmp_path / "f").write_text("")
     with pytest.raises(OutputError, match="cannot be created"):

@@ -21,13 +21,14 @@ class OutputError(VitbenchError):
     """A result folder (``--out``) that cannot be created or written."""
 
 
-def check_writable(out: Path, store_file: Path) -> None:
+def check_writable(out: Path, store_file: Path, *, shared: bool = False) -> None:
     """Prove a file can be created, written, renamed and removed in ``out`` (created for the probe
-    and removed again when it was new), and that ``store_file`` can be appended to; raise
-    :class:`OutputError` naming ``out`` otherwise."""
+    and removed again when it was new, unless ``shared``: several ranks check the same folder at
+    once, and one rank's removal would pull it from under another), and that ``store_file`` can be
+    appended to; raise :class:`OutputError` naming ``out`` otherwise."""
     if out.exists() and not out.is_dir():
         raise OutputError(f"--out {str(out)!r} is a file, not a folder; name a new or existing folder")
-    created = [d for d in (out, *out.parents) if not d.exists()]  # removed again: bad input leaves nothing
+    created = [] if shared else [d for d in (out, *out.parents) if not d.exists()]  # removed again: bad input leaves nothing
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
