@@ -136,7 +136,7 @@ def _counter(model):
     return GmacsCounter(count)
 
 
-@pytest.mark.parametrize("method", ["tome", "ppt", "entropy", "average", "topk", "ltm", "random-drop"])
+@pytest.mark.parametrize("method", ["tome", "ppt", "entropy", "average", "topk", "ltm", "random", "random-drop"])
 @pytest.mark.parametrize("fraction", [0.8, 0.6])
 def test_searched_knobs_land_within_tolerance_on_a_tiny_vit(tiny, method, fraction):
     host = get_host()
@@ -181,6 +181,19 @@ def test_a_method_without_a_knob_is_not_matchable(tiny):
     with pytest.raises(BudgetError, match="knobless is not matchable: its plugin declares no budget knob"):
         calibrate(spec, {}, 0.6, counter, get_host().family_of(tiny).describe(tiny))
     assert counter.counted == 0
+
+
+def test_a_coarse_knob_below_takes_the_nearest_setting_under_the_budget():
+    """``coarse="below"`` (whole-patch images): no setting lands within 2 %, so the search takes the
+    nearest one under the target instead of failing; ``"fail"`` still fails."""
+    steps = lambda keep: 100.0 * (0.5 if keep < 0.5 else 0.7 if keep < 0.8 else 1.0)  # noqa: E731
+    below = BudgetKnob("keep", larger_means="more", coarse="below")
+    value, g, _ = search_knob(steps, below, 0.001, 1.0, 60.0, method="m")
+    assert g == 50.0 and value < 0.5
+    with pytest.raises(BudgetError, match="steps too coarse"):
+        search_knob(steps, BudgetKnob("keep", larger_means="more"), 0.001, 1.0, 60.0, method="m")
+    with pytest.raises(ValueError, match="coarse='up'"):
+        BudgetKnob("keep", larger_means="more", coarse="up")
 
 
 def test_knob_declarations_are_checked():

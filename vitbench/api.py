@@ -75,7 +75,7 @@ def benchmark(task: str = "cls", model: Optional[str] = None, methods: Names = (
     ``match_gmacs=0.6``, ``limit=256``, ``task_options={"detector_epochs": 4}``, ...;
     :class:`~vitbench.core.options.RunOptions`); an unknown name raises :class:`VitbenchError`."""
     given = dict(task=task, model=model, methods=methods, params=params, metrics=metrics, out=out, **options)
-    return run(_options("benchmark", given, exclude=("budgets",)), command=_call("benchmark", given))
+    return run(_options("benchmark", given, exclude=("budgets", "controls")), command=_call("benchmark", given))
 
 
 def sweep(task: str = "cls", model: Optional[str] = None, methods: Names = (), budgets: Sequence[float] = (),
@@ -138,6 +138,7 @@ def run(options: RunOptions, command: Optional[Sequence[str]] = None) -> Results
     check_launcher(options.launcher, task.name, methods)
     budgets = _budgets(options)
     setup = task.setup(options)  # its own options checked (task.parse_options)
+    methods = _with_controls(options, methods, setup.model)
     metrics = _with_gmacs(setup.metrics, budgets)
     plan = _plan(options, budgets, task=task.name, model=setup.model, methods=methods, data=setup.data,
                  overrides=options.params, metrics=metrics, batch_size=options.batch_size, device=options.device,
@@ -175,6 +176,22 @@ def _methods(options: RunOptions) -> list[str]:
     if not methods:
         raise VitbenchError("--methods is empty; see `vitbench list methods`")
     return methods
+
+
+def _with_controls(options: RunOptions, methods: list[str], model: str) -> list[str]:
+    """A sweep's methods and after them the controls (methods of kind ``control``) that apply to
+    ``model``'s family; a model no family names by its timm name (an embedded default) is taken
+    as a ViT."""
+    if not options.is_sweep or not options.controls:
+        return methods
+    from vitbench.host import get_host
+    from vitbench.tasks.model_names import accepted_models
+
+    host = get_host()
+    family = accepted_models().get(model, "vit")
+    controls = [name for name, spec in sorted(host.specs("methods").items())
+                if spec.kind == "control" and family in spec.families and name not in methods]
+    return methods + controls
 
 
 def _seeds(options: RunOptions) -> tuple[int, ...]:

@@ -61,6 +61,8 @@ def resolved(spec: Any) -> Any:
 KNOB_MODES = ("search", "fraction")
 #: what a larger knob value does to the compute (:class:`BudgetKnob`)
 KNOB_DIRECTIONS = ("more", "less")
+#: what a search does when no setting lands within the tolerance (``BudgetKnob.coarse``)
+KNOB_COARSE = ("fail", "below")
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,9 @@ class BudgetKnob:
     - ``per_block``: an integer knob that also takes a list with one value per block (ToMe's
       ``r``): when no single integer lands within the tolerance, the search gives the last
       ``k`` blocks ``v + 1`` and the others ``v``, which lands between ``v`` and ``v + 1``.
+    - ``coarse``: when the count moves in steps too coarse for the tolerance, ``"fail"`` (the
+      run is an error) or ``"below"``: take the nearest setting under the budget, recorded as
+      landed outside the tolerance (the ``downsample`` control, whose images come in whole patches).
     """
 
     param: str
@@ -92,8 +97,11 @@ class BudgetKnob:
     high: Union[float, Callable[[ModelInfo], float]] = 1.0
     integer: bool = False
     per_block: bool = False
+    coarse: str = "fail"
 
     def __post_init__(self) -> None:
+        if self.coarse not in KNOB_COARSE:
+            raise ValueError(f"BudgetKnob.coarse={self.coarse!r}; valid: {', '.join(KNOB_COARSE)}")
         if self.larger_means not in KNOB_DIRECTIONS:
             raise ValueError(f"BudgetKnob.larger_means={self.larger_means!r}; valid: {', '.join(KNOB_DIRECTIONS)}")
         if self.mode not in KNOB_MODES:
@@ -114,8 +122,8 @@ def patch_count(info: ModelInfo) -> int:
     return info.max_patches
 
 
-#: what a method reduces (``MethodSpec.kind``), in the order ``vitbench list methods`` groups them
-METHOD_KINDS = ("merging", "pruning", "hybrid", "channel", "other")
+#: what a method reduces (``MethodSpec.kind``; a ``control`` is what a method must beat), as listed
+METHOD_KINDS = ("merging", "pruning", "hybrid", "channel", "control", "other")
 
 
 @dataclass(frozen=True)

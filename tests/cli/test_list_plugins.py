@@ -30,9 +30,10 @@ def test_list_methods_and_scorers(capsys):
             current = line.rstrip(":")
         else:
             groups.setdefault(current, []).append(line.split()[0])
-    assert list(groups) == ["merging", "pruning", "hybrid", "channel"]
+    assert list(groups) == ["merging", "pruning", "hybrid", "channel", "control"]
     assert {"tome", "ltm"} <= set(groups["merging"]) and "topk" in groups["pruning"]
     assert {"ppt", "ltmp"} <= set(groups["hybrid"]) and groups["channel"] == ["dcs"]
+    assert groups["control"] == ["downsample", "random"]
     ltm = next(line for line in out.splitlines() if line.startswith("  ltm "))
     tome = next(line for line in out.splitlines() if line.startswith("  tome "))
     assert "learnable: fine-tuned before measuring" in ltm and "training-free" in tome
@@ -138,5 +139,5 @@ def test_a_method_kind_outside_the_list_is_a_clear_error():
     from vitbench.catalog import MethodSpec
     from vitbench.errors import UnknownNameError
 
-    with pytest.raises(UnknownNameError, match="unknown method kind .of method 'x'. 'sparse'; valid .*channel, hybrid, merging, other, pruning"):
+    with pytest.raises(UnknownNameError, match="unknown method kind .of method 'x'. 'sparse'; valid .*channel, control, hybrid, merging, other, pruning"):
         MethodSpec(name="x", params=object, build=lambda p, i: None, kind="sparse")

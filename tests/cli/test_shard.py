@@ -15,7 +15,7 @@ from vitbench.report.tables import comparison_table
 from vitbench.results import ResultStore
 
 SWEEP = ["sweep", "--task", "cls", "--model", "test_vit", "--methods", "tome,topk", "--param", "topk.layers=(1,3)",
-         "--budgets", "0.9,0.6", "--metrics", "gmacs,params"]
+         "--budgets", "0.9,0.6", "--metrics", "gmacs,params", "--no-controls"]
 
 
 def _plan(seeds=(0, 1)):

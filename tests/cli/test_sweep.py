@@ -13,7 +13,7 @@ from vitbench.measure.calibrate import TOLERANCE
 from vitbench.cli.main import main
 
 SWEEP = ["sweep", "--task", "cls", "--model", "test_vit", "--methods", "tome,topk", "--param", "topk.layers=(1,3)",
-         "--budgets", "0.9,0.6", "--metrics", "gmacs,params"]
+         "--budgets", "0.9,0.6", "--metrics", "gmacs,params", "--no-controls"]
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -53,6 +53,22 @@ def test_sweep_runs_each_method_at_each_budget_and_the_baseline_once(swept):
     for name in ("pareto_gmacs.png", "pareto_throughput.png"):
         assert (out / name).read_bytes()[:8] == PNG
     assert "F = 0.9" in printed and "pareto_gmacs.png" in printed
+
+
+def test_a_sweep_runs_the_controls_beside_the_methods(tmp_path):
+    """Without ``--no-controls`` a sweep adds ``downsample`` and ``random`` at every budget:
+    random within the tolerance, downsample within it or at the nearest grid under the budget."""
+    out = tmp_path / "out"
+    assert main(["sweep", "--task", "cls", "--model", "test_vit", "--methods", "tome", "--budgets", "0.8",
+                 "--metrics", "gmacs", "--out", str(out)]) == 0
+    records = _records(out)
+    assert [(r["method"], r.get("match_gmacs")) for r in records] == [
+        ("baseline", None), ("tome", 0.8), ("downsample", 0.8), ("random", 0.8)]
+    base = records[0]["gmacs"]
+    for r in records[1:]:
+        off = r["gmacs"] / (0.8 * base) - 1
+        assert r["status"] == "ok"
+        assert abs(off) <= TOLERANCE or (r["method"] == "downsample" and off < 0 and not r["budget"]["landed_within"])
 
 
 def test_rerunning_a_sweep_skips_done_runs_and_runs_only_what_is_missing(swept, tmp_path, capsys):

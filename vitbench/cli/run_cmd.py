@@ -158,7 +158,7 @@ def run_options(args: argparse.Namespace, task: str) -> RunOptions:
         quick=args.quick, repeats=None if args.repeats is None else chosen_repeats(args.quick, args.repeats),
         shard=None if args.shard is None else parse_shard(args.shard), launcher=getattr(args, "launcher", "none"),
         match_gmacs=None if match is None else check_fraction(match),
-        budgets=None if budgets is None else parse_budgets(budgets),
+        budgets=None if budgets is None else parse_budgets(budgets), controls=getattr(args, "controls", True),
         task_options={dest: getattr(args, dest) for dest, option in owned.items() if task in option.tasks})
 
 

@@ -2,7 +2,8 @@
 
 ``vitbench sweep --task cls --methods M1,M2 --budgets 0.9,0.8,0.7 [the options of vitbench run]``
 runs the baseline once and each method at each budget (its budget knob matched to that fraction
-of the baseline's GMACs, :mod:`vitbench.measure.calibrate`), through the same plan, executor and store
+of the baseline's GMACs, :mod:`vitbench.measure.calibrate`), with the controls that apply to the
+model (``random``, ``downsample``; ``--no-controls``: without), through the same plan, executor and store
 as ``vitbench run``. A sweep always resumes: re-running it skips the runs already done and
 retries failed ones. OUT/report.md holds one table per budget, a summary and the Pareto plots.
 """
@@ -17,5 +18,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sweep", help="run every method at every compute budget (Pareto fronts), resumable")
     p.add_argument("--budgets", required=True, metavar="F1,F2,...",
                    help="fractions of the baseline's GMACs, each in (0, 1], e.g. 0.9,0.8,0.7,0.6,0.5")
+    p.add_argument("--no-controls", dest="controls", action="store_false",
+                   help="leave out the controls a sweep adds where they apply to the model: random (tokens "
+                        "dropped at random) and downsample (a smaller image), the simple things a method must beat")
     run_cmd.add_run_options(p)
     p.set_defaults(handler=run_cmd.run, match_gmacs=None)

@@ -119,6 +119,8 @@ class Reduction:
     reducers: Sequence[Optional[Callable[..., "torch.Tensor"]]]
     prop_attn: bool = True
     trace_source: bool = False
+    #: ``(rows, cols)``: feed the model a smaller image of this grid of patches (``downsample``)
+    input_grid: Optional[tuple[int, int]] = None
     # -- learnable methods: what the fine-tuning loop runs ----------------------------------
     #: the training stages in order (empty for training-free methods)
     train: Sequence[TrainStage] = ()

@@ -76,6 +76,8 @@ class RunOptions:
     match_gmacs: Optional[float] = None
     #: every method at each of these fractions (``vitbench sweep --budgets``); a sweep when set
     budgets: Optional[tuple[float, ...]] = None
+    #: a sweep also runs the controls that apply to the model (``--no-controls``: not)
+    controls: bool = True
     #: the task's own options by dest name, e.g. ``{"detector_epochs": 4}``
     task_options: Mapping[str, Any] = field(default_factory=dict)
 

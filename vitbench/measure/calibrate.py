@@ -242,6 +242,11 @@ def _landed(value: Any, g: float, n: int, target: float, tolerance: float, knob:
     if abs(g - target) <= tolerance * target:
         return value, g, n
     a, b = bracket
+    if knob.coarse == "below":  # the nearest setting under the budget; the record says how far
+        under = [(v, c(v)) for v in (a, b) if c(v) <= target]
+        if under:
+            v, g_under = max(under, key=lambda vc: vc[1])
+            return v, g_under, n
     raise BudgetError(
         f"{method} cannot land within {100 * tolerance:g} % of {target:.4g} GMACs: its knob moves in "
         f"steps too coarse here ({_fmt_value(knob.param, a)} gives {c(a):.4g} GMACs, "

@@ -15,6 +15,7 @@ from vitbench.report.doubts import row_doubts, timing_notes
 from vitbench.report.measured_on import describe
 from vitbench.report.methodology import PARAGRAPHS, methodology
 from vitbench.report.row_facts import weights_from
+from vitbench.report.controls import control_lines
 from vitbench.report.slower import slower_lines
 from vitbench.report.task_shape import task_spec
 from vitbench.report.timed_how import timed_how_notes
@@ -202,7 +203,9 @@ def _matched_lines(labels: list[str], rows: list[Mapping[str, Any]]) -> list[str
             off = 0.0 if abs(off) < 0.05 else off  # no "-0.0 %"
             landed = f"landed {after}at {float(b['landed_gmacs']):.4g} GMACs, {off:+.1f} % from the target"
             if not b.get("landed_within"):
-                landed += f" (**outside the {tol:g} % tolerance**)"
+                landed += f" (**outside the {tol:g} % tolerance**"
+                under = b.get("mode") == "search" and float(b.get("calibrated_off_pct") or 0) < -tol
+                landed += ": its knob moves in steps, and the nearest setting under the budget was taken)" if under else ")"
         out.append(f"- {lab}: {how}; {aim}; {landed}.")
     return out + [""]
 
@@ -254,6 +257,7 @@ def _table_lines(records: list[Mapping[str, Any]], task: str, model: str, key: s
         lines += ["No successful baseline in this group: deltas and speed-ups are n/a.", ""]
     lines += unequal_compute_lines(task, row_labels(rows), rows)
     lines += slower_lines(row_labels(rows), rows, base)
+    lines += control_lines(task, row_labels(rows), rows)
     lines += _weights_lines(task, rows)
     lines += _matched_lines(row_labels(rows), rows)
     control = pick_control(rows)  # det/seg only: no cls run has one

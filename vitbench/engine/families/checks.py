@@ -12,11 +12,16 @@ from vitbench.errors import UnsupportedError
 
 
 def describe_for_patch(model: nn.Module, reduction: Reduction, method: str,
-                       describe: Callable[[nn.Module], ModelInfo], what: str = "blocks") -> ModelInfo:
+                       describe: Callable[[nn.Module], ModelInfo], what: str = "blocks",
+                       resizes: bool = False) -> ModelInfo:
     """``describe(model)`` after checking that ``model`` is not reduced yet, that every reducer
-    is a :class:`~vitbench.engine.reducer.Reducer` (or ``None``) and that ``reduction`` has one
-    per attention block (``what`` names them in the error)."""
+    is a :class:`~vitbench.engine.reducer.Reducer` (or ``None``), that ``reduction`` has one
+    per attention block (``what`` names them in the error) and that it asks for a smaller input
+    only of an adapter that ``resizes``."""
     check_reducers(reduction.reducers, method)
+    if reduction.input_grid is not None and not resizes:
+        raise UnsupportedError(f"{method}: this model family's adapter feeds the model its own image size; "
+                               f"a smaller input (Reduction.input_grid) is supported on the vit family only")
     context = reduction_context(model)
     if context is not None:
         raise UnsupportedError(f"this model is already reduced by {context.method!r}; "

@@ -61,7 +61,9 @@ def describe(model: nn.Module) -> ModelInfo:
 
 def patch(model: nn.Module, reduction: Reduction, method: str = "", params: Any = None) -> nn.Module:
     """Wrap every block of ``model`` with the reducers of ``reduction``; returns ``model``."""
-    info = describe_for_patch(model, reduction, method, describe)
+    info = describe_for_patch(model, reduction, method, describe, resizes=True)
+    if reduction.input_grid is not None:
+        _feed_smaller(model, reduction.input_grid)
     context = ReductionContext(method, params, info.num_prefix_tokens, reduction.prop_attn,
                                reduction.trace_source)
     context.reduction = reduction
@@ -73,6 +75,31 @@ def patch(model: nn.Module, reduction: Reduction, method: str = "", params: Any 
     model._vitbench_context = context  # see vitbench.engine.block.reduction_context
     model.pool = _SizeWeightedPool(model, context)
     return model
+
+
+def _feed_smaller(model: nn.Module, grid: tuple[int, int]) -> None:
+    """Make ``model`` a model of a ``grid`` of patches: its position embedding resampled (timm's
+    ``set_input_size``) and every input image resized to the matching pixels first."""
+    rows, cols = grid
+    ph, pw = model.patch_embed.patch_size
+    size = (rows * ph, cols * pw)
+    model.set_input_size(img_size=size)
+    model.register_forward_pre_hook(_ResizeInputs(size), prepend=True)
+
+
+class _ResizeInputs:
+    """A forward pre-hook resizing the input images to ``size`` (bilinear, antialiased, as a
+    smaller image would be made from the larger one)."""
+
+    def __init__(self, size: tuple[int, int]) -> None:
+        self.size = size
+
+    def __call__(self, module: nn.Module, args: tuple) -> Optional[tuple]:  # type: ignore[type-arg]
+        if not args or tuple(args[0].shape[-2:]) == self.size:
+            return None
+        images = torch.nn.functional.interpolate(args[0], size=self.size, mode="bilinear", antialias=True,
+                                                 align_corners=False)
+        return (images, *args[1:])
 
 
 class _RememberInputs:
