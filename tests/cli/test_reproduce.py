@@ -30,6 +30,26 @@ def test_list_prints_a_row_per_cited_paper(capsys):
     assert "2.944" in ppt and "79.50" in ppt and "PPT (Wu et al., 2023)" in ppt
 
 
+def test_the_readmes_rows_carry_their_top1_and_speed_up(capsys):
+    """ToMe's README (off-the-shelf ViTs, V100 throughput) and MCTF's README (DeiT-S, DeiT-T): the
+    numbers as the sources state them, the speed-up listed with its GPU."""
+    rows = {r.id: r for r in RECIPES}
+    for row, top1, base, img_s, base_img_s in (("tome-vit-s-r13", 79.30, 81.41, 1564, 953),
+                                               ("tome-vit-b-r13", 82.60, 84.57, 511, 309),
+                                               ("tome-vit-l-r7", 84.26, 85.82, 167, 95)):
+        r = rows[row]
+        assert (r.paper_top1, r.paper_baseline_top1, r.paper_img_s, r.paper_baseline_img_s, r.paper_gpu) == (
+            top1, base, img_s, base_img_s, "V100")
+        assert r.paper_speedup == pytest.approx(img_s / base_img_s)
+    assert (rows["mctf-deit-s"].paper_top1, rows["mctf-deit-s"].paper_baseline_top1) == (80.1, 79.8)
+    assert (rows["mctf-deit-t"].paper_top1, rows["mctf-deit-t"].paper_gflops) == (72.7, 0.71)
+    assert main(["reproduce", "--list"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("tome-vit-l-r7 "))
+    assert "84.26" in line and "1.76x (V100)" in line
+    with pytest.raises(ValueError, match="without the GPU"):
+        Recipe("x", "tome", "vit_small_patch16_224", source="s", paper_gflops=1.0, paper_img_s=10.0)
+
+
 def test_every_recipe_is_valid_for_its_method():
     """Ids unique, methods registered, every recipe's params accepted by its method's dataclass."""
     assert len({r.id for r in RECIPES}) == len(RECIPES)

@@ -55,13 +55,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_list(rows: list) -> None:  # type: ignore[type-arg]
-    """A table: row id, method, model, params, paper GFLOPs, paper top-1, source."""
-    head = ("row", "method", "model", "params", "paper GFLOPs", "paper top-1 (%)", "source")
-    table = [head] + [(r.id, r.method, r.model, r.params_text, _gflops(r), _num(r.paper_top1, ".2f"), r.source)
-                      for r in rows]
+    """A table: row id, method, model, params, paper GFLOPs, paper top-1, paper speed-up, source."""
+    head = ("row", "method", "model", "params", "paper GFLOPs", "paper top-1 (%)", "paper speed-up", "source")
+    table = [head] + [(r.id, r.method, r.model, r.params_text, _gflops(r), _num(r.paper_top1, ".2f"), _speedup(r),
+                       r.source) for r in rows]
     widths = [max(len(line[i]) for line in table) for i in range(len(head) - 1)]
     for line in table:
         print("  ".join(cell.ljust(w) for cell, w in zip(line, widths)) + "  " + line[-1])
+
+
+def _speedup(r) -> str:  # type: ignore[no-untyped-def]
+    return "-" if r.paper_speedup is None else f"{r.paper_speedup:.2f}x ({r.paper_gpu})"
 
 
 def _gflops(r) -> str:  # type: ignore[no-untyped-def]

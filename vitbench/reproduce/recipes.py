@@ -49,6 +49,10 @@ class Recipe:
     paper_baseline_top1: Optional[float] = None
     #: the source's GFLOPs as a fraction of its baseline's, where only that is cited
     paper_fraction: Optional[float] = None
+    #: the source's throughput (images/s) of the reduced model and of its baseline, and on what GPU
+    paper_img_s: Optional[float] = None
+    paper_baseline_img_s: Optional[float] = None
+    paper_gpu: str = ""
     #: why the count is not held to 2 % of the source's (empty: it is)
     gmacs_reason: str = ""
     #: whether ``--check-gmacs`` counts the row on random weights (False: meaningless untrained)
@@ -66,6 +70,15 @@ class Recipe:
             raise ValueError(f"recipe {self.id}: no GFLOPs to compare with, and no reason given")
         if not self.count and not self.gmacs_reason:
             raise ValueError(f"recipe {self.id}: not counted, and no reason given")
+        if (self.paper_img_s is not None or self.paper_baseline_img_s is not None) and not self.paper_gpu:
+            raise ValueError(f"recipe {self.id}: a throughput without the GPU it was measured on")
+
+    @property
+    def paper_speedup(self) -> Optional[float]:
+        """The source's speed-up (its throughput over its baseline's), where it gives both."""
+        if self.paper_img_s is None or not self.paper_baseline_img_s:
+            return None
+        return self.paper_img_s / self.paper_baseline_img_s
 
     @property
     def params_text(self) -> str:
@@ -90,6 +103,9 @@ _THESIS_NOTE = ("needs the DeiT-S fine-tuned on CIFAR-100 (--checkpoint). The th
                 "recorded in the project: PPT's defaults (r=50 at blocks 3, 6, 9).")
 _THESIS_REASON = "the thesis' GFLOPs are not cited in the project (counted, not compared)"
 _KEEP_RATES = "the paper states keep rates, not GFLOPs (counted, not compared)"
+_README_NO_GFLOPS = "the README states top-1 and throughput, not GFLOPs (counted, not compared)"
+_MCTF_T_REASON = ("as on DeiT-S, the official block also runs attention·V and the value and output projections on "
+                  "the fused tokens: vitbench counts 0.726, +2.2 % (docs/methods.md, 'MCTF')")
 _HAURUM_LINKAGE = "average linkage is the official training script's default; the paper reports all three."
 
 RECIPES: tuple[Recipe, ...] = (
@@ -97,6 +113,25 @@ RECIPES: tuple[Recipe, ...] = (
            source="ToMe (Bolya et al., ICLR 2023); GMACs: the official code's count on the same timm DeiT-S "
                   "(docs/methods.md, 'ToMe', tests/plugins/test_gmacs_reference.py)",
            note="the paper's printed DeiT-S GFLOPs and top-1 are not cited in the project."),
+    Recipe("tome-vit-s-r13", "tome", "vit_small_patch16_224", params={"r": 13}, paper_top1=79.30,
+           paper_baseline_top1=81.41, paper_img_s=1564, paper_baseline_img_s=953, paper_gpu="V100",
+           source="ToMe (Bolya et al., ICLR 2023), the official README's off-the-shelf table: ViT-S/16 (timm "
+                  "AugReg weights) at r=13",
+           gmacs_reason=_README_NO_GFLOPS,
+           note="timm's vit_small_patch16_224 (augreg_in21k_ft_in1k) stands for the README's ViT-S/16; "
+                "training-free. Compare the speed-up ratio (1.64x), not the im/s: those are the README's V100."),
+    Recipe("tome-vit-b-r13", "tome", "vit_base_patch16_224", params={"r": 13}, paper_top1=82.60,
+           paper_baseline_top1=84.57, paper_img_s=511, paper_baseline_img_s=309, paper_gpu="V100",
+           source="ToMe (Bolya et al., ICLR 2023), the official README's off-the-shelf table: ViT-B/16 at r=13",
+           gmacs_reason=_README_NO_GFLOPS,
+           note="timm's vit_base_patch16_224 stands for the README's ViT-B/16 (which timm weights it used is "
+                "not recorded here); training-free. Speed-up 1.65x on the README's V100."),
+    Recipe("tome-vit-l-r7", "tome", "vit_large_patch16_224", params={"r": 7}, paper_top1=84.26,
+           paper_baseline_top1=85.82, paper_img_s=167, paper_baseline_img_s=95, paper_gpu="V100",
+           source="ToMe (Bolya et al., ICLR 2023), the official README's off-the-shelf table: ViT-L/16 at r=7",
+           gmacs_reason=_README_NO_GFLOPS,
+           note="timm's vit_large_patch16_224 stands for the README's ViT-L/16 (which timm weights it used is "
+                "not recorded here); training-free. Speed-up 1.76x on the README's V100."),
     Recipe("tome-swin-t", "tome", _SWIN_T, params={"r": 10}, paper_gflops=3.91, paper_baseline_gflops=4.50,
            source="the IBTM paper's ToMe-Swin-T row (docs/methods.md, 'Swin')", note=_SWIN_R + _NO_TOP1),
     Recipe("tome-swin-b", "tome", _SWIN_B, params={"r": 12}, paper_gflops=13.0, paper_baseline_gflops=15.4,
@@ -158,13 +193,22 @@ RECIPES: tuple[Recipe, ...] = (
     Recipe("tofu-swin-t", "tofu", _SWIN_T, params={"r": 10}, paper_gflops=3.91, paper_baseline_gflops=4.50,
            source="the IBTM paper's ToFu-Swin-T row (README.md 'Backbone families', docs/methods.md, 'The hook point')",
            note=_SWIN_R + "ToFu's own paper's rows are not cited in the project. " + _NO_TOP1),
-    Recipe("mctf-deit-s", "mctf", _DEIT_S, params={"r": (0,) + (16,) * 11}, paper_gflops=2.60,
-           source="MCTF (Lee et al., CVPR 2024), the official DeiT-S setting; GFLOPs: the official code's "
-                  "fvcore count (docs/methods.md, 'MCTF')",
+    Recipe("mctf-deit-s", "mctf", _DEIT_S, params={"r": (0,) + (16,) * 11}, paper_gflops=2.60, paper_top1=80.1,
+           paper_baseline_top1=79.8,
+           source="MCTF (Lee et al., CVPR 2024), the official DeiT-S setting and the official README's DeiT-S "
+                  "row (79.8 -> 80.1 top-1 at 2.60 GFLOPs); GFLOPs: the official code's fvcore count "
+                  "(docs/methods.md, 'MCTF')",
            gmacs_reason="the official block also runs attention·V and the value and output projections on "
                         "the fused tokens: vitbench counts 2.66 (docs/methods.md, 'MCTF')",
-           note="the paper's printed GFLOPs and top-1 are not cited in the project; training-free variant "
-                "(no token-reduction-consistency fine-tuning)."),
+           note="vitbench runs the training-free variant (no token-reduction-consistency fine-tuning); a top-1 "
+                "above the baseline's, as the README's, comes with that fine-tuning, so expect this row below it."),
+    Recipe("mctf-deit-t", "mctf", "deit_tiny_patch16_224", params={"r": (0,) + (16,) * 11}, paper_gflops=0.71,
+           paper_top1=72.7, paper_baseline_top1=72.2,
+           source="MCTF (Lee et al., CVPR 2024), the official README's DeiT-T row (72.2 -> 72.7 top-1 at 0.71 "
+                  "GFLOPs)",
+           gmacs_reason=_MCTF_T_REASON,
+           note="r=16 in blocks 2-12 is the official DeiT-S setting, used here for DeiT-T (the README's DeiT-T "
+                "setting is not recorded here); training-free variant, so expect a top-1 below the README's."),
     Recipe("mctf-fast-deit-s", "mctf", _DEIT_S, params={"r": (0, 0, 0, 68, 0, 0, 44, 0, 0, 29, 0, 0)},
            paper_gflops=2.76,
            source="MCTF-Fast (Lee et al., CVPR 2024), 35 % at blocks 3, 6, 9; GFLOPs: the official code's "

@@ -56,7 +56,9 @@ def published_fields(r: Recipe) -> dict[str, Any]:
     return {"id": r.id, "method": r.method, "model": r.model, "params": r.params_text, "source": r.source,
             "paper_top1": r.paper_top1, "paper_gflops": r.paper_gflops,
             "paper_baseline_top1": r.paper_baseline_top1, "paper_baseline_gflops": r.paper_baseline_gflops,
-            "paper_fraction": r.paper_fraction, "gmacs_reason": r.gmacs_reason, "note": r.note}
+            "paper_fraction": r.paper_fraction, "paper_img_s": r.paper_img_s,
+            "paper_baseline_img_s": r.paper_baseline_img_s, "paper_gpu": r.paper_gpu,
+            "gmacs_reason": r.gmacs_reason, "note": r.note}
 
 
 def write_published(folder: Path, r: Recipe) -> Path:
