@@ -13,7 +13,7 @@ from vitbench.measure.calibrate import TOLERANCE
 from vitbench.cli.main import main
 
 SWEEP = ["sweep", "--task", "cls", "--model", "test_vit", "--methods", "tome,topk", "--param", "topk.layers=(1,3)",
-         "--budgets", "0.9,0.6", "--metrics", "gmacs,params", "--no-controls"]
+         "--no-controls", "--budgets", "0.9,0.6", "--metrics", "gmacs,params"]  # SWEEP[:-4]: without the last two
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
