@@ -102,7 +102,7 @@ def _options(function: str, given: Mapping[str, Any], exclude: tuple[str, ...]) 
         from vitbench.run.plan import parse_shard
 
         values["shard"] = parse_shard(values["shard"])
-    for name in ("methods", "metrics", "seeds", "budgets", "shard"):
+    for name in ("methods", "metrics", "seeds", "budgets", "shard", "batch_sizes"):
         if name in values:
             values[name] = tuple(values[name])
     return RunOptions(**values)
@@ -141,7 +141,8 @@ def run(options: RunOptions, command: Optional[Sequence[str]] = None) -> Results
     methods = _with_controls(options, methods, setup.model)
     metrics = _with_gmacs(setup.metrics, budgets)
     plan = _plan(options, budgets, task=task.name, model=setup.model, methods=methods, data=setup.data,
-                 overrides=options.params, metrics=metrics, batch_size=options.batch_size, device=options.device,
+                 overrides=options.params, metrics=metrics, batch_size=options.batch_size,
+                 batch_sizes=options.batch_sizes, device=options.device,
                  seeds=_seeds(options), checkpoint=options.checkpoint, pretrained=options.pretrained,
                  precision=options.precision, compile=options.compile, cuda_graph=options.cuda_graph, repeats=repeats,
                  **setup.plan)
@@ -276,7 +277,10 @@ def _report(options: RunOptions, records: list[Record], stored: list[Record], ou
     except OSError as exc:
         raise OutputError(f"could not write the report in {str(out)!r} ({exc.strerror or type(exc).__name__}); "
                           f"the records are in the store: render them later with `vitbench report {out}`") from None
-    return Results(options, out, records, stored, md, (png,) if png is not None else ())
+    from vitbench.report.batches import batch_plot_path, has_curves
+
+    plots = (png,) if png is not None else ()
+    return Results(options, out, records, stored, md, plots + ((batch_plot_path(md),) if has_curves(stored) else ()))
 
 
 class _Progress:

@@ -64,7 +64,10 @@ def run(args: argparse.Namespace) -> int:
         md, png = write_report(records, output, command=command, skipped=skipped, folder=folder)
     except OSError as exc:
         raise DataError(f"cannot write the report {str(output)!r}: {exc.strerror or exc}") from None
-    print(f"wrote {md} and {png}" if png is not None else f"wrote {md} (no plot: nothing to draw)")
+    from vitbench.report.batches import batch_plot_path, has_curves
+
+    pngs = ([png] if png is not None else []) + ([batch_plot_path(md)] if has_curves(records) else [])
+    print(f"wrote {md} and {', '.join(map(str, pngs))}" if pngs else f"wrote {md} (no plot: nothing to draw)")
     return 0
 
 

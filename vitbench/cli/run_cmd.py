@@ -2,7 +2,7 @@
 store and report), then print the summary.
 
 ``vitbench run --task cls --methods M1,M2 [--model NAME] [--data PATH|fashion-mnist]
-[--param METHOD.KEY=VALUE ...] [--metrics ...] [--batch-size B] [--device cpu|cuda] [--seed S | --seeds S1,S2,...]
+[--param METHOD.KEY=VALUE ...] [--metrics ...] [--batch-size B] [--batch-sizes B1,B2,...] [--device cpu|cuda] [--seed S | --seeds S1,S2,...]
 [--out DIR] [--resume] [--match-gmacs F] [--quick | --repeats N] [--launcher none|pytorch|slurm]``. The
 baseline always runs too. Bad input exits 2 before anything runs. Progress goes to stderr through
 :mod:`vitbench.core.progress`: bars with the time left on a terminal, plain lines elsewhere, nothing on a
@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from vitbench.cli.task_options import OwnedOption, add_task_options, check_task_options
 from vitbench.host.distributed import add_launcher_option
 from vitbench.errors import ParamError, VitbenchError
 from vitbench.core.metrics import METRICS
 from vitbench.core.options import RunOptions
-from vitbench.run.plan import parse_param_overrides, parse_seeds
+from vitbench.run.plan import parse_batch_sizes, parse_param_overrides, parse_seeds
 from vitbench.host import get_host
 from vitbench.tasks.cls import DEFAULT_MODEL, EMBEDDED_TRAIN_LIMIT
 
@@ -72,6 +72,9 @@ def add_run_options(parser: argparse.ArgumentParser) -> dict[str, Any]:
     p.add_argument("--metrics", default=None,
                    help=f"comma-separated subset of {','.join(METRICS)} (default: all; accuracy needs data)")
     p.add_argument("--batch-size", default=32, help="throughput batch size (default 32)")
+    p.add_argument("--batch-sizes", default=None, metavar="B1,B2,...",
+                   help="also time throughput and latency at each batch size, e.g. 1,4,16,64: the report "
+                        "plots speed-up against batch size and names where each method starts to pay")
     p.add_argument("--device", default="cpu", metavar="cpu|cuda", help="where to run (default cpu)")
     p.add_argument("--precision", default="fp32", metavar="fp32|fp16|bf16",
                    help="autocast dtype of the measured forward, evaluation and (bf16) fine-tuning; GMACs "
@@ -125,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     if results.options.is_sweep:
         _print_sweep_summary(results.all_records, results.report, list(results.plots))
     else:
-        _print_summary(results.records, results.report, next(iter(results.plots), None))
+        _print_summary(results.records, results.report, list(results.plots))
         if getattr(args, "visualize", False):
             from vitbench.cli.visualize_cmd import visualize_run
             visualize_run(results)
@@ -147,7 +150,8 @@ def run_options(args: argparse.Namespace, task: str) -> RunOptions:
     return RunOptions(
         task=args.task, methods=_names(args.methods), model=args.model, data=args.data,
         params=parse_param_overrides(args.param), metrics=None if args.metrics is None else _names(args.metrics),
-        batch_size=_integer("--batch-size", args.batch_size), device=args.device,
+        batch_size=_integer("--batch-size", args.batch_size),
+        batch_sizes=None if args.batch_sizes is None else parse_batch_sizes(args.batch_sizes), device=args.device,
         seed=_integer("--seed", args.seed), seeds=None if args.seeds is None else parse_seeds(args.seeds),
         out=args.out, resume=args.resume, pretrained=args.pretrained, checkpoint=args.checkpoint,
         num_classes=_integer("--num-classes", args.num_classes, 1), limit=_integer("--limit", args.limit, 1),
@@ -182,7 +186,7 @@ def _names(text: str) -> tuple[str, ...]:
     return tuple(item.strip() for item in text.split(",") if item.strip())
 
 
-def _print_summary(records: list, md: Path, png: Optional[Path]) -> None:  # type: ignore[type-arg]
+def _print_summary(records: list, md: Path, pngs: list) -> None:  # type: ignore[type-arg]
     from vitbench.report.tables import comparison_table
 
     first = records[0]
@@ -194,7 +198,7 @@ def _print_summary(records: list, md: Path, png: Optional[Path]) -> None:  # typ
         print(table.to_markdown(index=False))
     for r in failed:
         print(f"FAILED {r.get('label') or r['method']}: {r.get('error')}")
-    print(f"\nreport: {md}" + (f"\nplot:   {png}" if png is not None else ""))
+    print(f"\nreport: {md}" + "".join(f"\nplot:   {png}" for png in pngs))
 
 
 def _print_sweep_summary(records: list, md: Path, pngs: list) -> None:  # type: ignore[type-arg]

@@ -34,6 +34,8 @@ class RunOptions:
     metrics: Optional[tuple[str, ...]] = None
     #: throughput batch size
     batch_size: int = 32
+    #: also time throughput and latency at each of these batch sizes (the speed-up curve); ``None``: not
+    batch_sizes: Optional[tuple[int, ...]] = None
     #: ``cpu`` or ``cuda``
     device: str = "cpu"
     #: the one seed of every run (``None``: 0); exclusive with ``seeds``

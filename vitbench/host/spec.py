@@ -52,6 +52,8 @@ class RunSpec:
     repeats: Optional[int] = None
     #: the ``--data`` folder's fingerprint (``files=N,sha256=...``): a changed folder is another run
     data_id: Optional[str] = None
+    #: ``--batch-sizes 1,4,16``: throughput and latency timed at each (the speed-up curve); ``None``: not
+    batch_sizes: Optional[tuple[int, ...]] = None
 
     def __getattr__(self, name: str) -> Any:
         """A task field of the spec's task (``spec.dense_finetune``): its value, else ``None``."""
@@ -152,4 +154,4 @@ def _written_tuple(value: Any) -> bool:
 
 #: fields added after the first stores, hashed only when set (docs/measuring.md, "What a run's identity holds")
 _LATER_FIELDS = ("train_backbone", "train_limit", "match_gmacs", "precision", "compile",
-                 "cuda_graph", "limit", "head", "weights", "repeats", "data_id")
+                 "cuda_graph", "limit", "head", "weights", "repeats", "data_id", "batch_sizes")

@@ -140,8 +140,8 @@ class _TimingFacts:
 
 @dataclass(frozen=True)
 class ThroughputResult(_TimingFacts):
-    """Images per second of the forward at ``batch_size``: median and IQR over ``repeats``,
-    and the machine's load before/after, cores and threads."""
+    """Images per second of the forward at ``batch_size``: median and IQR over ``repeats``, the
+    same repeats as milliseconds per forward, and the machine's load before/after, cores and threads."""
 
     median_img_s: float
     spread_img_s: float
@@ -152,6 +152,8 @@ class ThroughputResult(_TimingFacts):
     load_after: Optional[float] = None
     cores: int = 0
     threads: int = 0
+    median_ms: Optional[float] = None
+    spread_ms: Optional[float] = None
 
     def _median_spread(self) -> tuple[float, float]:
         return self.median_img_s, self.spread_img_s
@@ -161,6 +163,13 @@ class ThroughputResult(_TimingFacts):
         return {"throughput_img_s": self.median_img_s, "throughput_spread_img_s": self.spread_img_s,
                 "throughput_repeats": self.repeats,
                 **self.record_fields("throughput")}
+
+    def curve_point(self) -> dict[str, Any]:
+        """One point of a record's ``batch_curve`` (``--batch-sizes``): the batch size, images per
+        second and milliseconds per forward (median and IQR), and why the timing is doubted, if it is."""
+        return {"batch_size": self.batch_size, "throughput_img_s": self.median_img_s,
+                "throughput_spread_img_s": self.spread_img_s, "latency_ms": self.median_ms,
+                "latency_spread_ms": self.spread_ms, "flag_reason": self.doubt}
 
 
 @dataclass(frozen=True)
@@ -246,8 +255,10 @@ def measure_throughput(
                                                          precision, f"timing throughput (batch {batch_size})")
     img_s = [batch_size / max(s, 1e-12) for s in seconds]  # guard a 0.0 clock delta
     median, spread = median_and_iqr(img_s)
+    median_ms, spread_ms = median_and_iqr([s * 1e3 for s in seconds])
     return ThroughputResult(median_img_s=median, spread_img_s=spread, batch_size=batch_size,
-                            repeats=repeats, warmup=used_warmup, **_facts(before, after))
+                            repeats=repeats, warmup=used_warmup, median_ms=median_ms, spread_ms=spread_ms,
+                            **_facts(before, after))
 
 
 def measure_latency(

@@ -11,6 +11,7 @@ import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from vitbench.report.batches import batch_lines
 from vitbench.report.doubts import row_doubts, timing_notes
 from vitbench.report.measured_on import describe
 from vitbench.report.methodology import PARAGRAPHS, methodology
@@ -257,6 +258,7 @@ def _table_lines(records: list[Mapping[str, Any]], task: str, model: str, key: s
         lines += ["No successful baseline in this group: deltas and speed-ups are n/a.", ""]
     lines += unequal_compute_lines(task, row_labels(rows), rows)
     lines += slower_lines(row_labels(rows), rows, base)
+    lines += batch_lines(row_labels(rows), rows, base)
     lines += control_lines(task, row_labels(rows), rows)
     lines += _weights_lines(task, rows)
     lines += _matched_lines(row_labels(rows), rows)
@@ -304,14 +306,18 @@ def header_lines(records: list[Mapping[str, Any]], *, title: str | None = None,
 
 
 def render_markdown(records: Iterable[Mapping[str, Any]], *, title: str | None = None,
-                    command: str | None = None, plot_path: str | None = None, skipped: Sequence[str] = ()) -> str:
+                    command: str | None = None, plot_path: str | None = None, skipped: Sequence[str] = (),
+                    batch_plot_path: str | None = None) -> str:
     """The whole report as markdown. ``command`` is shown first under "Command", then the run
     commands recorded in the records' ``env``; ``plot_path`` (relative to the markdown) adds
-    the plot image link."""
+    the plot image link, ``batch_plot_path`` that of the speed-up against batch size."""
     records = latest_records(records)
     lines = header_lines(records, title=title, command=command, skipped=skipped)
     for task, model in groups(records):
         lines += group_section(records, task, model)
     if plot_path:
         lines += ["## Plot", "", f"![Accuracy vs GMACs and vs throughput]({plot_path})", ""]
+    if batch_plot_path:
+        lines += ["## Speed-up against batch size", "", f"![Speed-up over the baseline against batch size]"
+                  f"({batch_plot_path})", ""]
     return "\n".join(lines)

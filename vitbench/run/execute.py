@@ -83,7 +83,8 @@ def _landed(task: Task, record: dict[str, Any]) -> None:
 
 
 def _relative(spec: RunSpec, out: dict[str, Any], baseline: Optional[dict]) -> dict[str, Any]:
-    """Speed-up and efficiency against the plan's baseline (docs/measuring.md)."""
+    """Speed-up and efficiency against the plan's baseline (docs/measuring.md), and with
+    ``--batch-sizes`` the speed-up at each batch size both timed."""
     if spec.method == BASELINE:
         if out.get("throughput_img_s"):
             out.update(speedup=1.0, efficiency=1.0 if out.get("gmacs") else None)
@@ -91,6 +92,12 @@ def _relative(spec: RunSpec, out: dict[str, Any], baseline: Optional[dict]) -> d
         out["speedup"] = measure.speedup(out["throughput_img_s"], baseline["throughput_img_s"])
         if baseline.get("gmacs") and out.get("gmacs"):
             out["efficiency"] = measure.efficiency(out["speedup"], baseline["gmacs"], out["gmacs"])
+    if out.get("batch_curve"):
+        base_curve = {p["batch_size"]: p for p in (baseline or {}).get("batch_curve") or ()}
+        for point in out["batch_curve"]:
+            base = base_curve.get(point["batch_size"]) if spec.method != BASELINE else point
+            if base and base.get("throughput_img_s") and point.get("throughput_img_s"):
+                point["speedup"] = measure.speedup(point["throughput_img_s"], base["throughput_img_s"])
     return out
 
 

@@ -42,7 +42,8 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
                train_limit: Optional[int] = None, match_gmacs: Optional[float] = None, control: bool = True,
                precision: str = "fp32", compile: bool = False, cuda_graph: bool = False,
                limit: Optional[int] = None, head: Optional[str] = None, weights: Optional[str] = None,
-               repeats: Optional[int] = None, data_id: Optional[str] = None, **task_fields: Any) -> list[RunSpec]:
+               repeats: Optional[int] = None, data_id: Optional[str] = None,
+               batch_sizes: Optional[Iterable[int]] = None, **task_fields: Any) -> list[RunSpec]:
     """The baseline, then one spec per method, parameters validated (no model is built here).
 
     ``task_fields``: the task's own spec fields (:attr:`~vitbench.task.Task.spec_fields`, det's
@@ -51,6 +52,9 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
     :meth:`~vitbench.task.Task.control_fields` asks for one, the :data:`CONTROL` spec follows the
     baseline: the baseline fine-tuned the same way without a method, so that a method's accuracy
     can be compared at equal training.
+
+    ``batch_sizes`` (``--batch-sizes``): throughput and latency are also timed at each of them
+    (:func:`check_batch_sizes`), for the report's speed-up against batch size.
 
     ``match_gmacs``: every method runs at that fraction of the baseline's GMACs, its budget knob
     chosen when it runs (:mod:`vitbench.measure.calibrate`); ``--param`` may not set the knob then.
@@ -75,6 +79,9 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
         raise ParamError(f"--train-limit {train_limit!r} is out of range; it must be an integer >= 1")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise ParamError(f"--limit {limit!r} is out of range; it must be an integer >= 1")
+    metrics = tuple(metrics)
+    if batch_sizes is not None:
+        batch_sizes = check_batch_sizes(batch_sizes, metrics)
     names = [host.method(name).name for name in methods]  # unknown -> error listing valid ones
     for name in overrides:
         canonical = host.method(name).name
@@ -104,7 +111,7 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
                   device=device, seed=seed, checkpoint=checkpoint, pretrained=pretrained,
                   precision=None if check_precision(precision) == "fp32" else precision, compile=compile,
                   cuda_graph=cuda_graph, limit=limit, head=head, weights=weights, repeats=repeats,
-                  data_id=data_id)
+                  data_id=data_id, batch_sizes=batch_sizes)
     plan = [RunSpec(method=BASELINE, params_json="{}", **common)]
     if control and task_spec.control and any(host.method(n).needs_training for n in names):
         control_fields = task_spec.control_fields(task_fields)
@@ -130,6 +137,40 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
 def _task_fields(values: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
     """``values`` as :attr:`RunSpec.task_fields`: the set ones, sorted by name."""
     return tuple(sorted((k, v) for k, v in values.items() if v is not None))
+
+
+def parse_batch_sizes(text: str) -> tuple[int, ...]:
+    """``"1,4,16"`` -> ``(1, 4, 16)``: the ``--batch-sizes`` list (checked by :func:`check_batch_sizes`)."""
+    sizes = []
+    for item in (item.strip() for item in str(text).split(",")):
+        if not item:
+            continue
+        try:
+            sizes.append(int(item))
+        except ValueError:
+            raise ParamError(f"--batch-sizes item {item!r} is not an integer; give comma-separated integers "
+                             f"from 1 to {MAX_BATCH_SIZE}, e.g. 1,4,16,64") from None
+    return tuple(sizes)
+
+
+def check_batch_sizes(sizes: Iterable[int], metrics: Iterable[str]) -> tuple[int, ...]:
+    """The batch sizes in increasing order, refusing an empty list, one outside 1..
+    :data:`MAX_BATCH_SIZE`, a repeated one, or metrics that time nothing (neither throughput nor latency)."""
+    sizes = tuple(sizes)
+    if not sizes:
+        raise ParamError(f"--batch-sizes is empty; give comma-separated integers from 1 to {MAX_BATCH_SIZE}, "
+                         f"e.g. 1,4,16,64")
+    for size in sizes:
+        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_BATCH_SIZE:
+            raise ParamError(f"--batch-sizes item {size!r} is out of range; batch sizes are integers from 1 to "
+                             f"{MAX_BATCH_SIZE}")
+        if sizes.count(size) > 1:
+            raise ParamError(f"--batch-sizes names {size} twice ({','.join(map(str, sizes))}); each is timed once")
+    metrics = tuple(metrics)
+    if "throughput" not in metrics and "latency" not in metrics:
+        raise ParamError(f"--batch-sizes times throughput and latency, but --metrics {','.join(metrics)} "
+                         f"measures neither; add throughput or latency to --metrics")
+    return tuple(sorted(sizes))
 
 
 def parse_seeds(text: str) -> tuple[int, ...]:

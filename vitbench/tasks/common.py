@@ -73,7 +73,8 @@ def timed_model(spec: Any, model: nn.Module, input_size: tuple[int, int, int], p
     from vitbench.measure.cuda_graph import graph_for_timing
 
     timings = [m for m in ("throughput", "latency", "memory") if m in spec.metrics]
-    batches = tuple(1 if m == "latency" else spec.batch_size for m in timings)
+    curve = tuple(getattr(spec, "batch_sizes", None) or ())
+    batches = tuple(1 if m == "latency" else spec.batch_size for m in timings) + curve
     if spec.compile and timings:
         progress("compiling the model for the timings (torch.compile)")
         timed = compile_for_timing(model, input_size, batches, spec.device, spec.precision_name)
@@ -82,7 +83,7 @@ def timed_model(spec: Any, model: nn.Module, input_size: tuple[int, int, int], p
     else:
         timed = CompiledForTiming(model, False)
     out = TimedModels(timed.module, timed.module, timed.record())
-    graph_batches = tuple(1 if m == "latency" else spec.batch_size for m in timings if m != "memory")
+    graph_batches = tuple(1 if m == "latency" else spec.batch_size for m in timings if m != "memory") + curve
     if getattr(spec, "cuda_graph", False) and graph_batches:
         progress("capturing the forward as a CUDA graph for the timings")
         graphed = graph_for_timing(timed.module, input_size, graph_batches, spec.device, spec.precision_name)
@@ -96,7 +97,9 @@ def timed_model(spec: Any, model: nn.Module, input_size: tuple[int, int, int], p
 def measure_timings(spec: Any, model: Any, input_size: tuple[int, int, int], progress: Progress, *,
                     throughput_repeats: int, latency_repeats: int) -> dict[str, Any]:
     """The timing metrics ``spec`` asks for -- throughput at its batch size, batch-1 latency, peak
-    memory -- of ``model``'s forward, the same way for every task: on :func:`timed_model`'s
+    memory, and with ``--batch-sizes`` throughput and latency at each of them (``batch_curve``,
+    with ``throughput_repeats`` each; the throughput at the batch size is that curve's point where
+    the curve has it) -- of ``model``'s forward, the same way for every task: on :func:`timed_model`'s
     module (eager, ``--compile``d or a CUDA graph; memory never on the graph), in the spec's
     precision; the record fields of each, and how the model was timed. A spec's ``repeats``
     (``--repeats N``, ``--quick``) replaces both repeat counts, and the record says so
@@ -111,10 +114,19 @@ def measure_timings(spec: Any, model: Any, input_size: tuple[int, int, int], pro
     out = timed.record()
     if asked is not None and ("throughput" in spec.metrics or "latency" in spec.metrics):
         out["timing_repeats"] = asked
+    curve: dict[int, Any] = {}
+    for batch in getattr(spec, "batch_sizes", None) or ():
+        progress(f"timing the forward at batch {batch} (--batch-sizes)")
+        curve[batch] = measure.measure_throughput(timed.module, batch, input_size, device=device,
+                                                  repeats=throughput_repeats, precision=precision)
+    if curve:
+        out["batch_curve"] = [tp.curve_point() for tp in curve.values()]
     if "throughput" in spec.metrics:
-        progress(f"timing throughput (batch {spec.batch_size})")
-        tp = measure.measure_throughput(timed.module, spec.batch_size, input_size, device=device,
-                                        repeats=throughput_repeats, precision=precision)
+        tp = curve.get(spec.batch_size)
+        if tp is None:
+            progress(f"timing throughput (batch {spec.batch_size})")
+            tp = measure.measure_throughput(timed.module, spec.batch_size, input_size, device=device,
+                                            repeats=throughput_repeats, precision=precision)
         out.update(tp.fields())  # median, spread and the load/cores/threads it ran under
     if "latency" in spec.metrics:
         progress("timing latency (batch 1)")
