@@ -136,3 +136,26 @@ def test_check_gmacs_of_every_row(capsys):
     """Every row within 2 % of its source or with its stated reason (Swin-B and ViT-B: minutes)."""
     assert main(["reproduce", "--check-gmacs"]) == 0
     assert f"{len(RECIPES)} row(s): every counted row within 2%" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("paper_top1, tolerance, code, verdict", [
+    (41.0, None, 1, "tome top-1: off, measured "),  # 6 images: a top-1 is a multiple of 16.67, never 41 +- 0.5
+    (41.0, 100.0, 0, "tome top-1: ok, measured "),
+])
+def test_a_row_run_on_its_whole_set_is_checked_and_exits_1_when_off(monkeypatch, tmp_path, folder_writer, capsys,
+                                                                     paper_top1, tolerance, code, verdict):
+    tiny = Recipe("tiny", "tome", "test_vit", source="a test source", params={"r": 2}, paper_gflops=0.5,
+                  paper_top1=paper_top1, num_classes=2, eval_images=6, top1_tolerance_pp=tolerance,
+                  paper_img_s=20.0, paper_baseline_img_s=10.0, paper_gpu="V100", speedup_tolerance=100.0)
+    monkeypatch.setattr(recipes_module, "RECIPES", (tiny,))
+    data = tmp_path / "data"
+    for split, seed in (("val", 0), ("train", 1)):
+        folder_writer(data / split, {"cat": 3, "dog": 3}, seed=seed)
+    out = tmp_path / "out"
+    assert main(["reproduce", "tiny", "--data", str(data), "--out", str(out), "--train-limit", "4"]) == code
+    captured = capsys.readouterr()
+    assert verdict in captured.out
+    assert "speed-up: ok, measured " in captured.out  # throughput is measured by default where a speed-up is cited
+    assert ("did not reproduce: tome top-1 outside the tolerance" in captured.err) == (code == 1)
+    published = (out / "report.md").read_text().split("## Published", 1)[1]
+    assert "Checked against the source:" in published and "- speed-up: **ok**" in published

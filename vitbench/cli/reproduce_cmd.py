@@ -2,8 +2,9 @@
 
 ``--list`` prints the rows; ``--check-gmacs [ROW ...]`` counts each row's GMACs on random weights
 against its source's GFLOPs (exit 1 when one is off); ``ROW --data PATH [--checkpoint FILE |
---pretrained]`` runs the row as ``vitbench run`` does and writes the report with the published
-numbers under it. Heavy imports stay inside the handlers (``vitbench --help`` stays fast).
+--pretrained]`` runs the row as ``vitbench run`` does, writes the report with the published
+numbers under it and checks top-1 and speed-up against them (exit 1 when one is off,
+:mod:`vitbench.report.reproduced`). Heavy imports stay inside the handlers (``vitbench --help`` stays fast).
 """
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint", default=None, help="local weights file of the row's model")
     p.add_argument("--pretrained", action="store_true", help="load timm's pretrained weights (needs the hub)")
     p.add_argument("--out", default=None, help="result directory (default: runs/reproduce-ROW)")
-    p.add_argument("--metrics", default=None, help="comma-separated metrics (default: accuracy,gmacs)")
+    p.add_argument("--metrics", default=None, help="comma-separated metrics (default: accuracy,gmacs, and "
+                                                   "throughput where the row gives a speed-up)")
     p.add_argument("--limit", default=None, help="evaluate only the first N images")
     p.add_argument("--train-limit", default=None, help="learnable methods: fine-tune on the first N images")
     p.add_argument("--batch-size", default=32, help="throughput batch size (default 32)")
@@ -113,7 +115,8 @@ def _check(rows: list) -> int:  # type: ignore[type-arg]
 
 def _run_row(args: argparse.Namespace, rows: list) -> int:  # type: ignore[type-arg]
     """Run one row through the normal run path; print the report's path and the published line."""
-    from vitbench.reproduce.run import DEFAULT_METRICS, recipe_options, run_recipe
+    from vitbench.report.reproduced import check_row
+    from vitbench.reproduce.run import default_metrics, published_fields, recipe_options, run_recipe
 
     if len(rows) != 1:
         given = " ".join(args.rows) or "none"
@@ -124,15 +127,22 @@ def _run_row(args: argparse.Namespace, rows: list) -> int:  # type: ignore[type-
         raise VitbenchError(f"reproduce {r.id} needs --data PATH: {r.data}")
     if args.checkpoint and args.pretrained:
         raise VitbenchError("--checkpoint and --pretrained were both given; give one")
-    metrics = DEFAULT_METRICS if args.metrics is None else tuple(m.strip() for m in args.metrics.split(","))
+    metrics = default_metrics(r) if args.metrics is None else tuple(m.strip() for m in args.metrics.split(","))
     options = recipe_options(r, args.data, checkpoint=args.checkpoint, pretrained=args.pretrained, out=args.out,
                              metrics=metrics, limit=_integer("--limit", args.limit),
                              train_limit=_integer("--train-limit", args.train_limit),
                              batch_size=_integer("--batch-size", args.batch_size), device=args.device)
     results = run_recipe(r, options, command=_command(args, r.id))
-    if results.report is not None:
-        print(f"report: {results.report} (the published numbers under the table)")
-    return 0 if results.ok else 1
+    if results.report is None:
+        return 0 if results.ok else 1  # a rank other than 0
+    checks = check_row(published_fields(r), results.all_records)
+    for c in checks:
+        print(f"{c.what}: {c.status}, {c.detail}")
+    print(f"report: {results.report} (the published numbers under the table)")
+    off = [c.what for c in checks if c.status == "off"]
+    if off:
+        print(f"vitbench: error: {r.id} did not reproduce: {', '.join(off)} outside the tolerance", file=sys.stderr)
+    return 0 if results.ok and not off else 1
 
 
 def _integer(flag: str, value: object) -> Optional[int]:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from vitbench.errors import DataError
+from vitbench.report.reproduced import check_lines, check_row, last_ok
 
 __all__ = ["FIGURES", "HEADING", "PUBLISHED", "attach", "figure_line", "published_section", "with_figure",
            "with_published"]
@@ -49,14 +50,6 @@ def with_figure(text: str, link: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _last_ok(records: Sequence[Mapping[str, Any]], baseline: bool) -> Mapping[str, Any]:
-    """The newest ok record of the baseline or of the method (the store's last)."""
-    for record in reversed(records):
-        if record.get("status") == "ok" and (record.get("method") == "baseline") == baseline:
-            return record
-    return {}
-
-
 def _cell(value: Any, fmt: str) -> str:
     if isinstance(value, (int, float)) and math.isfinite(value):
         return format(value, fmt)
@@ -72,8 +65,9 @@ def _row(name: str, record: Mapping[str, Any], top1: Optional[float], gflops: Op
 
 def published_section(row: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> str:
     """The markdown section of a reproduced row (``row``: :data:`PUBLISHED`'s fields): the
-    source's and the measured top-1 and GMACs, baseline and method."""
-    base, method = _last_ok(records, True), _last_ok(records, False)
+    source's and the measured top-1 and GMACs, baseline and method, and whether they match
+    (:mod:`~vitbench.report.reproduced`)."""
+    base, method = last_ok(records, True), last_ok(records, False)
     lines = [
         HEADING, "",
         f"Row `{row['id']}` (`vitbench reproduce --list`): {row['method']} on {row['model']}, {row['params']}.",
@@ -84,6 +78,7 @@ def published_section(row: Mapping[str, Any], records: Sequence[Mapping[str, Any
         _row(row["method"], method, row.get("paper_top1"), row.get("paper_gflops")),
         "",
     ]
+    lines += check_lines(check_row(row, records))
     if row.get("paper_fraction") is not None:
         lines += [f"The source gives the method's compute as {row['paper_fraction']:g}x its baseline's.", ""]
     if row.get("gmacs_reason"):

@@ -61,6 +61,12 @@ class Recipe:
     num_classes: Optional[int] = None
     #: what ``--data`` must hold
     data: str = IMAGENET_VAL
+    #: how many images the source evaluated on: a top-1 is checked only on as many
+    eval_images: int = 50_000
+    #: the row's own top-1 tolerance in points; ``None``: :data:`vitbench.report.reproduced.TOP1_TOLERANCE_PP`
+    top1_tolerance_pp: Optional[float] = None
+    #: the row's own speed-up tolerance (a fraction); ``None``: :data:`vitbench.report.reproduced.SPEEDUP_TOLERANCE`
+    speedup_tolerance: Optional[float] = None
     #: what the source leaves open and what vitbench chose
     note: str = ""
 
@@ -132,6 +138,12 @@ RECIPES: tuple[Recipe, ...] = (
            gmacs_reason=_README_NO_GFLOPS,
            note="timm's vit_large_patch16_224 stands for the README's ViT-L/16 (which timm weights it used is "
                 "not recorded here); training-free. Speed-up 1.76x on the README's V100."),
+    Recipe("tome-vit-l-384-r23", "tome", "vit_large_patch16_384", params={"r": 23}, paper_top1=86.14,
+           paper_baseline_top1=86.92, paper_img_s=56, paper_baseline_img_s=28, paper_gpu="V100",
+           source="ToMe (Bolya et al., ICLR 2023), the official README's off-the-shelf table: ViT-L/16 @ 384 at r=23",
+           gmacs_reason=_README_NO_GFLOPS,
+           note="timm's vit_large_patch16_384 stands for the README's ViT-L/16 @ 384 (which timm weights it used "
+                "is not recorded here); training-free. Speed-up 2.00x on the README's V100."),
     Recipe("tome-swin-t", "tome", _SWIN_T, params={"r": 10}, paper_gflops=3.91, paper_baseline_gflops=4.50,
            source="the IBTM paper's ToMe-Swin-T row (docs/methods.md, 'Swin')", note=_SWIN_R + _NO_TOP1),
     Recipe("tome-swin-b", "tome", _SWIN_B, params={"r": 12}, paper_gflops=13.0, paper_baseline_gflops=15.4,
@@ -144,13 +156,13 @@ RECIPES: tuple[Recipe, ...] = (
                   "not recorded in the project",
            note="training-free. The official code's count on the same timm DeiT-S is 2.942 (docs/methods.md, 'PPT')."),
     Recipe("ppt-thesis-cls-attn", "ppt", _DEIT_S, paper_top1=65.30, paper_baseline_top1=83.56, num_classes=100,
-           data=CIFAR100_TEST, gmacs_reason=_THESIS_REASON, source=_THESIS + ", cls-attn scorer",
+           data=CIFAR100_TEST, eval_images=10_000, gmacs_reason=_THESIS_REASON, source=_THESIS + ", cls-attn scorer",
            note=_THESIS_NOTE),
     Recipe("ppt-thesis-entropy", "entropy", _DEIT_S, paper_top1=63.40, paper_baseline_top1=83.56, num_classes=100,
-           data=CIFAR100_TEST, gmacs_reason=_THESIS_REASON, source=_THESIS + ", entropy ('diversity') scorer",
+           data=CIFAR100_TEST, eval_images=10_000, gmacs_reason=_THESIS_REASON, source=_THESIS + ", entropy ('diversity') scorer",
            note=_THESIS_NOTE),
     Recipe("ppt-thesis-average", "average", _DEIT_S, paper_top1=62.59, paper_baseline_top1=83.56, num_classes=100,
-           data=CIFAR100_TEST, gmacs_reason=_THESIS_REASON, source=_THESIS + ", average-attention scorer",
+           data=CIFAR100_TEST, eval_images=10_000, gmacs_reason=_THESIS_REASON, source=_THESIS + ", average-attention scorer",
            note=_THESIS_NOTE),
     Recipe("ltmp-swin-t", "ltmp", _SWIN_T, params={"target": 0.88}, paper_gflops=3.95, paper_baseline_gflops=4.50,
            source="the LTMP-Swin-T row as docs/methods.md, 'LTMP' ('On Swin') cites it; the paper and table are "

@@ -20,11 +20,17 @@ from vitbench.reproduce.recipes import Recipe
 if TYPE_CHECKING:
     from vitbench.api import Results
 
-__all__ = ["DEFAULT_METRICS", "published_fields", "published_section", "recipe_options", "run_recipe",
-           "write_published"]
+__all__ = ["DEFAULT_METRICS", "default_metrics", "published_fields", "published_section", "recipe_options",
+           "run_recipe", "write_published"]
 
 #: what a reproduction compares with the source
 DEFAULT_METRICS = ("accuracy", "gmacs")
+
+
+def default_metrics(r: Recipe) -> tuple[str, ...]:
+    """What a run of ``r`` measures without ``--metrics``: :data:`DEFAULT_METRICS`, and throughput
+    where the source gives a speed-up to check."""
+    return DEFAULT_METRICS + (("throughput",) if r.paper_speedup is not None else ())
 
 
 def recipe_options(r: Recipe, data: str, *, checkpoint: Optional[str] = None, pretrained: bool = False,
@@ -58,7 +64,8 @@ def published_fields(r: Recipe) -> dict[str, Any]:
             "paper_baseline_top1": r.paper_baseline_top1, "paper_baseline_gflops": r.paper_baseline_gflops,
             "paper_fraction": r.paper_fraction, "paper_img_s": r.paper_img_s,
             "paper_baseline_img_s": r.paper_baseline_img_s, "paper_gpu": r.paper_gpu,
-            "gmacs_reason": r.gmacs_reason, "note": r.note}
+            "gmacs_reason": r.gmacs_reason, "note": r.note, "eval_images": r.eval_images,
+            "top1_tolerance_pp": r.top1_tolerance_pp, "speedup_tolerance": r.speedup_tolerance}
 
 
 def write_published(folder: Path, r: Recipe) -> Path:
