@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-NEEDS = frozenset({"keys", "cls_attn", "attn", "values", "input"})
+NEEDS = frozenset({"keys", "cls_attn", "attn", "values", "input", "tokens"})
 
 
 @dataclass
@@ -37,6 +37,8 @@ class AttnInfo:
       asking for it gives up the fused kernel.
     - ``values`` ``[B, h, N, d]``: the values per head.
     - ``input`` ``[B, N, C]``: the attention's input, the block's normed tokens (DTEM).
+    - ``tokens`` ``[B, N, C]``: the block's input before its norm (GTP's semantic graph; the
+      reducing block fills it, not the attention).
     """
 
     keys: Optional[torch.Tensor] = None
@@ -44,6 +46,7 @@ class AttnInfo:
     attn: Optional[torch.Tensor] = None
     values: Optional[torch.Tensor] = None
     input: Optional[torch.Tensor] = None
+    tokens: Optional[torch.Tensor] = None
 
 
 def uses_fused_kernel(attn: nn.Module, needs: AbstractSet[str]) -> bool:

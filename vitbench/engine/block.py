@@ -96,6 +96,8 @@ class ReducingBlock(nn.Module):
         reducer = self.reducer
         qk = reducer.qk if reducer is not None else None
         out, info = attention_forward(blk.attn, blk.norm1(x), bias, self.needs, qk_hook=qk)
+        if "tokens" in self.needs:
+            info.tokens = x
         x = x + blk.drop_path1(blk.ls1(out))
         if reducer is not None:
             x = reducer(x, state, info)
