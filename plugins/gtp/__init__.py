@@ -11,7 +11,7 @@ are eliminated, and each kept token ``i`` receives ``alpha * sum_j W_ij x_j`` ov
 the rows and columns of the kept tokens.
 
 Parameters: ``r`` (tokens eliminated per block, the budget knob), ``alpha``, ``graph``,
-``neighbours``, ``trace_source``; the defaults are the official evaluation command's (§23)."""
+``neighbours``, ``trace_source``; the defaults are the official evaluation command's (docs/methods.md, "GTP")."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -175,6 +175,21 @@ def test_vit_tome_map_is_the_unmerged_full_grid(backbone_factory):
         assert all((patches[b] == row).all(dim=1).any() for row in distinct)
 
 
+def test_vit_algm_map_gives_each_merged_window_one_vector(backbone_factory):
+    """ALGM, made for dense tasks: its window merge is unmerged for the head, each 2x2 window
+    of the stride-16 map holding the one token it became (threshold -1 merges every window)."""
+    model = vitbench.apply(_vit(backbone_factory), "algm", threshold=-1.0, global_threshold=1.0)
+    with torch.no_grad():
+        (s16,) = FeatureMaps(model, (16,))(torch.randn(2, 3, 64, 64))
+    assert reduction_context(model).token_counts == [5, 5, 5, 5]  # class token + 4 windows
+    grid = s16.permute(0, 2, 3, 1)  # [B, 4, 4, C]
+    for r in (0, 2):
+        for c in (0, 2):
+            window = grid[:, r:r + 2, c:c + 2].flatten(1, 2)
+            assert torch.equal(window, window[:, :1].expand_as(window))
+    assert not torch.equal(grid[:, 0, 0], grid[:, 0, 2])
+
+
 def test_vit_tome_r0_maps_equal_the_unreduced_maps(backbone_factory):
     base = _vit(backbone_factory)
     reference = FeatureMaps(copy.deepcopy(base), VIT_STRIDES)
