@@ -4,7 +4,7 @@ command imports and which therefore imports no torch.
 """
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -13,19 +13,11 @@ from vitbench.catalog import ModelInfo, Reduction
 from vitbench.engine import AttnInfo, Reducer, TokenState, descending_order
 from vitbench.engine.rows import take_rows
 from vitbench.errors import ParamError
+from vitbench.kit import schedule
 from vitbench_plugins.gtp import GTPParams
 
 #: where the current graph travels through the blocks of one forward (``TokenState.private``)
 GRAPH_KEY = "gtp_graph"
-
-
-def schedule(r: Union[int, list[int]], depth: int) -> list[int]:
-    """Tokens to eliminate in each of ``depth`` blocks."""
-    if isinstance(r, int):
-        return [r] * depth
-    if len(r) != depth:
-        raise ParamError(f"gtp.r has {len(r)} entries; the model has {depth} blocks")
-    return list(r)
 
 
 def spatial_graph(rows: int, cols: int, device: Optional[torch.device] = None) -> torch.Tensor:
@@ -116,7 +108,7 @@ class GTPReducer(Reducer):
 
 
 def build(params: GTPParams, info: ModelInfo) -> Reduction:
-    counts = schedule(params.r, info.depth)
+    counts = schedule(params.r, info.depth, "gtp")
     # the graph comes from the tokens entering block 0 (the embeddings), as in the official code: a
     # semantic graph needs a step there even where block 0 eliminates nothing; a spatial one is
     # positional, so the first block that eliminates builds it
