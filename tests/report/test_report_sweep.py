@@ -100,3 +100,32 @@ def test_summary_keeps_accuracy_when_no_common_range_exists(make_record):
     df = summary_table(recs, "cls", "vitbench-fmnist-vit")
     assert df.to_dict("records") == [{"Method": "tome", "F = 0.9": "79.00", "F = 0.5": "failed", "Area ÷ range": "n/a"}]
     assert "Top-1 (%) at each budget:" in render_sweep_markdown(recs)
+
+
+def _curve(*points):
+    """``(batch, img/s)`` pairs as a record's ``batch_curve``."""
+    return [{"batch_size": b, "throughput_img_s": tp, "latency_ms": 1e3 * b / tp, "flag_reason": None}
+            for b, tp in points]
+
+
+def test_a_sweep_timed_at_several_batch_sizes_draws_speed_up_against_batch_a_panel_per_budget(sweep, tmp_path):
+    from vitbench.report.batches import _planned
+    from vitbench.report.sweep import budget_parts
+
+    curves = {"b": ((1, 100.0), (8, 200.0)), "t9": ((1, 90.0), (8, 220.0)), "k9": ((1, 110.0), (8, 210.0)),
+              "t7": ((1, 80.0), (8, 260.0))}
+    timed = [dict(r, batch_curve=_curve(*curves[r["spec_id"]])) if r["spec_id"] in curves else r for r in sweep]
+    md, pngs = write_sweep_report(timed, tmp_path / "report.md")
+    batch_png = tmp_path / "report-speedup-vs-batch.png"
+    assert batch_png in pngs and batch_png.read_bytes()[:8] == PNG
+    assert "](report-speedup-vs-batch.png)" in md.read_text()
+    panels = [title for part, recs in budget_parts(timed) for title, _ in _planned(recs, part)]
+    assert panels == ["cls · vitbench-fmnist-vit at F = 0.9: speed-up vs batch size",
+                      "cls · vitbench-fmnist-vit at F = 0.7: speed-up vs batch size"]  # F = 0.5: no curve
+    # per budget, each method against the one baseline: tome at 0.9 is slower at 1, faster at 8
+    assert "- tome (r=3; matched 0.9x GMACs): faster than the baseline from batch 8 on (0.90x at 1)." in md.read_text()
+
+
+def test_a_sweep_without_batch_curves_draws_no_batch_plot(sweep, tmp_path):
+    _, pngs = write_sweep_report(sweep, tmp_path / "report.md")
+    assert not (tmp_path / "report-speedup-vs-batch.png").exists() and len(pngs) == 2

@@ -151,9 +151,9 @@ def batch_plot_path(md_path: str | os.PathLike[str]) -> Path:
     return md_path.with_name(f"{md_path.stem}-speedup-vs-batch.png")
 
 
-def _planned(records: list[Record]) -> list[tuple[str, list[tuple[str, dict[int, float]]]]]:
-    """Per (task, model) and what it was measured on, the title and the methods' speed-up curves;
-    groups without one left out."""
+def _planned(records: list[Record], part: str = "") -> list[tuple[str, list[tuple[str, dict[int, float]]]]]:
+    """Per (task, model) and what it was measured on, the title (``part`` added to it) and the
+    methods' speed-up curves; groups without one left out."""
     out = []
     for task, model, on, note in panels(records):
         rows, base = ok_rows(records, task, model, on=on)
@@ -161,7 +161,7 @@ def _planned(records: list[Record]) -> list[tuple[str, list[tuple[str, dict[int,
                   if r.get("method") not in (BASELINE, CONTROL)]
         curves = [(lab, c) for lab, c in curves if c]
         if curves:
-            out.append((f"{task} · {model}: speed-up vs batch size{note}", curves))
+            out.append((f"{task} · {model}{part}: speed-up vs batch size{note}", curves))
     return out
 
 
@@ -170,11 +170,14 @@ def has_curves(records: Iterable[Record]) -> bool:
     return bool(_planned(list(records)))
 
 
-def plot_speedup_vs_batch(records: Iterable[Record], path_png: str | os.PathLike[str]) -> Optional[Path]:
+def plot_speedup_vs_batch(records: Iterable[Record], path_png: str | os.PathLike[str], *,
+                          parts: Sequence[tuple[str, Iterable[Record]]] = ()) -> Optional[Path]:
     """Speed-up over the baseline against batch size (log scale), a line per method and a panel
-    per (task, model) and what it was measured on; written atomically. None, and no file, when no
-    method has a speed-up curve."""
-    drawn = _planned(list(records))
+    per (task, model) and what it was measured on; with ``parts`` (a title suffix and its records,
+    e.g. a sweep's budgets) a panel per part of each, instead of one of ``records``; written
+    atomically. None, and no file, when no method has a speed-up curve."""
+    drawn = ([panel for part, recs in parts for panel in _planned(list(recs), part)] if parts
+             else _planned(list(records)))
     if not drawn:
         return None
     fig = Figure(figsize=(7, 4.5 * len(drawn)), layout="constrained")

@@ -18,6 +18,7 @@ from typing import Any, Optional
 import pandas as pd
 
 from vitbench.report._atomic import atomic_write_text
+from vitbench.report.batches import batch_plot_path, has_curves, plot_speedup_vs_batch
 from vitbench.report.curves import (
     Curve, accuracy_keys, common_span, curve_area, curve_key, curves, gmacs_key, record_budget,
 )
@@ -27,7 +28,7 @@ from vitbench.report.tables import NA, drop_unmeasured, gmacs_spec, groups, meas
 from vitbench.report.task_shape import accuracy_column, accuracy_columns, compute_name
 from vitbench.results.store import latest_records
 
-__all__ = ["budget_records", "budgets", "summary_table", "render_sweep_markdown", "write_sweep_report"]
+__all__ = ["budget_parts", "budget_records", "budgets", "summary_table", "render_sweep_markdown", "write_sweep_report"]
 
 Record = Mapping[str, Any]
 #: the Pareto plots beside report.md
@@ -132,10 +133,18 @@ def _summary_lines(records: list[Record], task: str, model: str, level: str = "#
     return lines
 
 
+def budget_parts(records: Iterable[Record]) -> list[tuple[str, list[Record]]]:
+    """Each budget of any (task, model), largest first, as a title suffix and its comparison's records."""
+    records = latest_records(records)
+    found = sorted({b for task, model in groups(records) for b in budgets(records, task, model)}, reverse=True)
+    return [(f" at F = {b:g}", budget_records(records, b)) for b in found]
+
+
 def render_sweep_markdown(records: Iterable[Record], *, command: Optional[str] = None,
                           title: Optional[str] = None, plot_paths: tuple[str, ...] = (),
-                          skipped: Sequence[str] = ()) -> str:
-    """The sweep report as markdown; ``plot_paths`` (relative links) are the Pareto plots."""
+                          skipped: Sequence[str] = (), batch_plot_path: Optional[str] = None) -> str:
+    """The sweep report as markdown; ``plot_paths`` (relative links) are the Pareto plots,
+    ``batch_plot_path`` the speed-up against batch size (``--batch-sizes``)."""
     records = latest_records(records)
     lines = header_lines(records, title=title or "vitbench sweep", command=command, skipped=skipped)
     for task, model in groups(records):
@@ -145,6 +154,8 @@ def render_sweep_markdown(records: Iterable[Record], *, command: Optional[str] =
                   f"each method's budget knob matched to each, within 2 %).", ""]
         plots = [line for path, what in zip(plot_paths, ("GMACs", "throughput"))
                  for line in (f"![Pareto: accuracy vs {what}]({path})", "")]
+        if batch_plot_path:
+            plots += [f"![Speed-up over the baseline against batch size, a panel per budget]({batch_plot_path})", ""]
         keys = measured_groups(records, task, model)
         if len(keys) > 1:
             lines += [f"These runs were measured on {len(keys)} different sets of evaluation images, classifier "
@@ -169,16 +180,24 @@ def render_sweep_markdown(records: Iterable[Record], *, command: Optional[str] =
 def write_sweep_report(records: Iterable[Record], out_md_path: str | os.PathLike[str], *,
                        command: Optional[str] = None, title: Optional[str] = None,
                        skipped: Sequence[str] = ()) -> tuple[Path, list[Path]]:
-    """Write the sweep's markdown and its two Pareto PNGs (:data:`PARETO_FILES`) beside it, each
-    atomically; returns ``(md_path, [png paths])``."""
+    """Write the sweep's markdown and its two Pareto PNGs (:data:`PARETO_FILES`) beside it, and
+    where runs were timed at several batch sizes the speed-up against batch size, a panel per
+    budget (:func:`~vitbench.report.batches.batch_plot_path`), each atomically; returns
+    ``(md_path, [png paths])``."""
     from vitbench.report.pareto import plot_pareto
 
     records = list(records)
     md_path = Path(out_md_path)
     pngs = [md_path.with_name(name) for name in PARETO_FILES]
+    parts = budget_parts(records)
+    batch_png = batch_plot_path(md_path) if any(has_curves(recs) for _, recs in parts) else None
+    link = urllib.parse.quote
     text = render_sweep_markdown(records, command=command, title=title,
-                                 plot_paths=tuple(urllib.parse.quote(p.name, errors="surrogateescape") for p in pngs), skipped=skipped)
+                                 plot_paths=tuple(link(p.name, errors="surrogateescape") for p in pngs), skipped=skipped,
+                                 batch_plot_path=link(batch_png.name, errors="surrogateescape") if batch_png else None)
     plot_pareto(records, pngs[0], x="gmacs")
     plot_pareto(records, pngs[1], x="throughput")
+    if batch_png is not None:
+        plot_speedup_vs_batch(records, batch_png, parts=parts)
     atomic_write_text(md_path, text)
-    return md_path, pngs
+    return md_path, pngs + ([batch_png] if batch_png is not None else [])
