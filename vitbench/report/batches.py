@@ -9,7 +9,6 @@ amortise, so a method can be slower than the baseline at batch 1 and faster at b
 from __future__ import annotations
 
 import io
-import math
 import os
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
@@ -22,6 +21,7 @@ from matplotlib.figure import Figure
 from vitbench.report._atomic import atomic_write_bytes
 from vitbench.report.doubts import MARK
 from vitbench.report.tables import ok_rows, panels, row_labels
+from vitbench.report.values import number
 from vitbench.task import BASELINE, CONTROL
 
 __all__ = ["batch_lines", "batch_plot_path", "break_even", "curve_speedups", "has_curves", "plot_speedup_vs_batch"]
@@ -29,10 +29,10 @@ __all__ = ["batch_lines", "batch_plot_path", "break_even", "curve_speedups", "ha
 Record = Mapping[str, Any]
 
 
-def _number(value: Any) -> Optional[float]:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        return None
-    return float(value)
+def _positive(value: Any) -> Optional[float]:
+    """``value`` as a finite float above 0, else ``None``."""
+    v = number(value)
+    return v if v is not None and v > 0 else None
 
 
 def _points(rec: Record) -> dict[int, Record]:
@@ -57,9 +57,9 @@ def curve_speedups(row: Record, base: Optional[Record]) -> dict[int, float]:
     for rec in _per_seed(row):
         theirs = base_points.get(rec.get("seed"), {})
         for batch, point in _points(rec).items():
-            speedup = _number(point.get("speedup"))
+            speedup = _positive(point.get("speedup"))
             if speedup is None:
-                tp, b_tp = _number(point.get("throughput_img_s")), _number(theirs.get(batch, {}).get("throughput_img_s"))
+                tp, b_tp = _positive(point.get("throughput_img_s")), _positive(theirs.get(batch, {}).get("throughput_img_s"))
                 speedup = tp / b_tp if tp is not None and b_tp is not None else None
             if speedup is not None:
                 found.setdefault(batch, []).append(speedup)
@@ -105,12 +105,12 @@ def _cell(row: Record, base: Optional[Record], batch: int, speedups: Mapping[int
     point = _points(row).get(batch)
     if point is None:
         return "n/a"
-    ms = _number(point.get("latency_ms"))
+    ms = _positive(point.get("latency_ms"))
     timed = f"{ms:.1f} ms" if ms is not None else "n/a"
     doubted = _doubted(row, batch) or (base is not None and _doubted(base, batch))
     mark = f" {MARK}" if doubted else ""
     if row is base:
-        tp = _number(point.get("throughput_img_s"))
+        tp = _positive(point.get("throughput_img_s"))
         return f"{tp:.0f} img/s, {timed}{mark}" if tp is not None else f"{timed}{mark}"
     speedup = speedups.get(batch)
     return f"{speedup:.2f}x, {timed}{mark}" if speedup is not None else f"{timed}{mark}"

@@ -8,10 +8,11 @@ number); a check the run cannot make says why instead of passing.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
+
+from vitbench.report.values import number
 
 __all__ = ["EVAL_IMAGES", "SPEEDUP_TOLERANCE", "TOP1_TOLERANCE_PP", "RowCheck", "check_lines", "check_row", "last_ok"]
 
@@ -35,12 +36,6 @@ class RowCheck:
         return f"- {self.what}: **{self.status}**, {self.detail}."
 
 
-def _number(value: Any) -> Optional[float]:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
-
-
 def last_ok(records: Sequence[Mapping[str, Any]], baseline: bool) -> Mapping[str, Any]:
     """The newest ok record of the baseline or of the method (the store's last); ``{}`` for none."""
     for record in reversed(records):
@@ -52,7 +47,7 @@ def last_ok(records: Sequence[Mapping[str, Any]], baseline: bool) -> Mapping[str
 def _top1(what: str, record: Mapping[str, Any], paper: float, tolerance: float, images: int) -> RowCheck:
     if not record:
         return RowCheck(what, "not checked", "the run did not finish")
-    top1 = _number(record.get("top1_pct"))
+    top1 = number(record.get("top1_pct"))
     if top1 is None:
         return RowCheck(what, "not checked", "no top-1 was measured (add accuracy to --metrics)")
     evaluated = record.get("num_images")
@@ -66,14 +61,14 @@ def _top1(what: str, record: Mapping[str, Any], paper: float, tolerance: float, 
 
 
 def _speedup(row: Mapping[str, Any], method: Mapping[str, Any], tolerance: float) -> Optional[RowCheck]:
-    paper_tp, paper_base = _number(row.get("paper_img_s")), _number(row.get("paper_baseline_img_s"))
+    paper_tp, paper_base = number(row.get("paper_img_s")), number(row.get("paper_baseline_img_s"))
     if paper_tp is None or not paper_base:
         return None
     paper = paper_tp / paper_base
     what, gpu = "speed-up", row.get("paper_gpu") or "its GPU"
     if not method:
         return RowCheck(what, "not checked", "the run did not finish")
-    measured = _number(method.get("speedup"))
+    measured = number(method.get("speedup"))
     if measured is None:
         return RowCheck(what, "not checked", f"no throughput was measured (add throughput to --metrics; the "
                                              f"source's is {paper:.2f}x on a {gpu})")
@@ -91,15 +86,15 @@ def check_row(row: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> l
     baseline and method records: each top-1 the source gives, and its speed-up where it gives
     both throughputs."""
     base, method = last_ok(records, True), last_ok(records, False)
-    tolerance = _number(row.get("top1_tolerance_pp")) or TOP1_TOLERANCE_PP
+    tolerance = number(row.get("top1_tolerance_pp")) or TOP1_TOLERANCE_PP
     images = int(row.get("eval_images") or EVAL_IMAGES)
     out = []
     for what, record, key in (("baseline top-1", base, "paper_baseline_top1"),
                               (f"{row.get('method')} top-1", method, "paper_top1")):
-        paper = _number(row.get(key))
+        paper = number(row.get(key))
         if paper is not None:
             out.append(_top1(what, record, paper, tolerance, images))
-    speedup = _speedup(row, method, _number(row.get("speedup_tolerance")) or SPEEDUP_TOLERANCE)
+    speedup = _speedup(row, method, number(row.get("speedup_tolerance")) or SPEEDUP_TOLERANCE)
     return out + ([speedup] if speedup is not None else [])
 
 

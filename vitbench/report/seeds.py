@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from vitbench.report.measured_on import on_key
+from vitbench.report.values import metric
 
 __all__ = ["MEAN_STD_KEYS", "aggregate_over_seeds", "pair_with_baselines", "seed_key"]
 
@@ -30,13 +31,6 @@ _POOLED_KEYS = ("gmacs_std", "backbone_gmacs_std")
 #: shown as the median over seeds of the per-seed values
 _MEDIAN_KEYS = ("throughput_img_s", "throughput_spread_img_s", "eval_img_s", "latency_ms", "latency_spread_ms",
                 "speedup", "efficiency")
-
-
-def _num(rec: Record, key: str) -> float | None:
-    v = rec.get(key)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        return None
-    return float(v)
 
 
 def seed_key(rec: Record) -> tuple[Any, ...]:
@@ -60,11 +54,11 @@ def pair_with_baselines(rows: list[Record]) -> list[dict[str, Any]]:
     for r in rows:
         r = dict(r)
         base = base_by_seed.get((r.get("seed"), on_key(r)))
-        tp, b_tp = _num(r, "throughput_img_s"), _num(base or {}, "throughput_img_s")
-        if _num(r, "speedup") is None and tp is not None and b_tp:
+        tp, b_tp = metric(r, "throughput_img_s"), metric(base or {}, "throughput_img_s")
+        if metric(r, "speedup") is None and tp is not None and b_tp:
             r["speedup"] = tp / b_tp
-        gm, b_gm = _num(r, "gmacs"), _num(base or {}, "gmacs")
-        if _num(r, "efficiency") is None and _num(r, "speedup") is not None and gm and b_gm:
+        gm, b_gm = metric(r, "gmacs"), metric(base or {}, "gmacs")
+        if metric(r, "efficiency") is None and metric(r, "speedup") is not None and gm and b_gm:
             r["efficiency"] = r["speedup"] / (b_gm / gm)
         out.append(r)
     return out
@@ -89,7 +83,7 @@ def _aggregate(recs: list[dict[str, Any]]) -> dict[str, Any]:
     if len(recs) == 1:
         return row
     for key in MEAN_STD_KEYS + _MEAN_KEYS + _POOLED_KEYS + _MEDIAN_KEYS:
-        values = [v for r in recs if (v := _num(r, key)) is not None]
+        values = [v for r in recs if (v := metric(r, key)) is not None]
         if not values:
             row.pop(key, None)
             continue

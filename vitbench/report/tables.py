@@ -25,6 +25,7 @@ from vitbench.report.measured_on import describe, on_key
 from vitbench.report.row_facts import images, interval_pct, row_label, shows_top5, weights_from
 from vitbench.report.seeds import aggregate_over_seeds
 from vitbench.report.task_shape import accuracy_columns, task_spec
+from vitbench.report.values import metric
 from vitbench.results.store import latest_records
 from vitbench.task import CONTROL, report_words
 
@@ -35,16 +36,6 @@ __all__ = [
 
 NA = "n/a"
 Record = Mapping[str, Any]
-
-
-def metric(rec: Record | None, key: str) -> float | None:
-    """``rec[key]`` as a finite float, else ``None`` (missing, null, NaN, not a number)."""
-    if rec is None:
-        return None
-    v = rec.get(key)
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    return float(v) if math.isfinite(v) else None
 
 
 def _fmt(v: float | None, spec: str, unit: str = "") -> str:
