@@ -14,6 +14,8 @@ from vitbench.hookspecs import hookimpl
 from vitbench.host import get_host
 
 CALLS: list[tuple] = []
+#: the stage the loop said was training (``reduction_context(model).stage``) at each epoch end
+STAGES_SEEN: list = []
 
 
 class Gate(nn.Module, Reducer):
@@ -58,6 +60,7 @@ def _build(params: GateParams, info) -> Reduction:
     def epoch_end(model, epoch, batches):
         gates[0].epochs_seen += float("nan") if params.nan_buffer else 1
         CALLS.append(("epoch_end", epoch))
+        STAGES_SEEN.append(reduction_context(model).stage)
 
     stage = TrainStage(name="search", epochs=params.epochs, lr=0.05, optimizer="SGD", batch_size=32,
                        extra_loss=extra, before=(before,), epoch_end=(epoch_end,),
@@ -80,6 +83,7 @@ class _Plugin:
 def register_gate() -> str:
     get_host().add_plugin(_Plugin(), "test_gate")
     CALLS.clear()
+    STAGES_SEEN.clear()
     return "test-gate"
 
 

@@ -20,6 +20,7 @@ from vitbench.engine.channel_select import (
 )
 from vitbench.engine.token_state import TokenState
 from vitbench.errors import UnsupportedError
+from vitbench.kit import stage_epochs
 from vitbench.kit.channel_budget import ComputeBudget, enforce_budget
 from vitbench.measure.clusters import KMEANS_SAMPLES, kmeans_centroids, run_seed
 from vitbench.measure.ib import (
@@ -373,13 +374,14 @@ def ib_before(t_warm: int) -> Callable[[nn.Module, Callable[[], Any]], None]:
 
 def ib_epoch_end(t_warm: int, epochs: int) -> Callable[[nn.Module, int, Callable[[], Any]], None]:
     """``epoch_end`` callback of the retraining: count the epoch; refresh the statistics when
-    the next epoch uses the bound (nothing to refresh after the last of ``epochs``)."""
+    the next epoch uses the bound (nothing to refresh after the last of ``epochs``, or of the
+    epochs the task runs the stage for, :func:`~vitbench.kit.stage_epochs`)."""
     def callback(model: nn.Module, epoch: int, batches: Callable[[], Any]) -> None:
         ib = _ib_statistics(model)
         if ib is None:
             return
         ib.epochs_done += 1
-        if _ib_active(ib, t_warm) and int(ib.epochs_done) < epochs:
+        if _ib_active(ib, t_warm) and int(ib.epochs_done) < stage_epochs(model, epochs):
             ib.refresh(model, batches)
     return callback
 

@@ -19,6 +19,7 @@ from vitbench.engine import AttnInfo, Reducer, TokenState, reduction_context
 from vitbench.engine.grid_merge import record_grid_merge
 from vitbench.engine.masks import straight_through_mask
 from vitbench.errors import UnsupportedError
+from vitbench.kit import stage_epochs
 from vitbench.measure.clusters import KMEANS_SAMPLES, kmeans_centroids, run_seed
 from vitbench.measure.ib import (
     ClassSums, feature_source, ib_terms, input_vectors, module_features, pooled_features, soft_assign,
@@ -507,9 +508,10 @@ def _feature_hook(model: nn.Module) -> Any:
 def _epoch_end(model: nn.Module, epoch: int, batches: Callable[[], Iterator[Any]], max_images: int,
                epochs: int) -> None:
     """Algorithm 1's refresh for the *next* epoch: none after the last one (``epoch`` counts from
-    0), so the evaluated model runs the statistics its masks and MLPs were trained against."""
+    0; the stage's real epochs, :func:`stage_epochs`), so the evaluated model runs the statistics
+    its masks and MLPs were trained against."""
     _modules(model)[0]._shared.epoch = epoch + 1
-    if epoch + 1 < epochs:
+    if epoch + 1 < stage_epochs(model, epochs):
         refresh_statistics(model, batches, max_images)
 
 
@@ -533,7 +535,7 @@ def ib_bound_loss(model: nn.Module, logits: torch.Tensor, labels: torch.Tensor, 
     in the warm-up (:func:`ib_weight_at`)."""
     ctx = reduction_context(model)
     first, _ = _modules(model)
-    weight = ib_weight_at(first._shared.epoch, epochs, weight, warmup)
+    weight = ib_weight_at(first._shared.epoch, stage_epochs(model, epochs), weight, warmup)
     if weight == 0.0:
         return None
     feats = ctx.extras.get(FEATURES_KEY) if ctx is not None else None

@@ -155,3 +155,31 @@ def test_the_ib_term_trains_on_the_tensor_the_ib_metric_reads(family, make, modu
         handle.remove()
     assert trained.shape == reported.shape == (2, trained.shape[1])
     torch.testing.assert_close(trained, reported, rtol=0, atol=0)
+
+
+def test_the_refresh_and_the_warm_up_count_the_epochs_the_task_runs_the_stage_for(monkeypatch):
+    """A dense task lengthens LTM's stage (2 declared epochs, 8 run, ``ctx.stage``): the statistics
+    are refreshed after every epoch but the last of the 8, and the official IB warm-up is 30 % of
+    the 8 (2 epochs off), not of the 2 (none off)."""
+    import dataclasses
+
+    from vitbench_plugins.ltm import reduction as ltm_reduction
+
+    model = _ltm(recipe="official", epochs=2)
+    stage, ctx = _stage(model), reduction_context(model)
+    images, labels = next(_data()())
+    refreshed = []
+    monkeypatch.setattr(ltm_reduction, "refresh_statistics", lambda m, batches, n: refreshed.append(n))
+    for run in (None, dataclasses.replace(stage, epochs=8)):  # as declared (cls), as a dense task runs it
+        ctx.stage = run
+        epochs = stage.epochs if run is None else run.epochs
+        refreshed.clear()
+        for epoch in range(epochs):
+            stage.epoch_end[0](model, epoch, _data())
+        assert len(refreshed) == epochs - 1
+        model.blocks[0].reducer._shared.epoch = 1  # the second epoch
+        model.train()
+        logits = model(images)
+        ib = stage.extra_loss(model, logits, labels)
+        assert (ib is None) == (run is not None)  # 8 epochs: int(0.3 * 8) = 2 off; 2 epochs: int(0.6) = 0
+    ctx.stage = None

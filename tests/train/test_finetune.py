@@ -12,7 +12,7 @@ from vitbench.engine import reduction_context
 from vitbench.errors import CheckpointError, NonFiniteError
 from vitbench.testing import tiny_vit
 
-from tests_support import CALLS  # noqa: E402 - tests/tests_support.py: the learnable test method
+from tests_support import CALLS, STAGES_SEEN  # noqa: E402 - tests/tests_support.py: the learnable test method
 from vitbench.train import finetune, load_trained, save_trained
 from vitbench.train.stages import is_arch_step, trainable_parameters
 
@@ -44,6 +44,20 @@ def test_only_the_method_trains_and_the_backbone_stays_frozen(gate_method, fmnis
     assert CALLS == [("before", 96, False), ("step",), ("step",), ("step",), ("epoch_end", 0), ("after",)]
     # requires_grad restored
     assert all(p.requires_grad for p in model.parameters())
+
+
+def test_callbacks_see_the_stage_as_the_task_runs_it(gate_method, fmnist, monkeypatch):
+    """``reduction_context(model).stage`` is the stage after the task's ``prepare`` (a dense task
+    lengthens it: callbacks that act after the last epoch count its real epochs), and None after."""
+    import dataclasses
+
+    from vitbench.train.finetune import ClsStages
+
+    monkeypatch.setattr(ClsStages, "prepare", lambda self, stage, last: dataclasses.replace(stage, epochs=2))
+    model = vitbench.apply(_model(), gate_method)
+    finetune(model, fmnist, limit=32)
+    assert [(s.name, s.epochs) for s in STAGES_SEEN] == [("search", 2), ("search", 2)]
+    assert reduction_context(model).stage is None
 
 
 def test_train_backbone_trains_everything(gate_method, fmnist):

@@ -39,6 +39,8 @@ class ReductionContext:
         self.labels: Optional[torch.Tensor] = None
         #: per-forward values methods hand to their ``extra_loss`` (reset by the first block)
         self.extras: dict[str, Any] = {}
+        #: the stage being trained as the task runs it (real ``epochs``: kit.stage_epochs); else None
+        self.stage: Any = None
 
 
 def reduction_context(model: nn.Module) -> Optional[ReductionContext]:

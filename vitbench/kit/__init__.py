@@ -15,12 +15,12 @@ from vitbench.kit.params import check_layers, check_scorer
 from vitbench.kit.scores import average_score, cls_attn_score, entropy_score
 from vitbench.kit.selection import TOKEN_ORDERS, top_tokens
 from vitbench.kit.soft_merge import soft_cluster
-from vitbench.kit.train_stages import adamw_cosine
+from vitbench.kit.train_stages import adamw_cosine, stage_epochs
 from vitbench.kit.vit_costs import ViTBlockCosts, vit_block_costs
 
 __all__ = [
     "BudgetResult", "ClusterFn", "ClusterMergeReducer", "ComputeBudget", "CostModel", "Macs", "TOKEN_ORDERS",
-    "ViTBlockCosts", "adamw_cosine", "average_score", "check_layers", "check_scorer", "cls_attn_score", "counted_fixed",
-    "enforce_budget", "entropy_score", "linear_macs", "probe_image", "schedule", "soft_cluster", "token_distances",
-    "top_tokens", "vit_block_costs",
+    "ViTBlockCosts", "adamw_cosine", "average_score", "check_layers", "check_scorer", "cls_attn_score",
+    "counted_fixed", "enforce_budget", "entropy_score", "linear_macs", "probe_image", "schedule", "soft_cluster",
+    "stage_epochs", "token_distances", "top_tokens", "vit_block_costs"
 ]

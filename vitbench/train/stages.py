@@ -505,6 +505,9 @@ def run_stages(stages: Sequence[TrainStage], source: StageSource, *, device: tor
             if progress:
                 progress(source.announce(stage, trainable))
             hook = StageHook(stage, source.reduced, source.batches)
+            ctx = reduction_context(source.reduced)
+            if ctx is not None:
+                ctx.stage = stage
             stage_start = time.perf_counter()
             if stage.epochs == 0:
                 hook.before_train(None)
@@ -541,7 +544,7 @@ def run_stages(stages: Sequence[TrainStage], source: StageSource, *, device: tor
             p.requires_grad_(saved.get(name, p.requires_grad))
         ctx = reduction_context(source.reduced)
         if ctx is not None:
-            ctx.labels = None
+            ctx.labels = ctx.stage = None
     result.seconds = round(time.perf_counter() - start, 2)
     module.eval()
     return result
