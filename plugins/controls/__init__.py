@@ -4,8 +4,9 @@
   patch tokens at each of ``layers`` (by default a quarter, half and three quarters of the depth). The positions come from the run's seed (``--seed``), the
   same in every image, so an image's result does not depend on its batch; ``--seeds`` draws others.
 - ``downsample`` feeds the model a smaller image: each input resized to a grid of about ``keep``
-  x the patch tokens, the position embedding resampled to it (Haurum et al., "Which Tokens to
-  Use?", ICCVW 2023, and the VLM benchmarks after it found both hard to beat).
+  x the patch tokens, the position embedding resampled to it (on Swin the windows scaled with
+  the grid, whose sides stay multiples of ``2 ** (stages - 1)`` patches) (Haurum et al., "Which
+  Tokens to Use?", ICCVW 2023, and the VLM benchmarks after it found both hard to beat).
 
 Both are matched like any method (``--match-gmacs``, ``vitbench sweep``) by ``keep``.
 """
@@ -54,6 +55,7 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
         kind="control",
         params=DownsampleParams,
         build="vitbench_plugins.controls.reduction:build_downsample",
+        families=("vit", "swin"),
         # whole patches: where no grid lands within the tolerance, the nearest under the budget
         budget=BudgetKnob("keep", larger_means="more", low=0.001, high=1.0, coarse="below"),
         description="control: a smaller image, the position embedding resampled to it",

@@ -52,10 +52,10 @@ def build_random(params: RandomParams, info: ModelInfo) -> Reduction:
     return Reduction(reducers, prop_attn=False)  # every token stays of size 1
 
 
-def smaller_grid(grid: tuple[int, int], keep: float) -> tuple[int, int]:
+def smaller_grid(grid: tuple[int, int], keep: float, step: int = 1) -> tuple[int, int]:
     """The grid ``(rows, cols)`` with the most patches, at most ``ceil(keep * rows * cols)`` of
-    ``grid``, whose sides shrink by scales within :data:`ASPECT_SLACK` of each other (the
-    squarest, then the taller, on a tie)."""
+    ``grid``, sides multiples of ``step``, whose sides shrink by scales within
+    :data:`ASPECT_SLACK` of each other (the squarest, then the taller, on a tie)."""
     rows, cols = grid
     most = math.ceil(keep * rows * cols - 1e-9)  # 1e-9: 0.7 * 10 is 7.000000000000001
 
@@ -63,12 +63,13 @@ def smaller_grid(grid: tuple[int, int], keep: float) -> tuple[int, int]:
         a, b = Fraction(r, rows), Fraction(c, cols)
         return max(a, b) / min(a, b)
 
-    fits = [(r, c) for r in range(1, rows + 1) for c in range(1, cols + 1)
+    fits = [(r, c) for r in range(step, rows + 1, step) for c in range(step, cols + 1, step)
             if r * c <= most and uneven(r, c) <= ASPECT_SLACK]
-    return max(fits, key=lambda rc: (rc[0] * rc[1], -uneven(*rc), rc[0]), default=(1, 1))
+    return max(fits, key=lambda rc: (rc[0] * rc[1], -uneven(*rc), rc[0]), default=(step, step))
 
 
 def build_downsample(params: DownsampleParams, info: ModelInfo) -> Reduction:
-    if min(info.grid) < 1:
+    grid, step = info.image_grid, info.patch_grid_step
+    if min(grid) < 1:
         raise UnsupportedError("downsample needs a model with a fixed patch grid (timm's patch_embed.grid_size)")
-    return Reduction([None] * info.depth, prop_attn=False, input_grid=smaller_grid(info.grid, params.keep))
+    return Reduction([None] * info.depth, prop_attn=False, input_grid=smaller_grid(grid, params.keep, step))

@@ -116,7 +116,48 @@ def test_the_controls_refuse_bad_values_and_other_families():
         vitbench.apply(tiny_vit(), "random", layers=(12,))
     import timm
 
-    swin = timm.create_model("swin_tiny_patch4_window7_224", pretrained=False, num_classes=10, depths=(1, 1, 1, 1),
-                             embed_dim=24, num_heads=(1, 1, 1, 1))
-    with pytest.raises(UnsupportedError, match="downsample.*vit"):
-        vitbench.apply(swin, "downsample")
+    mobilevit = timm.create_model("mobilevit_xxs", pretrained=False, num_classes=10)
+    with pytest.raises(UnsupportedError, match="downsample supports: vit, swin"):
+        vitbench.apply(mobilevit, "downsample")
+
+
+def _swin(img_size: int = 112, seed: int = 0):
+    """Swin of three stages (a smaller input's sides: multiples of 4 patches), windows of 7."""
+    from timm.models.swin_transformer import SwinTransformer
+
+    torch.manual_seed(seed)
+    return SwinTransformer(img_size=img_size, embed_dim=16, depths=(2, 2, 2), num_heads=(1, 2, 2), window_size=7,
+                           num_classes=10).eval()
+
+
+SWIN_X = torch.randn(2, 3, 112, 112, generator=torch.Generator().manual_seed(2))
+
+
+@pytest.mark.parametrize("keep, grid", [(0.7, (24, 20)), (0.5, (20, 16)), (0.3, (12, 12)), (0.01, (4, 4))])
+def test_downsample_on_swin_is_timms_model_at_the_smaller_size_with_no_window_padded(keep, grid):
+    """Oracle: timm's Swin made for the smaller size (``set_input_size``, windows scaled with the
+    grid) fed the resized image. 112 px is 28x28 patches, 7x7 windows: a side of 4k patches
+    gets windows of k, which divide every stage's map (4k, 2k, k)."""
+    assert smaller_grid((28, 28), keep, 4) == grid
+    reduced = vitbench.apply(_swin(), "downsample", keep=keep)
+    oracle = _swin()
+    size = (4 * grid[0], 4 * grid[1])
+    oracle.set_input_size(img_size=size)
+    small = F.interpolate(SWIN_X, size=size, mode="bilinear", antialias=True, align_corners=False)
+    torch.testing.assert_close(_forward(reduced, SWIN_X), _forward(oracle, small), rtol=0, atol=0)
+    for stage in reduced.layers:
+        for blk in stage.blocks:
+            inner = blk.block
+            assert all(r % w == 0 for r, w in zip(inner.input_resolution, inner.window_size)), "a padded window"
+
+
+def test_downsample_on_swin_keeping_everything_is_the_unpatched_model():
+    assert torch.equal(_forward(vitbench.apply(_swin(), "downsample", keep=1.0), SWIN_X), _forward(_swin(), SWIN_X))
+
+
+def test_downsample_on_swin_saves_gmacs_by_the_patches_it_drops():
+    from vitbench import measure
+
+    full = measure.count_gmacs(_swin(), SWIN_X[:1]).mean
+    half = measure.count_gmacs(vitbench.apply(_swin(), "downsample", keep=0.5), SWIN_X[:1]).mean
+    assert 0.3 * full < half < (320 / 784) * full * 1.02  # 20x16 of 28x28 patches, smaller windows too

@@ -49,6 +49,15 @@ class ModelInfo:
     global_pool: str = "token"
     blocks: tuple[BlockInfo, ...] = ()
     input_size: tuple[int, int] = (0, 0)
+    #: the image's patch grid before any stage merges patches; (0, 0): the same as ``grid``
+    patch_grid: tuple[int, int] = (0, 0)
+    #: a smaller input's patch grid must have sides that are multiples of this (Swin: 2 ** (stages - 1))
+    patch_grid_step: int = 1
+
+    @property
+    def image_grid(self) -> tuple[int, int]:
+        """The image's patch grid: ``patch_grid``, else ``grid``."""
+        return self.patch_grid if min(self.patch_grid) > 0 else self.grid
 
     @property
     def num_tokens(self) -> int:

@@ -21,7 +21,7 @@ def describe_for_patch(model: nn.Module, reduction: Reduction, method: str,
     check_reducers(reduction.reducers, method)
     if reduction.input_grid is not None and not resizes:
         raise UnsupportedError(f"{method}: this model family's adapter feeds the model its own image size; "
-                               f"a smaller input (Reduction.input_grid) is supported on the vit family only")
+                               f"a smaller input (Reduction.input_grid) is supported on the vit and swin families only")
     context = reduction_context(model)
     if context is not None:
         raise UnsupportedError(f"this model is already reduced by {context.method!r}; "

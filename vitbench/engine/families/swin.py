@@ -26,7 +26,7 @@ from vitbench.core.contract import BlockInfo, ModelInfo, Reduction
 from vitbench.engine.attention import AttnInfo, QKHook
 from vitbench.engine.block import ReductionContext, _add_wrapper_level, _drop_wrapper_level
 from vitbench.engine.families.checks import describe_for_patch
-from vitbench.engine.families.vit import _RememberInputs
+from vitbench.engine.families.vit import _RememberInputs, _ResizeInputs
 from vitbench.engine.host_sync import host_reads_allowed
 from vitbench.engine.reducer import Reducer
 from vitbench.engine.token_state import TokenState
@@ -75,9 +75,11 @@ def describe(model: nn.Module) -> ModelInfo:
         raise UnsupportedError(f"{name} has no Swin blocks; supported: {SUPPORTED}")
     first = blocks[0]
     size = tuple(int(s) for s in model.patch_embed.img_size)
+    patches = tuple(int(s) for s in model.patch_embed.grid_size)
     return ModelInfo(family=FAMILY, depth=len(blocks), embed_dim=first.dim, num_heads=first.num_heads,
                      num_prefix_tokens=0, num_patches=first.num_patches, grid=first.grid,
-                     global_pool="avg", blocks=tuple(blocks), input_size=size)  # type: ignore[arg-type]
+                     global_pool="avg", blocks=tuple(blocks), input_size=size,  # type: ignore[arg-type]
+                     patch_grid=patches, patch_grid_step=2 ** (len(model.layers) - 1))  # type: ignore[arg-type]
 
 
 def _block_types() -> tuple[type, ...]:
@@ -348,8 +350,10 @@ def _check_needs(reduction: Reduction, method: str) -> None:
 
 def patch(model: nn.Module, reduction: Reduction, method: str = "", params: Any = None) -> nn.Module:
     """Wrap every Swin block with the reducers of ``reduction`` (module doc); returns ``model``."""
-    info = describe_for_patch(model, reduction, method, describe)
+    info = describe_for_patch(model, reduction, method, describe, resizes=True)
     _check_needs(reduction, method)
+    if reduction.input_grid is not None:
+        _feed_smaller(model, reduction.input_grid, info)
     context = ReductionContext(method, params, 0, reduction.prop_attn, True)
     context.reduction = reduction
     model.register_forward_pre_hook(_RememberInputs(context))
@@ -364,6 +368,20 @@ def patch(model: nn.Module, reduction: Reduction, method: str = "", params: Any 
     assert index == info.depth
     model._vitbench_context = context  # see vitbench.engine.block.reduction_context
     return model
+
+
+def _feed_smaller(model: nn.Module, grid: Grid, info: ModelInfo) -> None:
+    """Make ``model`` a model of a ``grid`` of patches (sides multiples of ``patch_grid_step``):
+    timm's ``set_input_size`` with every stage's window scaled with the grid, so no window is
+    padded (56 -> 48 patches: windows 7 -> 6); every input image is resized to the pixels first."""
+    step = info.patch_grid_step
+    if grid[0] % step or grid[1] % step:
+        raise UnsupportedError(f"a smaller input of {grid[0]}x{grid[1]} patches: this Swin needs sides that are "
+                               f"multiples of {step} patches (its stages halve the map {len(model.layers) - 1} times)")
+    ph, pw = model.patch_embed.patch_size
+    size = (grid[0] * ph, grid[1] * pw)
+    model.set_input_size(img_size=size)
+    model.register_forward_pre_hook(_ResizeInputs(size), prepend=True)
 
 
 def last_stage(model: nn.Module) -> nn.Module:
