@@ -223,11 +223,13 @@ class _Stop(Exception):
 def test_the_default_recipe_trains_and_resumes_after_an_interruption(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch,
                                                                      capsys: pytest.CaptureFixture) -> None:
-    """The default's recipe (crops and flips, label smoothing, patch dropout per epoch) trains; a
-    training stopped after its first epoch resumes from that epoch's checkpoint, not from zero."""
+    """The default's first stage (patch dropout per epoch) trains; a training stopped after its
+    first epoch resumes from that epoch's checkpoint, not from zero."""
+    import dataclasses
+
     from vitbench.mm.hooks import PatchDropSchedule
 
-    deit = dm.FMNIST_DEIT
+    deit = dataclasses.replace(dm.FMNIST_DEIT, recipe=dm.DEIT_FIRST_STAGE)
     settings = {"epochs": 2, "max_train_images": 256, "max_test_images": 64}
     epochs_begun: list[tuple[int, float]] = []
     schedule = PatchDropSchedule.before_train_epoch
@@ -255,6 +257,14 @@ def test_the_default_recipe_trains_and_resumes_after_an_interruption(tmp_path: P
     x = torch.randn(2, 1, 28, 28)
     with torch.no_grad():
         assert torch.equal(model(x), model(x))
+
+
+def test_the_first_stage_recipe_is_that_of_the_shipped_weights_the_default_continues() -> None:
+    import dataclasses
+
+    first = dataclasses.replace(dm.FMNIST_DEIT, recipe=dm.DEIT_FIRST_STAGE)
+    stem = dm.shipped_paths(dm.train_config(model=first), first)[0].stem
+    assert stem == dm.FMNIST_DEIT.recipe.start_from == "vitbench-fmnist-deit-5977878523d7"
 
 
 def _method_names() -> list[str]:
