@@ -152,6 +152,15 @@ class MethodSpec:
     description: str = ""
     #: the knob that sets the method's compute (a :class:`BudgetKnob` or its kwargs); ``None``: not matchable
     budget: Optional[BudgetKnob] = None
+    #: a parameter that makes a training-free method fine-tune when it is above 0 (ALGM's ``epochs``)
+    trains_when: str = ""
+
+    def trains(self, values: Any = None) -> bool:
+        """Whether a run with parameters ``values`` (an instance of ``params``; ``None``: the
+        defaults) fine-tunes the method before it is measured."""
+        if self.needs_training or not self.trains_when:
+            return self.needs_training
+        return getattr(self.params() if values is None else values, self.trains_when) > 0
 
     def __post_init__(self) -> None:
         _check_references(self, self._references)
@@ -159,6 +168,10 @@ class MethodSpec:
             from vitbench.errors import choices_error
 
             raise choices_error(f"method kind (of method {self.name!r})", self.kind, METHOD_KINDS)
+        if self.trains_when and (self.needs_training or self.trains_when not in
+                                 {f.name for f in dataclasses.fields(self.params)}):
+            raise TypeError(f"MethodSpec.trains_when of {self.name!r} names {self.trains_when!r}: it must be a "
+                            f"parameter of {self.params.__name__}, and needs_training False")
         if isinstance(self.budget, Mapping):  # BudgetKnob's keyword arguments
             object.__setattr__(self, "budget", BudgetKnob(**self.budget))
         elif self.budget is not None and not isinstance(self.budget, BudgetKnob):

@@ -1,17 +1,17 @@
-"""ALGM: adaptive local-then-global token merging, training-free (Norouzi et al., *ALGM: Adaptive
-Local-then-Global Token Merging for Efficient Semantic Segmentation with Plain Vision
-Transformers*, CVPR 2024; docs/methods.md, "ALGM").
+"""ALGM: adaptive local-then-global token merging (Norouzi et al., *ALGM: Adaptive Local-then-Global
+Token Merging for Efficient Semantic Segmentation with Plain Vision Transformers*, CVPR 2024;
+docs/methods.md, "ALGM").
 
 Two merges, both where ToMe merges (docs/methods.md, "The hook point"): in an early block each
 ``window x window`` window of patches whose mean pairwise key similarity reaches ``threshold``
-becomes one token (local); halfway through the network every patch token whose best bipartite
-partner's similarity reaches ``global_threshold`` merges into it (global, ToMe's matching). How
-many tokens merge follows from the thresholds, so it adapts to the image (the fewest over the
-batch, so that every image keeps as many tokens). Made for dense tasks: on det/seg the tokens
-are unmerged for the dense head like every vit-family method's.
+becomes one token (local); halfway through every patch token whose best bipartite partner's
+similarity reaches ``global_threshold`` merges into it (global, ToMe's matching). How many merge
+follows from the thresholds (the fewest over the batch). On det/seg the tokens are unmerged for
+the dense head like every vit-family method's. Training-free by default; with ``epochs`` above 0
+the whole network is fine-tuned with the merges in place, as the paper trains its models.
 
 Parameters: ``threshold`` (the budget knob), ``global_threshold``, ``window``, ``local_block``,
-``global_block``, ``prop_attn``, ``trace_source``."""
+``global_block``, ``prop_attn``, ``trace_source``, ``epochs``, ``lr``, ``batch_size``."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -37,6 +37,10 @@ class ALGMParams:
         "block whose tokens the global merge reduces (None: depth // 2 - 1, halfway)")})
     prop_attn: bool = field(default=True, metadata={HELP: "proportional attention: add log(size) to the logits"})
     trace_source: bool = field(default=False, metadata={HELP: "record the patches each token stands for"})
+    epochs: int = param(0, "fine-tuning epochs of the whole network, merges in place (0: training-free)",
+                        range=Range(0))
+    lr: float = param(5e-5, "AdamW's peak rate when fine-tuning (cosine decay)", range=Range(0, low_open=True))
+    batch_size: int = param(64, "fine-tuning batch size", range=Range(1))
 
     def __post_init__(self) -> None:
         if self.global_threshold is not None and not -1.0 <= self.global_threshold <= 1.0:
@@ -55,7 +59,8 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
         params=ALGMParams,
         build="vitbench_plugins.algm.reduction:build",
         families=("vit",),
+        trains_when="epochs",
         # a higher similarity threshold merges fewer tokens: more GMACs
         budget=BudgetKnob("threshold", larger_means="more", low=-1.0, high=1.0),
-        description="ALGM: merge similar 2x2 windows early, then similar pairs globally halfway (training-free)",
+        description="ALGM: merge similar 2x2 windows early, then similar pairs globally halfway",
     ))

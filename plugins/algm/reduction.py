@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from vitbench.catalog import ModelInfo, Reduction
+from vitbench.catalog import ModelInfo, Reduction, TrainStage
 from vitbench.engine import AttnInfo, Reducer, TokenState, bipartite_soft_matching, descending_order, max_merge
 from vitbench.errors import ParamError
 from vitbench_plugins.algm import ALGMParams
@@ -109,4 +109,6 @@ def build(params: ALGMParams, info: ModelInfo) -> Reduction:
     reducers: list[Reducer | None] = [None] * info.depth
     reducers[params.local_block] = LocalMerge(params.threshold, params.window, info.grid)
     reducers[global_block] = GlobalMerge(global_threshold)
-    return Reduction(reducers, prop_attn=params.prop_attn, trace_source=params.trace_source)
+    train = (TrainStage(name="finetune", epochs=params.epochs, optimizer="AdamW", lr=params.lr,
+                        batch_size=params.batch_size, backbone=True),) if params.epochs > 0 else ()
+    return Reduction(reducers, prop_attn=params.prop_attn, trace_source=params.trace_source, train=train)

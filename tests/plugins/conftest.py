@@ -57,7 +57,7 @@ def calibrated_on_tiny_vit() -> Callable[[str, float], Any]:
 
 @pytest.fixture
 def fine_tuned_run(tmp_path, folder_writer) -> Callable[[str, str], tuple[dict[str, Any], dict[str, Any]]]:
-    """``run(method, param)``: ``vitbench run`` of ``method`` with ``--param param`` on test_vit,
+    """``run(method, *params)``: ``vitbench run`` of ``method`` with a ``--param`` each on test_vit,
     fine-tuned on 8 images of a 2-class folder (val 3, train 4 per class); the baseline's and
     the method's records, after checking the method's are ok, fine-tuned, finite and cheaper."""
     import json
@@ -65,12 +65,13 @@ def fine_tuned_run(tmp_path, folder_writer) -> Callable[[str, str], tuple[dict[s
 
     from vitbench.cli.main import main
 
-    def run(method: str, param: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    def run(method: str, *params: str) -> tuple[dict[str, Any], dict[str, Any]]:
         data = tmp_path / "data"
         for split, per_class, seed in (("val", 3, 0), ("train", 4, 1)):
             folder_writer(data / split, {"cat": per_class, "dog": per_class}, size=(64, 48), seed=seed)
         out = tmp_path / "out"
-        assert main(["run", "--methods", method, "--param", param, "--model", "test_vit", "--data", str(data),
+        flags = [arg for param in params for arg in ("--param", param)]
+        assert main(["run", "--methods", method, *flags, "--model", "test_vit", "--data", str(data),
                      "--num-classes", "2", "--metrics", "accuracy,gmacs", "--train-limit", "8",
                      "--out", str(out)]) == 0
         base, reduced = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]

@@ -148,3 +148,55 @@ def test_global_block_defaults_to_halfway():
 def test_bad_parameters_name_the_value(vit, bad, message):
     with pytest.raises(ParamError, match=message):
         vitbench.apply(copy.deepcopy(vit), "algm", **bad)
+
+
+# -- fine-tuning (epochs > 0) ------------------------------------------------------------------
+def _grey_vit() -> torch.nn.Module:
+    from vitbench.testing import tiny_vit
+
+    model = tiny_vit(in_chans=1)
+    model.pretrained_cfg = {"input_size": (1, 32, 32), "mean": (0.2190,), "std": (0.3318,),
+                            "crop_pct": 1.0, "interpolation": "bilinear"}
+    return model
+
+
+def test_training_free_by_default_and_fine_tunes_the_whole_network_with_epochs():
+    """``epochs`` 0: no training stage; above 0: one stage that trains every backbone parameter
+    with the merges in place (ALGM has none of its own), whatever ``--train-backbone`` says."""
+    from vitbench.tasks.cls.data import resolve_cls_data
+    from vitbench.train import finetune
+
+    host = vitbench.host.get_host()
+    spec = host.method("algm")
+    assert not spec.needs_training and not spec.trains() and spec.trains(ALGMParams(epochs=1))
+    assert reduction_context(vitbench.apply(_grey_vit(), "algm")).reduction.train == ()
+    model = vitbench.apply(_grey_vit(), "algm", threshold=0.5, epochs=1, lr=1e-3, batch_size=16)
+    (stage,) = reduction_context(model).reduction.train
+    assert stage.backbone and stage.epochs == 1 and stage.batch_size == 16
+    before = {k: p.detach().clone() for k, p in model.named_parameters()}
+    result = finetune(model, resolve_cls_data("fashion-mnist", model), limit=32)
+    assert all(not torch.equal(before[k], p) for k, p in model.named_parameters())  # every one trained
+    assert result.train_images == 32 and result.stages[0]["iters"] == 2
+    assert result.trainable_params == sum(p.numel() for p in model.parameters())
+
+
+def test_a_plan_fine_tunes_algm_only_with_epochs():
+    """The plan gives ALGM the training fields (``--train-limit``) only when it trains, and the
+    cls task then reads the training data."""
+    from vitbench.core.options import RunOptions
+    from vitbench.run.plan import build_plan
+
+    common = dict(task="cls", model="test_vit", methods=["algm"], data="fashion-mnist", metrics=("accuracy",),
+                  batch_size=2, device="cpu", seed=0, train_limit=64)
+    _, free = build_plan(**common, overrides={})
+    trained = build_plan(**common, overrides={"algm": {"epochs": 1}})[-1]
+    assert (free.train_limit, trained.train_limit) == (None, 64)
+    task = vitbench.host.get_host().task("cls")
+    setup = task.setup(RunOptions(methods=("algm",), params={"algm": {"epochs": "1"}}, metrics=("gmacs",)))
+    assert setup.data == "fashion-mnist"  # fine-tuning reads the training images
+    assert task.setup(RunOptions(methods=("algm",), metrics=("gmacs",))).data is None
+
+
+def test_fine_tunes_through_the_run_path(fine_tuned_run):
+    """``--param algm.epochs=1`` through ``vitbench run``: fine-tuned, finite numbers, fewer GMACs."""
+    fine_tuned_run("algm", "algm.epochs=1", "algm.threshold=0.0")

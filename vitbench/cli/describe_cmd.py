@@ -9,7 +9,7 @@ import sys
 import textwrap
 
 from vitbench.catalog import MethodSpec, param_docs
-from vitbench.cli.list_cmd import WIDTH
+from vitbench.cli.list_cmd import WIDTH, trains_in_words
 from vitbench.errors import choices_error
 from vitbench.host import get_host
 
@@ -52,8 +52,7 @@ def card(spec: MethodSpec) -> list[str]:
     if source:
         lines.append(f"  source:    {source}")
     lines.append(f"  families:  {', '.join(spec.families)}")
-    lines.append("  training:  " + ("learnable: fine-tuned before measuring" if spec.needs_training
-                                    else "training-free"))
+    lines.append("  training:  " + trains_in_words(spec))
     if spec.budget is None:
         lines.append("  budget:    none (not matchable with --match-gmacs)")
     else:

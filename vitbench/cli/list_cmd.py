@@ -5,7 +5,7 @@ import argparse
 import fnmatch
 import textwrap
 
-from vitbench.catalog import METHOD_KINDS
+from vitbench.catalog import METHOD_KINDS, MethodSpec
 from vitbench.host import get_host
 from vitbench.task import option_flags
 from vitbench.tasks.cls import DEFAULT_MODEL, EMBEDDED_MODELS
@@ -13,6 +13,15 @@ from vitbench.tasks.cls import DEFAULT_MODEL, EMBEDDED_MODELS
 KINDS = ("methods", "scorers", "models", "families", "tasks")
 #: the widest line a listing prints (a terminal's 100 columns)
 WIDTH = 100
+
+
+def trains_in_words(spec: MethodSpec) -> str:
+    """Whether ``spec``'s method fine-tunes before it is measured, as the listings say it."""
+    if spec.needs_training:
+        return "learnable: fine-tuned before measuring"
+    if spec.trains_when:
+        return f"training-free; fine-tuned when {spec.trains_when} > 0"
+    return "training-free"
 
 
 def fit(text: str, indent: int = 0, width: int = WIDTH) -> str:
@@ -40,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{kind}:")
             for spec in group:
                 extra = f" (aliases: {', '.join(spec.aliases)})" if spec.aliases else ""
-                trains = "learnable: fine-tuned before measuring" if spec.needs_training else "training-free"
+                trains = trains_in_words(spec)
                 knob = (f"; budget knob: {spec.budget.param} ({spec.budget.mode})" if spec.budget is not None
                         else "; not matchable (no budget knob)")
                 print(fit(f"{spec.name}{extra}  [{trains}; families: {', '.join(spec.families)}; plugin: "

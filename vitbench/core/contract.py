@@ -79,8 +79,8 @@ class TrainStage:
     its stages; methods never write their own loop (docs/architecture.md, "Plugins").
 
     Trained: the parameters of the method's modules (its ``nn.Module`` reducers) whose names
-    contain one of ``trainable`` (``None``: all of them); with ``--train-backbone`` the
-    backbone's too. ``lr_groups`` gives parameter-name substrings their own learning rate (LTMP:
+    contain one of ``trainable`` (``None``: all of them); with ``--train-backbone`` (or
+    ``backbone``) the backbone's too. ``lr_groups`` gives parameter-name substrings their own learning rate (LTMP:
     merge 5e-3, prune 5e-6). ``arch_keys``/``arch_fraction``: parameters whose names contain one
     of ``arch_keys`` are updated on a share ``arch_fraction`` of the steps, the others on the
     rest (DCS's alternating search). ``extra_loss`` reads per-forward values from
@@ -113,6 +113,8 @@ class TrainStage:
     after_step: tuple[Callable[["nn.Module"], None], ...] = ()
     #: ``callback(model)`` when the stage ends (DCS shrinks its MLPs after the search)
     after: tuple[Callable[["nn.Module"], None], ...] = ()
+    #: the backbone trains too, whatever ``--train-backbone`` says (ALGM fine-tunes the whole network)
+    backbone: bool = False
 
 
 @dataclass

@@ -113,16 +113,17 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
                   cuda_graph=cuda_graph, limit=limit, head=head, weights=weights, repeats=repeats,
                   data_id=data_id, batch_sizes=batch_sizes)
     plan = [RunSpec(method=BASELINE, params_json="{}", **common)]
-    if control and task_spec.control and any(host.method(n).needs_training for n in names):
+    chosen = {name: make_params(name, host.method(name).params, canonical_overrides.get(name, {}))
+              for name in dict.fromkeys(names)}
+    if control and task_spec.control and any(host.method(n).trains(v) for n, v in chosen.items()):
         control_fields = task_spec.control_fields(task_fields)
         if control_fields is not None:
             plan.append(RunSpec(method=CONTROL, params_json="{}", **common, train_limit=train_limit,
                                 task_fields=_task_fields(control_fields)))
-    for name in dict.fromkeys(names):
+    for name, values in chosen.items():
         spec = host.method(name)
-        values = make_params(name, spec.params, canonical_overrides.get(name, {}))
         training = ({"train_backbone": train_backbone, "train_limit": train_limit,
-                     "task_fields": _task_fields(task_fields)} if spec.needs_training else {})
+                     "task_fields": _task_fields(task_fields)} if spec.trains(values) else {})
         matched = {"match_gmacs": match_gmacs} if match_gmacs is not None else {}
         if match_gmacs is not None and spec.budget is not None:
             params = params_dict(values)

@@ -114,7 +114,7 @@ class ClsStages(StageSource):
 
     def announce(self, stage: TrainStage, trainable: int) -> str:
         return (super().announce(stage, trainable)
-                + (" (backbone included)" if self.train_backbone else " (backbone frozen)"))
+                + (" (backbone included)" if self.train_backbone or stage.backbone else " (backbone frozen)"))
 
 
 def finetune(model: nn.Module, data: Any, *, train_backbone: bool = False, limit: Optional[int] = None,

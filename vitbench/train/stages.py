@@ -61,13 +61,13 @@ def _is_method_param(name: str) -> bool:
 def trainable_parameters(model: nn.Module, stage: TrainStage, train_backbone: bool = False
                          ) -> dict[str, nn.Parameter]:
     """The parameters ``stage`` trains, by name: the method's (filtered by
-    ``stage.trainable``), plus every backbone parameter when ``train_backbone``."""
+    ``stage.trainable``), plus every backbone parameter when ``train_backbone`` or ``stage.backbone``."""
     out: dict[str, nn.Parameter] = {}
     for name, p in model.named_parameters():
         if _is_method_param(name):
             if stage.trainable is None or any(key in name for key in stage.trainable):
                 out[name] = p
-        elif train_backbone:
+        elif train_backbone or stage.backbone:
             out[name] = p
     return out
 

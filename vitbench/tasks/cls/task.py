@@ -30,9 +30,22 @@ __all__ = ["CLS_ACCURACY", "ClsTask"]
 CLS_ACCURACY = (ReportColumn("top1_pct", "Top-1 (%)", "ΔTop-1 (pp)", ".2f", before=(("Top-5 (%)", "top5_pct"),)),)
 
 
-def _learnable(methods: Sequence[str]) -> list[str]:
+def _learnable(options: "RunOptions") -> list[str]:
+    """The methods of ``options`` that fine-tune with their ``--param`` values (ALGM only with
+    ``epochs`` above 0)."""
+    from vitbench.core.params import make_params
+
     host = get_host()
-    return [host.method(m).name for m in methods if host.method(m).needs_training]
+    out = []
+    for name in options.methods:
+        spec = host.method(name)
+        values = None
+        if spec.trains_when:  # the values decide (an alias's and the name's --param are one method's)
+            values = make_params(spec.name, spec.params, {**options.params.get(spec.name, {}),
+                                                          **options.params.get(name, {})})
+        if spec.trains(values):
+            out.append(spec.name)
+    return out
 
 
 def _metrics(options: "RunOptions", model: str) -> tuple[str, ...]:
@@ -51,9 +64,9 @@ def _metrics(options: "RunOptions", model: str) -> tuple[str, ...]:
     return METRICS
 
 
-def _reads_data(metrics: Sequence[str], methods: Sequence[str]) -> bool:
+def _reads_data(metrics: Sequence[str], options: "RunOptions") -> bool:
     """Whether the plan reads its data: accuracy (or IB) is measured, or a method fine-tunes."""
-    return any(m in metrics for m in DATA_METRICS) or bool(_learnable(methods))
+    return any(m in metrics for m in DATA_METRICS) or bool(_learnable(options))
 
 
 class ClsTask(Task):
@@ -80,13 +93,13 @@ class ClsTask(Task):
         train_limit = options.train_limit
         if train_limit is None and model_name in EMBEDDED_MODELS:
             train_limit = EMBEDDED_TRAIN_LIMIT[model_name]
-        learnable = _learnable(options.methods)
+        learnable = _learnable(options)
         if learnable and data is None:
             if model_name not in EMBEDDED_MODELS:
                 raise VitbenchError(f"{', '.join(learnable)} must be fine-tuned: pass --data PATH (an "
                                     f"ImageNet-style folder with a train/ split)")
             data = "fashion-mnist"
-        reads_data = _reads_data(metrics, options.methods)
+        reads_data = _reads_data(metrics, options)
         head = None
         if options.num_classes is not None and model_name not in EMBEDDED_MODELS:  # a new head: fitted when data is read
             head = f"num_classes={options.num_classes}" + (
@@ -107,7 +120,7 @@ class ClsTask(Task):
         (:func:`~vitbench.tasks.cls.run.cls_workspace`)."""
         from vitbench.tasks.cls.run import cls_workspace
 
-        return cls_workspace(request, reads_data=_reads_data(request.setup.metrics, request.options.methods))
+        return cls_workspace(request, reads_data=_reads_data(request.setup.metrics, request.options))
 
     def run(self, spec: "RunSpec", ws: "ClsWorkspace", params: dict[str, Any], progress: Progress) -> dict[str, Any]:
         """:func:`~vitbench.tasks.cls.run.run_cls_spec`."""
