@@ -259,12 +259,20 @@ def test_the_default_recipe_trains_and_resumes_after_an_interruption(tmp_path: P
         assert torch.equal(model(x), model(x))
 
 
-def test_the_first_stage_recipe_is_that_of_the_shipped_weights_the_default_continues() -> None:
+def test_the_earlier_stage_recipes_are_those_of_the_shipped_entries_the_default_continues() -> None:
+    """Each earlier stage's recipe hashes to the entry the next stage starts from, whose metadata
+    ships (the default's parent with its weights, older ones as metadata only)."""
     import dataclasses
 
-    first = dataclasses.replace(dm.FMNIST_DEIT, recipe=dm.DEIT_FIRST_STAGE)
-    stem = dm.shipped_paths(dm.train_config(model=first), first)[0].stem
-    assert stem == dm.FMNIST_DEIT.recipe.start_from == "vitbench-fmnist-deit-5977878523d7"
+    stems = []
+    for recipe in dm.DEIT_EARLIER_STAGES:
+        stage = dataclasses.replace(dm.FMNIST_DEIT, recipe=recipe)
+        weights, meta = dm.shipped_paths(dm.train_config(model=stage), stage)
+        assert meta.is_file() and json.loads(meta.read_text())["recipe"].get("start_from", "") == recipe.start_from
+        stems.append(weights.stem)
+    assert [r.start_from for r in dm.DEIT_EARLIER_STAGES[1:]] + [dm.FMNIST_DEIT.recipe.start_from] == stems
+    assert stems == ["vitbench-fmnist-deit-5977878523d7", "vitbench-fmnist-deit-62ab2bd80658"]
+    assert (dm.SHIPPED_DIR / f"{stems[-1]}.pth").is_file()  # the parent's weights: what --retrain starts from
 
 
 def _method_names() -> list[str]:
