@@ -56,8 +56,8 @@ def test_other_settings_still_train(tmp_path, monkeypatch):
     monkeypatch.setenv("VITBENCH_CACHE", str(tmp_path))
     calls = []
     monkeypatch.setattr(dm, "train_default_model", lambda **kw: calls.append(kw) or ("model", {}))
-    assert dm.load_default_model(model=DEIT_MODEL, verbose=False, epochs=2) == ("model", {})
-    assert calls and calls[0]["epochs"] == 2 and calls[0]["model"].name == DEIT_MODEL
+    assert dm.load_default_model(model=DEIT_MODEL, verbose=False, epochs=5) == ("model", {})
+    assert calls and calls[0]["epochs"] == 5 and calls[0]["model"].name == DEIT_MODEL
 
 
 @EMBEDDED

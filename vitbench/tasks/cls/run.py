@@ -34,6 +34,10 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["ClsWorkspace", "cls_gmacs_counter", "cls_workspace", "run_cls_spec"]
 
 
+#: the evaluation's batch per device type: on a CPU a batch of 128 runs a quarter slower per image than 32
+EVAL_BATCH_SIZE = {"cpu": 32, "cuda": 128}
+
+
 @dataclass
 class ClsWorkspace:
     """What the runs of one cls plan share: the unreduced model, its data and input size."""
@@ -275,6 +279,7 @@ def cls_workspace(request: WorkspaceRequest, reads_data: bool) -> ClsWorkspace:
                                      weights=setup.plan.get("weights"))
     return ClsWorkspace(model=model, input_size=input_size_of(model), data=cls_data, work_dir=out / "work",
                         eval_limit=options.limit, checkpoint_dir=out / "checkpoints", resume=request.resume,
+                        eval_batch_size=EVAL_BATCH_SIZE[str(options.device).split(":")[0]],
                         head=head, measured_on=measured_on, workers=options.workers,
                         decoded_untold=decoded if cls_data is not None and cls_data.decoded else 0)
 
