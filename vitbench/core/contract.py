@@ -80,10 +80,10 @@ class TrainStage:
 
     Trained: the parameters of the method's modules (its ``nn.Module`` reducers) whose names
     contain one of ``trainable`` (``None``: all of them); with ``--train-backbone`` (or
-    ``backbone``) the backbone's too. ``lr_groups`` gives parameter-name substrings their own learning rate (LTMP:
-    merge 5e-3, prune 5e-6). ``arch_keys``/``arch_fraction``: parameters whose names contain one
-    of ``arch_keys`` are updated on a share ``arch_fraction`` of the steps, the others on the
-    rest (DCS's alternating search). ``extra_loss`` reads per-forward values from
+    ``backbone``) the backbone's too. ``lr_groups`` gives parameter-name substrings their own
+    learning rate (LTMP: merge 5e-3, prune 5e-6). ``arch_keys``/``arch_fraction``: parameters
+    whose names contain one of ``arch_keys`` are updated on a share ``arch_fraction`` of the
+    steps, the others on the rest (DCS's alternating search). ``extra_loss`` reads per-forward values from
     ``reduction_context(model).extras``; its terms are logged separately. The callbacks'
     ``batches()`` yields ``(images [B, C, H, W] normalised like the model's input, labels [B])``.
     """
