@@ -54,7 +54,7 @@ def test_per_block_knob_lands_between_integers_when_no_integer_does():
         search_knob(_tokens_removed, plain, 0, 64, target, method="m")
 
 
-def test_float_knob_bisects_to_well_within_tolerance():
+def test_float_knob_lands_well_within_tolerance_in_few_counts():
     knob = BudgetKnob("keep", larger_means="more", low=0.001, high=1.0)
     count = lambda keep: 1.0 + 9.0 * math.ceil(keep * 64) / 64  # noqa: E731 - fixed cost + tokens kept
     value, g, _ = search_knob(count, knob, 0.001, 1.0, 5.0, method="m")
@@ -62,8 +62,9 @@ def test_float_knob_bisects_to_well_within_tolerance():
     assert g == min((count(k / 64) for k in range(65)), key=lambda v: abs(v - 5.0))
     assert abs(g / 5.0 - 1) <= TOLERANCE and 0 < value < 1
     assert value == round(value, 4)  # readable labels
-    smooth, _, _ = search_knob(lambda keep: 10 * keep, knob, 0.001, 1.0, 5.0, method="m")
+    smooth, _, n = search_knob(lambda keep: 10 * keep, knob, 0.001, 1.0, 5.0, method="m")
     assert abs(10 * smooth / 5.0 - 1) <= TOLERANCE / 4  # a smooth count: aims at a quarter of it
+    assert n <= 4  # the two ends, the false-position guess and its rounding (bisection took 10)
 
 
 def test_a_budget_below_the_floor_is_a_clear_error_naming_the_reachable_range():

@@ -3,9 +3,10 @@ of ``F`` x the baseline's (``vitbench run --match-gmacs F``, ``vitbench sweep``;
 "Matched compute").
 
 A method declares its knob in its :class:`~vitbench.catalog.MethodSpec` (``budget``, a
-:class:`~vitbench.catalog.BudgetKnob`). Knobs of mode ``"search"`` are bisected on the real count
-(the count is monotone in the knob); each count goes through a :class:`GmacsCounter`, which
-caches it, so the bisections of several budgets on one model never count a setting twice.
+:class:`~vitbench.catalog.BudgetKnob`). Knobs of mode ``"search"`` are searched on the real count
+(monotone in the knob): integer knobs by bisection, float knobs by false position, safeguarded
+by bisection; each count goes through a :class:`GmacsCounter`, which caches it, so the
+searches of several budgets on one model never count a setting twice.
 Knobs of mode ``"fraction"`` are the fraction itself (DCS's budget, LTMP's gmacs_fraction): they
 are set to ``F`` and the count after fine-tuning says how far the method landed.
 
@@ -32,7 +33,7 @@ __all__ = ["TOLERANCE", "Calibration", "GmacsCounter", "calibrate", "check_fract
 
 #: how far (relative) a matched method's GMACs may land from ``F`` x the baseline's
 TOLERANCE = 0.02
-#: bisect a float knob until this close to the target, then round to the fewest decimals as close
+#: search a float knob until this close to the target, then round to the fewest decimals as close
 _FLOAT_AIM = TOLERANCE / 4
 _FLOAT_STEP = 1e-4
 _DIGITS = 4  # float knob values are rounded to this many decimals (readable labels)
@@ -154,7 +155,7 @@ def _fmt_value(param: str, value: Any) -> str:
 def search_knob(count: Callable[[Any], float], knob: BudgetKnob, low: float, high: float, target: float,
                 *, method: str, depth: int = 1, tolerance: float = TOLERANCE,
                 baseline: Optional[float] = None) -> tuple[Any, float, int]:
-    """Bisect ``knob`` over ``[low, high]`` until ``count(value)`` lands within ``tolerance`` of
+    """Search ``knob`` over ``[low, high]`` until ``count(value)`` lands within ``tolerance`` of
     ``target``; returns ``(value, count, settings evaluated)``.
 
     ``count`` must be monotone in the knob (non-increasing when ``knob.larger_means == "less"``).
@@ -216,17 +217,22 @@ def search_knob(count: Callable[[Any], float], knob: BudgetKnob, low: float, hig
         value = lists(best_k)
         value = value[0] if len(set(value)) == 1 else value
         return _landed(value, c(value), len(seen), target, tolerance, knob, method, (a, b), c)
+    bisect = False
     for _ in range(60):
         best = min(seen.values(), key=lambda vc: abs(vc[1] - target))
-        if abs(best[1] - target) <= _FLOAT_AIM * target or abs(a - b) < _FLOAT_STEP:
+        width = abs(a - b)
+        if abs(best[1] - target) <= _FLOAT_AIM * target or width < _FLOAT_STEP:
             break
-        m = round((a + b) / 2, _DIGITS)
-        if m in (a, b):
-            break
+        m = round((a + b) / 2 if bisect else _toward(a, b, c(a), c(b), target), _DIGITS)
+        if m in (a, b) or not min(a, b) < m < max(a, b):
+            m = round((a + b) / 2, _DIGITS)
+            if m in (a, b):
+                break
         if c(m) >= target:
             a = m
         else:
             b = m
+        bisect = not bisect and abs(a - b) > width / 2
     value, g = min(seen.values(), key=lambda vc: abs(vc[1] - target))
     for digits in range(1, _DIGITS):  # a rounder value that lands as close reads better (ratio=0.7)
         rounder = round(value, digits)
@@ -235,6 +241,13 @@ def search_knob(count: Callable[[Any], float], knob: BudgetKnob, low: float, hig
             value, g = rounder, c(rounder)
             break
     return _landed(value, g, len(seen), target, tolerance, knob, method, (a, b), c)
+
+
+def _toward(a: float, b: float, count_a: float, count_b: float, target: float) -> float:
+    """Where the straight line through ``(a, count_a)`` and ``(b, count_b)`` meets ``target``."""
+    if count_a == count_b:
+        return (a + b) / 2
+    return a + (count_a - target) / (count_a - count_b) * (b - a)
 
 
 def _landed(value: Any, g: float, n: int, target: float, tolerance: float, knob: BudgetKnob, method: str,
