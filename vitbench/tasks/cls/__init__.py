@@ -27,4 +27,4 @@ ENV_DEFAULT_MODEL = "VITBENCH_DEFAULT_MODEL"
 #: ``--model``'s default: :data:`DEIT_MODEL` unless ``$VITBENCH_DEFAULT_MODEL`` names another
 DEFAULT_MODEL = os.environ.get(ENV_DEFAULT_MODEL) or DEIT_MODEL
 #: ``--train-limit``'s default with each embedded model (docs/architecture.md, "Embedded defaults")
-EMBEDDED_TRAIN_LIMIT: dict[str, int] = {DEIT_MODEL: 2000, LEGACY_MODEL: 10000}
+EMBEDDED_TRAIN_LIMIT: dict[str, int] = {DEIT_MODEL: 1000, LEGACY_MODEL: 10000}
