@@ -224,7 +224,7 @@ def search_knob(count: Callable[[Any], float], knob: BudgetKnob, low: float, hig
         if abs(best[1] - target) <= _FLOAT_AIM * target or width < _FLOAT_STEP:
             break
         m = round((a + b) / 2 if bisect else _toward(a, b, c(a), c(b), target), _DIGITS)
-        if m in (a, b) or not min(a, b) < m < max(a, b):
+        if not min(a, b) < m < max(a, b):
             m = round((a + b) / 2, _DIGITS)
             if m in (a, b):
                 break
