@@ -75,13 +75,13 @@ class BudgetKnob:
       removed), ``"more"`` when it gives more (top-k's ``keep``, a fraction kept).
     - ``mode``: ``"search"``: the GMACs count is a monotone function of the knob that does not
       depend on training (a training-free method, or LTM whose token count is fixed by its
-      ratio), so vitbench bisects the knob on the real count (``low``..``high``) until it lands
+      ratio), so vitbench searches the knob on the real count (``low``..``high``) until it lands
       within the tolerance. ``"fraction"``: the knob *is* the fraction of the baseline's GMACs to
       keep (DCS's ``budget``, LTMP's ``gmacs_fraction``); vitbench sets it to ``F`` and checks the
       count after fine-tuning.
     - ``low``/``high``: the search range, inclusive (numbers, or ``f(ModelInfo) -> number`` when
       the range depends on the model, e.g. ToMe's ``r`` up to the patch count).
-    - ``integer``: the knob takes integers (bisection over integers).
+    - ``integer``: the knob takes integers (each guess of the search rounded to one).
     - ``per_block``: an integer knob that also takes a list with one value per block (ToMe's
       ``r``): when no single integer lands within the tolerance, the search gives the last
       ``k`` blocks ``v + 1`` and the others ``v``, which lands between ``v`` and ``v + 1``.

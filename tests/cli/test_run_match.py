@@ -39,7 +39,7 @@ def test_matched_runs_land_within_tolerance_with_their_knobs_in_record_label_and
     assert topk["label"] == f"topk (keep={topk['params']['keep']}, layers=[1,3]; matched 0.6x GMACs)"
     report = (out / "report.md").read_text()
     assert tome["label"] in report and topk["label"] in report
-    assert "Matched compute (F = 0.6)" in report and "found by bisection on the GMACs count" in report
+    assert "Matched compute (F = 0.6)" in report and "searched on the GMACs count" in report
 
 
 def test_the_knob_shows_even_when_it_equals_its_default(tmp_path):

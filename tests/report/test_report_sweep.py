@@ -67,7 +67,7 @@ def test_sweep_markdown_has_summary_plots_and_one_table_per_budget(sweep):
     section_05 = md[md.index("### F = 0.5"):]
     assert "tome (r=12; matched 0.5x GMACs)" in section_05 and "tome (r=3" not in section_05
     assert "- topk (at 0.5x GMACs): topk cannot reach F = 0.5" in section_05
-    assert "r=12 found by bisection on the GMACs count (7 settings evaluated)" in section_05
+    assert "r=12 searched on the GMACs count (7 settings evaluated)" in section_05
 
 
 def test_write_sweep_report_writes_both_pareto_pngs(sweep, tmp_path):

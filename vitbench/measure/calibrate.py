@@ -4,9 +4,9 @@ of ``F`` x the baseline's (``vitbench run --match-gmacs F``, ``vitbench sweep``;
 
 A method declares its knob in its :class:`~vitbench.catalog.MethodSpec` (``budget``, a
 :class:`~vitbench.catalog.BudgetKnob`). Knobs of mode ``"search"`` are searched on the real count
-(monotone in the knob): integer knobs by bisection, float knobs by false position, safeguarded
-by bisection; each count goes through a :class:`GmacsCounter`, which caches it, so the
-searches of several budgets on one model never count a setting twice.
+(monotone in the knob) by false position, safeguarded by bisection (integer knobs rounded to a
+setting inside the bracket); each count goes through a :class:`GmacsCounter`, which caches it,
+so the searches of several budgets on one model never count a setting twice.
 Knobs of mode ``"fraction"`` are the fraction itself (DCS's budget, LTMP's gmacs_fraction): they
 are set to ``F`` and the count after fine-tuning says how far the method landed.
 
@@ -195,12 +195,16 @@ def search_knob(count: Callable[[Any], float], knob: BudgetKnob, low: float, hig
             f"({_fmt_value(knob.param, end)}); within the {100 * tolerance:g} % tolerance, {valid}")
     a, b = most, least  # count(a) >= target >= count(b) (up to the tolerance at the ends)
     if knob.integer:
+        bisect = False
         while abs(a - b) > 1:
-            m = (a + b) // 2
+            width = abs(a - b)
+            guess = (a + b) / 2 if bisect else _toward(a, b, c(a), c(b), target)
+            m = min(max(int(round(guess)), min(a, b) + 1), max(a, b) - 1)
             if c(m) >= target:
                 a = m
             else:
                 b = m
+            bisect = not bisect and abs(a - b) > width / 2
         best = min((a, b), key=lambda v: abs(c(v) - target))
         if within(c(best)) or not knob.per_block or a == b:
             return _landed(best, c(best), len(seen), target, tolerance, knob, method, (a, b), c)

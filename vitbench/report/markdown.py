@@ -195,7 +195,7 @@ def _matched_lines(labels: list[str], rows: list[Mapping[str, Any]]) -> list[str
         if b.get("mode") == "fraction":
             how = f"{knob} set to F (the method's own budget parameter)"
         else:
-            how = f"{knob} found by bisection on the GMACs count ({b.get('counts')} settings evaluated)"
+            how = f"{knob} searched on the GMACs count ({b.get('counts')} settings evaluated)"
         if b.get("landed_gmacs") is None:
             landed = "GMACs not measured"
         else:
