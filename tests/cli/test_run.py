@@ -35,12 +35,17 @@ def test_run_writes_store_report_and_plot(tmp_path, capsys):
     assert ppt["params"]["layers"] == [1, 3]
     assert tome["gmacs"] < base["gmacs"] and ppt["gmacs"] < base["gmacs"]
     assert base["speedup"] == 1.0 and tome["speedup"] > 0 and tome["efficiency"] > 0
+    # each method's speed-up timed in turn with the baseline, its efficiency taken from it
+    assert "speedup_paired" not in base and tome["speedup_paired"] and ppt["speedup_paired"]
+    assert tome["speedup_rounds"] == tome["throughput_repeats"]
+    assert tome["efficiency"] == pytest.approx(tome["speedup"] * tome["gmacs"] / base["gmacs"])
     assert base["params_m"] == tome["params_m"]
     for key in ("task", "model", "params", "seed", "env", "throughput_img_s", "batch_size"):
         assert key in tome
     assert tome["env"]["versions"]["torch"] == torch.__version__.split("+")[0] or tome["env"]["versions"]["torch"]
     report = (out / "report.md").read_text()
     assert "tome (r=4" in report and "baseline" in report
+    assert "**Paired speed-ups**" in report
     assert (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     err = capsys.readouterr().err
     assert "[1/3] baseline" in err and "[3/3] ppt" in err

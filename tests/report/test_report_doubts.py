@@ -120,3 +120,26 @@ def test_a_drifting_control_marks_every_speed_up():
     df = comparison_table([base, control, dcs], "det", "efficientvit_b1").set_index("Method")
     assert df.loc["dcs", "Speed-up (×)"].endswith("†") and df.loc["baseline+ft", "Speed-up (×)"].endswith("†")
     assert not df.loc["baseline", "Speed-up (×)"].endswith("†")
+
+
+def paired(speedup, spread, **load):
+    return {"speedup": speedup, "speedup_spread": spread, "speedup_rounds": 10, "speedup_paired": True,
+            **timing("speedup", speedup, spread, **load)}
+
+
+def test_a_paired_speedup_is_judged_by_its_own_rounds_not_the_throughputs(make_record):
+    busy = {"load_before": 3.9, "load_after": 4.2}
+    recs = [rec(make_record, "b", "baseline", tp_load=busy),
+            rec(make_record, "t", "tome", {"r": 4}, tp=(150.0, 30.0), **paired(1.2, 0.02))]
+    tome = by_method(comparison_table(recs, *CLS))["tome (r=4)"]
+    assert tome[TP] == "150.0 ± 30.0 †"  # its own throughput is still doubted
+    assert (tome["Speed-up (×)"], tome["Efficiency"]) == ("1.20", "0.60")  # the paired value, unmarked
+    assert "speed-up and efficiency" not in render_markdown(recs)
+
+
+def test_paired_rounds_that_disagree_mark_the_speedup(make_record):
+    recs = [rec(make_record, "b", "baseline"), rec(make_record, "t", "tome", {"r": 4}, **paired(1.2, 0.3))]
+    tome = by_method(comparison_table(recs, *CLS))["tome (r=4)"]
+    assert tome["Speed-up (×)"] == "1.20 †"
+    assert ("- tome (r=4), speed-up and efficiency: timed in turn with the baseline: spread 25.0 % of the "
+            "median (limit 10 %)") in render_markdown(recs)

@@ -110,14 +110,15 @@ def timing_doubt(median: Optional[float], spread: Optional[float], load_before: 
     return "; ".join(reasons) or None
 
 
+@dataclass(frozen=True, kw_only=True)
 class _TimingFacts:
     """What a timing ran under (``load_before``, ``load_after``, ``cores``, ``threads`` fields of
     the result), kept in the record: the raw facts behind a report's mark."""
 
-    load_before: Optional[float]
-    load_after: Optional[float]
-    cores: int
-    threads: int
+    load_before: Optional[float] = None
+    load_after: Optional[float] = None
+    cores: int = 0
+    threads: int = 0
 
     def _median_spread(self) -> tuple[float, float]:
         raise NotImplementedError
@@ -148,10 +149,6 @@ class ThroughputResult(_TimingFacts):
     batch_size: int
     repeats: int
     warmup: int
-    load_before: Optional[float] = None
-    load_after: Optional[float] = None
-    cores: int = 0
-    threads: int = 0
     median_ms: Optional[float] = None
     spread_ms: Optional[float] = None
 
@@ -181,10 +178,6 @@ class LatencyResult(_TimingFacts):
     spread_ms: float
     repeats: int
     warmup: int
-    load_before: Optional[float] = None
-    load_after: Optional[float] = None
-    cores: int = 0
-    threads: int = 0
 
     def _median_spread(self) -> tuple[float, float]:
         return self.median_ms, self.spread_ms

@@ -6,7 +6,8 @@ A throughput or latency is doubted when the record says so (``<timing>_flagged``
 before/after, cores and threads), or, for a record written before those fields existed, when its
 spread exceeds :data:`~vitbench.measure.speed.SPREAD_LIMIT` of its median. A speed-up or
 efficiency is doubted when it was derived from a doubted throughput: the row's own, or that of
-the baseline of the same seed. With several seeds a row is marked when any seed's timing is,
+the baseline of the same seed; a paired speed-up (:mod:`vitbench.measure.paired`) by its own
+rounds' spread and load. With several seeds a row is marked when any seed's timing is,
 and the note says which seed.
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ __all__ = ["MARK", "RowDoubts", "drift_reason", "row_doubts", "timing_notes"]
 MARK = "†"
 Record = Mapping[str, Any]
 _TIMINGS = {"throughput": ("throughput_img_s", "throughput_spread_img_s"),
-            "latency": ("latency_ms", "latency_spread_ms")}
+            "latency": ("latency_ms", "latency_spread_ms"), "speedup": ("speedup", "speedup_spread")}
 
 
 @dataclass
@@ -43,7 +44,7 @@ def _fmt_load(v: Any) -> str:
 
 
 def timing_reason(rec: Record, timing: str) -> str | None:
-    """Why ``rec``'s ``timing`` ("throughput" or "latency") is doubted, with the facts it ran
+    """Why ``rec``'s ``timing`` ("throughput", "latency" or a paired "speedup") is doubted, with the facts it ran
     under (load before/after, cores, threads), or None when it is not."""
     median_key, spread_key = _TIMINGS[timing]
     if rec.get(median_key) is None:
@@ -97,22 +98,28 @@ def row_doubts(row: Record, base: Record | None, control: Record | None = None) 
     several = len(_per_seed(row)) > 1
     doubts = RowDoubts()
     drift = drift_reason(control, base)
-    if drift and row is not base and row.get("throughput_img_s") is not None:
+    if drift and row is not base and any(r.get("throughput_img_s") is not None and not r.get("speedup_paired")
+                                         for r in _per_seed(row)):
         doubts.derived.append(drift)
     base_by_seed = {r.get("seed"): r for r in _per_seed(base)} if base is not None else {}
     for rec in _per_seed(row):
         prefix = f"seed {rec.get('seed')}: " if several else ""
-        for timing in _TIMINGS:
+        for timing in ("throughput", "latency"):
             reason = timing_reason(rec, timing)
             if reason:
                 getattr(doubts, timing).append(prefix + reason)
         if row is base or rec.get("throughput_img_s") is None:
             continue  # the baseline's speed-up is 1 by definition; no throughput, no speed-up
+        if rec.get("speedup_paired"):  # timed in turn with the baseline: judged by its own rounds
+            reason = timing_reason(rec, "speedup")
+            if reason:
+                doubts.derived.append(prefix + f"timed in turn with the baseline: {reason}")
+            continue
         if timing_reason(rec, "throughput"):
-            doubts.derived.append(prefix + "from this row's marked throughput")
+            doubts.derived.append(prefix + "derived from this row's marked throughput")
         b = base_by_seed.get(rec.get("seed"))
         if b is not None and timing_reason(b, "throughput"):
-            doubts.derived.append(prefix + "from the baseline's marked throughput")
+            doubts.derived.append(prefix + "derived from the baseline's marked throughput")
     return doubts
 
 
@@ -125,8 +132,7 @@ def timing_notes(labels: Sequence[str], doubts: Sequence[RowDoubts]) -> list[str
     for label, d in zip(labels, doubts):
         items += [f"- {label}, throughput: {why}" for why in d.throughput]
         items += [f"- {label}, latency: {why}" for why in d.latency]
-        items += [f"- {label}, speed-up and efficiency: {why}" if why.startswith("the control") else
-                  f"- {label}, speed-up and efficiency: derived {why}" for why in d.derived]
+        items += [f"- {label}, speed-up and efficiency: {why}" for why in d.derived]
     if not items:
         return []
     head = (f"{MARK} Timing not to be trusted: its spread over repeats exceeded "
@@ -134,5 +140,5 @@ def timing_notes(labels: Sequence[str], doubts: Sequence[RowDoubts]) -> list[str
             f"exceeded the usable cores + {LOAD_MARGIN:g} (other work shared the CPU). Speed-up and "
             f"efficiency derived from such a throughput are marked too, and every speed-up when the "
             f"det/seg control (the baseline's own model) did not time within {100 * SPREAD_LIMIT:.0f} % "
-            f"of the baseline.")
+            f"of the baseline; a speed-up timed in turn with the baseline is marked by its own rounds.")
     return [head, ""] + items + [""]

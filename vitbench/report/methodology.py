@@ -37,6 +37,13 @@ PARAGRAPHS: tuple[tuple[tuple[str, ...] | None, str], ...] = (
      "configuration and session), never against a number from elsewhere; **efficiency** = "
      "speed-up / GMACs ratio (baseline GMACs / method GMACs): 1.0 means every saved MAC turned "
      "into time."),
+    (("speedup_paired",),
+     "**Paired speed-ups** (classification, timed eagerly): a method's speed-up is timed in turn "
+     "with the baseline in its own run, one forward of the unreduced model and one of the reduced "
+     "model per round on the same input at the column's batch size, alternating which goes first; "
+     "it is the median over rounds of baseline seconds / method seconds (`speedup_paired` in "
+     "runs.jsonl). A drift of the machine's speed between rows cancels in it, so it may differ from "
+     "the ratio of the two throughput columns, which were timed minutes apart."),
     (("top1_pct", "box_map", "mask_map", "gmacs"),
      "Deltas (accuracy in percentage points or mAP, GMACs ↓ in %) are against the baseline of the "
      "same task and model measured on the same evaluation images, classifier head and weights."),

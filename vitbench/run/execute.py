@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from vitbench import measure
+from vitbench.measure._common import check_positive_finite
 from vitbench.measure.calibrate import Calibration, calibrate, not_matchable, off_pct
 from vitbench.data.workers import without_worker_traceback
 from vitbench.host.distributed import failure_on_any_rank, is_main
@@ -83,14 +84,18 @@ def _landed(task: Task, record: dict[str, Any]) -> None:
 
 
 def _relative(spec: RunSpec, out: dict[str, Any], baseline: Optional[dict]) -> dict[str, Any]:
-    """Speed-up and efficiency against the plan's baseline (docs/measuring.md), and with
-    ``--batch-sizes`` the speed-up at each batch size both timed."""
+    """Speed-up and efficiency against the plan's baseline (docs/measuring.md): the task's paired
+    speed-up where it timed one (``speedup_paired``), else the ratio of the two throughputs; and
+    with ``--batch-sizes`` the speed-up at each batch size both timed."""
     if spec.method == BASELINE:
         if out.get("throughput_img_s"):
             out.update(speedup=1.0, efficiency=1.0 if out.get("gmacs") else None)
-    elif baseline and baseline.get("throughput_img_s") and out.get("throughput_img_s"):
-        out["speedup"] = measure.speedup(out["throughput_img_s"], baseline["throughput_img_s"])
-        if baseline.get("gmacs") and out.get("gmacs"):
+    else:
+        if out.get("speedup_paired"):  # timed by the task in turn with the baseline
+            check_positive_finite("speedup", out.get("speedup"))
+        elif baseline and baseline.get("throughput_img_s") and out.get("throughput_img_s"):
+            out["speedup"] = measure.speedup(out["throughput_img_s"], baseline["throughput_img_s"])
+        if out.get("speedup") and baseline and baseline.get("gmacs") and out.get("gmacs"):
             out["efficiency"] = measure.efficiency(out["speedup"], baseline["gmacs"], out["gmacs"])
     if out.get("batch_curve"):
         base_curve = {p["batch_size"]: p for p in (baseline or {}).get("batch_curve") or ()}

@@ -95,7 +95,7 @@ def timed_model(spec: Any, model: nn.Module, input_size: tuple[int, int, int], p
 
 
 def measure_timings(spec: Any, model: Any, input_size: tuple[int, int, int], progress: Progress, *,
-                    throughput_repeats: int, latency_repeats: int) -> dict[str, Any]:
+                    throughput_repeats: int, latency_repeats: int, baseline: Any = None) -> dict[str, Any]:
     """The timing metrics ``spec`` asks for -- throughput at its batch size, batch-1 latency, peak
     memory, and with ``--batch-sizes`` throughput and latency at each of them (``batch_curve``,
     with ``throughput_repeats`` each; the throughput at the batch size is that curve's point where
@@ -103,7 +103,8 @@ def measure_timings(spec: Any, model: Any, input_size: tuple[int, int, int], pro
     module (eager, ``--compile``d or a CUDA graph; memory never on the graph), in the spec's
     precision; the record fields of each, and how the model was timed. A spec's ``repeats``
     (``--repeats N``, ``--quick``) replaces both repeat counts, and the record says so
-    (``timing_repeats``)."""
+    (``timing_repeats``). Given the ``baseline`` model and timed eagerly, the speed-up at the batch
+    size is also timed in turn with it (:mod:`vitbench.measure.paired`, ``throughput_repeats`` rounds)."""
     from vitbench import measure
 
     device, precision = spec.device, spec.precision_name
@@ -128,6 +129,13 @@ def measure_timings(spec: Any, model: Any, input_size: tuple[int, int, int], pro
             tp = measure.measure_throughput(timed.module, spec.batch_size, input_size, device=device,
                                             repeats=throughput_repeats, precision=precision)
         out.update(tp.fields())  # median, spread and the load/cores/threads it ran under
+        if baseline is not None and timed.module is model:  # --compile/--cuda-graph: the throughputs' ratio
+            from vitbench.measure.paired import measure_paired_speedup
+
+            progress(f"timing the forward in turn with the baseline's (batch {spec.batch_size})")
+            paired = measure_paired_speedup(model, baseline, spec.batch_size, input_size, device=device,
+                                            rounds=throughput_repeats, precision=precision)
+            out.update(paired.fields())
     if "latency" in spec.metrics:
         progress("timing latency (batch 1)")
         lat = measure.measure_latency(timed.module, input_size, device=device, repeats=latency_repeats,

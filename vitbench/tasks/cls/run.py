@@ -204,8 +204,11 @@ def _measure(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progre
                 ib = measure_ib(model, _ib_batches(ws, model, device), ws.data.num_classes, device=device)
         out.update(ib_loss=float(ib.loss), ib_bound=float(ib.bound),
                    ib_input_constant=float(ib.input_constant))
+    # eager, --compile's or --cuda-graph's; a method's speed-up timed in turn with the unreduced model
+    paired = spec.method != BASELINE and "throughput" in spec.metrics
     out.update(measure_timings(spec, model, ws.input_size, progress, throughput_repeats=ws.throughput_repeats,
-                               latency_repeats=ws.latency_repeats))  # eager, --compile's or --cuda-graph's
+                               latency_repeats=ws.latency_repeats,
+                               baseline=copy.deepcopy(ws.model).to(device) if paired else None))
     return out
 
 

@@ -1,0 +1,110 @@
+"""A method's speed-up timed in turn with its baseline: paired rounds in one process.
+
+Two throughputs taken minutes apart share no machine state: a shared VM's neighbours or the CPU's
+clock can change between them by more than a method saves. Here each round times one forward of
+the baseline and one of the reduced model on the same input, alternating which goes first, and
+the speed-up is the median over rounds of the per-round ratio (baseline seconds / method
+seconds), so a drift slower than a round cancels (docs/measuring.md, "Paired speed-ups").
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from vitbench.core import progress
+from vitbench.measure._common import (
+    check_input_size,
+    check_int,
+    check_model,
+    check_model_on,
+    eval_mode,
+    median_and_iqr,
+    model_device_dtype,
+    random_images,
+    resolve_device,
+    synchronize,
+)
+from vitbench.measure.precision import DEFAULT_PRECISION, autocast
+from vitbench.measure.speed import _TimingFacts, default_warmup, machine_load
+
+__all__ = ["PairedSpeedup", "measure_paired_speedup"]
+
+
+@dataclass(frozen=True)
+class PairedSpeedup(_TimingFacts):
+    """The median and IQR over ``rounds`` of the baseline's forward time over the method's, at
+    ``batch_size``, and the machine's load before/after, cores and threads."""
+
+    speedup: float
+    spread: float
+    batch_size: int
+    rounds: int
+    warmup: int
+
+    def _median_spread(self) -> tuple[float, float]:
+        return self.speedup, self.spread
+
+    def fields(self) -> dict[str, Any]:
+        """The record fields (``speedup``, ``speedup_*``): median, spread, rounds and the raw facts."""
+        return {"speedup": self.speedup, "speedup_spread": self.spread, "speedup_rounds": self.rounds,
+                "speedup_paired": True, **self.record_fields("speedup")}
+
+
+def _timed(model: nn.Module, x: torch.Tensor, device: torch.device) -> float:
+    synchronize(device)
+    start = time.perf_counter()
+    model(x)
+    synchronize(device)
+    return max(time.perf_counter() - start, 1e-12)  # guard a 0.0 clock delta
+
+
+def measure_paired_speedup(
+    model: nn.Module, baseline: nn.Module, batch_size: int, input_size: tuple[int, int, int] = (3, 224, 224),
+    device: str | torch.device = "cpu", warmup: int | None = None, rounds: int = 10,
+    precision: str = DEFAULT_PRECISION,
+) -> PairedSpeedup:
+    """``model``'s speed-up over ``baseline`` at ``batch_size``: per round one forward of each on
+    the same seeded input, in alternating order; the median and IQR of baseline / method seconds.
+
+    ``warmup=None`` uses :func:`~vitbench.measure.speed.default_warmup` forwards of each. Raises
+    ParamError for a bad batch size, rounds, warm-up or input size, or a model on another device.
+    """
+    for m in (model, baseline):
+        check_model(m, allow_compiled=True)
+    check_int("batch_size", batch_size, 1)
+    size = check_input_size(input_size)
+    check_int("rounds", rounds, 1)
+    dev = resolve_device(device)
+    warmup = default_warmup(rounds, dev) if warmup is None else check_int("warmup", warmup, 0)
+    for m in (model, baseline):
+        check_model_on(m, dev)
+    _, dtype = model_device_dtype(model)
+    x = random_images(batch_size, size, dtype=dtype, device=dev)
+
+    ratios: list[float] = []
+    before = machine_load()
+    with eval_mode(model), eval_mode(baseline), torch.inference_mode(), autocast(precision, dev), \
+            progress.steps(f"timing against the baseline (batch {batch_size})", warmup + rounds, "rounds",
+                           timing=True) as step:
+        for _ in range(warmup):
+            baseline(x)
+            model(x)
+            step.advance()
+        for i in range(rounds):
+            if i % 2 == 0:
+                base_s = _timed(baseline, x, dev)
+                method_s = _timed(model, x, dev)
+            else:
+                method_s = _timed(model, x, dev)
+                base_s = _timed(baseline, x, dev)
+            ratios.append(base_s / method_s)
+            step.advance()
+    after = machine_load()
+    median, spread = median_and_iqr(ratios)
+    return PairedSpeedup(speedup=median, spread=spread, batch_size=batch_size, rounds=rounds, warmup=warmup,
+                         load_before=before.load_1min, load_after=after.load_1min, cores=before.cores,
+                         threads=before.threads)
