@@ -194,3 +194,16 @@ def test_a_method_slower_than_the_baseline_is_said_in_words(make_record):
     assert "- ppt (r=8): 0.80x the baseline's throughput at batch 32 and 1.25x its latency at batch 1." in md
     assert "- tome" not in md.split("**Slower than the baseline**")[1].split("\n\n")[0]
     assert "Slower than the baseline" not in render_markdown([base, fast])
+
+
+def test_a_paired_speedup_decides_whether_a_method_is_called_slower(make_record):
+    base = make_record("b", "baseline", gmacs=0.35, throughput_img_s=100.0, batch_size=32)
+    # its own throughput, timed minutes later on a slower machine, is below the baseline's
+    level = make_record("t", "tome", {"r": 8}, gmacs=0.29, throughput_img_s=80.0, batch_size=32,
+                        speedup=1.05, speedup_paired=True)
+    slow = make_record("p", "ppt", {"r": 8}, gmacs=0.29, throughput_img_s=120.0, batch_size=32,
+                       speedup=0.9, speedup_paired=True)
+    md = render_markdown([base, level, slow])
+    said = md.split("**Slower than the baseline**")[1].split("\n\n")[0]
+    assert "- ppt (r=8): 0.90x the baseline's speed at batch 32 (timed in turn with it)." in said
+    assert "- tome" not in said
