@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from vitbench.errors import ParamError
-from vitbench.measure import paired
+from vitbench.measure import speed
 from vitbench.measure.paired import PairedSpeedup, measure_paired_speedup
 
 
@@ -43,7 +43,7 @@ class Costly(nn.Module):
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     fake = Clock()
-    monkeypatch.setattr(paired.time, "perf_counter", fake)
+    monkeypatch.setattr(speed.time, "perf_counter", fake)
     return fake
 
 

@@ -8,7 +8,6 @@ seconds), so a drift slower than a round cancels (docs/measuring.md, "Paired spe
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -16,20 +15,9 @@ import torch
 from torch import nn
 
 from vitbench.core import progress
-from vitbench.measure._common import (
-    check_input_size,
-    check_int,
-    check_model,
-    check_model_on,
-    eval_mode,
-    median_and_iqr,
-    model_device_dtype,
-    random_images,
-    resolve_device,
-    synchronize,
-)
+from vitbench.measure._common import eval_mode, median_and_iqr
 from vitbench.measure.precision import DEFAULT_PRECISION, autocast
-from vitbench.measure.speed import _TimingFacts, default_warmup, machine_load
+from vitbench.measure.speed import _TimingFacts, machine_load, timed_forward, timing_input
 
 __all__ = ["PairedSpeedup", "measure_paired_speedup"]
 
@@ -54,14 +42,6 @@ class PairedSpeedup(_TimingFacts):
                 "speedup_paired": True, **self.record_fields("speedup")}
 
 
-def _timed(model: nn.Module, x: torch.Tensor, device: torch.device) -> float:
-    synchronize(device)
-    start = time.perf_counter()
-    model(x)
-    synchronize(device)
-    return max(time.perf_counter() - start, 1e-12)  # guard a 0.0 clock delta
-
-
 def measure_paired_speedup(
     model: nn.Module, baseline: nn.Module, batch_size: int, input_size: tuple[int, int, int] = (3, 224, 224),
     device: str | torch.device = "cpu", warmup: int | None = None, rounds: int = 10,
@@ -73,17 +53,7 @@ def measure_paired_speedup(
     ``warmup=None`` uses :func:`~vitbench.measure.speed.default_warmup` forwards of each. Raises
     ParamError for a bad batch size, rounds, warm-up or input size, or a model on another device.
     """
-    for m in (model, baseline):
-        check_model(m, allow_compiled=True)
-    check_int("batch_size", batch_size, 1)
-    size = check_input_size(input_size)
-    check_int("rounds", rounds, 1)
-    dev = resolve_device(device)
-    warmup = default_warmup(rounds, dev) if warmup is None else check_int("warmup", warmup, 0)
-    for m in (model, baseline):
-        check_model_on(m, dev)
-    _, dtype = model_device_dtype(model)
-    x = random_images(batch_size, size, dtype=dtype, device=dev)
+    x, dev, warmup = timing_input((model, baseline), batch_size, input_size, device, warmup, rounds, "rounds")
 
     ratios: list[float] = []
     before = machine_load()
@@ -96,11 +66,11 @@ def measure_paired_speedup(
             step.advance()
         for i in range(rounds):
             if i % 2 == 0:
-                base_s = _timed(baseline, x, dev)
-                method_s = _timed(model, x, dev)
+                base_s = timed_forward(baseline, x, dev)
+                method_s = timed_forward(model, x, dev)
             else:
-                method_s = _timed(model, x, dev)
-                base_s = _timed(baseline, x, dev)
+                method_s = timed_forward(model, x, dev)
+                base_s = timed_forward(baseline, x, dev)
             ratios.append(base_s / method_s)
             step.advance()
     after = machine_load()

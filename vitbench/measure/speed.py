@@ -195,6 +195,34 @@ def default_warmup(repeats: int, device: str | torch.device = "cpu") -> int:
     return max(2, quarter) if torch.device(device).type == "cpu" else max(10, quarter)
 
 
+def timed_forward(model: nn.Module, x: torch.Tensor, device: torch.device) -> float:
+    """Seconds of one forward of ``model`` on ``x``, the device synchronised before each clock read."""
+    synchronize(device)
+    start = time.perf_counter()
+    model(x)
+    synchronize(device)
+    return max(time.perf_counter() - start, 1e-12)  # guard a 0.0 clock delta
+
+
+def timing_input(models: tuple[nn.Module, ...], batch_size: int, input_size: tuple[int, int, int],
+                 device: str | torch.device, warmup: int | None, repeats: int, repeats_name: str = "repeats",
+                 ) -> tuple[torch.Tensor, torch.device, int]:
+    """The seeded input batch every model of ``models`` is timed on, the device and the warm-up
+    (:func:`default_warmup` for None), after checking each argument and that every model is on
+    the device (ParamError otherwise)."""
+    for model in models:
+        check_model(model, allow_compiled=True)  # --compile times the compiled model
+    check_int("batch_size", batch_size, 1)
+    size = check_input_size(input_size)
+    check_int(repeats_name, repeats, 1)
+    dev = resolve_device(device)
+    warmup = default_warmup(repeats, dev) if warmup is None else check_int("warmup", warmup, 0)
+    for model in models:
+        check_model_on(model, dev)
+    _, dtype = model_device_dtype(models[0])
+    return random_images(batch_size, size, dtype=dtype, device=dev), dev, warmup
+
+
 def _time_forwards(
     model: nn.Module, batch_size: int, input_size: tuple[int, int, int], device: str | torch.device,
     warmup: int | None, repeats: int, precision: str = DEFAULT_PRECISION, what: str = "timing",
@@ -202,15 +230,7 @@ def _time_forwards(
     """Seconds of each of ``repeats`` timed forwards (after warm-up, in ``precision``), the
     warm-up used, and the machine's load just before the warm-up and just after the last repeat.
     Warm-up and repeats are a :mod:`vitbench.core.progress` step ``what``, reported between clock reads."""
-    check_model(model, allow_compiled=True)  # --compile times the compiled model
-    check_int("batch_size", batch_size, 1)
-    size = check_input_size(input_size)
-    check_int("repeats", repeats, 1)
-    dev = resolve_device(device)
-    warmup = default_warmup(repeats, dev) if warmup is None else check_int("warmup", warmup, 0)
-    check_model_on(model, dev)
-    _, dtype = model_device_dtype(model)
-    x = random_images(batch_size, size, dtype=dtype, device=dev)
+    x, dev, warmup = timing_input((model,), batch_size, input_size, device, warmup, repeats)
 
     seconds: list[float] = []
     before = machine_load()
@@ -220,11 +240,7 @@ def _time_forwards(
             model(x)
             step.advance()
         for _ in range(repeats):
-            synchronize(dev)
-            start = time.perf_counter()
-            model(x)
-            synchronize(dev)
-            seconds.append(time.perf_counter() - start)
+            seconds.append(timed_forward(model, x, dev))
             step.advance()
     return seconds, warmup, before, machine_load()
 
@@ -246,7 +262,7 @@ def measure_throughput(
     """
     seconds, used_warmup, before, after = _time_forwards(model, batch_size, input_size, device, warmup, repeats,
                                                          precision, f"timing throughput (batch {batch_size})")
-    img_s = [batch_size / max(s, 1e-12) for s in seconds]  # guard a 0.0 clock delta
+    img_s = [batch_size / s for s in seconds]
     median, spread = median_and_iqr(img_s)
     median_ms, spread_ms = median_and_iqr([s * 1e3 for s in seconds])
     return ThroughputResult(median_img_s=median, spread_img_s=spread, batch_size=batch_size,
