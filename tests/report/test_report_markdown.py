@@ -84,6 +84,14 @@ def test_environment_differences_are_flagged(records):
     assert "Threads: 2; 8 (differs between records)" in md
 
 
+def test_a_run_on_uncommitted_code_is_said(records):
+    assert "Uncommitted code" not in render_markdown(records)
+    dirty = [dict(r, env=dict(r["env"], git_rev="3af5c5a-dirty")) for r in records]
+    md = render_markdown(dirty)
+    assert "Git revision: 3af5c5a-dirty" in md
+    assert "- Uncommitted code: a revision marked `-dirty` ran with changes to vitbench's code" in md
+
+
 def test_empty_store_still_renders(tmp_path):
     md = render_markdown([])
     assert "## Methodology" in md and "Runs: none" in md

@@ -22,14 +22,32 @@ def _version(dist: str) -> str | None:
         return _version("mmcv-lite") if dist == "mmcv" else None
 
 
-def git_revision() -> str | None:
-    """The vitbench checkout's commit (``None`` outside a git checkout)."""
+#: the checkout's folders whose uncommitted changes can change a number (reports/ is rewritten by runs)
+CODE_PATHS = ("vitbench", "plugins", "configs")
+#: appended to the commit when the code differs from it, as ``git describe --dirty`` marks it
+DIRTY = "-dirty"
+
+
+def _git(*args: str, cwd: Path) -> subprocess.CompletedProcess[str] | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(__file__).resolve().parent, timeout=5)
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=cwd, timeout=5)
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() or None
+
+
+def git_revision() -> str | None:
+    """The vitbench checkout's commit, ``-dirty`` when its code has uncommitted changes (``None``
+    outside a git checkout)."""
+    here = Path(__file__).resolve().parent
+    head = _git("rev-parse", "--short", "HEAD", cwd=here)
+    rev = head.stdout.strip() if head is not None and head.returncode == 0 else ""
+    if not rev:
+        return None
+    top = _git("rev-parse", "--show-toplevel", cwd=here)
+    if top is None or top.returncode != 0:
+        return rev
+    diff = _git("diff", "--quiet", "HEAD", "--", *CODE_PATHS, cwd=Path(top.stdout.strip()))
+    return rev + DIRTY if diff is not None and diff.returncode == 1 else rev
 
 
 def device_name(device: str) -> str:

@@ -11,6 +11,7 @@ import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from vitbench.host.environment import DIRTY
 from vitbench.report.batches import batch_lines
 from vitbench.report.doubts import row_doubts, timing_notes
 from vitbench.report.measured_on import describe
@@ -99,6 +100,9 @@ def _environment(records: list[Mapping[str, Any]]) -> list[str]:
         if not any(key in e for e in envs):  # a fact older stores did not record (--compile)
             continue
         lines.append(f"- {label}: {_joined(_distinct(e.get(key) for e in envs))}")
+    if any(str(e.get("git_rev") or "").endswith(DIRTY) for e in envs):
+        lines.append(f"- Uncommitted code: a revision marked `{DIRTY}` ran with changes to vitbench's code "
+                     "that its commit does not hold, so that commit alone may not give these numbers again")
     lines.append(f"- Plugins: {_joined(_distinct(_plugins(e) for e in envs))}")
     statuses = [str(r.get("status")) for r in records]
     counts = ", ".join(f"{statuses.count(s)} {s}" for s in dict.fromkeys(statuses))
