@@ -140,18 +140,24 @@ def _task_fields(values: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted((k, v) for k, v in values.items() if v is not None))
 
 
-def parse_batch_sizes(text: str) -> tuple[int, ...]:
-    """``"1,4,16"`` -> ``(1, 4, 16)``: the ``--batch-sizes`` list (checked by :func:`check_batch_sizes`)."""
-    sizes = []
+def _int_list(text: str, option: str, hint: str) -> list[int]:
+    """``"1, 4,16"`` -> ``[1, 4, 16]`` (empty items skipped); a non-integer item raises ParamError
+    naming ``option`` and ``hint`` (the valid values)."""
+    values = []
     for item in (item.strip() for item in str(text).split(",")):
         if not item:
             continue
         try:
-            sizes.append(int(item))
+            values.append(int(item))
         except ValueError:
-            raise ParamError(f"--batch-sizes item {item!r} is not an integer; give comma-separated integers "
-                             f"from 1 to {MAX_BATCH_SIZE}, e.g. 1,4,16,64") from None
-    return tuple(sizes)
+            raise ParamError(f"{option} item {item!r} is not an integer; give {hint}") from None
+    return values
+
+
+def parse_batch_sizes(text: str) -> tuple[int, ...]:
+    """``"1,4,16"`` -> ``(1, 4, 16)``: the ``--batch-sizes`` list (checked by :func:`check_batch_sizes`)."""
+    return tuple(_int_list(text, "--batch-sizes",
+                           f"comma-separated integers from 1 to {MAX_BATCH_SIZE}, e.g. 1,4,16,64"))
 
 
 def check_batch_sizes(sizes: Iterable[int], metrics: Iterable[str]) -> tuple[int, ...]:
@@ -176,16 +182,7 @@ def check_batch_sizes(sizes: Iterable[int], metrics: Iterable[str]) -> tuple[int
 
 def parse_seeds(text: str) -> tuple[int, ...]:
     """``"0,1,2"`` -> ``(0, 1, 2)``: the ``--seeds`` list (see :func:`check_seeds`)."""
-    seeds = []
-    for item in (item.strip() for item in str(text).split(",")):
-        if not item:
-            continue
-        try:
-            seeds.append(int(item))
-        except ValueError:
-            raise ParamError(f"--seeds item {item!r} is not an integer; give comma-separated "
-                             f"integers >= 0, e.g. 0,1,2") from None
-    return check_seeds(seeds)
+    return check_seeds(_int_list(text, "--seeds", "comma-separated integers >= 0, e.g. 0,1,2"))
 
 
 #: the largest seed numpy's and torch's generators take (2**32 - 1)
