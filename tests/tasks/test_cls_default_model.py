@@ -271,7 +271,8 @@ def test_the_earlier_stage_recipes_are_those_of_the_shipped_entries_the_default_
         assert meta.is_file() and json.loads(meta.read_text())["recipe"].get("start_from", "") == recipe.start_from
         stems.append(weights.stem)
     assert [r.start_from for r in dm.DEIT_EARLIER_STAGES[1:]] + [dm.FMNIST_DEIT.recipe.start_from] == stems
-    assert stems == ["vitbench-fmnist-deit-5977878523d7", "vitbench-fmnist-deit-62ab2bd80658"]
+    assert stems == ["vitbench-fmnist-deit-5977878523d7", "vitbench-fmnist-deit-62ab2bd80658",
+                     "vitbench-fmnist-deit-6450bc5f477d"]
     assert (dm.SHIPPED_DIR / f"{stems[-1]}.pth").is_file()  # the parent's weights: what --retrain starts from
 
 
