@@ -43,10 +43,7 @@ def git_revision() -> str | None:
     rev = head.stdout.strip() if head is not None and head.returncode == 0 else ""
     if not rev:
         return None
-    top = _git("rev-parse", "--show-toplevel", cwd=here)
-    if top is None or top.returncode != 0:
-        return rev
-    diff = _git("diff", "--quiet", "HEAD", "--", *CODE_PATHS, cwd=Path(top.stdout.strip()))
+    diff = _git("diff", "--quiet", "HEAD", "--", *(f":(top){path}" for path in CODE_PATHS), cwd=here)
     return rev + DIRTY if diff is not None and diff.returncode == 1 else rev
 
 
