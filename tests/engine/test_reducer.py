@@ -13,7 +13,8 @@ import vitbench
 from vitbench.catalog import Reduction
 from vitbench.engine import AttnInfo, Reducer, TokenState, reduction_context
 from vitbench.engine.families import efficientvit, vit
-from vitbench.errors import PluginError
+from vitbench.errors import PluginError, UnsupportedError
+from vitbench.testing import check_prefix_tokens
 from vitbench.host import get_host
 from vitbench.testing import tiny_vit
 
@@ -70,7 +71,7 @@ def test_the_defaults_change_nothing() -> None:
     assert torch.equal(r.proj_forward(proj, maps), proj(maps))
     assert r.selected_heads() is None and r.unmerge(x, TokenState(prefix=0)) is None
     assert r.observe(mlp, x) is None
-    assert (r.needs, r.selects_channels, r.records_grid_merge) == (frozenset(), False, False)
+    assert (r.needs, r.selects_channels, r.records_grid_merge, r.before_attention) == (frozenset(), False, False, False)
 
 
 @pytest.mark.parametrize("family", ["vit", "swin"])
@@ -140,3 +141,50 @@ def test_a_plain_callable_is_refused_when_the_model_is_patched() -> None:
     with pytest.raises(PluginError, match=r"method 'plain': block 2's reducer 'function' is not a "
                                           r"vitbench.engine.Reducer; subclass it"):
         vit.patch(tiny_vit(), Reduction([None, None, plain] + [None] * 9), method="plain")
+
+
+class _KeepFirstEarly(Reducer):
+    """Keep the first ``k`` tokens, before the block's attention."""
+
+    before_attention = True
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def __call__(self, x: torch.Tensor, state: TokenState, info: AttnInfo) -> torch.Tensor:
+        assert info == AttnInfo()  # nothing from an attention that has not run yet
+        return state.keep(x, torch.arange(self.k).expand(x.shape[0], self.k))
+
+
+def test_a_reducer_before_the_attention_reduces_the_blocks_input() -> None:
+    """Keeping 20 tokens before block 1's attention is the plain model with the tokens sliced
+    between blocks 0 and 1 (and stays so under the token-rule trace, which wraps the reducer)."""
+    base = tiny_vit()
+    model = vit.patch(copy.deepcopy(base), Reduction([None, _KeepFirstEarly(20)] + [None] * 10), method="early")
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        tokens = base.blocks[0](base.norm_pre(base._pos_embed(base.patch_embed(x))))[:, :20]
+        for blk in base.blocks[1:]:
+            tokens = blk(tokens)
+        expected = base.forward_head(base.norm(tokens))
+        assert torch.allclose(model(x), expected, atol=1e-5)
+        assert reduction_context(model).token_counts == [65] + [20] * 11
+        assert torch.allclose(check_prefix_tokens(model, x), expected, atol=1e-5)
+
+
+def test_a_reducer_before_the_attention_may_not_ask_for_what_the_attention_gives() -> None:
+    reducer = _KeepFirstEarly(20)
+    reducer.needs = frozenset({"keys"})
+    with pytest.raises(PluginError, match=r"block 1: a reducer that runs before the attention gets nothing from "
+                                          r"it; its needs must be empty, not \['keys'\]"):
+        vit.patch(tiny_vit(), Reduction([None, reducer] + [None] * 10), method="early")
+
+
+@pytest.mark.parametrize("family", ["swin", "efficientvit"])
+def test_families_whose_blocks_reduce_after_the_attention_refuse_an_early_reducer(family: str) -> None:
+    base = FAMILY_MODELS[family]()
+    spec = get_host().family(family)
+    reducers = [_KeepFirstEarly(4)] * spec.describe(base).depth
+    with pytest.raises(UnsupportedError, match=r"early: this model family's blocks reduce after the attention "
+                                               r"only; .* supported on the vit and mobilevit families"):
+        spec.patch(base, Reduction(reducers), method="early")

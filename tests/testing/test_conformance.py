@@ -55,6 +55,7 @@ def test_every_builtin_conforms(vitbench_check_method, method, params, counts) -
     ("diffrate-search", False, [65] * 12),  # the search starts from removing nothing
     ("dynamicvit", True, [65] * 3 + [46] * 3 + [33] * 3 + [23] * 3),  # ceil(0.7^s * 64) patches, trained or not
     ("sinkhorn", True, [65] * 3 + [33] * 3 + [17] * 3 + [9] * 3),  # one token per centre, trained or not
+    ("cropr", True, [65, 56, 48, 40, 32, 24, 16, 8, 2, 2, 2, 2]),  # 9, then 8 before each block, trained or not
 ])
 def test_the_learnable_builtins_conform_untrained(vitbench_check_method, method, reduces, counts) -> None:
     report = vitbench_check_method(method, reduces_tokens=reduces)

@@ -53,6 +53,8 @@ class ModelInfo:
     patch_grid: tuple[int, int] = (0, 0)
     #: a smaller input's patch grid must have sides that are multiples of this (Swin: 2 ** (stages - 1))
     patch_grid_step: int = 1
+    #: the classifier's classes (0: the model has no classification head, or the family does not say)
+    num_classes: int = 0
 
     @property
     def image_grid(self) -> tuple[int, int]:

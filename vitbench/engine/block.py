@@ -14,9 +14,10 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from vitbench.engine.attention import attention_forward, uses_fused_kernel
+from vitbench.engine.attention import AttnInfo, attention_forward, uses_fused_kernel
 from vitbench.engine.reducer import Reducer
 from vitbench.engine.token_state import TokenState
+from vitbench.errors import PluginError
 
 
 class ReductionContext:
@@ -49,7 +50,8 @@ def reduction_context(model: nn.Module) -> Optional[ReductionContext]:
 
 
 class ReducingBlock(nn.Module):
-    """A timm ViT block with a reduction step between attention and MLP.
+    """A timm ViT block with a reduction step between attention and MLP (or, for a reducer
+    with ``before_attention``, before the attention).
 
     Besides the token step ``reducer(x, state, info)``, it calls the reducer's two channel hooks
     (:class:`~vitbench.engine.reducer.Reducer`; identities by default): ``qk(q, k, x)`` on the
@@ -73,6 +75,9 @@ class ReducingBlock(nn.Module):
         self.starts_sequence = index == 0 if starts_sequence is None else starts_sequence
         self.reducer = reducer  # an nn.Module reducer (learnable methods) becomes a submodule
         self.needs = frozenset(reducer.needs) if reducer is not None else frozenset()
+        if reducer is not None and reducer.before_attention and self.needs:
+            raise PluginError(f"block {index}: a reducer that runs before the attention gets nothing from it; "
+                              f"its needs must be empty, not {sorted(self.needs)}")
         self._context = context
         self._register_state_dict_hook(_drop_wrapper_level)
         self._register_load_state_dict_pre_hook(_add_wrapper_level)
@@ -94,14 +99,17 @@ class ReducingBlock(nn.Module):
             ctx.extras = {}
         state = ctx.state
         blk = self.block
-        bias = state.bias(x.dtype, ctx.prop_attn)
         reducer = self.reducer
+        early = reducer is not None and reducer.before_attention
+        if early:
+            x = reducer(x, state, AttnInfo())
+        bias = state.bias(x.dtype, ctx.prop_attn)
         qk = reducer.qk if reducer is not None else None
         out, info = attention_forward(blk.attn, blk.norm1(x), bias, self.needs, qk_hook=qk)
         if "tokens" in self.needs:
             info.tokens = x
         x = x + blk.drop_path1(blk.ls1(out))
-        if reducer is not None:
+        if reducer is not None and not early:
             x = reducer(x, state, info)
         ctx.token_counts.append(x.shape[1])
         y = reducer.mlp_forward(blk.mlp, blk.norm2(x)) if reducer is not None else blk.mlp(blk.norm2(x))

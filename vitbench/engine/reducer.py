@@ -26,6 +26,8 @@ class Reducer:
     # -- the token step (every family with a token sequence) -------------------------------------
     #: what the block's attention hands over in ``info`` (docs/methods.md, "The hook point"); an instance may replace it
     needs: frozenset[str] = frozenset()
+    #: ``True``: the step runs before the block's attention, on its input, with an empty ``info`` (Cropr)
+    before_attention: bool = False
 
     def __call__(self, x: torch.Tensor, state: TokenState, info: AttnInfo) -> torch.Tensor:
         """The reduced tokens ``[B, N', C]`` of ``x [B, N, C]``, recorded in ``state``."""

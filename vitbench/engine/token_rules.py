@@ -205,6 +205,7 @@ class _Traced(Reducer):
         self.needs = reducer.needs
         self.selects_channels = reducer.selects_channels
         self.records_grid_merge = reducer.records_grid_merge
+        self.before_attention = reducer.before_attention
 
     def __call__(self, x: torch.Tensor, state: TokenState, info: AttnInfo) -> torch.Tensor:
         self._trace.remember(x, state)

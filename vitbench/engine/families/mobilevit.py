@@ -225,7 +225,7 @@ def mobilevit_blocks(model: nn.Module) -> list[nn.Module]:
 def patch(model: nn.Module, reduction: Reduction, method: str = "", params: Any = None) -> nn.Module:
     """Wrap every ViT Block with the reducers of ``reduction`` and re-route each MobileViT block's
     fold (module doc); returns ``model``. State-dict keys stay timm's."""
-    info = describe_for_patch(model, reduction, method, describe)
+    info = describe_for_patch(model, reduction, method, describe, before_attention=True)
     # unmerge needs sources unless every reducer declares its merges as grid merges
     trace = reduction.trace_source or any(r is not None and not r.records_grid_merge for r in reduction.reducers)
     context = ReductionContext(method, params, 0, reduction.prop_attn, trace)

@@ -56,12 +56,13 @@ def describe(model: nn.Module) -> ModelInfo:
         grid=(int(grid[0]), int(grid[1])),
         has_dist_token=getattr(model, "dist_token", None) is not None,
         global_pool=model.global_pool,
+        num_classes=int(getattr(model, "num_classes", 0) or 0),
     )
 
 
 def patch(model: nn.Module, reduction: Reduction, method: str = "", params: Any = None) -> nn.Module:
     """Wrap every block of ``model`` with the reducers of ``reduction``; returns ``model``."""
-    info = describe_for_patch(model, reduction, method, describe, resizes=True)
+    info = describe_for_patch(model, reduction, method, describe, resizes=True, before_attention=True)
     if reduction.input_grid is not None:
         _feed_smaller(model, reduction.input_grid)
     context = ReductionContext(method, params, info.num_prefix_tokens, reduction.prop_attn,
