@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 
 import pytest
+import timm
 import torch
 import torch.nn.functional as F
 
@@ -130,8 +131,12 @@ def test_the_stage_fine_tunes_the_whole_network_with_the_modules_at_their_own_ra
 
 
 def test_fine_tunes_through_the_run_path(fine_tuned_run):
-    """``vitbench run --methods cropr``: fine-tuned, finite numbers, fewer GMACs."""
-    fine_tuned_run("cropr", "cropr.rate=2")
+    """``vitbench run --methods cropr``: fine-tuned, finite numbers, fewer GMACs, and the record
+    says the stage trained the backbone (the report's "backbone trained")."""
+    _, reduced = fine_tuned_run("cropr", "cropr.rate=2")
+    assert reduced["train_stages"][0]["backbone"] is True
+    backbone = timm.create_model("test_vit", pretrained=False, num_classes=2)
+    assert reduced["trainable_params"] > sum(p.numel() for p in backbone.parameters())
 
 
 def test_conforms():

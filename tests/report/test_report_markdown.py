@@ -155,6 +155,11 @@ def test_fine_tuned_rows_say_how_they_were_trained(make_record):
     assert ("- ltm: finetune: 1 epoch(s), 157 iterations on 10000 training images in 95 s, "
             "12,345 trainable parameters (backbone frozen)") in md
     assert "- ltmp: reloaded from out/checkpoints/r.pth (--resume)" in md
+    whole = [{**stages[0], "backbone": True}]  # a stage that trains the backbone itself (cropr, algm)
+    md = render_markdown([recs[0], make_record("c", "cropr", top1_pct=79.0, gmacs=0.7, trained="fine-tuned",
+                                               train_s=95.4, train_images=10000, trainable_params=12345,
+                                               train_stages=whole)])
+    assert "12,345 trainable parameters (backbone trained)" in md
 
 
 def test_plot_without_accuracy_draws_throughput_vs_gmacs(tmp_path, monkeypatch):

@@ -58,7 +58,8 @@ def _training_line(rec: Mapping[str, Any]) -> str:
         return (f"not trained (0 epochs): only the method's statistics/preparation callbacks ran "
                 f"({float(rec.get('train_s') or 0):.0f} s)")
     parts = [f"{s.get('name')}: {s.get('epochs')} epoch(s), {s.get('iters')} iterations" for s in stages]
-    frozen = "backbone trained" if "backbone trained" in str(rec.get("label")) else "backbone frozen"
+    trained = "backbone trained" in str(rec.get("label")) or any(s.get("backbone") for s in stages)
+    frozen = "backbone trained" if trained else "backbone frozen"
     spec = task_spec(str(rec.get("task")))  # det/seg: the dense fine-tuning protocol says what trained
     words = report_words(spec).training_words(rec, with_method=rec.get("method") != CONTROL) if spec is not None else None
     frozen = words or frozen

@@ -531,7 +531,8 @@ def run_stages(stages: Sequence[TrainStage], source: StageSource, *, device: tor
             result.train_images = max(result.train_images, images)
             seconds = time.perf_counter() - stage_start
             result.stages.append({"name": stage.name, "epochs": stage.epochs, "iters": iters, "images": images,
-                                  **ranks, **{f"last_{k}": v for k, v in losses.items()},
+                                  **({"backbone": True} if stage.backbone else {}), **ranks,
+                                  **{f"last_{k}": v for k, v in losses.items()},
                                   "seconds": round(seconds, 2)})
             if progress:
                 shown = ", ".join(f"{k} {v:.4f}" for k, v in losses.items())
