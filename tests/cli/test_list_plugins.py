@@ -56,7 +56,7 @@ def test_list_models_includes_the_default_and_timm_vits(capsys):
     assert names == ["deit_small_distilled_patch16_224", "deit_small_patch16_224"]
     assert main(["list", "models", "--filter", "vitbench-*"]) == 0  # the embedded ones, when the wildcard matches
     assert _unwrapped(capsys.readouterr().out).splitlines()[1:] == [
-        "vitbench-fmnist-deit  (embedded: a ViT of DeiT's layout, 197 tokens, trained 17 epochs on Fashion-MNIST)",
+        "vitbench-fmnist-deit  (embedded: a ViT of DeiT's layout, 197 tokens, trained 19 epochs on Fashion-MNIST)",
         "vitbench-fmnist-vit  (embedded, the default: a ViT of 65 tokens at width 64, trained one epoch on "
         "Fashion-MNIST (the first default))"]  # the suite's default (tests/conftest.py)
 

@@ -272,7 +272,7 @@ def test_the_earlier_stage_recipes_are_those_of_the_shipped_entries_the_default_
         stems.append(weights.stem)
     assert [r.start_from for r in dm.DEIT_EARLIER_STAGES[1:]] + [dm.FMNIST_DEIT.recipe.start_from] == stems
     assert stems == ["vitbench-fmnist-deit-5977878523d7", "vitbench-fmnist-deit-62ab2bd80658",
-                     "vitbench-fmnist-deit-6450bc5f477d"]
+                     "vitbench-fmnist-deit-6450bc5f477d", "vitbench-fmnist-deit-045611e9ba74"]
     assert (dm.SHIPPED_DIR / f"{stems[-1]}.pth").is_file()  # the parent's weights: what --retrain starts from
 
 

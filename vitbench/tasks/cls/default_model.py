@@ -93,6 +93,8 @@ DEIT_EARLIER_STAGES = (
            validate_every_epoch=True),  # vitbench-fmnist-deit-62ab2bd80658
     Recipe(epochs=2, batch_size=64, lr=2.5e-4, start_from="vitbench-fmnist-deit-62ab2bd80658",
            validate_every_epoch=True),  # vitbench-fmnist-deit-6450bc5f477d
+    Recipe(epochs=3, batch_size=64, lr=2.5e-4, label_smoothing=0.1,
+           start_from="vitbench-fmnist-deit-6450bc5f477d", validate_every_epoch=True),  # vitbench-fmnist-deit-045611e9ba74
 )
 #: DeiT's layout at width 96 (docs/architecture.md, "Embedded defaults", says why)
 FMNIST_DEIT = EmbeddedModel(
@@ -100,8 +102,8 @@ FMNIST_DEIT = EmbeddedModel(
     arch={"img_size": 28, "patch_size": 2, "in_chans": 1, "num_classes": NUM_CLASSES, "embed_dim": 96,
           "depth": 12, "num_heads": 3, "mlp_ratio": 4.0, "global_pool": "token", "class_token": True},
     mean=(0.2860,), std=(0.3530,),
-    recipe=Recipe(epochs=3, batch_size=64, lr=2.5e-4, label_smoothing=0.1,
-                  start_from="vitbench-fmnist-deit-6450bc5f477d", validate_every_epoch=True))
+    recipe=Recipe(epochs=2, batch_size=64, lr=1.5e-4, label_smoothing=0.1,
+                  start_from="vitbench-fmnist-deit-045611e9ba74", validate_every_epoch=True))
 #: the first default (64 patch tokens of 4x4 pixels at width 64), kept so older stores still report
 FMNIST_VIT = EmbeddedModel(
     name=LEGACY_MODEL,
