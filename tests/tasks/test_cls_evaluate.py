@@ -55,6 +55,38 @@ def test_limit_and_determinism(model, image_folder: Path) -> None:
     assert a == b and a["num_images"] == 7
 
 
+def test_end_to_end_rate_leaves_out_the_first_batch(model, image_folder: Path) -> None:
+    """A first batch that takes 3 s (one-time costs) does not set the end-to-end rate of 24 images."""
+    import time
+
+    calls = []
+
+    def slow_first(module, args):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) == 1:
+            time.sleep(3.0)
+
+    data = resolve_cls_data(str(image_folder), model)
+    handle = model.register_forward_pre_hook(slow_first)
+    try:
+        out = evaluate_cls(model, data, batch_size=6)
+    finally:
+        handle.remove()
+    assert len(calls) == 4 and out["eval_img_s"] > 24 / 3.0
+
+
+def test_steady_rate_counts_from_the_first_batch_end() -> None:
+    from types import SimpleNamespace
+
+    from vitbench.mm.hooks import steady_rate
+
+    hook = SimpleNamespace(first_batch_end=10.0, first_batch_scored=32, scored=320)
+    assert steady_rate(hook, 320, 19.0) == pytest.approx(288 / 9)
+    assert steady_rate(hook, 640, 19.0) == pytest.approx(2 * 288 / 9)  # one rank's half of the images
+    assert steady_rate(SimpleNamespace(first_batch_end=10.0, first_batch_scored=32, scored=32), 32, 11.0) is None
+    assert steady_rate(SimpleNamespace(first_batch_end=None, first_batch_scored=0, scored=0), 0, 1.0) is None
+
+
 def test_few_classes_have_no_top5(make_model, folder_writer, tmp_path: Path) -> None:
     model = make_model(num_classes=3)
     folder_writer(tmp_path / "val", {"x": 2, "y": 2, "z": 1})

@@ -71,20 +71,40 @@ class ProgressHook(Hook):
 
 class TestProgressHook(Hook):
     """Advances a :mod:`vitbench.core.progress` step after each test batch (its total: the loader's
-    length) and counts the predictions the batches returned (:attr:`scored`)."""
+    length), counts the predictions the batches returned (:attr:`scored`) and notes when the first
+    batch ended (:attr:`first_batch_end`, :attr:`first_batch_scored`)."""
 
     priority = "VERY_LOW"
 
     def __init__(self, step: progress.Step) -> None:
         self.step = step
         self.scored = 0
+        self.first_batch_scored = 0
+        self.first_batch_end: float | None = None
 
     def before_test_epoch(self, runner: Any) -> None:
         self.step.set_total(len(runner.test_dataloader))
 
     def after_test_iter(self, runner: Any, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
         self.scored += len(outputs) if outputs is not None else 0
+        if self.first_batch_end is None:
+            self.first_batch_end, self.first_batch_scored = time.perf_counter(), self.scored
         self.step.advance()
+
+
+def steady_rate(counted: TestProgressHook, num_images: int, end: float) -> Optional[float]:
+    """Images per second of a test loop from the end of its first batch to ``end``, scaled from
+    this process's predictions to ``num_images`` (every rank's); None with a single batch.
+
+    The first batch carries one-time costs the other batches do not (the loader's workers
+    starting, a GPU's lazily loaded kernels), and they fell on whichever row a process evaluated
+    first.
+    """
+    first_end, first_scored = counted.first_batch_end, counted.first_batch_scored
+    if first_end is None or counted.scored <= first_scored or end <= first_end:
+        return None
+    rate = (counted.scored - first_scored) / (end - first_end)
+    return rate * num_images / counted.scored
 
 
 @HOOKS.register_module()

@@ -30,7 +30,9 @@ PARAGRAPHS: tuple[tuple[tuple[str, ...] | None, str], ...] = (
     (("eval_img_s",),
      "**End to end** is the images per second of the accuracy evaluation as a whole (reading and "
      "decoding or the decoded-image cache, preprocessing, the model and scoring) at the evaluation "
-     "batch size in the column header: below the model-only throughput by what the data path costs."),
+     "batch size in the column header, from the end of its first batch (which carries one-time "
+     "costs: the loader starting, a GPU loading its kernels): below the model-only throughput by "
+     "what the data path costs."),
     (("latency_ms",), "**Latency** is the median milliseconds per image at batch 1."),
     (("throughput_img_s",),
      "**Speed-ups** are taken only against the baseline measured in the same run (same process "

@@ -122,7 +122,8 @@ def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, devi
     data's classes :class:`~vitbench.errors.DataError`. ``precision``: the forward's autocast
     (:mod:`vitbench.measure.precision`). ``workers``: loader worker processes (``--workers``;
     None: :func:`vitbench.data.workers.workers_for`'s default). ``eval_img_s`` is the evaluation's
-    images per second end to end (loading, preprocessing and the model). ``observe(features,
+    images per second end to end (loading, preprocessing and the model), counted from the end of
+    its first batch (:func:`~vitbench.mm.hooks.steady_rate`). ``observe(features,
     images, labels)`` is called after every batch with the final features
     (:func:`vitbench.measure.ib.final_features`) the evaluation's own forward made, so the IB
     metric needs no pass of its own; a model whose family names no feature module raises
@@ -139,7 +140,7 @@ def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, devi
     from vitbench.host.distributed import collective_test, is_distributed, raise_if_any_rank_failed
     from vitbench.measure.ib import final_features_during
     from vitbench.mm.classifier import build_classifier
-    from vitbench.mm.hooks import TestProgressHook
+    from vitbench.mm.hooks import TestProgressHook, steady_rate
     from vitbench.mm.runner import release, runner_kwargs, work_dir_or_temp
     from vitbench.train.batches import loader_cfg
 
@@ -195,5 +196,6 @@ def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, devi
         "top5_pct": float(metrics["accuracy/top5"]) if 5 in topk else None,
         "num_images": int(num_images),
         "num_classes": int(data.num_classes),
-        "eval_img_s": num_images / seconds if seconds > 0 else None,
+        "eval_img_s": steady_rate(counted, num_images, start + seconds)
+        or (num_images / seconds if seconds > 0 else None),
     }
