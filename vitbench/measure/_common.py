@@ -128,6 +128,20 @@ def random_images(
     return images.to(device=device, dtype=dtype)
 
 
+def batch_of(images: torch.Tensor | None, n: int, input_size: tuple[int, int, int], *,
+             dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> torch.Tensor:
+    """``[n, C, H, W]``: the given ``images`` ``[m, C, H, W]`` taken in turn (repeated when
+    ``m < n``), or :func:`random_images` when ``images`` is None. ParamError for images of
+    another size or none at all."""
+    if images is None:
+        return random_images(n, input_size, dtype=dtype, device=device)
+    if images.dim() != 4 or tuple(images.shape[1:]) != tuple(input_size) or images.shape[0] == 0:
+        raise ParamError(f"timing images of shape {tuple(images.shape)}; they must be [m, C, H, W] with m >= 1 "
+                         f"and [C, H, W] = {list(input_size)}, the model's input size")
+    picked = images[torch.arange(n) % images.shape[0]]
+    return picked.to(device=device, dtype=dtype)
+
+
 @contextmanager
 def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
     """Put every submodule in eval mode and restore each one's own flag afterwards.

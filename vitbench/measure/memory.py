@@ -22,13 +22,13 @@ from torch import nn
 from vitbench.errors import ParamError
 from vitbench.measure._common import (
     BYTES_PER_MB,
+    batch_of,
     check_input_size,
     check_int,
     check_model,
     check_model_on,
     eval_mode,
     model_device_dtype,
-    random_images,
     resolve_device,
     synchronize,
 )
@@ -41,8 +41,10 @@ _SAMPLE_INTERVAL_S = 0.0005
 def measure_peak_memory(
     model: nn.Module, batch_size: int, input_size: tuple[int, int, int] = (3, 224, 224),
     device: str | torch.device = "cpu", warmup: int = 1, precision: str = "fp32",
+    images: torch.Tensor | None = None,
 ) -> float:
-    """Peak memory in MB (2**20 bytes) of one forward at ``batch_size`` (see the module docstring).
+    """Peak memory in MB (2**20 bytes) of one forward at ``batch_size`` (see the module docstring),
+    on ``images`` taken in turn when given, else seeded noise.
 
     Runs in ``eval()`` and ``torch.inference_mode()`` (under autocast for ``precision`` fp16/bf16); restores every module's training flag.
     The model must already be on ``device``. Raises ParamError for ``batch_size < 1`` and
@@ -57,7 +59,7 @@ def measure_peak_memory(
         raise ParamError(f"peak memory is measured on 'cpu' or 'cuda' only, got device={str(device)!r}")
     check_model_on(model, dev)
     _, dtype = model_device_dtype(model)
-    x = random_images(batch_size, size, dtype=dtype, device=dev)
+    x = batch_of(images, batch_size, size, dtype=dtype, device=dev)
 
     from vitbench.measure.precision import autocast
 

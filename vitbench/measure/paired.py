@@ -45,15 +45,18 @@ class PairedSpeedup(_TimingFacts):
 def measure_paired_speedup(
     model: nn.Module, baseline: nn.Module, batch_size: int, input_size: tuple[int, int, int] = (3, 224, 224),
     device: str | torch.device = "cpu", warmup: int | None = None, rounds: int = 10,
-    precision: str = DEFAULT_PRECISION,
+    precision: str = DEFAULT_PRECISION, images: Optional[torch.Tensor] = None,
 ) -> PairedSpeedup:
     """``model``'s speed-up over ``baseline`` at ``batch_size``: per round one forward of each on
-    the same seeded input, in alternating order; the median and IQR of baseline / method seconds.
+    the same input (``images`` taken in turn, else seeded noise:
+    :func:`~vitbench.measure.speed.measure_throughput`), in alternating order; the median and IQR
+    of baseline / method seconds.
 
     ``warmup=None`` uses :func:`~vitbench.measure.speed.default_warmup` forwards of each. Raises
     ParamError for a bad batch size, rounds, warm-up or input size, or a model on another device.
     """
-    x, dev, warmup = timing_input((model, baseline), batch_size, input_size, device, warmup, rounds, "rounds")
+    x, dev, warmup = timing_input((model, baseline), batch_size, input_size, device, warmup, rounds, "rounds",
+                                  images)
 
     ratios: list[float] = []
     before = machine_load()

@@ -28,8 +28,8 @@ from vitbench.measure._common import (
     check_model_on,
     eval_mode,
     median_and_iqr,
+    batch_of,
     model_device_dtype,
-    random_images,
     resolve_device,
     synchronize,
 )
@@ -206,8 +206,9 @@ def timed_forward(model: nn.Module, x: torch.Tensor, device: torch.device) -> fl
 
 def timing_input(models: tuple[nn.Module, ...], batch_size: int, input_size: tuple[int, int, int],
                  device: str | torch.device, warmup: int | None, repeats: int, repeats_name: str = "repeats",
-                 ) -> tuple[torch.Tensor, torch.device, int]:
-    """The seeded input batch every model of ``models`` is timed on, the device and the warm-up
+                 images: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.device, int]:
+    """The input batch every model of ``models`` is timed on (``images`` taken in turn, else
+    seeded noise: :func:`~vitbench.measure._common.batch_of`), the device and the warm-up
     (:func:`default_warmup` for None), after checking each argument and that every model is on
     the device (ParamError otherwise)."""
     for model in models:
@@ -220,17 +221,18 @@ def timing_input(models: tuple[nn.Module, ...], batch_size: int, input_size: tup
     for model in models:
         check_model_on(model, dev)
     _, dtype = model_device_dtype(models[0])
-    return random_images(batch_size, size, dtype=dtype, device=dev), dev, warmup
+    return batch_of(images, batch_size, size, dtype=dtype, device=dev), dev, warmup
 
 
 def _time_forwards(
     model: nn.Module, batch_size: int, input_size: tuple[int, int, int], device: str | torch.device,
     warmup: int | None, repeats: int, precision: str = DEFAULT_PRECISION, what: str = "timing",
+    images: Optional[torch.Tensor] = None,
 ) -> tuple[list[float], int, MachineLoad, MachineLoad]:
     """Seconds of each of ``repeats`` timed forwards (after warm-up, in ``precision``), the
     warm-up used, and the machine's load just before the warm-up and just after the last repeat.
     Warm-up and repeats are a :mod:`vitbench.core.progress` step ``what``, reported between clock reads."""
-    x, dev, warmup = timing_input((model,), batch_size, input_size, device, warmup, repeats)
+    x, dev, warmup = timing_input((model,), batch_size, input_size, device, warmup, repeats, images=images)
 
     seconds: list[float] = []
     before = machine_load()
@@ -253,15 +255,18 @@ def _facts(before: MachineLoad, after: MachineLoad) -> dict[str, Any]:
 def measure_throughput(
     model: nn.Module, batch_size: int, input_size: tuple[int, int, int] = (3, 224, 224),
     device: str | torch.device = "cpu", warmup: int | None = None, repeats: int = 10,
-    precision: str = DEFAULT_PRECISION,
+    precision: str = DEFAULT_PRECISION, images: Optional[torch.Tensor] = None,
 ) -> ThroughputResult:
     """Forward throughput in images per second at ``batch_size`` (median and IQR over repeats).
 
-    ``warmup=None`` uses :func:`default_warmup`. Raises ParamError for ``batch_size < 1``,
-    ``repeats < 1``, ``warmup < 0``, a bad ``input_size``, or a model on another device.
+    ``warmup=None`` uses :func:`default_warmup`. ``images`` ``[m, C, H, W]``: the batch is these
+    taken in turn (real images, so that an input-dependent method chooses as it does on data),
+    else seeded noise. Raises ParamError for ``batch_size < 1``, ``repeats < 1``, ``warmup < 0``,
+    a bad ``input_size`` or ``images``, or a model on another device.
     """
     seconds, used_warmup, before, after = _time_forwards(model, batch_size, input_size, device, warmup, repeats,
-                                                         precision, f"timing throughput (batch {batch_size})")
+                                                         precision, f"timing throughput (batch {batch_size})",
+                                                         images)
     img_s = [batch_size / s for s in seconds]
     median, spread = median_and_iqr(img_s)
     median_ms, spread_ms = median_and_iqr([s * 1e3 for s in seconds])
@@ -273,11 +278,12 @@ def measure_throughput(
 def measure_latency(
     model: nn.Module, input_size: tuple[int, int, int] = (3, 224, 224),
     device: str | torch.device = "cpu", warmup: int | None = None, repeats: int = 10,
-    precision: str = DEFAULT_PRECISION,
+    precision: str = DEFAULT_PRECISION, images: Optional[torch.Tensor] = None,
 ) -> LatencyResult:
-    """Forward latency at batch 1 in milliseconds (median and IQR over repeats), in ``precision``."""
+    """Forward latency at batch 1 in milliseconds (median and IQR over repeats), in ``precision``,
+    on the first of ``images`` when given (:func:`measure_throughput`)."""
     seconds, used_warmup, before, after = _time_forwards(model, 1, input_size, device, warmup, repeats, precision,
-                                                         "timing latency (batch 1)")
+                                                         "timing latency (batch 1)", images)
     median, spread = median_and_iqr([s * 1e3 for s in seconds])
     return LatencyResult(median_ms=median, spread_ms=spread, repeats=repeats, warmup=used_warmup,
                          **_facts(before, after))

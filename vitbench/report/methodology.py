@@ -34,6 +34,11 @@ PARAGRAPHS: tuple[tuple[tuple[str, ...] | None, str], ...] = (
      "costs: the loader starting, a GPU loading its kernels): below the model-only throughput by "
      "what the data path costs."),
     (("latency_ms",), "**Latency** is the median milliseconds per image at batch 1."),
+    (("timed_on",),
+     "Every timing forwards the first evaluation images (taken again in turn for a larger batch), "
+     "so that a method whose choices depend on the image (PPT's pooling or pruning, ATS's and "
+     "LTMP's token counts) is timed choosing as it does on data; a run without data is timed on "
+     "seeded noise (`timed_on` in runs.jsonl)."),
     (("throughput_img_s",),
      "**Speed-ups** are taken only against the baseline measured in the same run (same process "
      "configuration and session), never against a number from elsewhere; **efficiency** = "

@@ -95,7 +95,8 @@ def timed_model(spec: Any, model: nn.Module, input_size: tuple[int, int, int], p
 
 
 def measure_timings(spec: Any, model: Any, input_size: tuple[int, int, int], progress: Progress, *,
-                    throughput_repeats: int, latency_repeats: int, baseline: Any = None) -> dict[str, Any]:
+                    throughput_repeats: int, latency_repeats: int, baseline: Any = None,
+                    images: Any = None) -> dict[str, Any]:
     """The timing metrics ``spec`` asks for -- throughput at its batch size, batch-1 latency, peak
     memory, and with ``--batch-sizes`` throughput and latency at each of them (``batch_curve``,
     with ``throughput_repeats`` each; the throughput at the batch size is that curve's point where
@@ -104,7 +105,10 @@ def measure_timings(spec: Any, model: Any, input_size: tuple[int, int, int], pro
     precision; the record fields of each, and how the model was timed. A spec's ``repeats``
     (``--repeats N``, ``--quick``) replaces both repeat counts, and the record says so
     (``timing_repeats``). Given the ``baseline`` model and timed eagerly, the speed-up at the batch
-    size is also timed in turn with it (:mod:`vitbench.measure.paired`, ``throughput_repeats`` rounds)."""
+    size is also timed in turn with it (:mod:`vitbench.measure.paired`, ``throughput_repeats`` rounds).
+    Every timing runs on ``images`` ``[m, C, H, W]`` taken in turn when given (the first evaluation
+    images, so that an input-dependent method chooses as it does on data), else on seeded noise;
+    ``timed_on`` says which."""
     from vitbench import measure
 
     device, precision = spec.device, spec.precision_name
@@ -115,11 +119,13 @@ def measure_timings(spec: Any, model: Any, input_size: tuple[int, int, int], pro
     out = timed.record()
     if asked is not None and ("throughput" in spec.metrics or "latency" in spec.metrics):
         out["timing_repeats"] = asked
+    if any(m in spec.metrics for m in ("throughput", "latency", "memory")):
+        out["timed_on"] = "evaluation images" if images is not None else "random images"
     curve: dict[int, Any] = {}
     for batch in getattr(spec, "batch_sizes", None) or ():
         progress(f"timing the forward at batch {batch} (--batch-sizes)")
         curve[batch] = measure.measure_throughput(timed.module, batch, input_size, device=device,
-                                                  repeats=throughput_repeats, precision=precision)
+                                                  repeats=throughput_repeats, precision=precision, images=images)
     if curve:
         out["batch_curve"] = [tp.curve_point() for tp in curve.values()]
     if "throughput" in spec.metrics:
@@ -127,22 +133,22 @@ def measure_timings(spec: Any, model: Any, input_size: tuple[int, int, int], pro
         if tp is None:
             progress(f"timing throughput (batch {spec.batch_size})")
             tp = measure.measure_throughput(timed.module, spec.batch_size, input_size, device=device,
-                                            repeats=throughput_repeats, precision=precision)
+                                            repeats=throughput_repeats, precision=precision, images=images)
         out.update(tp.fields())  # median, spread and the load/cores/threads it ran under
         if baseline is not None and timed.module is model:  # --compile/--cuda-graph: the throughputs' ratio
             from vitbench.measure.paired import measure_paired_speedup
 
             progress(f"timing the forward in turn with the baseline's (batch {spec.batch_size})")
             paired = measure_paired_speedup(model, baseline, spec.batch_size, input_size, device=device,
-                                            rounds=throughput_repeats, precision=precision)
+                                            rounds=throughput_repeats, precision=precision, images=images)
             out.update(paired.fields())
     if "latency" in spec.metrics:
         progress("timing latency (batch 1)")
         lat = measure.measure_latency(timed.module, input_size, device=device, repeats=latency_repeats,
-                                      precision=precision)
+                                      precision=precision, images=images)
         out.update(lat.fields())
     if "memory" in spec.metrics:
         progress("measuring peak memory")
         out["peak_mem_mb"] = measure.measure_peak_memory(timed.memory_module, spec.batch_size, input_size,
-                                                         device=device, precision=precision)
+                                                         device=device, precision=precision, images=images)
     return out

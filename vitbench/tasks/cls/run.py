@@ -93,17 +93,38 @@ def _ib_batches(ws: ClsWorkspace, model: nn.Module, device: str):  # type: ignor
     return ((images, relabel(labels)) for images, labels in _eval_batches(ws, model, device)())
 
 
+def _first_eval_images(ws: ClsWorkspace, n: int) -> Optional[torch.Tensor]:
+    """The first ``n`` evaluation images as the model takes them (None without data)."""
+    if ws.data is None:
+        return None
+    from vitbench.train.batches import first_images
+
+    return first_images(_eval_batches(ws, ws.model, "cpu", n), n)
+
+
 def _gmacs_images(spec: RunSpec, ws: ClsWorkspace) -> torch.Tensor:
     """The images GMACs are counted on: the first evaluation images when there is data (input-
     dependent methods are averaged over real images, docs/measuring.md), else seeded noise."""
-    if ws.data is not None:
-        from vitbench.train.batches import first_images
-
-        images = first_images(_eval_batches(ws, ws.model, "cpu", ws.gmacs_images), ws.gmacs_images)
-        if images is not None:
-            return images
+    images = _first_eval_images(ws, ws.gmacs_images)
+    if images is not None:
+        return images
     gen = torch.Generator().manual_seed(spec.seed)
     return torch.randn(ws.gmacs_images, *ws.input_size, generator=gen)
+
+
+#: the most evaluation images a timing batch holds; a larger batch takes them again in turn
+TIMING_IMAGES = 256
+
+
+def _timing_images(spec: RunSpec, ws: ClsWorkspace) -> Optional[torch.Tensor]:
+    """The images every timing runs on: the first evaluation images, as many as the largest timed
+    batch (at most :data:`TIMING_IMAGES`), so that an input-dependent method (PPT's per-image
+    choice, ATS's and LTMP's token counts) is timed choosing as it does on data; None (seeded
+    noise) without data."""
+    if not any(m in spec.metrics for m in ("throughput", "latency", "memory")):
+        return None
+    largest = max([spec.batch_size, *(getattr(spec, "batch_sizes", None) or ())])
+    return _first_eval_images(ws, min(largest, TIMING_IMAGES))
 
 
 def cls_gmacs_counter(spec: RunSpec, ws: ClsWorkspace, progress: Progress) -> GmacsCounter:
@@ -208,7 +229,8 @@ def _measure(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progre
     paired = spec.method != BASELINE and "throughput" in spec.metrics
     out.update(measure_timings(spec, model, ws.input_size, progress, throughput_repeats=ws.throughput_repeats,
                                latency_repeats=ws.latency_repeats,
-                               baseline=copy.deepcopy(ws.model).to(device) if paired else None))
+                               baseline=copy.deepcopy(ws.model).to(device) if paired else None,
+                               images=_timing_images(spec, ws)))
     return out
 
 
