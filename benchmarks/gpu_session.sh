@@ -11,6 +11,8 @@
 #     the official ToMe beside ours;
 #  3. ToMe r=16 fp16 against the official code at batch 1 to 128 (the speed-up against batch size);
 #  4. `vitbench run` with --precision fp16 --cuda-graph on the default model (records + report).
+#  5. benchmarks/gpu_profile.py: ViT-B/16 bs 256 fp16, the kernels of ToMe r=16 and PPT r=50 beside
+#     the baseline's (what keeps them from their limit in half precision).
 set -u
 OUT=${OUT:-/tmp/gpu-session}
 REF=()
@@ -30,3 +32,4 @@ timeout 150 python3 -m vitbench run --task cls --methods tome,topk,ppt --device 
   --metrics accuracy,gmacs,throughput,latency --out /tmp/run-fp16-graph 2>&1 | tail -30 | tee "$OUT/run.txt"
 # the store's work dirs would pass the device tool's file count: only the report and records come back
 mkdir -p "$OUT/run-fp16-graph" && cp /tmp/run-fp16-graph/report.* /tmp/run-fp16-graph/runs.jsonl "$OUT/run-fp16-graph/" 2>/dev/null
+timeout 90 python3 benchmarks/gpu_profile.py --methods "tome:r=16;ppt:r=50" 2>&1 | tee "$OUT/profile_fp16.md" | tail -4

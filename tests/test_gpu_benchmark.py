@@ -45,3 +45,17 @@ def test_cuda_graph_rows_fall_back_on_cpu(capsys):
     assert "bias channel always" in out
     fp32_diff = float(out.split("logits: fp32 ")[1].split(",")[0])
     assert fp32_diff < 1e-4  # the bias as an extra channel: still ToMe's logits
+
+
+def test_profile_smoke_on_cpu(capsys):
+    """benchmarks/gpu_profile.py on the CPU: a table per model and the method's extra per forward."""
+    spec = importlib.util.spec_from_file_location("gpu_profile", SCRIPT.parent / "gpu_profile.py")
+    profiler = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(profiler)
+    out = profiler.main(["--model", "test_vit", "--batch-size", "2", "--precision", "fp32", "--forwards", "1",
+                         "--methods", "tome:r=4", "--device", "cpu", "--top", "5"])
+    assert list(out) == ["baseline", "tome r=4"]
+    assert all(row["us_per_forward"] > 0 and row["ops_per_forward"] > 0 for row in out.values())
+    assert out["tome r=4"]["ops_per_forward"] > out["baseline"]["ops_per_forward"]  # the matching's own work
+    text = capsys.readouterr().out
+    assert "== baseline:" in text and "tome r=4: " in text and "operations per forward" in text
