@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Union
 
 import torch
 import torch.nn.functional as F
@@ -14,16 +13,8 @@ import torch.nn.functional as F
 from vitbench.catalog import ModelInfo, Reduction
 from vitbench.engine import AttnInfo, Reducer, TokenState, descending_order, max_merge
 from vitbench.errors import ParamError
+from vitbench.kit import schedule
 from vitbench_plugins.pitome import PiToMeParams
-
-
-def schedule(r: Union[int, list[int]], depth: int) -> list[int]:
-    """Tokens to merge in each of ``depth`` blocks."""
-    if isinstance(r, int):
-        return [r] * depth
-    if len(r) != depth:
-        raise ParamError(f"pitome.r has {len(r)} entries; the model has {depth} blocks")
-    return list(r)
 
 
 def margin_schedule(margin: float, margin_decay: float, depth: int) -> list[float]:
@@ -121,5 +112,5 @@ class PiToMeReducer(Reducer):
 def build(params: PiToMeParams, info: ModelInfo) -> Reduction:
     margins = margin_schedule(params.margin, params.margin_decay, info.depth)
     reducers = [PiToMeReducer(r, m, params.alpha, params.energy) if r > 0 else None
-                for r, m in zip(schedule(params.r, info.depth), margins)]
+                for r, m in zip(schedule(params.r, info.depth, "pitome"), margins)]
     return Reduction(reducers, prop_attn=params.prop_attn, trace_source=params.trace_source)
