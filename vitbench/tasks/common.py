@@ -62,6 +62,10 @@ class TimedModels:
         return dict(self.facts)
 
 
+#: the metrics that time the forward (the ones :func:`measure_timings` measures)
+TIMING_METRICS = ("throughput", "latency", "memory")
+
+
 def timed_model(spec: Any, model: nn.Module, input_size: tuple[int, int, int], progress: Progress) -> TimedModels:
     """What the timing loops run: ``model``, or with ``--compile`` the ``torch.compile``d model
     (compiled here for the loops' batch sizes; a model that does not compile is timed eagerly,
@@ -72,7 +76,7 @@ def timed_model(spec: Any, model: nn.Module, input_size: tuple[int, int, int], p
     from vitbench.measure.compiled import CompiledForTiming, compile_for_timing
     from vitbench.measure.cuda_graph import graph_for_timing
 
-    timings = [m for m in ("throughput", "latency", "memory") if m in spec.metrics]
+    timings = [m for m in TIMING_METRICS if m in spec.metrics]
     curve = tuple(getattr(spec, "batch_sizes", None) or ())
     batches = tuple(1 if m == "latency" else spec.batch_size for m in timings) + curve
     if spec.compile and timings:
@@ -119,7 +123,7 @@ def measure_timings(spec: Any, model: Any, input_size: tuple[int, int, int], pro
     out = timed.record()
     if asked is not None and ("throughput" in spec.metrics or "latency" in spec.metrics):
         out["timing_repeats"] = asked
-    if any(m in spec.metrics for m in ("throughput", "latency", "memory")):
+    if any(m in spec.metrics for m in TIMING_METRICS):
         out["timed_on"] = "evaluation images" if images is not None else "random images"
     curve: dict[int, Any] = {}
     for batch in getattr(spec, "batch_sizes", None) or ():

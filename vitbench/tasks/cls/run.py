@@ -23,7 +23,7 @@ from vitbench.errors import VitbenchError
 from vitbench.measure.precision import autocast, trains_in
 from vitbench.task import BASELINE
 from vitbench.tasks.cls import EMBEDDED_MODELS
-from vitbench.tasks.common import Progress, attention_kernel, input_size_of, measure_timings
+from vitbench.tasks.common import TIMING_METRICS, Progress, attention_kernel, input_size_of, measure_timings
 from vitbench.tasks.cls.weights_from import default_model_weights
 from vitbench.tasks.identity import first_seed, weights_from
 
@@ -121,7 +121,7 @@ def _timing_images(spec: RunSpec, ws: ClsWorkspace) -> Optional[torch.Tensor]:
     batch (at most :data:`TIMING_IMAGES`), so that an input-dependent method (PPT's per-image
     choice, ATS's and LTMP's token counts) is timed choosing as it does on data; None (seeded
     noise) without data."""
-    if not any(m in spec.metrics for m in ("throughput", "latency", "memory")):
+    if not any(m in spec.metrics for m in TIMING_METRICS):
         return None
     largest = max([spec.batch_size, *(getattr(spec, "batch_sizes", None) or ())])
     return _first_eval_images(ws, min(largest, TIMING_IMAGES))
