@@ -38,6 +38,7 @@ import torch
 
 import vitbench
 from vitbench.engine import cpu_kernels
+from vitbench.host.allocator import keep_freed_memory
 from vitbench.host.environment import device_name
 from vitbench.measure import count_gmacs
 from vitbench.measure.compiled import compile_for_timing
@@ -201,6 +202,7 @@ def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
 
 
 def _run(args: argparse.Namespace, argv: Optional[list[str]]) -> pd.DataFrame:
+    allocator = keep_freed_memory()  # as `vitbench run` runs
     torch.manual_seed(0)
     base = timm.create_model(args.model, pretrained=False).eval()
     size = tuple(base.pretrained_cfg.get("input_size", (3, 224, 224)))
@@ -221,7 +223,7 @@ def _run(args: argparse.Namespace, argv: Optional[list[str]]) -> pd.DataFrame:
           f"{args.rounds} interleaved rounds (median), {args.copies} copies of each model (mean); "
           f"baseline {rows[0]['GMACs']:.2f} GMACs; "
           f"load average {_load(load_before)} before, {_load(load_after)} after; "
-          f"CPU kernels: {cpu_kernels.describe()}")
+          f"CPU kernels: {cpu_kernels.describe()}; allocator: {allocator}")
     print(df.to_markdown(index=False, floatfmt=".3g"))
     for note in notes:
         print(note)

@@ -28,6 +28,7 @@ import torch
 
 import vitbench
 from vitbench.measure.calibrate import GmacsCounter, calibrate, prepared_as_trained
+from vitbench.host.allocator import keep_freed_memory
 from vitbench.host.environment import device_name
 from vitbench.measure import count_gmacs
 from vitbench.measure.speed import machine_load
@@ -129,6 +130,7 @@ def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
     parser.add_argument("--methods", default=DEFAULT_METHODS, help="NAME@F entries, comma-separated")
     parser.add_argument("--ltm", default="ibtm@0.7", help="NAME@RATIO, or '' to leave LTM out")
     args = parser.parse_args(argv)
+    allocator = keep_freed_memory()  # as `vitbench run` runs
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     base = load_model(args.model).eval()
@@ -139,7 +141,8 @@ def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
     after = machine_load()
     frame = table(rows, times, args.batch)
     print(f"# {args.model}, batch {args.batch}, fp32, {args.threads} threads, {args.rounds} rounds "
-          f"interleaved; {device_name('cpu')}; load average {_load(before.load_1min)} -> {_load(after.load_1min)}")
+          f"interleaved; {device_name('cpu')}; load average {_load(before.load_1min)} -> {_load(after.load_1min)}; "
+          f"allocator: {allocator}")
     print(frame.to_markdown(index=False))
     if args.ltm:
         ltm, tome = frame.iloc[-2], frame.iloc[-1]

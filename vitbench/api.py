@@ -124,6 +124,7 @@ def run(options: RunOptions, command: Optional[Sequence[str]] = None) -> Results
     from vitbench.host.distributed import (check_launcher, finish_launcher, init_launcher, is_main, launcher_rank,
                                       one_rank_at_a_time)
     from vitbench.engine import cpu_kernels
+    from vitbench.host.allocator import keep_freed_memory
     from vitbench.host.environment import environment
     from vitbench.run.execute import execute_plan
     from vitbench.host import get_host
@@ -154,6 +155,7 @@ def run(options: RunOptions, command: Optional[Sequence[str]] = None) -> Results
     check_writable(out, store.path, shared=options.launcher != "none")  # before anything is loaded or measured
 
     say = _Progress(quiet=launcher_rank(options.launcher) != 0)
+    allocator = keep_freed_memory()  # before the workspace: its evaluations and timings run with it
     resume = options.resume or options.is_sweep  # a sweep always resumes: re-running skips done runs
     with one_rank_at_a_time(options.launcher, out):  # single-process work (caches) before the process group starts
         ws = task.workspace(WorkspaceRequest(options=options, setup=setup, plan=plan, out=out, resume=resume,
@@ -161,6 +163,7 @@ def run(options: RunOptions, command: Optional[Sequence[str]] = None) -> Results
     init_launcher(options.launcher, options.device)
     env = environment(options.device, command=None if command is None else list(command),
                       precision=options.precision, compiled=options.compile, cuda_graph=options.cuda_graph)
+    env["allocator"] = allocator
     if options.device == "cpu":
         env["cpu_kernels"] = cpu_kernels.describe()
     records = execute_plan(plan, ws, store, resume=resume, env=env, progress=say.step)

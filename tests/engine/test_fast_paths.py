@@ -176,3 +176,19 @@ def test_merge_or_keep_while_tracing_sources_takes_both_branches():
     out = state.merge_or_keep(x, m, index, torch.tensor([True, False]))
     assert out.shape == (2, 8, 4) and state.source.shape == (2, 8, 11)
     assert torch.equal(out[1], x[1, :8])  # the second image kept its first 8 tokens
+
+
+@pytest.mark.parametrize("heads", [1, 2, 3, 12])
+def test_head_mean_is_the_mean_over_the_heads_of_a_strided_view(heads):
+    """ToMe's metric on a CPU: the heads added slice by slice equal ``k.mean(dim=1)`` on the keys
+    as the attention slices them out of qkv (a strided view), and gradients reach the keys."""
+    from vitbench.engine.attention import head_mean
+
+    torch.manual_seed(0)
+    qkv = torch.randn(2, 7, 3, heads, 8, requires_grad=True)
+    k = qkv.permute(2, 0, 3, 1, 4)[1]
+    got = head_mean(k)
+    torch.testing.assert_close(got, k.mean(dim=1), rtol=0, atol=1e-6)
+    got.sum().backward()
+    torch.testing.assert_close(qkv.grad[:, :, 1], torch.full((2, 7, heads, 8), 1 / heads))
+    assert qkv.grad[:, :, 0].abs().sum() == 0

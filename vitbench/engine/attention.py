@@ -54,6 +54,18 @@ def uses_fused_kernel(attn: nn.Module, needs: AbstractSet[str]) -> bool:
     return bool(getattr(attn, "fused_attn", False)) and "attn" not in needs
 
 
+def head_mean(k: torch.Tensor) -> torch.Tensor:
+    """``k [B, h, N, d]`` averaged over its heads, as ``k.mean(dim=1)``; on a CPU the heads are
+    added as whole slices, about twice as fast there as the reduction over the strided head axis."""
+    heads = k.shape[1]
+    if k.device.type != "cpu" or heads == 1:
+        return k.mean(dim=1)
+    out = k[:, 0] + k[:, 1]
+    for i in range(2, heads):
+        out.add_(k[:, i])
+    return out.div_(heads)
+
+
 #: when the key bias rides as an extra channel: ``"auto"`` (CUDA fp16/bf16), ``"always"``, ``"never"``
 BIAS_CHANNEL = "auto"
 _BIAS_CHANNEL_MODES = ("auto", "always", "never")
@@ -114,7 +126,7 @@ def attention_forward(attn: nn.Module, x: torch.Tensor, bias: Optional[torch.Ten
         q, k = qk_hook(q, k, x)
     info = AttnInfo()
     if "keys" in needs:
-        info.keys = k.mean(dim=1)
+        info.keys = head_mean(k)
     if "values" in needs:
         info.values = v
     if "input" in needs:

@@ -97,7 +97,7 @@ def _environment(records: list[Mapping[str, Any]]) -> list[str]:
     lines = [f"- Versions: {', '.join(versions)}"]
     for label, key in (("Device", "device"), ("Threads", "threads"), ("Precision", "precision"),
                        ("Compiled", "compiled"), ("CUDA graph", "cuda_graph"), ("CPU kernels", "cpu_kernels"),
-                       ("Git revision", "git_rev")):
+                       ("Allocator", "allocator"), ("Git revision", "git_rev")):
         if not any(key in e for e in envs):  # a fact older stores did not record (--compile)
             continue
         lines.append(f"- {label}: {_joined(_distinct(e.get(key) for e in envs))}")

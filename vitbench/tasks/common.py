@@ -4,7 +4,7 @@ kernel its blocks run, and the model the timing loops run (eager, ``--compile``'
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from torch import nn
 
@@ -100,7 +100,7 @@ def timed_model(spec: Any, model: nn.Module, input_size: tuple[int, int, int], p
 
 def measure_timings(spec: Any, model: Any, input_size: tuple[int, int, int], progress: Progress, *,
                     throughput_repeats: int, latency_repeats: int, baseline: Any = None,
-                    images: Any = None) -> dict[str, Any]:
+                    images: Any = None, paired_rounds: Optional[int] = None) -> dict[str, Any]:
     """The timing metrics ``spec`` asks for -- throughput at its batch size, batch-1 latency, peak
     memory, and with ``--batch-sizes`` throughput and latency at each of them (``batch_curve``,
     with ``throughput_repeats`` each; the throughput at the batch size is that curve's point where
@@ -109,7 +109,8 @@ def measure_timings(spec: Any, model: Any, input_size: tuple[int, int, int], pro
     precision; the record fields of each, and how the model was timed. A spec's ``repeats``
     (``--repeats N``, ``--quick``) replaces both repeat counts, and the record says so
     (``timing_repeats``). Given the ``baseline`` model and timed eagerly, the speed-up at the batch
-    size is also timed in turn with it (:mod:`vitbench.measure.paired`, ``throughput_repeats`` rounds).
+    size is also timed in turn with it (:mod:`vitbench.measure.paired`, ``paired_rounds`` rounds; None:
+    ``throughput_repeats``).
     Every timing runs on ``images`` ``[m, C, H, W]`` taken in turn when given (the first evaluation
     images, so that an input-dependent method chooses as it does on data), else on seeded noise;
     ``timed_on`` says which."""
@@ -118,7 +119,7 @@ def measure_timings(spec: Any, model: Any, input_size: tuple[int, int, int], pro
     device, precision = spec.device, spec.precision_name
     asked = getattr(spec, "repeats", None)  # --repeats N / --quick: every timing with N repeats
     if asked is not None:
-        throughput_repeats = latency_repeats = asked
+        throughput_repeats = latency_repeats = paired_rounds = asked
     timed = timed_model(spec, model, input_size, progress)
     out = timed.record()
     if asked is not None and ("throughput" in spec.metrics or "latency" in spec.metrics):
@@ -144,7 +145,8 @@ def measure_timings(spec: Any, model: Any, input_size: tuple[int, int, int], pro
 
             progress(f"timing the forward in turn with the baseline's (batch {spec.batch_size})")
             paired = measure_paired_speedup(model, baseline, spec.batch_size, input_size, device=device,
-                                            rounds=throughput_repeats, precision=precision, images=images)
+                                            rounds=paired_rounds or throughput_repeats, precision=precision,
+                                            images=images)
             out.update(paired.fields())
     if "latency" in spec.metrics:
         progress("timing latency (batch 1)")

@@ -51,6 +51,8 @@ class ClsWorkspace:
     eval_limit: Optional[int] = None
     throughput_repeats: int = 10
     latency_repeats: int = 20
+    #: rounds of a method's speed-up timed in turn with the baseline (the report's speed-up column)
+    paired_rounds: int = 30
     #: fine-tuned models are saved here (``<spec_id>.pth``) and reloaded on ``--resume``
     checkpoint_dir: Optional[Path] = None
     resume: bool = False
@@ -228,7 +230,7 @@ def _measure(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progre
     # eager, --compile's or --cuda-graph's; a method's speed-up timed in turn with the unreduced model
     paired = spec.method != BASELINE and "throughput" in spec.metrics
     out.update(measure_timings(spec, model, ws.input_size, progress, throughput_repeats=ws.throughput_repeats,
-                               latency_repeats=ws.latency_repeats,
+                               latency_repeats=ws.latency_repeats, paired_rounds=ws.paired_rounds,
                                baseline=copy.deepcopy(ws.model).to(device) if paired else None,
                                images=_timing_images(spec, ws)))
     return out
