@@ -64,3 +64,15 @@ def test_nothing_is_said_without_a_control_at_the_same_budget(make_record):
     plain = [make_record("t", "tome", {"r": 9}, top1_pct=90.0, num_images=1000),
              make_record("d", "downsample", {"keep": 0.7}, top1_pct=85.0, num_images=1000)]
     assert control_lines("cls", ["tome", "downsample"], plain) == []  # not matched: different compute
+
+
+def test_a_method_off_its_budget_is_said_not_to_be_at_the_controls_compute(make_record):
+    """A trained method that landed outside the tolerance (LTMP's thresholds overshooting) is still
+    set beside the controls, but its line says it did not run at their compute."""
+    off = {**BELOW, "param": "gmacs_fraction", "mode": "fraction", "landed_gmacs": 0.1855,
+           "landed_off_pct": -24.2, "landed_within": False}
+    rows = [_row(make_record, "l", "ltmp", 89.6, {"gmacs_fraction": 0.7}, budget=off),
+            _row(make_record, "r", "random", 89.5)]
+    text = "\n".join(control_lines("cls", ["ltmp", "random"], rows))
+    assert ("- ltmp (ran at -24.2 % of the budget's GMACs, outside the tolerance: **not at the controls' "
+            "compute**): **does not beat** random (+0.10 pp") in text

@@ -57,13 +57,19 @@ def _budget(rec: Record) -> Optional[float]:
     return float(fraction) if isinstance(fraction, (int, float)) and not isinstance(fraction, bool) else None
 
 
-def _off(control: Record) -> str:
-    """How far a control's GMACs landed from its budget, when outside the tolerance."""
-    budget = control.get("budget") if isinstance(control.get("budget"), Mapping) else {}
+def _landed_off(rec: Record) -> Optional[float]:
+    """How far (%) a row's GMACs landed from its budget, when outside the tolerance; else None."""
+    budget = rec.get("budget") if isinstance(rec.get("budget"), Mapping) else {}
     off = budget.get("landed_off_pct")
     if budget.get("landed_within", True) or not isinstance(off, (int, float)):
-        return ""
-    return f", which ran at {off:+.1f} % of the budget's GMACs"
+        return None
+    return float(off)
+
+
+def _off(control: Record) -> str:
+    """How far a control's GMACs landed from its budget, when outside the tolerance."""
+    off = _landed_off(control)
+    return "" if off is None else f", which ran at {off:+.1f} % of the budget's GMACs"
 
 
 def _verdict(rec: Record, control: Record, key: str, unit: str) -> Optional[str]:
@@ -92,7 +98,10 @@ def control_lines(task: str, labels: Sequence[str], rows: Sequence[Record]) -> l
             continue
         said = [v for c in controls if _budget(c) == _budget(rec) and (v := _verdict(rec, c, key, unit))]
         if said:
-            found.append(f"- {lab}: {'; '.join(said)}.")
+            own = _landed_off(rec)
+            away = "" if own is None else (f" (ran at {own:+.1f} % of the budget's GMACs, outside the tolerance: "
+                                           f"**not at the controls' compute**)")
+            found.append(f"- {lab}{away}: {'; '.join(said)}.")
     if not found:
         return []
     title = column.title.split(" (")[0]
