@@ -90,7 +90,8 @@ def add_run_options(parser: argparse.ArgumentParser) -> dict[str, Any]:
                    help="a fast look: time throughput and latency with 3 repeats each (the report says so; "
                         "not for publication)")
     p.add_argument("--repeats", default=None, metavar="N",
-                   help="repeats of each timing, throughput and latency (1 to 10000; default 10 and 20)")
+                   help="repeats of each timing, throughput, latency and the paired speed-up "
+                        "(1 to 10000; default 10, 20 and 30 rounds)")
     p = groups["train"]
     p.add_argument("--train-backbone", action="store_true",
                    help="learnable methods: train the backbone too (default: only the method's parameters)")

@@ -51,5 +51,5 @@ def repeats_notes(labels: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> l
 
     if len(counts) == 1 and all(asked.values()):
         return [f"Timed with {how(counts[0])}.", ""]
-    return (["Timed with fewer or more repeats than the defaults (10 throughput, 20 latency):", ""]
+    return (["Timed with fewer or more repeats than the defaults (10 throughput, 20 latency, 30 paired rounds):", ""]
             + [f"- {label}: {how(n)}" for label, ns in asked.items() for n in sorted(ns)] + [""])
