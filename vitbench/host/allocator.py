@@ -17,7 +17,7 @@ import os
 import platform
 from typing import Optional
 
-__all__ = ["MMAP_THRESHOLD", "TRIM_THRESHOLD", "describe", "keep_freed_memory"]
+__all__ = ["MMAP_THRESHOLD", "TRIM_THRESHOLD", "describe", "glibc", "keep_freed_memory"]
 
 #: blocks below this come from the heap, not ``mmap`` (glibc's largest allowed value on 64-bit)
 MMAP_THRESHOLD = 32 * 2**20
@@ -33,6 +33,16 @@ def _mib(n: int) -> str:
     return f"{n // 2**30} GiB" if n % 2**30 == 0 else f"{n // 2**20} MiB"
 
 
+def glibc() -> Optional[ctypes.CDLL]:
+    """The process's C library when it is glibc (``mallopt``, ``malloc_trim``), else None."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
 def keep_freed_memory() -> str:
     """Apply the thresholds once per process (glibc only); returns :func:`describe`'s text."""
     global _state
@@ -40,10 +50,9 @@ def keep_freed_memory() -> str:
         return _state
     if os.environ.get("VITBENCH_MALLOPT", "1") == "0":
         _state = "system default (VITBENCH_MALLOPT=0)"
-    elif platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    elif (libc := glibc()) is None:
         _state = "system default (not glibc)"
     else:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         ok = libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
         _state = (f"glibc malloc, freed memory kept (mmap threshold {_mib(MMAP_THRESHOLD)}, "
                   f"trim threshold {_mib(TRIM_THRESHOLD)})" if ok else "system default (mallopt refused)")

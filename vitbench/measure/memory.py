@@ -7,8 +7,6 @@ thread, else ``ru_maxrss``; a warm-up forward and ``malloc_trim`` come first, so
 approximate to a few MB and comparable only with CPU numbers."""
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import gc
 import os
 import re
@@ -96,16 +94,12 @@ def cpu_rss_growth_bytes(fn: Callable[[], object]) -> int:
 
 def _release_freed_memory() -> None:
     """Collect garbage and ask glibc to return free heap pages to the OS (no-op elsewhere)."""
+    from vitbench.host.allocator import glibc
+
     gc.collect()
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim = getattr(libc, "malloc_trim", None)  # glibc only, absent on musl
-        if trim is not None:
-            trim(0)
-    except OSError:
-        pass
+    libc = glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
 
 
 def _reset_high_water_mark() -> bool:
