@@ -11,7 +11,9 @@ its largest count. On Swin (:class:`LTMPTileReducer`) the thresholds act per til
 
 Parameters: ``target`` (or ``gmacs_fraction`` at matched compute), ``tau``, ``lambda_flops``,
 ``epochs``, ``lr_merge``, ``lr_prune``, ``max_grad``, ``optimizer``, ``label_smoothing``,
-``batch_size``, ``layers``, ``order`` (``bipartite``, the official layout, or ``original``)."""
+``batch_size``, ``layers``, ``order`` (``bipartite``, the official layout, or ``original``),
+``calibrate`` (``matched``: at matched compute the trained thresholds are scaled onto the budget
+on training images, :mod:`vitbench_plugins.ltmp.calibration`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,6 +26,8 @@ from vitbench.hookspecs import hookimpl
 _OPTIMIZERS = ("SGD", "AdamW", "Adam")
 #: layouts of the tokens after a reducing block (docs/methods.md, "LTMP", "Token layout")
 ORDERS = ("bipartite", "original")
+#: when the thresholds are calibrated onto the goal after training (docs/methods.md, "LTMP", "Calibration")
+CALIBRATIONS = ("matched", "always", "never")
 
 
 @dataclass(frozen=True)
@@ -38,7 +42,9 @@ class LTMPParams:
     the model's exact cost (:class:`CostModel`, as ``vitbench.measure.count_gmacs`` counts it)
     against ``gmacs_fraction``, and ``target`` is not used. ``max_grad``: the bound on each
     threshold's gradient per step (``None``: unbounded, as the paper), so one step moves a
-    threshold by at most ``lr * max_grad`` (docs/methods.md, "LTMP", "Thresholds")."""
+    threshold by at most ``lr * max_grad`` (docs/methods.md, "LTMP", "Thresholds"). ``calibrate``:
+    when the thresholds are scaled onto the goal after training (``matched``: only with
+    ``gmacs_fraction`` set; ``always``; ``never``, as the paper)."""
 
     target: float = param(0.75,
                           "FLOPs ratio to reach (Swin: a fraction of the counted GMACs); unused with gmacs_fraction",
@@ -58,6 +64,10 @@ class LTMPParams:
     layers: Optional[tuple[int, ...]] = param(None, "the blocks that reduce (0-based; None: all)", range=Range(0))
     order: str = param("bipartite", "token layout after a reducing block: bipartite (prefix, A, B) or original",
                        choices=ORDERS)
+    calibrate: str = param("matched",
+                           "after training, scale the thresholds so training images land on the goal: "
+                           "matched (at matched compute only), always or never",
+                           choices=CALIBRATIONS)
     gmacs_fraction: Optional[float] = param(None,
                                             "fraction of the counted GMACs to reach (--match-gmacs sets it; None: use target)",
                                             range=Range(0, 1, low_open=True),

@@ -16,7 +16,7 @@ from vitbench.engine import AttnInfo, Reducer, TokenState, reduction_context
 from vitbench.engine.masks import straight_through_mask
 from vitbench.errors import ParamError
 from vitbench.kit import cost, linear_macs, vit_block_costs
-from vitbench_plugins.ltmp import LTMPParams
+from vitbench_plugins.ltmp import LTMPParams, calibration
 
 
 MASK_EPS = 1e-6
@@ -358,30 +358,76 @@ def flops_penalty_of(params: LTMPParams, info: ModelInfo) -> Callable[..., Optio
     batch's ratio and the per-block kept fractions into ``ctx.extras`` (detached, for logging)
     as ``"ltmp_flops_ratio"`` and ``"ltmp_kept"``.
     """
-    layers = tuple(range(info.depth)) if params.layers is None else params.layers
-    reducing = [i in layers for i in range(info.depth)]
-    costs: dict[int, CostModel] = {}  # id(model) -> its cost model, read once
+    ratio_of = _vit_ratio(params, info)
+    goal = params.target if params.gmacs_fraction is None else params.gmacs_fraction
 
     def flops_penalty(model: nn.Module, logits: torch.Tensor, labels: torch.Tensor) -> Optional[torch.Tensor]:
         ctx = reduction_context(model)
         kept = ctx.state.private.get(_KEPT) if ctx is not None and ctx.state is not None else None
         if not kept:
             return None  # an inference forward: nothing was masked
-        per_block = [kept.get(i) for i in range(info.depth)]
-        if params.gmacs_fraction is None:
-            per_image = flops_ratio(per_block, info.num_tokens, info.embed_dim)
-            goal = params.target
-        else:
-            if id(model) not in costs:
-                costs[id(model)] = cost_model(model, info, reducing)
-            per_image = costs[id(model)].ratio(per_block)
-            goal = params.gmacs_fraction
-        ratio = per_image.mean()  # type: ignore[union-attr]
+        ratio = ratio_of(model, [kept.get(i) for i in range(info.depth)]).mean()  # type: ignore[union-attr]
         ctx.extras["ltmp_flops_ratio"] = ratio.detach()
         ctx.extras["ltmp_kept"] = {i: m.detach().mean() for i, m in kept.items()}
         return params.lambda_flops * (ratio - goal) ** 2
 
     return flops_penalty
+
+
+def _reducing(params: LTMPParams, info: ModelInfo) -> list[bool]:
+    layers = tuple(range(info.depth)) if params.layers is None else params.layers
+    return [i in layers for i in range(info.depth)]
+
+
+def _vit_ratio(params: LTMPParams, info: ModelInfo
+               ) -> Callable[[nn.Module, Sequence[Union[torch.Tensor, None]]], Union[torch.Tensor, float]]:
+    """``ratio(model, kept)``: each image's cost ratio for the kept fractions ``kept[i]`` after
+    block ``i`` (``[B]``; ``None``: block ``i`` does not reduce): the paper's FLOPs ratio, or with
+    ``gmacs_fraction`` set the counted cost over the unreduced model's (:class:`CostModel`, built
+    at the first call)."""
+    reducing = _reducing(params, info)
+    costs: dict[int, CostModel] = {}  # id(model) -> its cost model, read once
+
+    def ratio(model: nn.Module, kept: Sequence[Union[torch.Tensor, None]]) -> Union[torch.Tensor, float]:
+        if params.gmacs_fraction is None:
+            return flops_ratio(kept, info.num_tokens, info.embed_dim)
+        if id(model) not in costs:
+            costs[id(model)] = cost_model(model, info, reducing)
+        return costs[id(model)].ratio(kept)
+
+    return ratio
+
+
+def _vit_counted(params: LTMPParams, info: ModelInfo) -> Callable[[nn.Module, int], torch.Tensor]:
+    """The calibration's ``ratio_of``: each image's cost ratio (:func:`_vit_ratio`) of the eval
+    forward that has just run, from the token counts it kept."""
+    ratio = _vit_ratio(params, info)
+
+    def ratio_of(model: nn.Module, images: int) -> torch.Tensor:
+        ctx = reduction_context(model)
+        counts = ctx.state.private.get(_COUNTS, {}) if ctx is not None and ctx.state is not None else {}
+        kept = [counts[i].double() / info.num_tokens if i in counts else None for i in range(info.depth)]
+        return torch.as_tensor(ratio(model, kept)).expand(images)
+
+    return ratio_of
+
+
+def calibration_stage(params: LTMPParams, ratio_of: Callable[[nn.Module, int], torch.Tensor],
+                      goal: float) -> Optional[TrainStage]:
+    """The stage after training that scales the thresholds onto ``goal`` on training images
+    (:mod:`vitbench_plugins.ltmp.calibration`); ``None`` where ``params.calibrate`` says not to:
+    ``matched`` calibrates only at matched compute (``gmacs_fraction`` set)."""
+    if params.calibrate == "never" or (params.calibrate == "matched" and params.gmacs_fraction is None):
+        return None
+
+    def before(model: nn.Module, batches: Callable[[], Iterator[tuple[torch.Tensor, torch.Tensor]]]
+               ) -> dict[str, float]:
+        reducers = [m for m in model.modules() if isinstance(m, LTMPReducer)]
+        found = calibration.calibrate(model, reducers, calibration.first_images(batches, calibration.IMAGES),
+                                      ratio_of, goal)
+        return {f"calibration_{k}": v for k, v in found.items()}
+
+    return TrainStage(name="calibration", epochs=0, trainable=("theta_m", "theta_p"), before=(before,))
 
 
 def clamp_thresholds(model: nn.Module) -> None:
@@ -540,8 +586,7 @@ def _swin_penalty(params: LTMPParams, info: ModelInfo,
     (:class:`SwinCostModel`) over the unreduced one and ``goal`` ``gmacs_fraction`` if set, else
     ``target`` (docs/methods.md, "LTMP", "On Swin": the paper's ViT ratio does not describe a reduction that
     leaves attention whole)."""
-    layers = tuple(range(info.depth)) if params.layers is None else params.layers
-    reducing = [i in layers for i in range(info.depth)]
+    reducing = _reducing(params, info)
     goal = params.target if params.gmacs_fraction is None else params.gmacs_fraction
     costs: dict[int, SwinCostModel] = {}
 
@@ -561,6 +606,23 @@ def _swin_penalty(params: LTMPParams, info: ModelInfo,
         return params.lambda_flops * (ratio - goal) ** 2
 
     return flops_penalty
+
+
+def _swin_counted(params: LTMPParams, info: ModelInfo) -> Callable[[nn.Module, int], torch.Tensor]:
+    """The calibration's ``ratio_of`` on Swin: each image's counted cost ratio
+    (:class:`SwinCostModel`) of the eval forward that has just run, from its tiles' kept fractions."""
+    reducing = _reducing(params, info)
+    costs: dict[int, SwinCostModel] = {}
+
+    def ratio_of(model: nn.Module, images: int) -> torch.Tensor:
+        kept = swin_kept(model)
+        per_image = [kept[i].double().reshape(images, -1).mean(dim=1) if reducing[i] and i in kept else None
+                     for i in range(info.depth)]
+        if id(model) not in costs:
+            costs[id(model)] = swin_cost_model(model, reducing)
+        return torch.as_tensor(costs[id(model)].ratio(per_image)).expand(images)
+
+    return ratio_of
 
 
 def swin_kept(model: nn.Module) -> dict[int, torch.Tensor]:
@@ -583,10 +645,12 @@ def build(params: LTMPParams, info: ModelInfo) -> Reduction:
         reducers: list[Optional[nn.Module]] = [LTMPTileReducer(i, params.tau, kept)
                                                if i in layers else None for i in range(info.depth)]
         penalty = _swin_penalty(params, info, kept)
+        counted = _swin_counted(params, info)
     else:
         reducers = [LTMPReducer(i, params.tau, order=params.order)
                     if i in layers else None for i in range(info.depth)]
         penalty = flops_penalty_of(params, info)
+        counted = _vit_counted(params, info)
     stage = TrainStage(
         name="thresholds",
         epochs=params.epochs,
@@ -603,4 +667,6 @@ def build(params: LTMPParams, info: ModelInfo) -> Reduction:
         clip_grad_value=params.max_grad,  # after DDP's average: two ranks train as one process
         after_step=(clamp_thresholds,),
     )
-    return Reduction(reducers, prop_attn=True, train=(stage,))
+    goal = params.target if params.gmacs_fraction is None else params.gmacs_fraction
+    calibrate = calibration_stage(params, counted, goal)
+    return Reduction(reducers, prop_attn=True, train=(stage,) if calibrate is None else (stage, calibrate))

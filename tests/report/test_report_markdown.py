@@ -160,6 +160,15 @@ def test_fine_tuned_rows_say_how_they_were_trained(make_record):
                                                train_s=95.4, train_images=10000, trainable_params=12345,
                                                train_stages=whole)])
     assert "12,345 trainable parameters (backbone trained)" in md
+    # a stage without epochs says what its callbacks reported (LTMP's calibration)
+    calibrated = [{"name": "thresholds", "epochs": 1, "iters": 16, "images": 1000},
+                  {"name": "calibration", "epochs": 0, "iters": 0, "calibration_alpha": 0.16057,
+                   "calibration_ratio": 0.80043, "calibration_images": 256, "seconds": 20.0}]
+    md = render_markdown([recs[0], make_record("m", "ltmp", top1_pct=79.0, gmacs=0.7, trained="fine-tuned",
+                                               train_s=40.0, train_images=1000, trainable_params=24,
+                                               train_stages=calibrated)])
+    assert ("- ltmp: thresholds: 1 epoch(s), 16 iterations; calibration: alpha 0.1606, ratio 0.8004, "
+            "images 256 on 1000 training images") in md
 
 
 def test_plot_without_accuracy_draws_throughput_vs_gmacs(tmp_path, monkeypatch):

@@ -4,7 +4,7 @@ stages :class:`TrainStage`); docs/architecture.md, "Engine". Plugins import them
 :mod:`vitbench.catalog`, which re-exports them."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -71,8 +71,10 @@ class ModelInfo:
         return max([self.num_patches, *(blk.num_patches for blk in self.blocks)])
 
 
-#: ``callback(model, batches)``; ``batches()`` yields ``(images, labels)`` once, no grad, eval mode
-StatsCallback = Callable[["nn.Module", Callable[[], Any]], None]
+#: ``callback(model, batches)``; ``batches()`` yields ``(images, labels)`` once, no grad, eval mode.
+#: What it returns, a mapping of names to numbers or ``None``, goes into the stage's record
+#: (``train_stages``: LTMP's calibration reports its scale)
+StatsCallback = Callable[["nn.Module", Callable[[], Any]], Optional[Mapping[str, float]]]
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,8 @@ class TrainStage:
     trainable: Optional[tuple[str, ...]] = None
     #: ``(model, logits, labels) -> scalar | None`` added to CE (LTMP's penalty, the IB bound)
     extra_loss: Optional[Callable[["nn.Module", "torch.Tensor", "torch.Tensor"], Optional["torch.Tensor"]]] = None
-    #: ``callback(model, batches)`` once before the first epoch (LTM's statistics pass)
+    #: ``callback(model, batches)`` once before the first epoch (LTM's statistics pass); what it
+    #: returns goes into the stage's record
     before: tuple[StatsCallback, ...] = ()
     #: ``callback(model, epoch, batches)`` after every epoch (statistics, temperature schedules)
     epoch_end: tuple[Callable[["nn.Module", int, Callable[[], Any]], None], ...] = ()

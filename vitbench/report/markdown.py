@@ -57,7 +57,8 @@ def _training_line(rec: Mapping[str, Any]) -> str:
     if stages and all(not s.get("epochs") for s in stages):
         return (f"not trained (0 epochs): only the method's statistics/preparation callbacks ran "
                 f"({float(rec.get('train_s') or 0):.0f} s)")
-    parts = [f"{s.get('name')}: {s.get('epochs')} epoch(s), {s.get('iters')} iterations" for s in stages]
+    parts = [f"{s.get('name')}: {s.get('epochs')} epoch(s), {s.get('iters')} iterations" if s.get("epochs")
+             else f"{s.get('name')}: {_stage_notes(s) or 'no training'}" for s in stages]
     trained = "backbone trained" in str(rec.get("label")) or any(s.get("backbone") for s in stages)
     frozen = "backbone trained" if trained else "backbone frozen"
     spec = task_spec(str(rec.get("task")))  # det/seg: the dense fine-tuning protocol says what trained
@@ -67,6 +68,13 @@ def _training_line(rec: Mapping[str, Any]) -> str:
     return (f"{'; '.join(parts)} on {rec.get('train_images')} training images in "
             f"{float(rec.get('train_s') or 0):.0f} s{per_seed}, {int(rec.get('trainable_params') or 0):,} "
             f"trainable parameters ({frozen})")
+
+
+def _stage_notes(stage: Mapping[str, Any]) -> str:
+    """What a stage's callbacks reported (its record's ``<name>_*`` keys): ``alpha 0.16, ratio 0.8``."""
+    prefix = f"{stage.get('name')}_"
+    return ", ".join(f"{k[len(prefix):].replace('_', ' ')} {v:.4g}" for k, v in stage.items()
+                     if k.startswith(prefix) and isinstance(v, (int, float)))
 
 
 def _one_line(text: Any, limit: int = 500) -> str:

@@ -347,11 +347,13 @@ class StageHook(Hook):
 
     def __init__(self, stage: TrainStage, model: nn.Module, batches: Batches) -> None:
         self.stage, self.model, self.batches = stage, model, batches
+        #: what the ``before`` callbacks returned, for the stage's record
+        self.notes: dict[str, float] = {}
 
     def before_train(self, runner: Any) -> None:
         for callback in self.stage.before:
             with _eval_no_grad(self.model):
-                callback(self.model, self.batches)
+                self.notes.update(callback(self.model, self.batches) or {})
 
     def after_train_epoch(self, runner: Any) -> None:
         for callback in self.stage.epoch_end:
@@ -513,7 +515,7 @@ def run_stages(stages: Sequence[TrainStage], source: StageSource, *, device: tor
                 hook.before_train(None)
                 hook.after_train(None)
                 broadcast_buffers(module)
-                result.stages.append({"name": stage.name, "epochs": 0, "iters": 0,
+                result.stages.append({"name": stage.name, "epochs": 0, "iters": 0, **hook.notes,
                                       "seconds": round(time.perf_counter() - stage_start, 2)})
                 continue
             trainer = source.trainer(stage).to(device)
@@ -532,7 +534,7 @@ def run_stages(stages: Sequence[TrainStage], source: StageSource, *, device: tor
             seconds = time.perf_counter() - stage_start
             result.stages.append({"name": stage.name, "epochs": stage.epochs, "iters": iters, "images": images,
                                   **({"backbone": True} if stage.backbone else {}), **ranks,
-                                  **{f"last_{k}": v for k, v in losses.items()},
+                                  **{f"last_{k}": v for k, v in losses.items()}, **hook.notes,
                                   "seconds": round(seconds, 2)})
             if progress:
                 shown = ", ".join(f"{k} {v:.4f}" for k, v in losses.items())
