@@ -11,13 +11,12 @@ order training gave them, only how much they reduce changes together. A block tr
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 
-__all__ = ["IMAGES", "calibrate", "first_images", "mean_ratio", "scale_thresholds"]
+__all__ = ["IMAGES", "calibrate", "mean_ratio", "scale_thresholds"]
 
 log = logging.getLogger("vitbench.ltmp")
 
@@ -33,20 +32,6 @@ BATCH = 64
 #: ``ratio_of(model, images)``: each image's cost over the unreduced model's, ``[B]``, of the
 #: eval forward that has just run on ``images`` of them
 RatioOf = Callable[[nn.Module, int], torch.Tensor]
-
-
-def first_images(batches: Callable[[], Iterator[Any]], n: int) -> torch.Tensor:
-    """The first ``n`` images of ``batches()`` (``(images, labels)`` pairs) as one tensor."""
-    got: list[torch.Tensor] = []
-    count = 0
-    for images, _ in batches():
-        got.append(images[: n - count])
-        count += len(got[-1])
-        if count >= n:
-            break
-    if not got:
-        raise ValueError("ltmp: the calibration has no training images")
-    return torch.cat(got)
 
 
 def scale_thresholds(reducers: Sequence[nn.Module], trained: Sequence[tuple[float, float]], alpha: float) -> None:

@@ -16,6 +16,7 @@ from vitbench.engine import AttnInfo, Reducer, TokenState, reduction_context
 from vitbench.engine.masks import straight_through_mask
 from vitbench.errors import ParamError
 from vitbench.kit import cost, linear_macs, vit_block_costs
+from vitbench.train.batches import first_images
 from vitbench_plugins.ltmp import LTMPParams, calibration
 
 
@@ -422,9 +423,11 @@ def calibration_stage(params: LTMPParams, ratio_of: Callable[[nn.Module, int], t
 
     def before(model: nn.Module, batches: Callable[[], Iterator[tuple[torch.Tensor, torch.Tensor]]]
                ) -> dict[str, float]:
+        images = first_images(batches, calibration.IMAGES)
+        if images is None:
+            raise ValueError("ltmp: the calibration has no training images")
         reducers = [m for m in model.modules() if isinstance(m, LTMPReducer)]
-        found = calibration.calibrate(model, reducers, calibration.first_images(batches, calibration.IMAGES),
-                                      ratio_of, goal)
+        found = calibration.calibrate(model, reducers, images, ratio_of, goal)
         return {f"calibration_{k}": v for k, v in found.items()}
 
     return TrainStage(name="calibration", epochs=0, trainable=("theta_m", "theta_p"), before=(before,))

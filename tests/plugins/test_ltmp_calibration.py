@@ -7,6 +7,7 @@ import logging
 
 import pytest
 import torch
+from tests_support import sharp_vit as _sharp_vit
 from timm.models.swin_transformer import SwinTransformer
 from vitbench_plugins.ltmp import calibration
 from vitbench_plugins.ltmp.reduction import LTMPReducer
@@ -21,15 +22,6 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 def _reducers(model):
     return [m for m in model.modules() if isinstance(m, LTMPReducer)]
-
-
-def _sharp_vit():
-    """tiny_vit with sharper attention, so that its keys differ and merging depends on theta_m."""
-    model = tiny_vit()
-    with torch.no_grad():
-        for blk in model.blocks:
-            blk.attn.qkv.weight.mul_(6.0)
-    return model
 
 
 def _images(n, size=32, seed=0):
