@@ -12,8 +12,7 @@ its largest count. On Swin (:class:`LTMPTileReducer`) the thresholds act per til
 Parameters: ``target`` (or ``gmacs_fraction`` at matched compute), ``tau``, ``lambda_flops``,
 ``epochs``, ``lr_merge``, ``lr_prune``, ``max_grad``, ``optimizer``, ``label_smoothing``,
 ``batch_size``, ``layers``, ``order`` (``bipartite``, the official layout, or ``original``),
-``calibrate`` (``matched``: at matched compute the trained thresholds are scaled onto the budget
-on training images, :mod:`vitbench_plugins.ltmp.calibration`)."""
+``calibrate`` (thresholds scaled onto the budget after training, :mod:`.calibration`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

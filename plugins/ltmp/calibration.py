@@ -29,8 +29,7 @@ TOLERANCE = 0.005
 #: images per forward of the calibration
 BATCH = 64
 
-#: ``ratio_of(model, images)``: each image's cost over the unreduced model's, ``[B]``, of the
-#: eval forward that has just run on ``images`` of them
+#: ``ratio_of(model, images)``: each image's cost ratio ``[B]`` of the eval forward just run
 RatioOf = Callable[[nn.Module, int], torch.Tensor]
 
 

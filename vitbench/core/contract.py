@@ -71,9 +71,7 @@ class ModelInfo:
         return max([self.num_patches, *(blk.num_patches for blk in self.blocks)])
 
 
-#: ``callback(model, batches)``; ``batches()`` yields ``(images, labels)`` once, no grad, eval mode.
-#: What it returns, a mapping of names to numbers or ``None``, goes into the stage's record
-#: (``train_stages``: LTMP's calibration reports its scale)
+#: ``callback(model, batches) -> numbers for the stage's record or None`` (eval mode, no grad)
 StatsCallback = Callable[["nn.Module", Callable[[], Any]], Optional[Mapping[str, float]]]
 
 
@@ -89,7 +87,8 @@ class TrainStage:
     whose names contain one of ``arch_keys`` are updated on a share ``arch_fraction`` of the
     steps, the others on the rest (DCS's alternating search). ``extra_loss`` reads per-forward values from
     ``reduction_context(model).extras``; its terms are logged separately. The callbacks'
-    ``batches()`` yields ``(images [B, C, H, W] normalised like the model's input, labels [B])``.
+    ``batches()`` yields ``(images [B, C, H, W] normalised like the model's input, labels [B])``;
+    what a ``before`` callback returns (names to numbers) goes into the stage's record.
     """
 
     name: str = "finetune"
@@ -107,8 +106,7 @@ class TrainStage:
     trainable: Optional[tuple[str, ...]] = None
     #: ``(model, logits, labels) -> scalar | None`` added to CE (LTMP's penalty, the IB bound)
     extra_loss: Optional[Callable[["nn.Module", "torch.Tensor", "torch.Tensor"], Optional["torch.Tensor"]]] = None
-    #: ``callback(model, batches)`` once before the first epoch (LTM's statistics pass); what it
-    #: returns goes into the stage's record
+    #: ``callback(model, batches)`` once before the first epoch (LTM's statistics pass, LTMP's calibration)
     before: tuple[StatsCallback, ...] = ()
     #: ``callback(model, epoch, batches)`` after every epoch (statistics, temperature schedules)
     epoch_end: tuple[Callable[["nn.Module", int, Callable[[], Any]], None], ...] = ()
