@@ -360,7 +360,7 @@ def flops_penalty_of(params: LTMPParams, info: ModelInfo) -> Callable[..., Optio
     as ``"ltmp_flops_ratio"`` and ``"ltmp_kept"``.
     """
     ratio_of = _vit_ratio(params, info)
-    goal = params.target if params.gmacs_fraction is None else params.gmacs_fraction
+    goal = _goal(params)
 
     def flops_penalty(model: nn.Module, logits: torch.Tensor, labels: torch.Tensor) -> Optional[torch.Tensor]:
         ctx = reduction_context(model)
@@ -373,6 +373,11 @@ def flops_penalty_of(params: LTMPParams, info: ModelInfo) -> Callable[..., Optio
         return params.lambda_flops * (ratio - goal) ** 2
 
     return flops_penalty
+
+
+def _goal(params: LTMPParams) -> float:
+    """What the penalty and the calibration aim at: ``gmacs_fraction`` if set, else ``target``."""
+    return params.target if params.gmacs_fraction is None else params.gmacs_fraction
 
 
 def _reducing(params: LTMPParams, info: ModelInfo) -> list[bool]:
@@ -590,7 +595,7 @@ def _swin_penalty(params: LTMPParams, info: ModelInfo,
     ``target`` (docs/methods.md, "LTMP", "On Swin": the paper's ViT ratio does not describe a reduction that
     leaves attention whole)."""
     reducing = _reducing(params, info)
-    goal = params.target if params.gmacs_fraction is None else params.gmacs_fraction
+    goal = _goal(params)
     costs: dict[int, SwinCostModel] = {}
 
     def flops_penalty(model: nn.Module, logits: torch.Tensor, labels: torch.Tensor) -> Optional[torch.Tensor]:
@@ -670,6 +675,6 @@ def build(params: LTMPParams, info: ModelInfo) -> Reduction:
         clip_grad_value=params.max_grad,  # after DDP's average: two ranks train as one process
         after_step=(clamp_thresholds,),
     )
-    goal = params.target if params.gmacs_fraction is None else params.gmacs_fraction
+    goal = _goal(params)
     calibrate = calibration_stage(params, counted, goal)
     return Reduction(reducers, prop_attn=True, train=(stage,) if calibrate is None else (stage, calibrate))
