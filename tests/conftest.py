@@ -28,6 +28,15 @@ def deit_small():
     return timm.create_model("deit_small_patch16_224", pretrained=False).eval()
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module's tests: the 2-core machines run other tests beside them."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(autouse=True)
 def _fresh_plugin_host(monkeypatch):
     """Every test starts from the process-wide host of the installed plugins, never a leftover."""

@@ -102,7 +102,7 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
         kind="merging",
         params=LTMParams,
         build="vitbench_plugins.ltm.reduction:build",
-        families=("vit", "mobilevit", "swin"),
+        families=("vit", "mobilevit", "swin", "efficientvit"),
         aliases=("ibtm",),
         needs_training=True,
         # P = ceil(ratio * N_p) tokens: the count is fixed by ratio, so it is searched before training

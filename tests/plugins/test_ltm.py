@@ -357,14 +357,20 @@ def test_the_mlp_learning_rate_does_not_reach_the_backbone_mlps():
     assert lr_of[id(params["blocks.1.reducer.mlp.1.weight"])] == 0.01
 
 
-def test_a_family_whose_adapter_offers_no_merge_grid_is_refused_clearly():
+def test_a_family_whose_adapter_offers_no_merge_grid_is_refused_clearly(monkeypatch):
+    import dataclasses
+
     import timm
     from vitbench_plugins.ltm import LTMParams
     from vitbench_plugins.ltm.reduction import build
 
     from vitbench.errors import UnsupportedError
 
-    info = get_host().family("efficientvit").describe(timm.create_model("efficientvit_b0", pretrained=False))
+    host = get_host()
+    info = host.family("efficientvit").describe(timm.create_model("efficientvit_b0", pretrained=False))
+    family = host.family
+    monkeypatch.setattr(host, "family", lambda name: dataclasses.replace(family(name), merge_grid=None)
+                        if name == "efficientvit" else family(name))  # as a third-party adapter without one
     with pytest.raises(UnsupportedError, match=r"^ltm has no merge grid for the 'efficientvit' family; "
                                                r"known: mobilevit, swin, vit$"):
         build(LTMParams(), info)

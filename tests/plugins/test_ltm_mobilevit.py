@@ -7,7 +7,7 @@ import copy
 
 import timm
 import torch
-import torch.nn.functional as F
+from ltm_support import ltm_training_step
 from mobilevit_support import block_output_shapes
 from vitbench_plugins.ltm.reduction import FirstMerge, ReMerge
 
@@ -103,19 +103,9 @@ def test_statistics_training_and_checkpoints_with_per_block_widths(tmp_path):
     # the bound's features: the last stage's map (the ib metric's), 96 channels, not a block's 144
     assert buffers["stages.2.1.transformer.0.reducer.feature_centroids"] == (10, 96)
     # one training step: labels per image reach the B*4 sequences, the IB bound is the extra loss
-    images, labels = next(_data()())
-    ctx = reduction_context(model)
-    model.train()
-    ctx.labels = labels
-    logits = model(images)
-    loss = F.cross_entropy(logits, labels) + stage.extra_loss(model, logits, labels)
-    ctx.labels = None
-    loss.backward()
-    grads = {n: p.grad for n, p in model.named_parameters() if ".reducer." in n}
+    grads = ltm_training_step(model, *next(_data()()))
     assert grads["stages.2.1.transformer.0.reducer.logits"].abs().sum() > 0
     assert all(g is not None for g in grads.values())
-    stage.after[0](model)
-    model.eval()
     # the checkpoint loads into a freshly reduced model
     path = tmp_path / "ltm.pt"
     torch.save(model.state_dict(), path)

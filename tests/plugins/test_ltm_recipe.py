@@ -134,10 +134,18 @@ def _vit():
     return tiny_vit(0), torch.randn(2, 3, 32, 32)
 
 
+def _efficientvit():
+    torch.manual_seed(0)
+    model = timm.create_model("efficientvit_b1", pretrained=False, num_classes=10).eval()
+    model.vitbench_input_size = (64, 64)
+    return model, torch.randn(2, 3, 64, 64)
+
+
 @pytest.mark.parametrize("family, make, module", [
     ("vit", _vit, lambda m: m.blocks[-1]),
     ("mobilevit", _mobilevit, lambda m: m.stages[-1]),
     ("swin", _swin, lambda m: m.layers[-1]),
+    ("efficientvit", _efficientvit, lambda m: m.stages[-1]),
 ])
 def test_the_ib_term_trains_on_the_tensor_the_ib_metric_reads(family, make, module):
     """One function picks the features (:func:`vitbench.measure.ib.feature_source`): the training

@@ -68,7 +68,8 @@ def test_registered_and_described():
     assert (info.grid, info.num_patches, info.num_tokens) == ((14, 14), 196, 196)
     assert [b.dim for b in info.blocks] == DIMS and [b.num_heads for b in info.blocks] == HEADS
     assert [b.grid for b in info.blocks] == [(14, 14)] * 3 + [(7, 7)] * 4
-    assert [b.sequence for b in info.blocks] == list(range(7)) and all(b.first for b in info.blocks)
+    assert [b.sequence for b in info.blocks] == [0] * 3 + [1] * 4  # a stage's LiteMLAs share its map
+    assert [b.first for b in info.blocks] == [True, False, False, True, False, False, False]
     assert all(b.dim // b.num_heads == 16 for b in info.blocks) and BRANCHES == 2
 
 
@@ -165,20 +166,35 @@ def test_heads_used_runs_only_those_heads():
     assert torch.allclose(reducer.out, full[0][:, channels], atol=1e-6)
 
 
-@pytest.mark.parametrize("method", ["tome", "topk", "ppt", "ltm", "ltmp"])
+@pytest.mark.parametrize("method", ["tome", "topk", "ppt", "ltmp"])
 def test_token_methods_are_refused(method):
     with pytest.raises(UnsupportedError, match=f"method '{method}' does not support the 'efficientvit' "
                                                f"family \\(EfficientVit\\)"):
         vitbench.apply(_model(), method)
 
 
-def test_a_token_reducer_is_refused_by_patch():
+def test_a_token_reducer_without_a_grid_merge_is_refused_by_patch():
     class TokenStep(Reducer):
         def __call__(self, x, state, info):  # type: ignore[no-untyped-def]
             return x
 
-    with pytest.raises(UnsupportedError, match="no token sequence.*needs the channel hooks qk"):
+    with pytest.raises(UnsupportedError, match=r"^mine: EfficientViT keeps a map, so a token reducer must merge "
+                                               r"to a grid \(records_grid_merge = True, as LTM\)"):
         patch(_model(), Reduction([TokenStep()] * 7), method="mine")
+
+
+def test_token_and_channel_reducers_are_not_mixed():
+    class TokenStep(Reducer):
+        records_grid_merge = True
+
+        def __call__(self, x, state, info):  # type: ignore[no-untyped-def]
+            return x
+
+    class Channels(Reducer):
+        selects_channels = True
+
+    with pytest.raises(UnsupportedError, match="block 1's reducer selects channels and others reduce tokens"):
+        patch(_model(), Reduction([TokenStep(), Channels()] + [None] * 5), method="mix")
 
 
 def test_microsoft_efficientvit_is_refused_clearly():

@@ -2,12 +2,15 @@
 tiles, sequence grids, the feature module and final features, the channel reducer."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import timm
 import torch
 from timm.models.swin_transformer import SwinTransformer
 
 from vitbench.engine.families import efficientvit, mobilevit, vit
+from vitbench.errors import UnsupportedError
 from vitbench.measure.ib import final_features, token_features
 from vitbench.host import get_host
 from vitbench.testing import tiny_vit
@@ -26,9 +29,9 @@ def _swin() -> SwinTransformer:
 
 def test_each_family_declares_what_it_offers():
     families = {name: get_host().family(name) for name in ("vit", "swin", "mobilevit", "efficientvit")}
-    assert {n for n, f in families.items() if f.merge_grid} == {"vit", "swin", "mobilevit"}
+    assert {n for n, f in families.items() if f.merge_grid} == {"vit", "swin", "mobilevit", "efficientvit"}
     assert [n for n, f in families.items() if f.reduces_tiles] == ["swin"]
-    assert [n for n, f in families.items() if f.sequence_grids] == ["mobilevit"]
+    assert [n for n, f in families.items() if f.sequence_grids] == ["mobilevit", "efficientvit"]
     assert [n for n, f in families.items() if f.channels_last] == ["swin"]
     assert [n for n, f in families.items() if f.channel_reducer] == ["efficientvit"]
     assert all(f.feature_module is not None for f in families.values())
@@ -53,6 +56,21 @@ def test_mobilevit_merge_grid_scales_each_side_and_chains_the_sequences():
     plan = _family("mobilevit").sequence_grids(info, lambda s, grid: mobilevit.merge_grid(
         type(info)(**{**info.__dict__, "grid": grid, "blocks": ()}), 0.7)[1])
     assert plan == [((16, 16), (14, 14)), ((7, 7), (6, 6)), ((3, 3), (3, 3))]
+
+
+def test_efficientvit_merges_as_mobilevit_and_each_stage_sees_half_the_last_merged_map():
+    model = timm.create_model("efficientvit_b1", pretrained=False).eval()
+    model.vitbench_input_size = (320, 320)
+    info = efficientvit.describe(model)
+    assert _family("efficientvit").merge_grid is mobilevit.merge_grid
+    plan = _family("efficientvit").sequence_grids(info, lambda s, grid: mobilevit.merge_grid(
+        type(info)(**{**info.__dict__, "grid": grid, "blocks": ()}), 0.64)[1])
+    assert plan == [((20, 20), (16, 16)), ((8, 8), (7, 7))]  # unreduced stage 3: 10x10
+    gapped = type(info)(**{**info.__dict__, "blocks": (info.blocks[0], dataclasses.replace(
+        info.blocks[3], grid=(5, 5)))})
+    with pytest.raises(UnsupportedError, match=r"LiteMLA stages 0 and 1 are not one stride-2 layer apart "
+                                               r"\(\(20, 20\) -> \(5, 5\)\)"):
+        _family("efficientvit").sequence_grids(gapped, lambda s, grid: grid)
 
 
 def test_feature_modules_are_the_last_block_or_stage():

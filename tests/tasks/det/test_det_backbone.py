@@ -69,22 +69,25 @@ def test_unpatched_maps_equal_the_timm_stage_outputs(backbone_factory, name):
         assert torch.equal(fmap, by_stride[stride]), stride
 
 
-def test_ltm_shrunk_maps_are_resized_back_to_the_nominal_size(backbone_factory):
-    base = backbone_factory("mobilevit_xs")
+@pytest.mark.parametrize("name, s16_module, s32_module, channels", [
+    ("mobilevit_xs", "stages.3", "final_conv", (80, 384)), ("efficientvit_b1", "stages.2", "stages.3", (128, 256))])
+def test_ltm_shrunk_maps_are_resized_back_to_the_nominal_size(backbone_factory, name, s16_module, s32_module,
+                                                              channels):
+    base = backbone_factory(name)
     model = vitbench.apply(copy.deepcopy(base), "ltm", ratio=0.5)
     inner = {}
-    for module_name in ("stages.3", "final_conv"):
+    for module_name in (s16_module, s32_module):
         model.get_submodule(module_name).register_forward_hook(
             lambda m, a, out, key=module_name: inner.__setitem__(key, out))
     fm = FeatureMaps(model, (16, 32))
     x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
         s16, s32 = fm(x)
-    assert tuple(inner["stages.3"].shape[-2:]) == (3, 3)  # LTM merged the 4x4 grid to 3x3
-    assert tuple(s16.shape) == (2, 80, 4, 4) and tuple(s32.shape) == (2, 384, 2, 2)
-    expected = F.interpolate(inner["stages.3"], size=(4, 4), mode="bilinear", align_corners=False)
+    assert tuple(inner[s16_module].shape[-2:]) == (3, 3)  # LTM merged the 4x4 grid to 3x3
+    assert tuple(s16.shape) == (2, channels[0], 4, 4) and tuple(s32.shape) == (2, channels[1], 2, 2)
+    expected = F.interpolate(inner[s16_module], size=(4, 4), mode="bilinear", align_corners=False)
     assert torch.equal(s16, expected)
-    assert torch.equal(s32, inner["final_conv"])  # already nominal: passed through as it is
+    assert torch.equal(s32, inner[s32_module])  # already nominal: passed through as it is
 
 
 def test_tome_on_mobilevit_keeps_nominal_maps(backbone_factory):

@@ -1,12 +1,14 @@
 """The EfficientViT family adapter: MIT EfficientViT (Cai et al., ICCV 2023, Sec. 3.1; timm
 ``EfficientVit``, ``efficientvit_b*``); docs/methods.md, "The hook point", "EfficientViT".
 
-A LiteMLA runs linear attention on BCHW maps, so there is no token sequence: only channel
-methods apply (DCS, docs/methods.md, "DCS"). ``describe`` gives one block per LiteMLA in forward
-order; ``patch`` replaces each ``context_module.main`` by a :class:`ReducingLiteMLA`, which runs
-the LiteMLA's own forward without a reducer and otherwise re-runs it op for op, calling the
-reducer's channel hooks (``observe``, ``selected_heads()``, ``qk`` after the ReLU kernel,
-``proj_forward``; :class:`~vitbench.engine.Reducer`). A reducer must declare ``selects_channels``.
+A LiteMLA runs linear attention on BCHW maps. ``describe`` gives one block per LiteMLA in
+forward order, the LiteMLAs of a stage one map (a "sequence"). Channel methods (DCS,
+docs/methods.md, "DCS"): ``patch`` replaces each ``context_module.main`` by a
+:class:`ReducingLiteMLA`, which re-runs the LiteMLA op for op with the reducer's channel hooks
+(``observe``, ``selected_heads()``, ``qk`` after the ReLU kernel, ``proj_forward``). Token
+methods that merge to a grid (LTM): ``patch`` wraps each ``EfficientVitBlock`` in a
+:class:`ReducingEfficientVitBlock`, whose token step sits between the attention and the MBConv
+and folds the tokens to the grid the merge declares (docs/methods.md, "EfficientViT").
 The state dict keeps timm's keys."""
 from __future__ import annotations
 
@@ -24,12 +26,16 @@ from vitbench.engine.block import (
 )
 from vitbench.engine.families.checks import describe_for_patch
 from vitbench.engine.families.efficientvit_channels import BRANCHES
+from vitbench.engine.families.efficientvit_tokens import (
+    ReducingEfficientVitBlock,
+    check_token_reducers,
+)
 from vitbench.engine.families.vit import _RememberInputs
 from vitbench.engine.reducer import Reducer
 from vitbench.errors import UnsupportedError
 
-__all__ = ["BRANCHES", "FAMILY", "ReducingLiteMLA", "describe", "last_stage", "lite_mla_forward",
-           "matches", "patch"]
+__all__ = ["BRANCHES", "FAMILY", "ReducingEfficientVitBlock", "ReducingLiteMLA", "describe", "last_stage",
+           "lite_mla_forward", "matches", "patch"]
 
 FAMILY = "efficientvit"
 _OTHER_CLASSES = {
@@ -57,6 +63,7 @@ def lite_mlas(model: nn.Module) -> list[tuple[int, str, nn.Module]]:
     found = []
     for s, stage in enumerate(model.stages):
         for b, block in enumerate(stage.blocks):
+            block = block.block if isinstance(block, ReducingEfficientVitBlock) else block
             if isinstance(block, EfficientVitBlock):
                 found.append((s, f"stages.{s}.blocks.{b}.context_module.main",
                               _lite_mla(block.context_module.main)))
@@ -103,11 +110,14 @@ def describe(model: nn.Module) -> ModelInfo:
                                f"efficientvit_b0..b3) only")
     size = _input_size(model)
     blocks = []
-    for i, (stage, where, mla) in enumerate(lite_mlas(model)):
+    stages: list[int] = []  # the stages with LiteMLAs; each is one token sequence
+    for stage, where, mla in lite_mlas(model):
         shape = _check_lite_mla(mla, where)
         grid = _map_size(size, int(model.feature_info[stage]["reduction"]))
+        first = not stages or stages[-1] != stage
+        stages += [stage] if first else []
         blocks.append(BlockInfo(dim=shape.dim, num_heads=shape.num_heads, num_patches=grid[0] * grid[1],
-                                grid=grid, sequence=i, first=True))
+                                grid=grid, sequence=len(stages) - 1, first=first))
     if not blocks:
         raise UnsupportedError(f"{name} has no LiteMLA attention block")
     first = blocks[0]
@@ -186,20 +196,23 @@ class ReducingLiteMLA(nn.Module):
 
 
 def patch(model: nn.Module, reduction: Reduction, method: str = "", params: Any = None) -> nn.Module:
-    """Wrap every LiteMLA of ``model`` with the reducers of ``reduction``; returns ``model``."""
-    describe_for_patch(model, reduction, method, describe, "LiteMLA blocks")
-    for reducer in reduction.reducers:
-        if reducer is not None and not reducer.selects_channels:
-            raise UnsupportedError(
-                f"{method or type(reducer).__name__}: EfficientViT has no token sequence; a reducer for "
-                f"the efficientvit family needs the channel hooks qk and/or proj_forward and declares "
-                f"selects_channels = True (vitbench.engine.Reducer)")
+    """Wrap every LiteMLA (channel reducers) or every EfficientVitBlock (token reducers, grid
+    merges only) of ``model`` with the reducers of ``reduction``; returns ``model``."""
+    info = describe_for_patch(model, reduction, method, describe, "LiteMLA blocks")
+    tokens = any(r is not None and not r.selects_channels for r in reduction.reducers)
+    if tokens:
+        check_token_reducers(reduction.reducers, method)
     context = ReductionContext(method, params, 0, reduction.prop_attn, reduction.trace_source)
     context.reduction = reduction
     model.register_forward_pre_hook(_RememberInputs(context))
-    for i, ((_, where, mla), reducer) in enumerate(zip(lite_mlas(model), reduction.reducers)):
-        residual = model.get_submodule(where.rsplit(".", 1)[0])
-        residual.main = ReducingLiteMLA(mla, i, reducer, context)
+    for i, ((_, where, mla), reducer, binfo) in enumerate(zip(lite_mlas(model), reduction.reducers, info.blocks)):
+        block_path = where.removesuffix(".context_module.main")  # stages.S.blocks.B
+        if tokens:
+            stage_blocks, _, b = block_path.rpartition(".")
+            blocks = model.get_submodule(stage_blocks)
+            blocks[int(b)] = ReducingEfficientVitBlock(blocks[int(b)], i, reducer, context, binfo.first)
+        else:
+            model.get_submodule(f"{block_path}.context_module").main = ReducingLiteMLA(mla, i, reducer, context)
     model._vitbench_context = context  # see vitbench.engine.block.reduction_context
     return model
 
