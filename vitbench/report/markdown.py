@@ -13,6 +13,7 @@ from typing import Any
 
 from vitbench.host.environment import DIRTY
 from vitbench.report.batches import batch_lines
+from vitbench.report.below_control import below_control_lines
 from vitbench.report.doubts import row_doubts, timing_notes
 from vitbench.report.measured_on import describe
 from vitbench.report.methodology import PARAGRAPHS, methodology
@@ -273,6 +274,7 @@ def _table_lines(records: list[Mapping[str, Any]], task: str, model: str, key: s
     lines += slower_lines(row_labels(rows), rows, base)
     lines += batch_lines(row_labels(rows), rows, base)
     lines += control_lines(task, row_labels(rows), rows)
+    lines += below_control_lines(task, row_labels(rows), rows)
     lines += _weights_lines(task, rows)
     lines += _matched_lines(row_labels(rows), rows)
     control = pick_control(rows)  # det/seg only: no cls run has one

@@ -109,15 +109,15 @@ def describe(model: nn.Module) -> ModelInfo:
                                f"family adapter supports timm EfficientVit (MIT EfficientViT, "
                                f"efficientvit_b0..b3) only")
     size = _input_size(model)
-    blocks = []
-    stages: list[int] = []  # the stages with LiteMLAs; each is one token sequence
+    blocks: list[BlockInfo] = []
+    stage_before, sequence = None, -1  # the LiteMLAs of one stage are one token sequence
     for stage, where, mla in lite_mlas(model):
         shape = _check_lite_mla(mla, where)
         grid = _map_size(size, int(model.feature_info[stage]["reduction"]))
-        first = not stages or stages[-1] != stage
-        stages += [stage] if first else []
+        first, stage_before = stage != stage_before, stage
+        sequence += first
         blocks.append(BlockInfo(dim=shape.dim, num_heads=shape.num_heads, num_patches=grid[0] * grid[1],
-                                grid=grid, sequence=len(stages) - 1, first=first))
+                                grid=grid, sequence=sequence, first=first))
     if not blocks:
         raise UnsupportedError(f"{name} has no LiteMLA attention block")
     first = blocks[0]

@@ -1,0 +1,46 @@
+"""A sentence under a det/seg table for each fine-tuned row that ends below the control: the
+detector training it shares with the control does not make up for what the method changed
+(docs/measuring.md, "Accuracy and mAP")."""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from vitbench.report.tables import pick_control
+from vitbench.report.task_shape import accuracy_columns, task_spec
+from vitbench.report.values import metric
+from vitbench.task import report_words
+
+__all__ = ["MARGIN", "below_control_lines"]
+
+#: how far under the control's mAP a fine-tuned row may end and still be said to match it
+MARGIN = 0.02
+
+
+def _saved(rec: Mapping[str, Any], control: Mapping[str, Any]) -> str:
+    """``", at -13.6 % backbone GMACs"`` (the control has the baseline's architecture), or nothing."""
+    got, ref = metric(rec, "backbone_gmacs"), metric(control, "backbone_gmacs")
+    return f", at {100 * (got / ref - 1):+.1f} % backbone GMACs" if got is not None and ref else ""
+
+
+def below_control_lines(task: str, labels: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """A bullet per row compared with the control (it fine-tuned detector weights as the control
+    did) whose mAP ends more than :data:`MARGIN` under the control's, under one heading; nothing
+    without a control or such rows."""
+    control, spec = pick_control(list(rows)), task_spec(task)
+    if control is None or spec is None:
+        return []
+    found = []
+    for lab, rec in zip(labels, rows):
+        if rec is control or not report_words(spec).compared_with_control(rec):
+            continue
+        said = [f"{col.title} {v - c:+.3f}" for col in accuracy_columns(task)
+                if (v := metric(rec, col.key)) is not None and (c := metric(control, col.key)) is not None
+                and v < c - MARGIN]
+        if said:
+            found.append(f"- {lab}: {', '.join(said)} against the control{_saved(rec, control)}.")
+    if not found:
+        return []
+    return ([f"**Below the control** (more than {MARGIN} under the baseline detector fine-tuned with no method: "
+             f"the detector training does not make up for what the method changed; mAP carries no interval "
+             f"here, see Methodology):"] + found + [""])
