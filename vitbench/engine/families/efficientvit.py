@@ -29,6 +29,7 @@ from vitbench.engine.families.efficientvit_channels import BRANCHES
 from vitbench.engine.families.efficientvit_tokens import (
     ReducingEfficientVitBlock,
     check_token_reducers,
+    half_map,
 )
 from vitbench.engine.families.vit import _RememberInputs
 from vitbench.engine.reducer import Reducer
@@ -79,10 +80,9 @@ def _input_size(model: nn.Module) -> tuple[int, int]:
 
 def _map_size(size: tuple[int, int], reduction: int) -> tuple[int, int]:
     """The map after ``log2(reduction)`` stride-2 layers (kernel 3, padding 1: ``ceil(n/2)``)."""
-    h, w = size
     while reduction > 1:
-        h, w, reduction = -(-h // 2), -(-w // 2), reduction // 2
-    return h, w
+        size, reduction = half_map(size), reduction // 2
+    return size
 
 
 def _check_lite_mla(mla: nn.Module, where: str) -> BlockInfo:

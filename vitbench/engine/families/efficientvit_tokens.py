@@ -28,7 +28,7 @@ from vitbench.errors import UnsupportedError
 Grid = tuple[int, int]
 
 
-def _half(grid: Grid) -> Grid:
+def half_map(grid: Grid) -> Grid:
     """The map after a stride-2 layer (kernel 3, padding 1: ``ceil(n / 2)``)."""
     return -(-grid[0] // 2), -(-grid[1] // 2)
 
@@ -42,11 +42,11 @@ def sequence_grids(info: ModelInfo, shrink: Callable[[int, Grid], Grid]) -> list
     for before, blk in zip([None, *firsts], firsts):
         seen = blk.grid
         if before is not None:
-            if blk.grid != _half(before.grid):
+            if blk.grid != half_map(before.grid):
                 raise UnsupportedError(f"the maps of EfficientViT's LiteMLA stages {before.sequence} and "
                                        f"{blk.sequence} are not one stride-2 layer apart ({before.grid} -> "
                                        f"{blk.grid}); a grid merge needs each stage to halve the map")
-            seen = _half(plan[-1][1])
+            seen = half_map(plan[-1][1])
         plan.append((seen, tuple(shrink(blk.sequence, seen))))  # type: ignore[arg-type]
     return plan
 
