@@ -29,8 +29,8 @@ def test_plugins_json_lists_the_tasks_and_their_plugins(capsys):
     assert {"cls": "cls_task", "det": "dense_tasks", "seg": "dense_tasks"}.items() <= owners.items()
     assert owners["agreement"] == "example_random_drop"
     options = {t["name"]: t["options"] for t in info["tasks"]}
-    assert options["det"] == options["seg"] == ["--detector-epochs", "--dense-finetune", "--no-control",
-                                                "--detector-width"]
+    assert options["det"] == options["seg"] == ["--detector-epochs", "--dense-finetune",
+                                                "--finetune-epochs", "--no-control", "--detector-width"]
     assert options["cls"] == [] and options["agreement"] == ["--agreement-top"]
     registered = {p["name"]: p["registered"]["tasks"] for p in info["plugins"]}
     assert registered["cls_task"] == ["cls"] and registered["dense_tasks"] == ["det", "seg"]

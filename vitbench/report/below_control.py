@@ -9,7 +9,7 @@ from typing import Any
 from vitbench.report.tables import pick_control
 from vitbench.report.task_shape import accuracy_columns, task_spec
 from vitbench.report.values import metric
-from vitbench.task import report_words
+from vitbench.task import CONTROL, report_words
 
 __all__ = ["MARGIN", "below_control_lines"]
 
@@ -25,20 +25,22 @@ def _saved(rec: Mapping[str, Any], control: Mapping[str, Any]) -> str:
 
 def below_control_lines(task: str, labels: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """A bullet per row compared with the control (it fine-tuned detector weights as the control
-    did) whose mAP ends more than :data:`MARGIN` under the control's, under one heading; nothing
-    without a control or such rows."""
-    control, spec = pick_control(list(rows)), task_spec(task)
-    if control is None or spec is None:
+    did; the control fine-tuned as long, where the rows hold one) whose mAP ends more than
+    :data:`MARGIN` under the control's, under one heading; nothing without a control or such rows."""
+    spec = task_spec(task)
+    if pick_control(rows) is None or spec is None:
         return []
-    found = []
+    found, several = [], sum(r.get("method") == CONTROL and r.get("status") == "ok" for r in rows)
     for lab, rec in zip(labels, rows):
-        if rec is control or not report_words(spec).compared_with_control(rec):
+        control = pick_control(rows, like=rec)  # the one fine-tuned as long as ``rec``, where there is one
+        if rec.get("method") == CONTROL or not report_words(spec).compared_with_control(rec):
             continue
         said = [f"{col.title} {v - c:+.3f}" for col in accuracy_columns(task)
                 if (v := metric(rec, col.key)) is not None and (c := metric(control, col.key)) is not None
                 and v < c - MARGIN]
         if said:
-            found.append(f"- {lab}: {', '.join(said)} against the control{_saved(rec, control)}.")
+            which = "the control" if several == 1 else f"the control {control.get('label') or CONTROL}"
+            found.append(f"- {lab}: {', '.join(said)} against {which}{_saved(rec, control)}.")
     if not found:
         return []
     return ([f"**Below the control** (more than {MARGIN} under the baseline detector fine-tuned with no method: "

@@ -130,10 +130,15 @@ def pick_baseline(rows: Iterable[Record]) -> Record | None:
     return next((r for r in ok if r.get("method") == "baseline"), None)
 
 
-def pick_control(rows: Iterable[Record]) -> Record | None:
+def pick_control(rows: Iterable[Record], like: Record | None = None) -> Record | None:
     """det/seg: the first successful control record (the baseline detector fine-tuned like the
-    learnable methods' detectors, no method) -- the reference of fine-tuned rows' "vs +ft" deltas."""
-    return next((r for r in rows if r.get("status") == "ok" and r.get("method") == CONTROL), None)
+    learnable methods' detectors, no method) -- the reference of fine-tuned rows' "vs +ft" deltas;
+    with ``like``, the first whose recorded fine-tuning (``dense_finetune``: protocol, epochs) is
+    ``like``'s, where one is (a store may hold controls of several ``--finetune-epochs``)."""
+    controls = [r for r in rows if r.get("status") == "ok" and r.get("method") == CONTROL]
+    same = [r for r in controls if like is not None and like.get("dense_finetune") is not None
+            and r.get("dense_finetune") == like.get("dense_finetune")]
+    return next(iter(same + controls), None)
 
 
 def measured_groups(records: Iterable[Record], task: str, model: str) -> list[str]:
@@ -259,7 +264,7 @@ def _rows(rows: list[Record], base: Record | None, task: str, spec: Any, tp_col:
             row[col.title] = _accuracy_cell(rec, col.key, col.fmt)
             row[col.delta] = _fmt(v - b, "+" + col.fmt) if v is not None and b is not None else NA
             compared = spec is not None and report_words(spec).compared_with_control(rec)  # trained as the control did
-            c = metric(control, col.key) if compared else None
+            c = metric(pick_control(rows, like=rec), col.key) if compared else None
             row[f"{col.delta} vs +ft"] = _fmt(v - c, "+" + col.fmt) if v is not None and c is not None else NA
 
         gm = metric(rec, "gmacs")

@@ -290,6 +290,6 @@ def test_report_names_a_method_whose_detector_trained_longer_than_the_control():
             _record("dcs", 0.50, **tuned(("search", 1), ("retrain", 8))),
             _record("ltm", 0.40, **tuned(("finetune", 8)))]
     text = render_markdown(recs)
-    assert ("Detector training that differs from the control's 8 epoch(s) -- dcs: 9 (search 1, retrain 8): "
+    assert ("Detector training that differs from the control's -- dcs: 9 epoch(s) (search 1, retrain 8) against 8: "
             "their \"vs +ft\" delta includes that difference") in text
     assert "ltm: 8" not in text

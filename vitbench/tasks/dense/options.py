@@ -12,7 +12,8 @@ __all__ = ["DenseOptions"]
 
 @dataclass(frozen=True)
 class DenseOptions:
-    """``--detector-epochs``, ``--dense-finetune``, ``--no-control`` and ``--detector-width``."""
+    """``--detector-epochs``, ``--dense-finetune``, ``--finetune-epochs``, ``--no-control`` and
+    ``--detector-width``."""
 
     detector_epochs: Optional[int] = option(
         "epochs of the baseline detector's default training (trained once, cached; default: det 8, seg 4)",
@@ -20,6 +21,9 @@ class DenseOptions:
     dense_finetune: Optional[str] = option(
         "what fine-tunes beside a learnable method: all (default; the whole detector, as the papers), heads "
         "(neck and heads; backbone frozen) or method (the method's parameters only)", metavar="all|heads|method")
+    finetune_epochs: Optional[int] = option(
+        f"epochs of the dense fine-tuning: the {CONTROL} control's, and the fewest of a learnable method's last "
+        "stage (default: det 8, seg 4); a longer method run is compared with a control trained as long", metavar="N")
     no_control: bool = option(
         f"leave out the {CONTROL} row (the baseline detector fine-tuned like the learnable methods' detectors, "
         "without a method; added by default when a learnable method fine-tunes detector weights)", default=False)

@@ -6,21 +6,22 @@ the whole detector with it. ``all`` (the default): the method's parameters and e
 weight train, BatchNorm statistics updated. ``heads``: the method, the neck and the heads; the
 backbone's weights and statistics stay bitwise the baseline's. ``method``: only the method's
 parameters; everything else frozen. When detector weights train, the method's last stage runs
-at least :data:`DENSE_EPOCHS` epochs and detector weights train at :data:`DETECTOR_LR`."""
+at least :data:`DENSE_EPOCHS` epochs (``--finetune-epochs``: another number, the control's too)
+and detector weights train at :data:`DETECTOR_LR`."""
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
-from vitbench.errors import choices_error
+from vitbench.errors import VitbenchError, choices_error
 from vitbench.task import CONTROL  # the control row: here the baseline detector fine-tuned as a method's is
 
 if TYPE_CHECKING:  # the report reads this module's words without importing torch
     from torch import nn
 
 __all__ = ["CONTROL", "DEFAULT_PROTOCOL", "DENSE_EPOCHS", "DETECTOR_LR", "PROTOCOLS", "DenseFinetune",
-           "check_protocol", "dense_finetune_for", "detector_parameters"]
+           "check_finetune_epochs", "check_protocol", "dense_finetune_for", "detector_parameters"]
 
 #: what trains besides the method: everything, neck + heads, nothing
 PROTOCOLS = ("all", "heads", "method")
@@ -66,12 +67,22 @@ class DenseFinetune:
         return out
 
 
-def dense_finetune_for(task: str, protocol: str) -> DenseFinetune:
-    """The default settings of ``protocol`` on ``task`` (``det`` or ``seg``)."""
+def check_finetune_epochs(epochs: Optional[int]) -> Optional[int]:
+    """``epochs`` when it is ``None`` (the task's :data:`DENSE_EPOCHS`) or an integer >= 1, else a
+    clear error."""
+    if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1):
+        raise VitbenchError(f"--finetune-epochs {epochs!r} is out of range; it must be an integer >= 1")
+    return epochs
+
+
+def dense_finetune_for(task: str, protocol: str, epochs: Optional[int] = None) -> DenseFinetune:
+    """The settings of ``protocol`` on ``task`` (``det`` or ``seg``): the control's epochs and the
+    fewest of a method's last stage are ``epochs``, else the task's :data:`DENSE_EPOCHS`."""
     check_protocol(protocol)
     if protocol == "method":
         return DenseFinetune("method", epochs=0)
-    return DenseFinetune(protocol, epochs=DENSE_EPOCHS[task], detector_lr=DETECTOR_LR)
+    epochs = check_finetune_epochs(epochs) or DENSE_EPOCHS[task]
+    return DenseFinetune(protocol, epochs=epochs, detector_lr=DETECTOR_LR)
 
 
 def detector_parameters(detector: "nn.Module", protocol: str) -> dict[str, "nn.Parameter"]:

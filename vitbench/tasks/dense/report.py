@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from vitbench.report.tables import pick_control
 from vitbench.report.words import distinct, joined
 from vitbench.task import CONTROL
 from vitbench.tasks.dense.protocol import describe
@@ -41,22 +42,25 @@ def detector_notes(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     if protocols:
         out.append(f"Learnable methods are fine-tuned on the detection loss inside it, dense fine-tuning "
                    f"protocol {joined(protocols)}.")
-    control = next((r for r in rows if r.get("method") == CONTROL), None)
-    if control is not None:
-        epochs, _ = detector_epochs(control)
+    controls = [r for r in rows if r.get("method") == CONTROL and r.get("status") == "ok"]
+    if controls:
+        epochs = ", ".join(distinct(str(detector_epochs(c)[0]) for c in controls))
         out.append(f"{CONTROL}: the baseline detector fine-tuned as the learnable methods' detectors are "
                    f"(the same protocol, learning rate and batch; {epochs} epoch(s)), with no method -- the "
                    f"control for the extra detector training; \"vs +ft\" columns: a fine-tuned row's mAP minus "
                    f"the control's (the fair delta of a learnable method; ΔBox mAP is against the baseline "
-                   f"detector, which trained less).")
-        differ = [(r, *detector_epochs(r)) for r in rows
-                  if r is not control and finetunes_detector(r)]
-        differ = [(r, n, how) for r, n, how in differ if n != epochs]
+                   f"detector, which trained less"
+                   f"{'; each row against the control of its --finetune-epochs' if len(controls) > 1 else ''}).")
+        differ = [(r, *detector_epochs(r), detector_epochs(pick_control(rows, like=r))[0]) for r in rows
+                  if r.get("method") != CONTROL and finetunes_detector(r)]
+        differ = [(r, n, how, ref) for r, n, how, ref in differ if n != ref]
         if differ:
-            listed = "; ".join(f"{r.get('label') or r.get('method')}: {n} ({how})" for r, n, how in differ)
-            out.append(f"Detector training that differs from the control's {epochs} epoch(s) -- {listed}: "
+            listed = "; ".join(f"{r.get('label') or r.get('method')}: {n} epoch(s) ({how}) against {ref}"
+                               for r, n, how, ref in differ)
+            out.append(f"Detector training that differs from the control's -- {listed}: "
                        f"their \"vs +ft\" delta includes that difference (a method's detector trains in "
-                       f"every stage of the method, its last stage at least the protocol's epochs).")
+                       f"every stage of the method, its last stage at least the protocol's epochs; "
+                       f"--finetune-epochs trains the control as long).")
     notes = distinct((r.get("detector_training") or {}).get("provenance") for r in rows)
     out += [f"Note on the trained detector: {n}." for n in notes]
     return out

@@ -284,7 +284,7 @@ def run_dense_spec(spec: Any, ws: DenseWorkspace, progress: Progress,
     load_detector_weights(detector, weights)
     ctx = reduction_context(backbone)
     trains = spec.method == CONTROL or (ctx is not None and ctx.reduction is not None and bool(ctx.reduction.train))
-    settings = dense_finetune_for(ws.task, spec.dense_finetune or DEFAULT_PROTOCOL)
+    settings = dense_finetune_for(ws.task, spec.dense_finetune or DEFAULT_PROTOCOL, spec.finetune_epochs)
     work_dir = ws.work_dir / spec.spec_id / "train" if ws.work_dir else None
     precision = spec.precision_name
     train_precision = trains_in(precision)

@@ -39,7 +39,7 @@ class DenseTask(Task, TaskReport):
     counts = "backbone"
     distributed = True
     control = True
-    spec_fields = ("dense_finetune",)
+    spec_fields = ("dense_finetune", "finetune_epochs")
     Options = DenseOptions
     #: the backbone strides the detector takes (:class:`~vitbench.tasks.dense.backbone.FeatureMaps`)
     strides: tuple[int, ...] = ()
@@ -61,6 +61,12 @@ class DenseTask(Task, TaskReport):
         metrics = (parse_list("metric", ",".join(options.metrics), DENSE_METRICS) if options.metrics is not None
                    else DENSE_METRICS)
         protocol = _dense_protocol(own, options.train_backbone)
+        from vitbench.tasks.dense.protocol import check_finetune_epochs
+
+        finetune_epochs = check_finetune_epochs(own.finetune_epochs)
+        if finetune_epochs is not None and protocol == "method":
+            raise VitbenchError(f"--finetune-epochs {finetune_epochs} sets how long detector weights fine-tune; "
+                                "--dense-finetune method trains none (use all or heads)")
         epochs = self._epochs(own)
         if epochs < 1:
             raise VitbenchError(f"--detector-epochs {epochs} is out of range; it must be >= 1")
@@ -68,6 +74,7 @@ class DenseTask(Task, TaskReport):
         data = data_path(options.data) if options.data and options.data != SHAPES else SHAPES
         return TaskSetup(model=options.model or DEFAULT_DENSE_MODEL, data=data, metrics=metrics,
                          plan={"train_limit": options.train_limit, "dense_finetune": protocol,
+                               "finetune_epochs": finetune_epochs,
                                "control": not own.no_control, **identity})
 
     def _epochs(self, own: DenseOptions) -> int:
@@ -116,11 +123,13 @@ class DenseTask(Task, TaskReport):
 
     def control_fields(self, fields: Mapping[str, Any]) -> Optional[dict[str, Any]]:
         """The control row when detector weights train (protocol ``all`` or ``heads``), under the
-        plan's protocol."""
+        plan's protocol and fine-tuning epochs."""
         from vitbench.tasks.dense.protocol import DEFAULT_PROTOCOL, check_protocol
 
         protocol = fields.get("dense_finetune") or DEFAULT_PROTOCOL
-        return {"dense_finetune": protocol} if check_protocol(protocol) != "method" else None
+        if check_protocol(protocol) == "method":
+            return None
+        return {"dense_finetune": protocol, "finetune_epochs": fields.get("finetune_epochs")}
 
     def compared_with_control(self, record: Mapping[str, Any]) -> bool:
         """Rows that fine-tuned detector weights, as the control did."""
@@ -129,11 +138,13 @@ class DenseTask(Task, TaskReport):
         return finetunes_detector(record)
 
     def label_notes(self, fields: Mapping[str, Any]) -> list[str]:
-        """``fine-tuned: heads``: a protocol other than the default."""
+        """``fine-tuned: heads``: a protocol other than the default; ``fine-tuned 16 epochs``:
+        ``--finetune-epochs``."""
         from vitbench.tasks.dense.protocol import DEFAULT_PROTOCOL
 
-        protocol = fields.get("dense_finetune")
-        return [f"fine-tuned: {protocol}"] if protocol not in (None, DEFAULT_PROTOCOL) else []
+        protocol, epochs = fields.get("dense_finetune"), fields.get("finetune_epochs")
+        notes = [f"fine-tuned: {protocol}"] if protocol not in (None, DEFAULT_PROTOCOL) else []
+        return notes + ([f"fine-tuned {epochs} epochs"] if epochs is not None else [])
 
     def training_words(self, record: Mapping[str, Any], with_method: bool = True) -> Optional[str]:
         """The recorded dense fine-tuning protocol in words."""
