@@ -32,6 +32,7 @@ from vitbench.task import CONTROL, report_words
 __all__ = [
     "NA", "accuracy_key", "drop_unmeasured", "gmacs_spec", "metric", "comparison_table", "group_records", "groups",
     "measured_groups", "method_label", "ok_rows", "panels", "pick_baseline", "pick_control", "row_labels",
+    "trained_epochs",
 ]
 
 NA = "n/a"
@@ -132,13 +133,24 @@ def pick_baseline(rows: Iterable[Record]) -> Record | None:
 
 def pick_control(rows: Iterable[Record], like: Record | None = None) -> Record | None:
     """det/seg: the first successful control record (the baseline detector fine-tuned like the
-    learnable methods' detectors, no method) -- the reference of fine-tuned rows' "vs +ft" deltas;
-    with ``like``, the first whose recorded fine-tuning (``dense_finetune``: protocol, epochs) is
-    ``like``'s, where one is (a store may hold controls of several ``--finetune-epochs``)."""
+    learnable methods' detectors, no method) -- the reference of fine-tuned rows' "vs +ft" deltas.
+    With ``like`` (a store may hold controls of several ``--finetune-epochs``): the first trained
+    as many epochs as ``like`` (its stages' together), else the first with ``like``'s recorded
+    fine-tuning (``dense_finetune``), else the first."""
     controls = [r for r in rows if r.get("status") == "ok" and r.get("method") == CONTROL]
-    same = [r for r in controls if like is not None and like.get("dense_finetune") is not None
-            and r.get("dense_finetune") == like.get("dense_finetune")]
-    return next(iter(same + controls), None)
+    if like is None or not controls:
+        return next(iter(controls), None)
+
+    def distance(control: Record) -> tuple[bool, bool]:
+        return (trained_epochs(control) != trained_epochs(like),
+                control.get("dense_finetune") != like.get("dense_finetune"))
+
+    return min(controls, key=distance)  # the first of the nearest: min keeps the store's order
+
+
+def trained_epochs(rec: Record) -> int:
+    """The epochs of every training stage ``rec`` recorded, together (0: none)."""
+    return sum(int(s.get("epochs") or 0) for s in rec.get("train_stages") or [])
 
 
 def measured_groups(records: Iterable[Record], task: str, model: str) -> list[str]:

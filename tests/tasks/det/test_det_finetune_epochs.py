@@ -80,20 +80,25 @@ def _record(method, label, box_map, epochs=None, stage=None):
 
 def test_each_row_is_compared_with_the_control_fine_tuned_as_long():
     """A store holding the default control (8 epochs) and one of ``--finetune-epochs 16``: each
-    fine-tuned row's "vs +ft" and "Below the control" use the control of its own epochs."""
+    fine-tuned row's "vs +ft" and "Below the control" use the control trained as many epochs."""
     rows = [_record("baseline", "baseline", 0.45),
             _record(CONTROL, CONTROL, 0.65, epochs=8, stage="control"),
             _record("ltm", "ltm (ratio=0.64)", 0.60, epochs=8),
             _record(CONTROL, "baseline+ft (fine-tuned 16 epochs)", 0.75, epochs=16, stage="control"),
-            _record("ltm", "ltm (ratio=0.64, fine-tuned 16 epochs)", 0.74, epochs=16)]
+            _record("ltm", "ltm (ratio=0.64, fine-tuned 16 epochs)", 0.74, epochs=16),
+            _record("ltm", "ltm (ratio=0.64, epochs=16)", 0.70, epochs=8)]
+    rows[5]["train_stages"] = [{"name": "finetune", "epochs": 16}]  # ltm.epochs=16 under the default 8
     assert pick_control(rows) is rows[1] and pick_control(rows, like=rows[4]) is rows[3]
     assert pick_control(rows, like=rows[2]) is rows[1] and pick_control(rows, like=rows[0]) is rows[1]
+    assert pick_control(rows, like=rows[5]) is rows[3]  # trained as long, though under another setting
     df = comparison_table(rows, "det", "mobilevit_xs").set_index("Method")
-    assert list(df["ΔBox mAP vs +ft"]) == ["n/a", "0.000", "-0.050", "0.000", "-0.010"]
+    assert list(df["ΔBox mAP vs +ft"]) == ["n/a", "0.000", "-0.050", "0.000", "-0.010", "-0.050"]
     lines = below_control_lines("det", list(df.index), rows)
     assert lines[1:-1] == ["- ltm (ratio=0.64): Box mAP -0.050 against the control baseline+ft, "
-                           "at -13.5 % backbone GMACs."]
+                           "at -13.5 % backbone GMACs.",
+                           "- ltm (ratio=0.64, epochs=16): Box mAP -0.050 against the control baseline+ft "
+                           "(fine-tuned 16 epochs), at -13.5 % backbone GMACs."]
     text = render_markdown(rows)
     assert "(the same protocol, learning rate and batch; 8, 16 epoch(s))" in text
-    assert "each row against the control of its --finetune-epochs" in text
+    assert "each row against the control trained as many epochs, where there is one" in text
     assert "differs from the control" not in text  # every row trained as long as its control

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from vitbench.report.tables import pick_control
+from vitbench.report.tables import pick_control, trained_epochs
 from vitbench.report.words import distinct, joined
 from vitbench.task import CONTROL
 from vitbench.tasks.dense.protocol import describe
@@ -50,7 +50,7 @@ def detector_notes(rows: Sequence[Mapping[str, Any]]) -> list[str]:
                    f"control for the extra detector training; \"vs +ft\" columns: a fine-tuned row's mAP minus "
                    f"the control's (the fair delta of a learnable method; ΔBox mAP is against the baseline "
                    f"detector, which trained less"
-                   f"{'; each row against the control of its --finetune-epochs' if len(controls) > 1 else ''}).")
+                   f"{'; each row against the control trained as many epochs, where there is one' if len(controls) > 1 else ''}).")
         differ = [(r, *detector_epochs(r), detector_epochs(pick_control(rows, like=r))[0]) for r in rows
                   if r.get("method") != CONTROL and finetunes_detector(r)]
         differ = [(r, n, how, ref) for r, n, how, ref in differ if n != ref]
@@ -70,4 +70,4 @@ def detector_epochs(rec: Mapping[str, Any]) -> tuple[int, str]:
     """The epochs in which a fine-tuned row's detector weights trained (every recorded
     stage's), and per stage in words (``search 1, retrain 8``)."""
     stages = [s for s in rec.get("train_stages") or [] if s.get("epochs")]
-    return sum(int(s["epochs"]) for s in stages), ", ".join(f"{s.get('name', '?')} {s['epochs']}" for s in stages)
+    return trained_epochs(rec), ", ".join(f"{s.get('name', '?')} {s['epochs']}" for s in stages)
