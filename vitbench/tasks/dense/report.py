@@ -45,12 +45,12 @@ def detector_notes(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     controls = [r for r in rows if r.get("method") == CONTROL and r.get("status") == "ok"]
     if controls:
         epochs = ", ".join(distinct(str(detector_epochs(c)[0]) for c in controls))
+        each = "; each row against the control trained as many epochs, where there is one" if len(controls) > 1 else ""
         out.append(f"{CONTROL}: the baseline detector fine-tuned as the learnable methods' detectors are "
                    f"(the same protocol, learning rate and batch; {epochs} epoch(s)), with no method -- the "
                    f"control for the extra detector training; \"vs +ft\" columns: a fine-tuned row's mAP minus "
                    f"the control's (the fair delta of a learnable method; ΔBox mAP is against the baseline "
-                   f"detector, which trained less"
-                   f"{'; each row against the control trained as many epochs, where there is one' if len(controls) > 1 else ''}).")
+                   f"detector, which trained less{each}).")
         differ = [(r, *detector_epochs(r), detector_epochs(pick_control(rows, like=r))[0]) for r in rows
                   if r.get("method") != CONTROL and finetunes_detector(r)]
         differ = [(r, n, how, ref) for r, n, how, ref in differ if n != ref]
