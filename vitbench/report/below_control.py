@@ -23,6 +23,15 @@ def _saved(rec: Mapping[str, Any], control: Mapping[str, Any]) -> str:
     return f", at {100 * (got / ref - 1):+.1f} % backbone GMACs" if got is not None and ref else ""
 
 
+def _maps(rec: Mapping[str, Any]) -> str:
+    """``"; the heads read its stride-16 map of 14x14 resized to 20x20, ..."`` (the recorded
+    ``resized_maps``: what the method made smaller), or nothing."""
+    maps = [m for m in rec.get("resized_maps") or [] if isinstance(m, Mapping)]
+    words = [f"stride-{m.get('stride')} map of {'x'.join(map(str, m.get('size') or []))} resized to "
+             f"{'x'.join(map(str, m.get('nominal') or []))}" for m in maps]
+    return f"; the heads read its {' and its '.join(words)}" if words else ""
+
+
 def below_control_lines(task: str, labels: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """A bullet per row compared with the control (it fine-tuned detector weights as the control
     did; the control fine-tuned as long, where the rows hold one) whose mAP ends more than
@@ -40,7 +49,7 @@ def below_control_lines(task: str, labels: Sequence[str], rows: Sequence[Mapping
                 and v < c - MARGIN]
         if said:
             which = "the control" if several == 1 else f"the control {control.get('label') or CONTROL}"
-            found.append(f"- {lab}: {', '.join(said)} against {which}{_saved(rec, control)}.")
+            found.append(f"- {lab}: {', '.join(said)} against {which}{_saved(rec, control)}{_maps(rec)}.")
     if not found:
         return []
     return ([f"**Below the control** (more than {MARGIN} under the baseline detector fine-tuned with no method: "

@@ -88,13 +88,23 @@ def test_ltm_shrunk_maps_are_resized_back_to_the_nominal_size(backbone_factory, 
     expected = F.interpolate(inner[s16_module], size=(4, 4), mode="bilinear", align_corners=False)
     assert torch.equal(s16, expected)
     assert torch.equal(s32, inner[s32_module])  # already nominal: passed through as it is
+    assert fm.resized == {16: ((3, 3), (4, 4))}  # what the record's resized_maps states
+    from vitbench.tasks.dense.run import resized_maps
+
+    assert resized_maps(fm) == {"resized_maps": [{"stride": 16, "size": [3, 3], "nominal": [4, 4]}]}
+    unreduced = FeatureMaps(copy.deepcopy(base), (16, 32))
+    with torch.no_grad():
+        unreduced(x)
+    assert unreduced.resized == {} and resized_maps(unreduced) == {}
 
 
 def test_tome_on_mobilevit_keeps_nominal_maps(backbone_factory):
     model = vitbench.apply(backbone_factory("mobilevit_xs"), "tome", r=2)
     with torch.no_grad():
-        maps = FeatureMaps(model, (4, 8, 16, 32))(torch.randn(1, 3, 64, 64))
+        fm = FeatureMaps(model, (4, 8, 16, 32))
+        maps = fm(torch.randn(1, 3, 64, 64))
     assert [tuple(m.shape[-2:]) for m in maps] == [(16, 16), (8, 8), (4, 4), (2, 2)]
+    assert fm.resized == {}
 
 
 def test_init_weights_keeps_the_timm_weights(backbone_factory):

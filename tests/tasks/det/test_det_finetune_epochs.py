@@ -1,6 +1,7 @@
 """``--finetune-epochs`` (issue 40): the dense fine-tuning runs N epochs for the control and at
 least N for a learnable method's last stage, so that a longer method run has a control trained
-as long; the plan, the labels and the report's "vs +ft" follow it; bad values exit 2."""
+as long; the plan, the labels and the report's "vs +ft" follow it; bad values exit 2. And the
+report's words for a row below the control: which maps its method made smaller."""
 from __future__ import annotations
 
 import pytest
@@ -102,3 +103,15 @@ def test_each_row_is_compared_with_the_control_fine_tuned_as_long():
     assert "(the same protocol, learning rate and batch; 8, 16 epoch(s))" in text
     assert "each row against the control trained as many epochs, where there is one" in text
     assert "differs from the control" not in text  # every row trained as long as its control
+
+
+def test_below_the_control_names_the_maps_the_method_made_smaller():
+    """The cause issue 40 measured (LTM level with the control at ratio 1, below it at 0.64): the
+    heads read maps resized back from smaller grids; the bullet says which, from the record."""
+    rows = [_record("baseline", "baseline", 0.45), _record(CONTROL, CONTROL, 0.65, epochs=8, stage="control"),
+            _record("ltm", "ltm (ratio=0.64)", 0.31, epochs=8)]
+    rows[2]["resized_maps"] = [{"stride": 16, "size": [14, 14], "nominal": [20, 20]},
+                               {"stride": 32, "size": [7, 7], "nominal": [10, 10]}]
+    assert below_control_lines("det", ["baseline", CONTROL, "ltm (ratio=0.64)"], rows)[1] == (
+        "- ltm (ratio=0.64): Box mAP -0.340 against the control, at -13.5 % backbone GMACs; the heads read its "
+        "stride-16 map of 14x14 resized to 20x20 and its stride-32 map of 7x7 resized to 10x10.")

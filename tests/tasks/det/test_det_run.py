@@ -195,6 +195,9 @@ def test_run_dense_spec_records(backbone_factory, det_data, tmp_path):
     assert "trained" not in base and "trained" not in tome
     assert ltm["trained"] == "fine-tuned" and ltm["train_stages"][0]["images"] == 4
     assert ltm["dense_finetune"]["protocol"] == "all"  # the default: the whole detector fine-tunes
+    # LTM merged the stride-16 map from 4x4 to 3x3; the heads read it resized back (the report says so)
+    assert ltm["resized_maps"] == [{"stride": 16, "size": [3, 3], "nominal": [4, 4]}]
+    assert not any("resized_maps" in r for r in (base, control, tome))
     assert list((tmp_path / "cache").glob("det-mobilevit_xs-*.pth"))
     # the control: the unreduced detector, fine-tuned as ltm's detector was (every detector weight,
     # as many epochs and iterations), no method parameters

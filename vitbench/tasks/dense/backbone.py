@@ -111,6 +111,8 @@ class FeatureMaps(nn.Module):
         self.strides = tuple(int(s) for s in strides)
         self.pyramid: Optional[SimplePyramid] = None
         self._maps: dict[str, torch.Tensor] = {}
+        #: the last forward's maps that a method made smaller: ``{stride: (their size, the nominal)}``
+        self.resized: dict[int, tuple[tuple[int, int], tuple[int, int]]] = {}
         self._channels_last = getattr(model, "output_fmt", "NCHW") == "NHWC"
         if is_plain_vit(model):
             self.pyramid = SimplePyramid(int(model.embed_dim), self.strides)
@@ -136,13 +138,14 @@ class FeatureMaps(nn.Module):
         self._maps.clear()
         self.model.forward_features(images)
         h, w = images.shape[-2:]
-        out = []
+        out, self.resized = [], {}
         for name, stride in zip(self._names, self.strides):
             fmap = self._maps[name]
             if self._channels_last:  # Swin's stages give [B, H, W, C]
                 fmap = fmap.permute(0, 3, 1, 2)
             size = (math.ceil(h / stride), math.ceil(w / stride))
             if tuple(fmap.shape[-2:]) != size:  # a method merged to a smaller grid (LTM)
+                self.resized[stride] = (tuple(fmap.shape[-2:]), size)
                 fmap = F.interpolate(fmap, size=size, mode="bilinear", align_corners=False)
             out.append(fmap)
         self._maps.clear()

@@ -337,6 +337,7 @@ def _measure(spec: Any, ws: DenseWorkspace, detector: nn.Module, backbone: nn.Mo
     # the collective evaluation first: whatever fails in rank 0's own measurements below then
     # fails after every rank left the evaluation, and the executor's barrier still pairs up
     out: dict[str, Any] = _accuracy(spec, ws, detector, backbone, progress)
+    out.update(resized_maps(detector.backbone))
     forward = DetectorForward(detector)
     if "gmacs" in spec.metrics:
         progress("counting GMACs (detector and backbone)")
@@ -352,6 +353,15 @@ def _measure(spec: Any, ws: DenseWorkspace, detector: nn.Module, backbone: nn.Mo
     out.update(measure_timings(spec, forward, ws.input_size, progress, throughput_repeats=ws.throughput_repeats,
                                latency_repeats=ws.latency_repeats))  # eager, --compile's or --cuda-graph's
     return out
+
+
+def resized_maps(maps: nn.Module) -> dict[str, Any]:
+    """``resized_maps``: the backbone maps that the method made smaller in the last forward (the
+    evaluation's) and that :class:`~vitbench.tasks.dense.backbone.FeatureMaps` resized back to
+    their strides for the heads, ``[{"stride", "size", "nominal"}]``; nothing when none was."""
+    resized = getattr(maps, "resized", None) or {}
+    return {"resized_maps": [{"stride": stride, "size": list(size), "nominal": list(nominal)}
+                             for stride, (size, nominal) in sorted(resized.items())]} if resized else {}
 
 
 def _detector_name(ws: DenseWorkspace) -> str:
