@@ -4,14 +4,14 @@ Faster ViTs for Quite a Few Tasks*, CVPR 2025; docs/methods.md, "Cropr").
 Between every two blocks (before the next block's attention), a selection module -- learned
 queries cross-attending to the tokens -- scores them by the summed attention logits and prunes
 the ``rate`` lowest-scoring patch tokens (the first module ``rate + 1``); the kept tokens follow
-in descending score. In training the module aggregates the tokens (of the detached features)
-into an auxiliary prediction trained with cross-entropy on the task's labels, so the selection
-learns what the task needs while the whole network fine-tunes; at inference only the scorer runs.
-
-Parameters: ``rate`` (the budget knob), ``queries``, ``heads``, ``mlp_ratio``,
-``label_smoothing``, ``epochs``, ``lr``, ``module_lr``, ``weight_decay``, ``batch_size``.
-Last-layer fusion (the pruned tokens rejoining before the last block, the paper's choice for
-dense tasks) is not built; docs/methods.md, "Cropr" lists every choice."""
+in descending score. In training the module's aggregate of the (detached) tokens feeds an
+auxiliary prediction -- the image's class, or with ``aux="patches"`` each patch's (one query per
+patch, the paper's dense heads) -- trained with cross-entropy while the whole network fine-tunes;
+at inference only the scorer runs. With ``fusion`` (Sec. 3.3) the modules stop two blocks before
+the end and the pruned tokens rejoin before the last block, so a dense head reads the whole grid.
+Parameters: ``rate`` (the budget knob), ``fusion``, ``aux``, ``queries``, ``heads``,
+``mlp_ratio``, ``label_smoothing``, ``epochs``, ``lr``, ``module_lr``, ``weight_decay``,
+``batch_size``."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,12 +23,18 @@ from vitbench.hookspecs import hookimpl
 @dataclass(frozen=True)
 class CroprParams:
     """``rate``: patch tokens pruned between two blocks (the first module prunes one more);
-    ``queries``/``heads``: the selection module's learned queries and attention heads;
+    ``fusion``: last-layer fusion (the pruned tokens rejoin before the last block); ``aux``: what
+    the auxiliary heads predict (``class``: the image's; ``patches``: each patch's); ``queries``/``heads``: the selection module's learned queries and attention heads;
     ``mlp_ratio``: its MLP's width; ``label_smoothing``: of the main and auxiliary losses;
     ``epochs``, ``lr`` (the backbone), ``module_lr`` (the selection modules), ``weight_decay``,
     ``batch_size``: the fine-tuning of the whole network (AdamW, cosine schedule)."""
 
     rate: int = param(8, "patch tokens pruned between two blocks (the first module prunes one more)", range=Range(0))
+    fusion: bool = param(False, "last-layer fusion: the pruned tokens rejoin before the last block "
+                               "(the paper's choice for dense tasks)")
+    aux: str = param("class", "what each module's auxiliary head predicts: class (the image's label, one query) "
+                     "or patches (one query per patch, its class; det/seg on a plain ViT)",
+                     choices=("class", "patches"))
     queries: int = param(1, "learned queries of each selection module", range=Range(1))
     heads: int = param(1, "attention heads of each selection module (must divide the width)", range=Range(1))
     mlp_ratio: float = param(4.0, "width of the selection module's MLP, in multiples of the model's",

@@ -23,11 +23,15 @@ _AUX = "cropr_aux"  # training: the auxiliary logits [B, classes] of each module
 class SelectionModule(nn.Module):
     """The paper's Cropr module (Sec. 3): learned queries cross-attend to the tokens; a token's
     score is its attention logits summed over queries and heads. In training the attention's
-    output, through an MLP, feeds an auxiliary classifier (LayerNorm and Linear)."""
+    output, through an MLP, feeds an auxiliary classifier (LayerNorm and Linear): of the queries'
+    mean (an image's class), or ``per_query`` of each query (a patch's class, the paper's
+    segmentation heads)."""
 
-    def __init__(self, dim: int, queries: int, heads: int, mlp_ratio: float, num_classes: int) -> None:
+    def __init__(self, dim: int, queries: int, heads: int, mlp_ratio: float, num_classes: int,
+                 per_query: bool = False) -> None:
         super().__init__()
         self.heads = heads
+        self.per_query = per_query
         self.queries = nn.Parameter(torch.empty(1, queries, dim))
         trunc_normal_tf_(self.queries, std=dim ** -0.5)
         self.proj = nn.Linear(dim, dim) if heads > 1 else nn.Identity()
@@ -43,8 +47,8 @@ class SelectionModule(nn.Module):
         return x @ self.queries.sum(dim=1)[0].to(x.dtype)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Training: the auxiliary logits ``[B, classes]`` (the queries' outputs averaged) and the
-        scores ``[B, N]`` of ``x [B, N, C]``."""
+        """Training: the auxiliary logits ``[B, classes]`` (the queries' outputs averaged; ``per_query``:
+        ``[B, queries, classes]``) and the scores ``[B, N]`` of ``x [B, N, C]``."""
         b, n, c = x.shape
         m, h = self.queries.shape[1], self.heads
         q = self.queries.reshape(1, m, h, c // h).transpose(1, 2)  # [1, h, M, d]
@@ -53,7 +57,7 @@ class SelectionModule(nn.Module):
         out = (logits * (c // h) ** -0.5).softmax(dim=-1) @ kv  # [B, h, M, d]
         out = self.proj(out.transpose(1, 2).reshape(b, m, c))
         out = out + self.mlp(self.mlp_norm(out))
-        return self.head(out.mean(dim=1)), logits.sum(dim=(1, 2))
+        return self.head(out if self.per_query else out.mean(dim=1)), logits.sum(dim=(1, 2))
 
 
 class CroprReducer(nn.Module, Reducer):
@@ -62,15 +66,16 @@ class CroprReducer(nn.Module, Reducer):
 
     before_attention = True
 
-    def __init__(self, rate: int, module: SelectionModule) -> None:
+    def __init__(self, rate: int, module: SelectionModule, stash: bool = False) -> None:
         super().__init__()
         self.rate = rate
         self.selection = module
+        self.stash = stash  # last-layer fusion: the pruned tokens are kept aside for FusionReducer
         # inference until ``model.train()``: methods are applied to eval models (as DynamicViT)
         self.train(False)
 
     def extra_repr(self) -> str:
-        return f"rate={self.rate}"
+        return f"rate={self.rate}, stash={self.stash}"
 
     def forward(self, x: torch.Tensor, state: TokenState, info: AttnInfo) -> torch.Tensor:
         p = state.prefix
@@ -83,28 +88,50 @@ class CroprReducer(nn.Module, Reducer):
         r = min(self.rate, patches - 1)  # at least one patch token stays
         if r <= 0:
             return x
-        return state.keep(x, top_tokens(scores[:, p:], patches - r, p, order="score"))
+        return state.keep(x, top_tokens(scores[:, p:], patches - r, p, order="score"), stash=self.stash)
 
 
-def module_rates(rate: int, depth: int) -> list[int]:
+class FusionReducer(Reducer):
+    """Last-layer fusion (Sec. 3.3): before the last block's attention every pruned token rejoins
+    at its position, so the last block and a dense head see the whole grid."""
+
+    before_attention = True
+    restores = True
+
+    def __call__(self, x: torch.Tensor, state: TokenState, info: AttnInfo) -> torch.Tensor:
+        return state.restore(x)
+
+
+def module_rates(rate: int, depth: int, fusion: bool = False) -> list[int]:
     """Tokens pruned before each block: none before block 0, ``rate + 1`` before block 1, then
-    ``rate`` (a module after every block but the last; the paper's schedule without fusion);
-    none anywhere when ``rate`` is 0."""
-    if rate == 0 or depth < 2:
+    ``rate`` -- a module after every block but the last (the paper's schedule without fusion) or,
+    with ``fusion``, but the last two (the pruned tokens rejoin before the last block); none
+    anywhere when ``rate`` is 0."""
+    modules = depth - 2 if fusion else depth - 1
+    if rate == 0 or modules < 1:
         return [0] * depth
-    return [0, rate + 1] + [rate] * (depth - 2)
+    rates = [0, rate + 1] + [rate] * (modules - 1)
+    return rates + [0] * (depth - len(rates))
 
 
 def auxiliary_loss_of(params: CroprParams) -> Callable[..., Optional[torch.Tensor]]:
     """The train stage's ``extra_loss``: the sum of the modules' auxiliary cross-entropies
-    (unweighted, as the paper adds them) of the last forward, also put into ``ctx.extras``
-    (detached) as ``"cropr_aux_loss"``; ``None`` when no module recorded logits."""
+    (unweighted, as the paper adds them) of the last forward -- on the images' ``labels``, or with
+    ``aux="patches"`` on each patch's class (``ctx.patch_labels``, which the dense tasks give) --
+    also put into ``ctx.extras`` (detached) as ``"cropr_aux_loss"``; ``None`` when no module
+    recorded logits."""
 
     def auxiliary_loss(model: nn.Module, logits: torch.Tensor, labels: torch.Tensor) -> Optional[torch.Tensor]:
         ctx = reduction_context(model)
         aux = ctx.state.private.get(_AUX) if ctx is not None and ctx.state is not None else None
         if not aux:
             return None
+        if params.aux == "patches":
+            if ctx.patch_labels is None:
+                raise ParamError("cropr.aux=patches trains each module on the classes of the patches, which the "
+                                 "det and seg tasks give on a plain ViT; on cls use cropr.aux=class")
+            labels = ctx.patch_labels.reshape(-1)
+            aux = [a.reshape(-1, a.shape[-1]) for a in aux]
         loss = torch.stack([F.cross_entropy(a, labels, label_smoothing=params.label_smoothing) for a in aux]).sum()
         ctx.extras["cropr_aux_loss"] = loss.detach()
         return loss
@@ -119,9 +146,19 @@ def build(params: CroprParams, info: ModelInfo) -> Reduction:
     if info.num_classes <= 0:
         raise ParamError("cropr trains auxiliary classifiers and needs a model with a classification head "
                          "(num_classes > 0)")
-    reducers = [CroprReducer(r, SelectionModule(info.embed_dim, params.queries, params.heads, params.mlp_ratio,
-                                                info.num_classes)) if r > 0 else None
-                for r in module_rates(params.rate, info.depth)]
+    patches = params.aux == "patches"
+    if patches and params.queries != 1:
+        raise ParamError(f"cropr.queries={params.queries} with cropr.aux=patches: that mode has one query per "
+                         f"patch ({info.grid[0] * info.grid[1]} here); leave cropr.queries at 1")
+    queries, classes = (info.grid[0] * info.grid[1], info.num_classes + 1) if patches else \
+        (params.queries, info.num_classes)  # patches: the background is one more class
+    rates = module_rates(params.rate, info.depth, params.fusion)
+    reducers: list[Optional[Reducer]] = [
+        CroprReducer(r, SelectionModule(info.embed_dim, queries, params.heads, params.mlp_ratio, classes,
+                                        per_query=patches), stash=params.fusion) if r > 0 else None
+        for r in rates]
+    if params.fusion and any(rates):
+        reducers[-1] = FusionReducer()
     stage = adamw_cosine("finetune", params, backbone=True, lr_groups=(("reducer.", params.module_lr),),
                          label_smoothing=params.label_smoothing, extra_loss=auxiliary_loss_of(params))
     return Reduction(reducers, prop_attn=False, train=(stage,))

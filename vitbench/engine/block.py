@@ -38,6 +38,8 @@ class ReductionContext:
         self.inputs: Optional[torch.Tensor] = None
         #: the current batch's labels while fine-tuning (set by the loop; ``None`` otherwise)
         self.labels: Optional[torch.Tensor] = None
+        #: a dense task's per-patch classes ``[B, gh * gw]`` while fine-tuning a plain ViT (``num_classes``: none)
+        self.patch_labels: Optional[torch.Tensor] = None
         #: per-forward values methods hand to their ``extra_loss`` (reset by the first block)
         self.extras: dict[str, Any] = {}
         #: the stage being trained as the task runs it (real ``epochs``: kit.stage_epochs); else None

@@ -28,6 +28,8 @@ class Reducer:
     needs: frozenset[str] = frozenset()
     #: ``True``: the step runs before the block's attention, on its input, with an empty ``info`` (Cropr)
     before_attention: bool = False
+    #: ``True``: the step may bring back tokens set aside earlier (last-layer fusion, Cropr; ``TokenState.restore``)
+    restores: bool = False
 
     def __call__(self, x: torch.Tensor, state: TokenState, info: AttnInfo) -> torch.Tensor:
         """The reduced tokens ``[B, N', C]`` of ``x [B, N, C]``, recorded in ``state``."""

@@ -4,7 +4,8 @@ A reducer's token step may keep, merge or drop patch tokens, nothing else. Per s
 ``prefix``: the prefix tokens (class, distillation, register) leave it first, in their order,
 unchanged (told apart by value: a step moves tokens, never recomputes one), and
 ``TokenState.keep``/``merge`` are not asked to move them (``PrefixTokenError``);
-``growth``: the sequence never grows; ``state``: the token state counts the tokens the step
+``growth``: the sequence never grows (a step with ``Reducer.restores``, last-layer fusion, may bring
+it back to the tokens the forward started with); ``state``: the token state counts the tokens the step
 returns (one ``size``/``source`` row per token), as ``keep``/``merge``/``cluster`` leave it;
 ``batch``: every image stays; ``finite``: a step given finite tokens returns finite ones. The prefix is compared with a
 copy taken before the step, so a step that edits its input in place cannot hide a change.
@@ -123,7 +124,7 @@ class _RuleTrace:
             if isinstance(reducer, nn.Module):
                 before = reducer.register_forward_pre_hook(lambda mod, args: self.remember(args[0], args[1]))
                 hook = reducer.register_forward_hook(
-                    lambda mod, args, out, b=block: self.check(b.index, args[0], args[1], out))
+                    lambda mod, args, out, b=block: self.check(b.index, args[0], args[1], out, mod.restores))
                 self._undo += [before.remove, hook.remove]
             else:
                 block.reducer = _Traced(reducer, self, block.index)
@@ -144,8 +145,10 @@ class _RuleTrace:
         ``x_in`` too, so the check compares with this copy."""
         self._prefix = x_in[:, :state.prefix].clone() if isinstance(x_in, torch.Tensor) and x_in.dim() == 3 else None
 
-    def check(self, block: int, x_in: torch.Tensor, state: TokenState, x_out: torch.Tensor) -> None:
-        """Raise :class:`TokenRuleError` if the step ``x_in -> x_out`` of ``block`` breaks a rule."""
+    def check(self, block: int, x_in: torch.Tensor, state: TokenState, x_out: torch.Tensor,
+              restores: bool = False) -> None:
+        """Raise :class:`TokenRuleError` if the step ``x_in -> x_out`` of ``block`` breaks a rule
+        (``restores``: the step may grow the sequence back to the forward's first count)."""
         before, self._prefix = self._prefix, None
         if not isinstance(x_out, torch.Tensor) or x_out.dim() != 3 or x_in.dim() != 3:
             return
@@ -157,9 +160,11 @@ class _RuleTrace:
         if not bool(torch.isfinite(x_out).all()) and bool(torch.isfinite(x_in).all()):
             raise self.error(block, "finite", "the step turns finite tokens into NaN or inf")  # passed on: the NaN guards
         n_in, n_out = x_in.shape[1], x_out.shape[1]
-        if n_out > n_in:
-            raise self.error(block, "growth", f"the sequence grew from {n_in} to {n_out} tokens; a reduction "
-                                              f"step may only keep, merge or drop tokens (docs/token-state.md)")
+        if n_out > n_in and not (restores and n_out <= state.tokens):
+            limit = f", beyond the {state.tokens} the forward started with" if restores else \
+                "; a reduction step may only keep, merge or drop tokens"
+            raise self.error(block, "growth", f"the sequence grew from {n_in} to {n_out} tokens{limit} "
+                                              f"(docs/token-state.md)")
         self._check_prefix(block, x_in if before is None else before, state.prefix, x_out)
         for name in ("size", "source"):
             rows = getattr(state, name)
@@ -206,11 +211,12 @@ class _Traced(Reducer):
         self.selects_channels = reducer.selects_channels
         self.records_grid_merge = reducer.records_grid_merge
         self.before_attention = reducer.before_attention
+        self.restores = reducer.restores
 
     def __call__(self, x: torch.Tensor, state: TokenState, info: AttnInfo) -> torch.Tensor:
         self._trace.remember(x, state)
         out = self._reducer(x, state, info)
-        self._trace.check(self._block, x, state, out)
+        self._trace.check(self._block, x, state, out, self.restores)
         return out
 
     def __getattr__(self, name: str) -> Any:  # a family reading more than the contract

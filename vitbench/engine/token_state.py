@@ -3,9 +3,10 @@
 One small object, created fresh by the first block of every forward: ``size`` (patches per
 token; ``None`` keeps timm's code path), ``source`` and ``fill`` (only when tracing, for
 :func:`vitbench.engine.unmerge.unmerge`), ``prefix`` (protected leading tokens), ``key_bias``
-(an additive attention-logit bias per key) and ``private`` (method-private state). Every
-reduction goes through :meth:`TokenState.merge` or :meth:`TokenState.keep`, which change ``x``
-and the state together and enforce the prefix rule (docs/token-state.md), raising
+(an additive attention-logit bias per key), ``private`` (method-private state) and, for
+last-layer fusion, the tokens pruned aside (``keep(..., stash=True)``, :meth:`TokenState.restore`).
+Every reduction goes through :meth:`TokenState.merge` or :meth:`TokenState.keep`, which change
+``x`` and the state together and enforce the prefix rule (docs/token-state.md), raising
 :class:`PrefixTokenError`."""
 from __future__ import annotations
 
@@ -36,11 +37,17 @@ class TokenState:
     fill: Optional[torch.Tensor] = None
     private: dict[str, Any] = field(default_factory=dict)
     key_bias: Optional[torch.Tensor] = None
+    #: tokens the forward started with (what :meth:`restore` may bring the sequence back to)
+    tokens: int = 0
+    #: while tokens are pruned aside: each current token's position at the start ``[B, N]``
+    origin: Optional[torch.Tensor] = None
+    #: the tokens pruned aside, one ``_Stashed`` per :meth:`keep` with ``stash=True``
+    stashed: list["_Stashed"] = field(default_factory=list)
 
     @classmethod
     def start(cls, x: torch.Tensor, prefix: int, trace_source: bool = False) -> "TokenState":
         """A fresh state for tokens ``x [B, N, C]`` entering the first block."""
-        state = cls(prefix=prefix)
+        state = cls(prefix=prefix, tokens=x.shape[1])
         if trace_source:
             b, n, c = x.shape
             state.source = torch.eye(n, device=x.device, dtype=x.dtype).expand(b, n, n).clone()
@@ -81,6 +88,7 @@ class TokenState:
         ``m`` must protect at least the state's prefix tokens (``m.prefix >= prefix``): a
         matching made with a smaller prefix could merge the class token into a patch.
         """
+        self._refuse_merge_while_stashed()
         protected = getattr(m, "prefix", self.prefix)
         if protected < self.prefix:
             raise PrefixTokenError(
@@ -116,7 +124,7 @@ class TokenState:
         x_new, self.size = m.weighted_merge(x, self.sizes(x), keep=(merge_rows, index))
         return x_new
 
-    def keep(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    def keep(self, x: torch.Tensor, index: torch.Tensor, stash: bool = False) -> torch.Tensor:
         """Keep the tokens at ``index [B, N']`` (in that order); the others are pruned.
 
         Every row of ``index`` must start with the prefix tokens ``0 .. prefix-1`` in order
@@ -126,8 +134,11 @@ class TokenState:
 
         With source tracing, the pruned tokens' current values go to ``fill`` for every patch
         they cover, so unmerge can restore a pruned patch's last value (docs/methods.md, "Unmerge").
+        With ``stash``, the pruned tokens are set aside (with their gradients) for :meth:`restore`.
         """
         _check_prefix_first(index, self.prefix)
+        if stash:
+            self._stash(x, index)
         if self.source is not None and self.fill is not None:
             dropped = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
             dropped.scatter_(1, index, False)
@@ -146,6 +157,7 @@ class TokenState:
         and sources added (clustering merges: DPC-KNN, K-Medoids). The prefix tokens stay
         first, untouched; cluster ``k`` becomes token ``prefix + k``. Every cluster must hold
         at least one patch (an empty one would stand for no patch: an error)."""
+        self._refuse_merge_while_stashed()
         p = self.prefix
         if assign.shape != (x.shape[0], x.shape[1] - p):
             raise ValueError(f"TokenState.cluster: assign must be [B, N - prefix] = "
@@ -165,12 +177,49 @@ class TokenState:
         self.size = torch.cat([size[:, :p], size_new], dim=1)
         return torch.cat([x[:, :p], x_new], dim=1)
 
+    def restore(self, x: torch.Tensor) -> torch.Tensor:
+        """Last-layer fusion (Cropr, Sec. 3.3): the tokens set aside by ``keep(..., stash=True)``
+        rejoin ``x``, every token back at its position at the start of the forward; their sizes
+        and sources come back with them. Without stashed tokens ``x`` is returned as it is."""
+        if self.origin is None:
+            return x
+        parts = [(x, self.size, self.source, self.origin)] + [(s.x, s.size, s.source, s.origin) for s in self.stashed]
+        order = torch.cat([origin for *_, origin in parts], dim=1).argsort(dim=1)
+        x_all = take_rows(torch.cat([part[0] for part in parts], dim=1), order)
+        if self.size is not None:
+            self.size = take_rows(torch.cat([part[1] for part in parts], dim=1), order)
+        if self.source is not None:
+            self.source = take_rows(torch.cat([part[2] for part in parts], dim=1), order)
+        self.origin, self.stashed = None, []
+        return x_all
+
+    def _stash(self, x: torch.Tensor, index: torch.Tensor) -> None:
+        """Set aside the rows of ``x`` that ``index`` does not keep (and their state rows)."""
+        if self.origin is None:
+            if x.shape[1] != self.tokens:
+                raise ValueError(f"TokenState.keep(stash=True): {x.shape[1]} tokens, not the {self.tokens} the "
+                                 f"forward started with; tokens are set aside from the first reduction on")
+            self.origin = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
+        kept = torch.zeros(x.shape[:2], dtype=torch.int8, device=x.device)
+        kept.scatter_(1, index, 1)
+        dropped = kept.argsort(dim=1, stable=True)[:, :x.shape[1] - index.shape[1]]  # the zeros come first
+        self.stashed.append(_Stashed(
+            take_rows(x, dropped), None if self.size is None else take_rows(self.size, dropped),
+            None if self.source is None else take_rows(self.source, dropped), take_rows(self.origin, dropped)))
+        self.origin = take_rows(self.origin, index)
+
+    def _refuse_merge_while_stashed(self) -> None:
+        if self.origin is not None:
+            raise ValueError("TokenState: tokens set aside for last-layer fusion (keep(stash=True)) rejoin by "
+                             "position; a forward that stashes tokens cannot also merge them")
+
     def append(self, x: torch.Tensor, token: torch.Tensor, size: torch.Tensor,
                source: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Append one token ``[B, 1, C]`` standing for ``size [B, 1, 1]`` patches (EViT's fusion).
 
         The token goes last, so the prefix tokens stay first (nothing to check).
         """
+        self._refuse_merge_while_stashed()
         self.size = torch.cat([self.sizes(x), size], dim=1)
         if self.source is not None:
             if source is None:
@@ -181,7 +230,7 @@ class TokenState:
     # -- per-image branches (PPT) --------------------------------------------------------
     def copy(self) -> "TokenState":
         return TokenState(self.prefix, self.size, self.source, self.fill, copy.copy(self.private),
-                          self.key_bias)
+                          self.key_bias, self.tokens, self.origin, list(self.stashed))
 
     def select(self, choose_first: torch.Tensor, first: "TokenState", second: "TokenState") -> None:
         """Take ``first``'s tensors for images where ``choose_first [B]`` holds, else ``second``'s."""
@@ -194,6 +243,16 @@ class TokenState:
         self.size = pick(first.size, second.size)
         self.source = pick(first.source, second.source)
         self.fill = pick(first.fill, second.fill)
+
+
+@dataclass(frozen=True)
+class _Stashed:
+    """Tokens pruned aside by one :meth:`TokenState.keep` with ``stash=True``, with their rows."""
+
+    x: torch.Tensor
+    size: Optional[torch.Tensor]
+    source: Optional[torch.Tensor]
+    origin: torch.Tensor
 
 
 def _check_prefix_first(index: torch.Tensor, prefix: int) -> None:

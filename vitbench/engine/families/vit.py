@@ -62,7 +62,8 @@ def describe(model: nn.Module) -> ModelInfo:
 
 def patch(model: nn.Module, reduction: Reduction, method: str = "", params: Any = None) -> nn.Module:
     """Wrap every block of ``model`` with the reducers of ``reduction``; returns ``model``."""
-    info = describe_for_patch(model, reduction, method, describe, resizes=True, before_attention=True)
+    info = describe_for_patch(model, reduction, method, describe, resizes=True, before_attention=True,
+                              restores=True)
     if reduction.input_grid is not None:
         _feed_smaller(model, reduction.input_grid)
     context = ReductionContext(method, params, info.num_prefix_tokens, reduction.prop_attn,

@@ -5,7 +5,8 @@ cosine), done once and cached; :func:`finetune_control` fine-tunes that detector
 learnable method's detector is, with no method (the ``baseline+ft`` control);
 :func:`finetune_method` runs a method's stages on the detection loss with the detector weights
 the dense fine-tuning protocol names (:mod:`vitbench.tasks.dense.protocol`). A method that needs
-image labels gets the class of the image's largest object. Under a launcher all three train
+image labels gets the class of the image's largest object; on a plain ViT, each patch's class
+(:func:`patch_labels`) is in the reduction context too. Under a launcher all three train
 with DDP (:class:`~vitbench.train.stages.MethodDDP`, at least :data:`MIN_RANK_BATCH` images
 per rank); afterwards every rank holds rank 0's buffers and is checked to hold the same weights
 (docs/architecture.md, "Distributed runs")."""
@@ -27,12 +28,13 @@ from torch import nn
 from vitbench.host.distributed import same_on_every_rank
 from vitbench.engine.block import reduction_context
 from vitbench.errors import VitbenchError
+from vitbench.tasks.dense.backbone import is_plain_vit
 from vitbench.tasks.dense.data import DetData
 from vitbench.tasks.dense.protocol import CONTROL, DenseFinetune, detector_parameters, stage_for
 from vitbench.train.stages import FinetuneResult, StageSource, StageTrainer, run_stages, trainable_parameters
 
 __all__ = ["MIN_RANK_BATCH", "ControlStages", "DetMethodTrainer", "DetStages", "DetectorTrainer", "dominant_labels",
-           "finetune_control", "finetune_method", "rank_share", "train_detector"]
+           "finetune_control", "patch_labels", "finetune_method", "rank_share", "train_detector"]
 
 
 #: the default training: AdamW, cosine to 1% of the rate, per iteration
@@ -52,6 +54,28 @@ def dominant_labels(data_samples: list[Any], device: torch.device | str = "cpu")
         area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
         out.append(int(gt.labels[int(area.argmax())]))
     return torch.tensor(out, dtype=torch.long, device=device)
+
+
+def patch_labels(data_samples: list[Any], grid: tuple[int, int], patch: int, background: int,
+                 device: torch.device | str = "cpu") -> torch.Tensor:
+    """``[B, gh * gw]``: the class of each patch of the ``grid`` (row-major, as the tokens), that of
+    the smallest ground-truth box holding the patch's centre, ``background`` where none does."""
+    gh, gw = grid
+    ys, xs = torch.meshgrid((torch.arange(gh) + 0.5) * patch, (torch.arange(gw) + 0.5) * patch, indexing="ij")
+    centres = torch.stack([xs.reshape(-1), ys.reshape(-1)], dim=1)  # [P, 2] as (x, y)
+    out = torch.full((len(data_samples), gh * gw), background, dtype=torch.long)
+    for i, sample in enumerate(data_samples):
+        gt = sample.gt_instances
+        if len(gt) == 0:
+            continue
+        boxes = (gt.bboxes.tensor if hasattr(gt.bboxes, "tensor") else gt.bboxes).detach().float().cpu()
+        inside = ((centres[None, :, 0] >= boxes[:, None, 0]) & (centres[None, :, 0] < boxes[:, None, 2])
+                  & (centres[None, :, 1] >= boxes[:, None, 1]) & (centres[None, :, 1] < boxes[:, None, 3]))
+        area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+        smallest = torch.where(inside, area[:, None], torch.inf).argmin(dim=0)  # [P]
+        labels = gt.labels.detach().cpu().long()[smallest]
+        out[i] = torch.where(inside.any(dim=0), labels, background)
+    return out.to(device)
 
 
 def quiet_stdout() -> contextlib.AbstractContextManager:
@@ -267,6 +291,7 @@ class DetMethodTrainer(StageTrainer):
         ctx = reduction_context(self.backbone)  # None: the control (no method)
         if ctx is not None:
             ctx.labels = labels
+            ctx.patch_labels = self.patch_labels_of(data_samples, inputs.device)
         try:
             out = dict(self.detector.loss(inputs, data_samples))
             if "extra" in out:
@@ -278,8 +303,16 @@ class DetMethodTrainer(StageTrainer):
                     out["extra"] = extra
         finally:
             if ctx is not None:
-                ctx.labels = None
+                ctx.labels = ctx.patch_labels = None
         return out
+
+    def patch_labels_of(self, data_samples: Any, device: torch.device) -> Optional[torch.Tensor]:
+        """:func:`patch_labels` on a plain ViT backbone's patch grid (``None`` on a hybrid)."""
+        model = self.backbone
+        if not is_plain_vit(model):
+            return None
+        return patch_labels(data_samples, tuple(model.patch_embed.grid_size), int(model.patch_embed.patch_size[0]),
+                            int(model.num_classes), device)
 
     def split(self, data: dict[str, Any]) -> tuple[torch.Tensor, Any, torch.Tensor]:
         inputs, samples = data["inputs"], data["data_samples"]
