@@ -15,6 +15,7 @@ import vitbench
 import vitbench.tasks.dense.train as dense_train
 from vitbench.engine import reduction_context
 from vitbench.tasks.dense.detectors import build_detector
+from vitbench.tasks.dense.protocol import DenseFinetune
 from vitbench.tasks.dense.run import load_detector_weights
 from vitbench.tasks.dense.train import finetune_method, patch_labels
 
@@ -38,8 +39,11 @@ def test_each_patch_takes_the_class_of_the_smallest_box_holding_its_centre():
     assert labels[1].tolist() == [3] * 9
 
 
-@pytest.mark.parametrize("task", ["det", "seg"])
-def test_cropr_with_patch_heads_fine_tunes_inside_a_detector(backbone_factory, det_data, task, monkeypatch):
+@pytest.mark.parametrize("task, protocol", [("det", "all"), ("seg", "method")])
+def test_cropr_with_patch_heads_fine_tunes_inside_a_detector(backbone_factory, det_data, task, protocol,
+                                                             monkeypatch):
+    """Under ``all`` the backbone Cropr trains itself stays in the method's group (at its rate),
+    not a second time among the detector's weights."""
     backbone = backbone_factory("vit_tiny_patch16_224", depth=4)  # 64 px: a 4x4 grid
     baseline = build_detector(task, copy.deepcopy(backbone), 3, width="light")
     baseline.init_weights()
@@ -52,10 +56,16 @@ def test_cropr_with_patch_heads_fine_tunes_inside_a_detector(backbone_factory, d
     seen = []
     monkeypatch.setattr(dense_train, "patch_labels", lambda *a, **k: seen.append(patch_labels(*a, **k)) or seen[-1])
     before = {k: v.detach().clone() for k, v in detector.state_dict().items()}
-    info = finetune_method(detector, reduced, det_data, masks=task == "seg", limit=4)
+    info = finetune_method(detector, reduced, det_data, masks=task == "seg", limit=4,
+                           settings=DenseFinetune(protocol))
     stage = info["train_stages"][0]
     assert stage["iters"] == 2 and torch.isfinite(torch.tensor(stage["last_extra"]))
     assert [tuple(labels.shape) for labels in seen] == [(2, 16), (2, 16)]
     assert all(((labels >= 0) & (labels <= 3)).all() for labels in seen)
     assert any(not torch.equal(before[k], v) for k, v in detector.state_dict().items() if k.endswith("queries"))
     assert reduction_context(reduced).patch_labels is None  # only while a batch trains
+    assert any(not torch.equal(before[k], v) for k, v in detector.state_dict().items()
+               if k.startswith("backbone.model.blocks.0."))  # the whole network fine-tuned
+    neck_moved = any(not torch.equal(before[k], v) for k, v in detector.state_dict().items()
+                      if k.startswith("neck."))
+    assert neck_moved == (protocol == "all")

@@ -373,8 +373,12 @@ class DetStages(StageSource):
         return stage_for(stage, self.settings, last)
 
     def parameters(self, stage: Any) -> dict[str, nn.Parameter]:
-        return {**trainable_parameters(self.reduced, stage, False),
-                **detector_parameters(self.module, self.settings.protocol)}
+        """The stage's parameters, then the protocol's detector weights it does not train already (a
+        stage with ``backbone``, Cropr's or ALGM's, keeps the backbone at its own rate)."""
+        own = trainable_parameters(self.reduced, stage, False)
+        taken = {id(p) for p in own.values()}
+        detector = detector_parameters(self.module, self.settings.protocol)
+        return {**own, **{name: p for name, p in detector.items() if id(p) not in taken}}
 
     def trainer(self, stage: Any) -> DetMethodTrainer:
         return DetMethodTrainer(self.module, self.reduced, stage, precision=self.precision)
