@@ -15,9 +15,9 @@ import vitbench
 import vitbench.tasks.dense.train as dense_train
 from vitbench.engine import reduction_context
 from vitbench.tasks.dense.detectors import build_detector
-from vitbench.tasks.dense.protocol import DenseFinetune
+from vitbench.tasks.dense.protocol import DETECTOR_PREFIX, DenseFinetune, stage_for
 from vitbench.tasks.dense.run import load_detector_weights
-from vitbench.tasks.dense.train import finetune_method, patch_labels
+from vitbench.tasks.dense.train import DetStages, finetune_method, patch_labels
 
 
 def _sample(boxes, labels) -> DetDataSample:
@@ -42,8 +42,8 @@ def test_each_patch_takes_the_class_of_the_smallest_box_holding_its_centre():
 @pytest.mark.parametrize("task, protocol", [("det", "all"), ("seg", "method")])
 def test_cropr_with_patch_heads_fine_tunes_inside_a_detector(backbone_factory, det_data, task, protocol,
                                                              monkeypatch):
-    """Under ``all`` the backbone Cropr trains itself stays in the method's group (at its rate),
-    not a second time among the detector's weights."""
+    """Under ``all`` the backbone Cropr trains itself is one of the detector's weights (at the
+    control's rate), not a second time in the method's group."""
     backbone = backbone_factory("vit_tiny_patch16_224", depth=4)  # 64 px: a 4x4 grid
     baseline = build_detector(task, copy.deepcopy(backbone), 3, width="light")
     baseline.init_weights()
@@ -69,3 +69,21 @@ def test_cropr_with_patch_heads_fine_tunes_inside_a_detector(backbone_factory, d
     neck_moved = any(not torch.equal(before[k], v) for k, v in detector.state_dict().items()
                       if k.startswith("neck."))
     assert neck_moved == (protocol == "all")
+
+
+def test_under_all_the_backbone_a_stage_trains_is_a_detector_weight(backbone_factory, det_data):
+    """Each parameter once; the backbone's under the detector's name (so at the detector's rate,
+    the first lr group, as the control's), the selection modules under the method's."""
+    reduced = vitbench.apply(backbone_factory("vit_tiny_patch16_224", depth=4), "cropr", rate=2, batch_size=2)
+    detector = build_detector("det", reduced, 3, width="light")
+    settings = DenseFinetune("all")
+    source = DetStages("cropr", detector, reduced, det_data, masks=False, settings=settings, limit=4,
+                       precision="fp32", batches=None)
+    stage = stage_for(reduction_context(reduced).reduction.train[0], settings, last=True)
+    params = source.parameters(stage)
+    assert len({id(p) for p in params.values()}) == len(params)
+    assert {id(p) for p in params.values()} == {id(p) for p in detector.parameters()}
+    backbone = [n for n in params if "blocks.0.block.attn" in n]
+    assert backbone and all(n.startswith(DETECTOR_PREFIX) for n in backbone)
+    assert stage.lr_groups[0] == (DETECTOR_PREFIX, settings.detector_lr)
+    assert all(not n.startswith(DETECTOR_PREFIX) for n in params if "selection" in n)

@@ -373,12 +373,13 @@ class DetStages(StageSource):
         return stage_for(stage, self.settings, last)
 
     def parameters(self, stage: Any) -> dict[str, nn.Parameter]:
-        """The stage's parameters, then the protocol's detector weights it does not train already (a
-        stage with ``backbone``, Cropr's or ALGM's, keeps the backbone at its own rate)."""
-        own = trainable_parameters(self.reduced, stage, False)
-        taken = {id(p) for p in own.values()}
+        """The protocol's detector weights, then the stage's parameters that are not among them: the
+        backbone of a stage with ``backbone`` (Cropr's, ALGM's) trains as a detector weight under
+        ``all``, at the control's rate, so that the control differs from the row by the method alone."""
         detector = detector_parameters(self.module, self.settings.protocol)
-        return {**own, **{name: p for name, p in detector.items() if id(p) not in taken}}
+        taken = {id(p) for p in detector.values()}
+        own = trainable_parameters(self.reduced, stage, False)
+        return {**{name: p for name, p in own.items() if id(p) not in taken}, **detector}
 
     def trainer(self, stage: Any) -> DetMethodTrainer:
         return DetMethodTrainer(self.module, self.reduced, stage, precision=self.precision)
