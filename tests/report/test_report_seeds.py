@@ -110,3 +110,19 @@ def test_plot_draws_one_point_per_row_with_seed_error_bars(three_seeds, tmp_path
     gmacs_panel = bars[:2]
     assert [(round(x, 3), round(y, 2), round(e, 2)) for x, y, e in gmacs_panel] == [
         (4.6, 81.2, 0.35), (2.71, 80.7, 0.2)]
+
+
+def test_runs_trained_on_different_images_are_two_rows_not_two_seeds(make_record):
+    """``--train-limit 10000`` and ``60000`` of one method and seed: two rows, each its own top-1,
+    labelled by its training images."""
+    base = seeded(make_record, "baseline", None, BASE[:1])
+    runs = []
+    for images, top1 in ((10000, 89.25), (60000, 89.50)):
+        (rec,) = seeded(make_record, "cropr", {"rate": 8}, [(top1, 0.257, 150.0)])
+        rec.update(spec_id=f"cropr-{images}", train_images=images,
+                   train_stages=[{"name": "finetune", "epochs": 1, "images": images, "last_loss": top1 / 10}])
+        runs.append(rec)
+    rows = by_method(comparison_table(base + runs, *CLS))
+    assert rows["cropr (rate=8) [trained on 10,000 images]"]["Top-1 (%)"].startswith("89.25")
+    assert rows["cropr (rate=8) [trained on 60,000 images]"]["Top-1 (%)"].startswith("89.50")
+    assert len(aggregate_over_seeds(base + runs)) == 3

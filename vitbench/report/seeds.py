@@ -17,7 +17,7 @@ from typing import Any
 from vitbench.report.measured_on import on_key
 from vitbench.report.values import metric
 
-__all__ = ["MEAN_STD_KEYS", "aggregate_over_seeds", "pair_with_baselines", "seed_key"]
+__all__ = ["MEAN_STD_KEYS", "aggregate_over_seeds", "pair_with_baselines", "seed_key", "training_of"]
 
 Record = Mapping[str, Any]
 
@@ -35,11 +35,19 @@ _MEDIAN_KEYS = ("throughput_img_s", "throughput_spread_img_s", "eval_img_s", "la
 
 def seed_key(rec: Record) -> tuple[Any, ...]:
     """What a run is apart from its seed: method, label (parameters and training setup shown),
-    parameters, data, batch size, matched budget, timing repeats (``--quick``) and what it was
-    measured on (:func:`~vitbench.report.measured_on.on_key`). Records with equal keys are one row."""
+    parameters, data, batch size, matched budget, timing repeats (``--quick``), what it was
+    measured on (:func:`~vitbench.report.measured_on.on_key`) and how it trained (:func:`training_of`).
+    Records with equal keys are one row."""
     params = json.dumps(rec.get("params") or {}, sort_keys=True, default=str)
     return (rec.get("method"), rec.get("label"), params, rec.get("data"), rec.get("batch_size"),
-            rec.get("match_gmacs"), rec.get("timing_repeats"), on_key(rec))
+            rec.get("match_gmacs"), rec.get("timing_repeats"), on_key(rec), training_of(rec))
+
+
+def training_of(rec: Record) -> tuple[Any, ...]:
+    """How a run trained, apart from its seed: its training images and each stage's name, epochs
+    and images (``--train-limit 10000`` and ``60000`` are two rows, not two seeds of one)."""
+    stages = tuple((s.get("name"), s.get("epochs"), s.get("images")) for s in rec.get("train_stages") or [])
+    return rec.get("train_images"), stages
 
 
 def pair_with_baselines(rows: list[Record]) -> list[dict[str, Any]]:

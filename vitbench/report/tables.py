@@ -192,13 +192,20 @@ def ok_rows(records: Iterable[Record], task: str, model: str, on: str | None = N
 
 def row_labels(rows: list[Record]) -> list[str]:
     """:func:`method_label` of each row; where labels would repeat, what tells the rows apart:
-    the timing repeats (``--quick``, ``--repeats N``) where they differ, else the seed."""
+    the training images where they differ (``--train-limit``), the timing repeats (``--quick``,
+    ``--repeats N``) where they differ, else the seed."""
     labels = [method_label(r) for r in rows]
     dup = {lab for lab in labels if labels.count(lab) > 1}
-    repeats_differ = {lab for lab in dup
-                      if len({r.get("timing_repeats") for r, x in zip(rows, labels) if x == lab}) > 1}
+
+    def differ(key: str) -> set[str]:
+        return {lab for lab in dup if len({r.get(key) for r, x in zip(rows, labels) if x == lab}) > 1}
+
+    images_differ, repeats_differ = differ("train_images"), differ("timing_repeats")
 
     def tag(lab: str, rec: Record) -> str:
+        if lab in images_differ:
+            n = rec.get("train_images")
+            return f"{lab} [trained on {f'{n:,}' if isinstance(n, int) else 'no'} images]"
         if lab in repeats_differ:
             n = rec.get("timing_repeats")
             return f"{lab} [{'--quick' if n == QUICK_REPEATS else f'--repeats {n}' if n else 'default repeats'}]"
