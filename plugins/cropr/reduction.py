@@ -41,6 +41,11 @@ class SelectionModule(nn.Module):
         trunc_normal_(self.head[1].weight, std=0.02)
         nn.init.zeros_(self.head[1].bias)
 
+    def drop_training_parts(self) -> None:
+        """Keep the queries, all the scorer uses; the aggregation and the auxiliary head go (the
+        paper removes its heads after training), so a trained model counts the parameters it runs."""
+        self.proj = self.mlp_norm = self.mlp = self.head = None
+
     def scores(self, x: torch.Tensor) -> torch.Tensor:
         """Scores ``[B, N]`` of the tokens ``x [B, N, C]``: ``x_n . sum_m q_m``, the summed logits
         (without projections, the sum over heads of ``q_mh . x_nh`` is one dot product)."""
@@ -80,7 +85,7 @@ class CroprReducer(nn.Module, Reducer):
     def forward(self, x: torch.Tensor, state: TokenState, info: AttnInfo) -> torch.Tensor:
         p = state.prefix
         patches = x.shape[1] - p
-        if self.training:
+        if self.training and self.selection.head is not None:
             aux, scores = self.selection(x.detach())  # the selection learns from its own loss only
             state.private.setdefault(_AUX, []).append(aux)
         else:
@@ -139,6 +144,13 @@ def auxiliary_loss_of(params: CroprParams) -> Callable[..., Optional[torch.Tenso
     return auxiliary_loss
 
 
+def drop_auxiliary_heads(model: nn.Module) -> None:
+    """The stage's ``after``: every selection module keeps its scorer only."""
+    for module in model.modules():
+        if isinstance(module, SelectionModule):
+            module.drop_training_parts()
+
+
 def build(params: CroprParams, info: ModelInfo) -> Reduction:
     if info.embed_dim % params.heads:
         raise ParamError(f"cropr.heads={params.heads} does not divide the model's width {info.embed_dim}; "
@@ -160,5 +172,6 @@ def build(params: CroprParams, info: ModelInfo) -> Reduction:
     if params.fusion and any(rates):
         reducers[-1] = FusionReducer()
     stage = adamw_cosine("finetune", params, backbone=True, lr_groups=(("reducer.", params.module_lr),),
-                         label_smoothing=params.label_smoothing, extra_loss=auxiliary_loss_of(params))
+                         label_smoothing=params.label_smoothing, extra_loss=auxiliary_loss_of(params),
+                         after=(drop_auxiliary_heads,))
     return Reduction(reducers, prop_attn=False, train=(stage,))

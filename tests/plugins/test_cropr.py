@@ -165,3 +165,22 @@ def test_a_model_without_a_classifier_is_refused():
     with pytest.raises(ParamError, match=r"cropr trains auxiliary classifiers and needs a model with a "
                                          r"classification head"):
         vitbench.apply(tiny_vit(num_classes=0), "cropr")
+
+
+def test_after_training_each_module_keeps_only_its_scorer():
+    """The stage's ``after`` drops the aggregation and the auxiliary heads (the paper removes
+    them): the model counts the backbone and 11 queries of 48, and infers as before."""
+    base = tiny_vit()
+    model = vitbench.apply(copy.deepcopy(base), "cropr")
+    (stage,) = reduction_context(model).reduction.train
+    x = _images()
+    with torch.inference_mode():
+        before = model(x)
+    for callback in stage.after:
+        callback(model)
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in base.parameters()) + 11 * 48
+    with torch.inference_mode():
+        assert torch.equal(model(x), before)
+    model.train()
+    model(x)  # training mode without heads: it prunes by the scores and records nothing to learn from
+    assert "cropr_aux" not in reduction_context(model).state.private
