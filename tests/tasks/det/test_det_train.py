@@ -17,6 +17,7 @@ import vitbench
 from vitbench.errors import VitbenchError
 from vitbench.tasks.dense.detectors import build_detector
 from vitbench.tasks.dense.evaluate import evaluate_detector, first_val_images
+from vitbench.tasks.dense.protocol import DenseFinetune
 from vitbench.tasks.dense.run import load_detector_weights
 from vitbench.tasks.dense.train import DetMethodTrainer, dominant_labels, finetune_method, train_detector
 
@@ -173,3 +174,20 @@ def test_finetune_inside_a_seg_detector(backbone_factory, det_data):
     assert info["train_stages"][0]["iters"] == 1 and info["train_images"] == 2
     after = _state(detector)
     assert all(torch.equal(before[k], after[k]) for k in before if ".reducer." not in k)
+
+
+def test_finetune_algm_trains_the_whole_network_under_all(backbone_factory, det_data):
+    """ALGM with ``epochs`` (a stage that trains the backbone itself) inside a detector under the
+    ``all`` protocol: each weight once in the optimiser, the backbone and the neck both trained."""
+    backbone = backbone_factory("vit_tiny_patch16_224", depth=4)
+    baseline = build_detector("det", copy.deepcopy(backbone), 3, width="light")
+    baseline.init_weights()
+    reduced = vitbench.apply(backbone, "algm", epochs=1, batch_size=2, threshold=0.0)
+    detector = build_detector("det", reduced, 3, width="light")
+    load_detector_weights(detector, baseline.state_dict())
+    before = _state(detector)
+    info = finetune_method(detector, reduced, det_data, masks=False, limit=4, settings=DenseFinetune("all"))
+    assert info["train_stages"][0]["iters"] == 2
+    after = _state(detector)
+    for prefix in ("backbone.model.blocks.0.", "neck."):
+        assert any(not torch.equal(before[k], after[k]) for k in before if k.startswith(prefix)), prefix
