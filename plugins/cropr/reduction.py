@@ -17,7 +17,7 @@ from vitbench.errors import ParamError
 from vitbench.kit import adamw_cosine, top_tokens
 from vitbench_plugins.cropr import CroprParams
 
-_AUX = "cropr_aux"  # training: the auxiliary logits [B, classes] of each module, in block order
+_AUX = "cropr_aux"  # training: each module's auxiliary logits ([B, classes]; per patch [B, P, classes]), in order
 
 
 class SelectionModule(nn.Module):

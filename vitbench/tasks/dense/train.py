@@ -50,10 +50,15 @@ def dominant_labels(data_samples: list[Any], device: torch.device | str = "cpu")
         if len(gt) == 0:
             out.append(0)
             continue
-        boxes = gt.bboxes.tensor if hasattr(gt.bboxes, "tensor") else gt.bboxes
+        boxes = _box_tensor(gt)
         area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
         out.append(int(gt.labels[int(area.argmax())]))
     return torch.tensor(out, dtype=torch.long, device=device)
+
+
+def _box_tensor(gt: Any) -> torch.Tensor:
+    """The ground-truth boxes ``[K, 4]`` (x1, y1, x2, y2) of an instance set, plain or mmdet-wrapped."""
+    return gt.bboxes.tensor if hasattr(gt.bboxes, "tensor") else gt.bboxes
 
 
 def patch_labels(data_samples: list[Any], grid: tuple[int, int], patch: int, background: int,
@@ -68,7 +73,7 @@ def patch_labels(data_samples: list[Any], grid: tuple[int, int], patch: int, bac
         gt = sample.gt_instances
         if len(gt) == 0:
             continue
-        boxes = (gt.bboxes.tensor if hasattr(gt.bboxes, "tensor") else gt.bboxes).detach().float().cpu()
+        boxes = _box_tensor(gt).detach().float().cpu()
         inside = ((centres[None, :, 0] >= boxes[:, None, 0]) & (centres[None, :, 0] < boxes[:, None, 2])
                   & (centres[None, :, 1] >= boxes[:, None, 1]) & (centres[None, :, 1] < boxes[:, None, 3]))
         area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
