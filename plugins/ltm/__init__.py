@@ -10,7 +10,7 @@ binary mask (:class:`ReMerge`, :func:`ib_mask_step`). The cluster statistics are
 around each epoch (:func:`refresh_statistics`); conv hybrids fold merges to a smaller map, Swin
 merges each tile for the MLP (:class:`TileMerge`).
 
-Parameters: ``ratio``, ``eta``, ``tau``, ``epochs``, ``lr``, ``mlp_lr``, ``ib_weight``, ``recipe``,
+Parameters: ``ratio``, ``eta``, ``ib_step``, ``tau``, ``epochs``, ``lr``, ``mlp_lr``, ``ib_weight``, ``recipe``,
 ``clusters``, ``num_clusters``, ``batch_size``, ``mlp_ratio``, ``stats_images``, ``step_labels``,
 ``init``, ``trace_source``."""
 from __future__ import annotations
@@ -31,6 +31,9 @@ INITS = ("auto", "runs", "grid")
 RECIPES = ("tuned", "official")
 #: the ``clusters`` of the IB step and bound (:data:`vitbench.measure.clusters.CLUSTERS`)
 CLUSTERS = ("class", "kmeans")
+#: where the IB step of the later blocks runs: ``train`` (fine-tuning only; inference merges by the
+#: learned masks alone) or ``always`` (fine-tuning and inference); docs/methods.md, "LTM / IBTM" "Readings"
+IB_STEPS = ("train", "always")
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,9 @@ class LTMParams:
     ratio: float = param(0.7, "P = ceil(ratio * N_p) tokens after the first block (the budget knob)",
                          range=Range(0, 1, low_open=True))
     eta: float = param(1.0, "step size of the IB gradient step in every later block", range=Range(0))
+    ib_step: str = param("train",
+                         "where the IB step runs: train (fine-tuning only; inference merges by the learned "
+                         "masks alone) or always (fine-tuning and inference)", choices=IB_STEPS)
     tau: float = param(1.0, "Gumbel temperature of both masks", range=Range(0, low_open=True))
     epochs: int = param(2, "fine-tuning epochs; the class statistics are refreshed between them", range=Range(0))
     lr: float = param(0.3, "AdamW's rate for M1, the M_l logits and the scales s_l", range=Range(0, low_open=True))

@@ -98,21 +98,53 @@ def run_logits(grid: tuple[int, int], cells: tuple[int, int], p: int, outside: f
 
 
 # -- the merge -------------------------------------------------------------------------------
-def soft_merge(x: torch.Tensor, state: TokenState, g: torch.Tensor) -> torch.Tensor:
-    """``x [B, prefix + N_in, C]`` -> ``[B, prefix + P, C]`` with ``G [B, N_in, P]``: merged
-    token ``q`` is ``sum_i G_iq x_i``; sizes and sources follow the row shares (docs/methods.md, "LTM / IBTM")."""
+def merge_shares(g: torch.Tensor) -> torch.Tensor:
+    """``[B or 1, P, N_in]``: the share of input ``i`` that merged token ``q`` takes, ``G``'s rows
+    normalised, without gradient: d(share)/dG ~ 1/row-sum, and a token every merged token has
+    learned to ignore has a row sum near 0, whose gradient overflows AdamW (docs/methods.md, "LTM / IBTM")."""
+    g_rows = g.detach()
+    return (g_rows / g_rows.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(g.dtype).tiny)).mT
+
+
+def soft_merge(x: torch.Tensor, state: TokenState, g: torch.Tensor,
+               share_t: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``x [B, prefix + N_in, C]`` -> ``[B, prefix + P, C]`` with ``G [B or 1, N_in, P]``: merged
+    token ``q`` is ``sum_i G_iq x_i``; sizes and sources follow the row shares
+    (:func:`merge_shares`, computed here unless given; docs/methods.md, "LTM / IBTM")."""
     prefix = state.prefix
     merged = g.mT @ x[:, prefix:]  # [B or 1, P, N_in] @ [B, N_in, C]
-    # bookkeeping without gradient: d(share)/dG ~ 1/row-sum, and a token every merged token has
-    # learned to ignore has a row sum near 0, whose gradient overflows AdamW (docs/methods.md, "LTM / IBTM")
-    g_rows = g.detach()
-    share_t = (g_rows / g_rows.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(g.dtype).tiny)).mT
+    if share_t is None:
+        share_t = merge_shares(g)
     size = state.sizes(x)
     state.size = torch.cat([size[:, :prefix], share_t @ size[:, prefix:]], dim=1)
     if state.source is not None:
         source = state.source
         state.source = torch.cat([source[:, :prefix], share_t @ source[:, prefix:]], dim=1)
     return torch.cat([x[:, :prefix], merged], dim=1)
+
+
+class _Constants:
+    """Values an eval-mode forward without gradient computes from a module's parameters and
+    buffers alone (``G1``, a later block's ``G_l`` without the IB step, ``log Q`` under the prior),
+    computed once and reused while those tensors are the same objects holding the same values
+    (checked by comparison on every use: a write through ``.data`` is seen too). A plain object:
+    not in the state dict."""
+
+    def __init__(self) -> None:
+        self._values: dict[str, tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], Any]] = {}
+
+    def get(self, name: str, tensors: tuple[torch.Tensor, ...], compute: Callable[[], Any]) -> Any:
+        """``compute()``, or its value of an earlier call whose ``tensors`` are unchanged;
+        computed afresh (and not kept) while gradients are recorded."""
+        if torch.is_grad_enabled():
+            return compute()
+        kept = self._values.get(name)
+        if kept is not None and all(a is b for a, b in zip(kept[0], tensors)) \
+                and all(torch.equal(a, b) for a, b in zip(kept[1], tensors)):
+            return kept[2]
+        value = compute()
+        self._values[name] = (tensors, tuple(t.clone() for t in tensors), value)
+        return value
 
 
 class _Shared:
@@ -155,6 +187,7 @@ class FirstMerge(nn.Module, Reducer):
         self.register_buffer("feature_centroids", torch.zeros(0, dim))
         self.register_buffer("feature_log_q", torch.zeros(0, 0))
         self.register_buffer("input_centroids", torch.zeros(0, 0))
+        self._constants = _Constants()
 
     def weights(self, batch: int) -> torch.Tensor:
         """``G1 [B, N_p, P]`` in training (Gumbel noise per image), ``[1, N_p, P]`` at inference."""
@@ -164,10 +197,17 @@ class FirstMerge(nn.Module, Reducer):
         if x.shape[1] - state.prefix != self.num_patches:
             raise ValueError(f"ltm: block 1 expects {self.num_patches} patch tokens, got "
                              f"{x.shape[1] - state.prefix} (the merge is sized for the model's grid)")
-        g = self.weights(x.shape[0])
+        if self.training:
+            g, share_t = self.weights(x.shape[0]), None
+        else:  # no noise: one matrix for every image
+            g, share_t = self._constants.get("g1", (self.logits,), lambda: _with_shares(self.weights(1)))
         if self.records_grid_merge:
             record_grid_merge(state, g, self.cells)  # type: ignore[arg-type]
-        return soft_merge(x, state, g)
+        return soft_merge(x, state, g, share_t)
+
+
+def _with_shares(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return g, merge_shares(g)
 
 
 def _first_weights(logits: torch.Tensor, tau: float, training: bool, batch: int) -> torch.Tensor:
@@ -179,16 +219,20 @@ def _first_weights(logits: torch.Tensor, tau: float, training: bool, batch: int)
     return (logits / tau).softmax(dim=-2)
 
 
-def block_assign(xt: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
+def block_assign(xt: torch.Tensor, centroids: torch.Tensor,
+                 centroid_sq: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``tau(X~, a) = softmax_a(-dist(X~, C_a))`` ``[B, K]``, ``dist`` the mean squared
-    distance of ``X~ [B, P, C]`` to each ``C_a [P, C]``."""
+    distance of ``X~ [B, P, C]`` to each ``C_a [P, C]`` (``centroid_sq``: the ``||C_a||^2``, when known)."""
     n = xt.shape[1] * xt.shape[2]
     cross = torch.einsum("bpc,kpc->bk", xt, centroids)
-    dist = (xt.pow(2).sum(dim=(1, 2))[:, None] - 2 * cross + centroids.pow(2).sum(dim=(1, 2))[None]) / n
+    if centroid_sq is None:
+        centroid_sq = centroids.pow(2).sum(dim=(1, 2))
+    dist = (xt.pow(2).sum(dim=(1, 2))[:, None] - 2 * cross + centroid_sq[None]) / n
     return (-dist).softmax(dim=1)
 
 
-def ib_mask_step(xt: torch.Tensor, centroids: torch.Tensor, log_q_rows: torch.Tensor, eta: float) -> torch.Tensor:
+def ib_mask_step(xt: torch.Tensor, centroids: torch.Tensor, log_q_rows: torch.Tensor, eta: float,
+                 centroid_sq: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``G~ = I - 2 eta sum_a X~ (S_a/gamma^2)(gamma C_a - zeta)^T psi_a`` ``[B, P, P]``.
 
     ``xt [B, P, C]`` is ``X~``, ``centroids [K, P, C]``, ``log_q_rows [B or 1, K]`` the
@@ -197,7 +241,7 @@ def ib_mask_step(xt: torch.Tensor, centroids: torch.Tensor, log_q_rows: torch.Te
     ``X~ V^T`` with ``V = sum_a tau_a (psi_a - sum_b tau_b psi_b) C_a``; an ``a``-independent
     part of ``psi`` (the input term) cancels, hence ``psi_a = -log Q(a|y)`` (docs/methods.md, "LTM / IBTM").
     """
-    tau = block_assign(xt, centroids)
+    tau = block_assign(xt, centroids, centroid_sq)
     w = tau * -log_q_rows
     v = torch.einsum("bk,kpc->bpc", w - tau * w.sum(dim=1, keepdim=True), centroids)
     eye = torch.eye(xt.shape[1], dtype=xt.dtype, device=xt.device)
@@ -205,14 +249,18 @@ def ib_mask_step(xt: torch.Tensor, centroids: torch.Tensor, log_q_rows: torch.Te
 
 
 class ReMerge(nn.Module, Reducer):
-    """A later block: ``P`` tokens -> ``P`` by one IB gradient step from the identity."""
+    """A later block: ``P`` tokens -> ``P`` by one IB gradient step from the identity; at
+    inference with ``step_at_inference=False`` (``ib_step=train``) by the learned mask alone,
+    ``G~ = I`` (docs/methods.md, "LTM / IBTM" "Readings")."""
 
     needs: frozenset[str] = frozenset()
 
     def __init__(self, p: int, dim: int, hidden: int, eta: float, tau: float, shared: _Shared,
-                 fold_grid: bool = False) -> None:
+                 fold_grid: bool = False, step_at_inference: bool = True) -> None:
         super().__init__()
         self.p, self.eta, self.tau = p, eta, tau
+        self.step_at_inference = step_at_inference
+        self._constants = _Constants()
         self.records_grid_merge = fold_grid  # conv hybrids: appended to the sequence's grid merge
         self.mask_logits = nn.Parameter(torch.full((p, p), _KEEP_LOGIT))
         self.scale = nn.Parameter(torch.tensor(math.log(99.0 * max(p - 1, 1))))
@@ -231,7 +279,8 @@ class ReMerge(nn.Module, Reducer):
         labels = ctx.labels if self.training and self._shared.true_labels and ctx is not None else None
         if labels is not None:
             return self.log_q[labels.long()]
-        return (self.class_prior @ self.log_q)[None]
+        return self._constants.get("prior_log_q", (self.class_prior, self.log_q),
+                                   lambda: (self.class_prior @ self.log_q)[None])
 
     def keep_mask(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The binary mask ``M_l``: ``(hard, straight-through)`` ``[B or 1, P, P]``, diagonal kept."""
@@ -242,30 +291,54 @@ class ReMerge(nn.Module, Reducer):
         eye = torch.eye(self.p, dtype=torch.bool, device=logits.device)
         return st.detach().masked_fill(eye, 1.0), st.masked_fill(eye, 1.0)
 
+    @property
+    def steps(self) -> bool:
+        """Whether this forward takes the IB step: in training and in the statistics pass (which
+        sees the forward training sees), and at inference with ``step_at_inference``; never at
+        ``eta = 0`` (a zero step is the identity)."""
+        return self.eta > 0 and (self.training or self.step_at_inference or self._shared.recording is not None)
+
     def mixing(self, z: torch.Tensor) -> torch.Tensor:
-        """``G_l [B, P, P]`` for the patch tokens ``z [B, P, C]`` entering the merge."""
-        b, p, _ = z.shape
-        xt = self.mlp(z)
-        if self._shared.recording is not None:
-            self._shared.recording[self] = xt.detach()
-        rows = self.log_q_rows()
-        if rows is None:
-            g_tilde = torch.eye(p, dtype=z.dtype, device=z.device).expand(b, p, p)
-        else:
-            if rows.shape[0] not in (1, b):  # hybrids: an image's labels for each of its sequences
-                rows = rows.repeat_interleave(b // rows.shape[0], dim=0)
-            g_tilde = ib_mask_step(xt, self.centroids, rows, self.eta)
-        hard, st = self.keep_mask(b)
+        """``G_l [B, P, P]`` for the patch tokens ``z [B, P, C]`` entering the merge (``[1, P, P]``
+        at inference without the step: the same for every image)."""
+        return self._mixing(z)[0]
+
+    def _mixing(self, z: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """:meth:`mixing` and, where it is a constant, its :func:`merge_shares` (else ``None``)."""
+        b = z.shape[0]
+        rows = None
+        if self.steps or self._shared.recording is not None:
+            xt = self.mlp(z)
+            if self._shared.recording is not None:
+                self._shared.recording[self] = xt.detach()
+            rows = self.log_q_rows() if self.steps else None
+        if rows is None:  # G~ = I: the mask and the scale alone
+            if self.training:
+                return self._masked_softmax(self._eye(z)[None], b), None
+            return self._constants.get("g", (self.mask_logits, self.scale),
+                                       lambda: _with_shares(self._masked_softmax(self._eye(z)[None], 1)))
+        if rows.shape[0] not in (1, b):  # hybrids: an image's labels for each of its sequences
+            rows = rows.repeat_interleave(b // rows.shape[0], dim=0)
+        centroid_sq = self._constants.get("centroid_sq", (self.centroids,),
+                                          lambda: self.centroids.pow(2).sum(dim=(1, 2)))
+        return self._masked_softmax(ib_mask_step(xt, self.centroids, rows, self.eta, centroid_sq), b), None
+
+    def _eye(self, z: torch.Tensor) -> torch.Tensor:
+        return torch.eye(self.p, dtype=z.dtype, device=z.device)
+
+    def _masked_softmax(self, g_tilde: torch.Tensor, batch: int) -> torch.Tensor:
+        """``G_l = column-softmax(s_l G~)`` over the entries the mask ``M_l`` keeps."""
+        hard, st = self.keep_mask(batch)
         logits = self.scale * g_tilde
         ref = logits.masked_fill(hard == 0, float("-inf")).amax(dim=-2, keepdim=True).detach()
         e = torch.exp((logits - ref).clamp_max(0.0)) * st  # a dropped entry may exceed ref: clamp
         return e / e.sum(dim=-2, keepdim=True)
 
     def forward(self, x: torch.Tensor, state: TokenState, info: AttnInfo) -> torch.Tensor:
-        g = self.mixing(x[:, state.prefix:])
+        g, share_t = self._mixing(x[:, state.prefix:])
         if self.records_grid_merge:
             record_grid_merge(state, g)
-        return soft_merge(x, state, g)
+        return soft_merge(x, state, g, share_t)
 
 
 class TileMerge(ReMerge):
@@ -286,8 +359,8 @@ class TileMerge(ReMerge):
     """
 
     def __init__(self, grid: tuple[int, int], cells: tuple[int, int], p: int, dim: int, hidden: int,
-                 eta: float, tau: float, shared: _Shared, init: str = "runs") -> None:
-        super().__init__(p, dim, hidden, eta, tau, shared)
+                 eta: float, tau: float, shared: _Shared, init: str = "runs", step_at_inference: bool = True) -> None:
+        super().__init__(p, dim, hidden, eta, tau, shared, step_at_inference=step_at_inference)
         self.num_patches = grid[0] * grid[1]
         start = run_logits if init == "runs" else pooling_logits
         self.logits = nn.Parameter(start(grid, cells, p, _OUTSIDE_LOGIT * tau))
@@ -587,7 +660,8 @@ def _hybrid_reducers(params: LTMParams, info: ModelInfo, family: FamilySpec, sha
             reducers.append(FirstMerge(seen, cells, p, blk.dim, params.tau, shared, fold_grid=True))
         else:
             hidden = max(1, round(params.mlp_ratio * blk.dim))
-            reducers.append(ReMerge(p, blk.dim, hidden, params.eta, params.tau, shared, fold_grid=True))
+            reducers.append(ReMerge(p, blk.dim, hidden, params.eta, params.tau, shared, fold_grid=True,
+                                    step_at_inference=params.ib_step == "always"))
     return reducers
 
 
@@ -601,7 +675,8 @@ def _tile_reducers(params: LTMParams, info: ModelInfo, grid_fn: MergeGrid, share
         tile = dataclasses.replace(info, grid=blk.grid, num_patches=blk.num_patches, blocks=())
         p, cells = grid_fn(tile, params.ratio)
         hidden = max(1, round(params.mlp_ratio * blk.dim))
-        reducers.append(TileMerge(blk.grid, cells, p, blk.dim, hidden, params.eta, params.tau, shared, init=init))
+        reducers.append(TileMerge(blk.grid, cells, p, blk.dim, hidden, params.eta, params.tau, shared, init=init,
+                                  step_at_inference=params.ib_step == "always"))
     return reducers
 
 
@@ -634,7 +709,8 @@ def build(params: LTMParams, info: ModelInfo) -> Reduction:
         hidden = max(1, round(params.mlp_ratio * info.embed_dim))
         init = "runs" if params.init == "auto" else params.init
         reducers = [FirstMerge(info.grid, cells, p, info.embed_dim, params.tau, shared, init=init)]
-        reducers += [ReMerge(p, info.embed_dim, hidden, params.eta, params.tau, shared) for _ in range(1, info.depth)]
+        reducers += [ReMerge(p, info.embed_dim, hidden, params.eta, params.tau, shared,
+                             step_at_inference=params.ib_step == "always") for _ in range(1, info.depth)]
     for module in reducers:  # start deterministic, like the (eval-mode) models vitbench reduces;
         module.eval()  # model.train() turns the Gumbel noise on
     recipe = params.schedule

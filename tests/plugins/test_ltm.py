@@ -131,7 +131,7 @@ def test_sizes_carry_no_gradient_so_an_ignored_token_cannot_blow_up_the_masks():
 
 
 def test_untrained_later_block_does_not_mix():
-    model = _ltm()  # statistics filled: the IB step is live
+    model = _ltm(ib_step="always")  # statistics filled: the IB step is live at inference too
     block = _reducers(model)[4]
     assert isinstance(block, ReMerge)
     captured = {}
@@ -145,8 +145,92 @@ def test_untrained_later_block_does_not_mix():
     assert diagonal.min() > 0.985 and diagonal.mean() > 0.989  # 99% by the initial s_l
     assert (out - x).abs().max() < 0.05 * x.abs().max()
     fresh = _reducers(_ltm(stats=False))[4]  # before any statistics G~ = I exactly: G_qq = 0.99
+    with torch.no_grad():  # one matrix for every image
+        torch.testing.assert_close(fresh.mixing(x[:, 1:]).diagonal(dim1=-2, dim2=-1), torch.full((1, P), 0.99))
+
+
+def _entering(model, images):
+    """The tokens entering each later block's merge, from one eval forward."""
+    captured = {}
+    hooks = [b.reducer.register_forward_pre_hook(lambda mod, args: captured.__setitem__(mod, args[0]))
+             for b in model.blocks[1:]]
     with torch.no_grad():
-        torch.testing.assert_close(fresh.mixing(x[:, 1:]).diagonal(dim1=-2, dim2=-1), torch.full((3, P), 0.99))
+        model(images)
+    for h in hooks:
+        h.remove()
+    return captured
+
+
+def test_by_default_inference_merges_by_the_learned_masks_alone():
+    """``ib_step=train``: at inference ``G~ = I``, so every later block's ``G_l`` is the column
+    softmax of ``s_l I`` over the entries ``M_l`` keeps, the same for every image, and its MLP
+    never runs; ``ib_step=always`` takes the IB step per image."""
+    model = _ltm()
+    with torch.no_grad():  # a trained-looking mask: drop some entries (in place, as a step would)
+        for blk in model.blocks[1:]:
+            blk.reducer.mask_logits[::3, 1::2] = -1.0
+    images = torch.randn(3, 3, 32, 32)
+    calls = []
+    for blk in model.blocks[1:]:
+        blk.reducer.mlp.register_forward_hook(lambda *a: calls.append(1))
+    entering = _entering(model.eval(), images)
+    assert not calls
+    for block, x in entering.items():
+        with torch.no_grad():
+            g = block.mixing(x[:, 1:])
+        keep = (block.mask_logits > 0) | torch.eye(P, dtype=torch.bool)
+        e = torch.where(keep, torch.exp(block.scale * torch.eye(P)), torch.zeros(()))
+        torch.testing.assert_close(g, (e / e.sum(dim=0, keepdim=True))[None].detach())
+    always = _ltm(ib_step="always")
+    always.load_state_dict(model.state_dict())
+    steps = _entering(always.eval(), images)
+    block = always.blocks[4].reducer
+    with torch.no_grad():
+        g = block.mixing(steps[block][:, 1:])
+    assert g.shape == (3, P, P) and not torch.allclose(g[0], g[1])  # per image
+
+
+def test_the_readings_train_alike_and_eta_0_is_the_mask_alone():
+    """``ib_step`` changes inference only: the statistics pass and a training loss are the same
+    under ``train`` and ``always``; ``eta = 0`` infers as ``ib_step=train``."""
+    models = {step: _ltm(ib_step=step) for step in ("train", "always")}
+    for (k, a), b in zip(models["train"].state_dict().items(), models["always"].state_dict().values()):
+        torch.testing.assert_close(a, b, msg=k)
+    images, labels = torch.randn(4, 3, 32, 32), torch.arange(4)
+    losses = []
+    for model in models.values():
+        torch.manual_seed(3)
+        losses.append(_train_step(model.train(), images, labels))
+    torch.testing.assert_close(losses[0], losses[1])
+    zero = _ltm(eta=0.0, ib_step="always")
+    zero.load_state_dict(models["train"].state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(zero.eval()(images), models["train"].eval()(images))
+
+
+def test_inference_constants_are_computed_once_and_follow_a_change():
+    """``G1`` and a later block's ``G_l`` are kept between eval forwards without gradient and
+    recomputed when a parameter changes (an optimiser step, ``load_state_dict``)."""
+    model = _ltm().eval()
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        before = model(images)
+    first, block = model.blocks[0].reducer, model.blocks[3].reducer
+    kept = first._constants._values["g1"][2][0], block._constants._values["g"][2][0]
+    with torch.no_grad():
+        model(images)
+    assert first._constants._values["g1"][2][0] is kept[0] and block._constants._values["g"][2][0] is kept[1]
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    state["blocks.0.reducer.logits"] += torch.randn_like(state["blocks.0.reducer.logits"])
+    state["blocks.3.reducer.scale"] -= 4.0
+    model.load_state_dict(state)
+    fresh = _ltm(stats=False).eval()
+    reduction_context(fresh).reduction.prepare_load(fresh, state)
+    fresh.load_state_dict(state)
+    with torch.no_grad():
+        after = model(images)
+        torch.testing.assert_close(after, fresh(images))
+    assert not torch.allclose(after, before)
 
 
 def test_ib_step_equals_the_literal_formula_and_the_input_term_cancels():
@@ -247,7 +331,9 @@ def test_no_refresh_after_the_last_epoch_so_the_evaluated_model_is_the_trained_o
 
 
 def test_statistics_pass_fills_the_buffers_as_a_direct_computation():
-    model = _ltm(epochs=2)  # first refresh done: the forward below uses non-trivial statistics
+    # first refresh done: the forward below uses non-trivial statistics; ``always``: the eval
+    # forward below takes the IB step, as the statistics pass does under either reading
+    model = _ltm(epochs=2, ib_step="always")
     first, *later = _reducers(model)
     data = _data(2, 20, seed=7)
     images = torch.cat([x for x, _ in data()])
