@@ -59,9 +59,10 @@ class LTMParams:
     eta: float = param(1.0, "step size of the IB gradient step in every later block", range=Range(0))
     ib_step: str = param("train",
                          "where the IB step runs: train (fine-tuning only; inference merges by the learned "
-                         "masks alone) or always (fine-tuning and inference)", choices=IB_STEPS)
+                         "masks alone) or always (fine-tuning and inference)", choices=IB_STEPS,
+                         inference_only=True)
     tau: float = param(1.0, "Gumbel temperature of both masks", range=Range(0, low_open=True))
-    epochs: int = param(2, "fine-tuning epochs; the class statistics are refreshed between them", range=Range(0))
+    epochs: int = param(1, "fine-tuning epochs; the class statistics are refreshed between them", range=Range(0))
     lr: float = param(0.3, "AdamW's rate for M1, the M_l logits and the scales s_l", range=Range(0, low_open=True))
     mlp_lr: Optional[float] = param(0.0, "rate of the IB step's per-block MLPs: 0 keeps them frozen, None: lr",
                                     range=Range(0), why="0: frozen; None: the same as lr")
@@ -111,6 +112,7 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
         families=("vit", "mobilevit", "swin", "efficientvit"),
         aliases=("ibtm",),
         needs_training=True,
+        weights="vitbench_plugins.ltm:weights",  # fine-tuned 1 epoch on the default model's 60,000 images
         # P = ceil(ratio * N_p) tokens: the count is fixed by ratio, so it is searched before training
         budget=dict(param="ratio", larger_means="more", low=0.001, high=1.0),
         description="LTM/IBTM: learnable token merging by one IB-bound gradient step per block "

@@ -26,6 +26,8 @@ _NON_FINITE = re.compile(r"(?<![\w.\"])([+-]?)(nan|inf(?:inity)?)(?![\w.\"])", r
 
 #: field metadata: the one-line meaning ``vitbench describe`` shows
 HELP = "help"
+#: field metadata: a parameter training does not depend on (:func:`training_params`)
+INFERENCE_ONLY = "inference_only"
 #: field metadata: a :class:`Range` every number of the field must lie in
 RANGE = "range"
 #: field metadata: the field's valid values
@@ -66,10 +68,13 @@ def above(low: float) -> Range:
 
 def param(default: Any = dataclasses.MISSING, help: str = "", *, range: Optional[Range] = None,
           choices: Optional[tuple[Any, ...]] = None, default_factory: Any = dataclasses.MISSING,
-          why: str = "") -> Any:
+          why: str = "", inference_only: bool = False) -> Any:
     """A parameter field with its meaning and its limits, checked by :func:`check_limits` when
-    the parameters are made and shown by ``vitbench describe``; ``why`` follows a refusal."""
+    the parameters are made and shown by ``vitbench describe``; ``why`` follows a refusal;
+    ``inference_only``: training does not depend on it (:func:`training_params`)."""
     metadata: dict[str, Any] = {HELP: help}
+    if inference_only:
+        metadata[INFERENCE_ONLY] = True
     if range is not None:
         metadata[RANGE] = range
     if choices is not None:
@@ -293,3 +298,10 @@ def checked(method: str, params: Any) -> Any:
     check_limits(method, {f.name: getattr(params, f.name) for f in dataclasses.fields(params)},
                  dataclasses.fields(params))
     return params
+
+
+def training_params(params_type: type, values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` (a method's parameters by name) less those declared ``inference_only``: what
+    a fine-tuning depends on (shipped weights fit every run that agrees on these)."""
+    skip = {f.name for f in dataclasses.fields(params_type) if f.metadata.get(INFERENCE_ONLY)}
+    return {k: v for k, v in values.items() if k not in skip}

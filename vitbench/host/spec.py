@@ -54,6 +54,8 @@ class RunSpec:
     data_id: Optional[str] = None
     #: ``--batch-sizes 1,4,16``: throughput and latency timed at each (the speed-up curve); ``None``: not
     batch_sizes: Optional[tuple[int, ...]] = None
+    #: the name the user gave the method (an alias: ``ibtm`` for ``ltm``), shown in the label; not hashed
+    shown_as: Optional[str] = None
 
     def __getattr__(self, name: str) -> Any:
         """A task field of the spec's task (``spec.dense_finetune``): its value, else ``None``."""
@@ -92,7 +94,7 @@ class RunSpec:
     @property
     def spec_id(self) -> str:
         fields = asdict(self)
-        del fields["task_fields"]
+        del fields["task_fields"], fields["shown_as"]  # an alias names the same run
         fields.update(self.task_fields)  # hashed as top-level keys, as when they were RunSpec fields
         for key in (*_LATER_FIELDS, *dict(self.task_fields)):  # hashed only when set: old ids stay valid
             if fields[key] is None or fields[key] is False:
@@ -137,7 +139,8 @@ class RunSpec:
         inner = ", ".join(shown)
         if matched is not None:
             inner = f"{inner}; matched {matched:g}x GMACs" if inner else f"matched {matched:g}x GMACs"
-        return f"{self.method} ({inner})" if inner else self.method
+        name = self.shown_as or self.method
+        return f"{name} ({inner})" if inner else name
 
     def _task_notes(self) -> list[str]:
         return report_words(get_host().task(self.task)).label_notes(dict(self.task_fields)) if self.task_fields else []

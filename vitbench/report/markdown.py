@@ -54,6 +54,11 @@ def _training_line(rec: Mapping[str, Any]) -> str:
     """``1 epoch(s) on 10000 training images, 95 s, 12,345 trainable parameters (backbone frozen)``."""
     if rec.get("trained") == "checkpoint":
         return f"reloaded from {rec.get('checkpoint_path')} (--resume)"
+    if rec.get("trained") == "shipped":
+        return (f"shipped weights {rec.get('shipped_weights')} (sha256 {str(rec.get('shipped_sha256'))[:12]}), "
+                f"{rec.get('shipped_trained')}: their settings equal this run's, so it loaded them instead of "
+                f"fine-tuning (when made: {float(rec.get('train_s') or 0):.0f} s, "
+                f"{int(rec.get('trainable_params') or 0):,} trainable parameters, backbone frozen)")
     stages = rec.get("train_stages") or []
     if stages and all(not s.get("epochs") for s in stages):
         return (f"not trained (0 epochs): only the method's statistics/preparation callbacks ran "

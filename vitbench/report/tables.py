@@ -32,7 +32,7 @@ from vitbench.task import CONTROL, report_words
 __all__ = [
     "NA", "accuracy_key", "drop_unmeasured", "gmacs_spec", "metric", "comparison_table", "group_records", "groups",
     "measured_groups", "method_label", "ok_rows", "panels", "pick_baseline", "pick_control", "row_labels",
-    "trained_epochs",
+    "trained_cell", "trained_epochs",
 ]
 
 NA = "n/a"
@@ -214,6 +214,20 @@ def row_labels(rows: list[Record]) -> list[str]:
     return [tag(lab, r) for lab, r in zip(labels, rows)]
 
 
+def trained_cell(rec: Record) -> str:
+    """What a row trained before it was measured, in a few words: ``none``, ``938 steps on
+    60,000 images``, ``shipped weights, trained 1 epoch on 60,000 images``, ``checkpoint``."""
+    kind = rec.get("trained")
+    if not kind:
+        return "none"
+    if kind == "shipped":
+        return f"shipped weights, {rec.get('shipped_trained') or 'trained'}"
+    if kind == "checkpoint":
+        return "checkpoint of an earlier run"
+    steps = sum(int(s.get("iters") or 0) for s in rec.get("train_stages") or [])
+    return f"{steps:,} steps on {int(rec.get('train_images') or 0):,} images" if steps else "statistics only"
+
+
 def comparison_table(records: Iterable[Record], task: str, model: str, on: str | None = None) -> pd.DataFrame:
     """One row per successful run of ``(task, model)`` (newest record per ``spec_id``), the
     baseline first; deltas, GMACs reduction, speed-up and efficiency against that baseline.
@@ -248,7 +262,7 @@ def comparison_table(records: Iterable[Record], task: str, model: str, on: str |
 
     # every column a task can have; those no row measured (all n/a) are dropped below
     columns = (["Method"] + (["Measured on"] if several_groups else []) + (["Seeds"] if several_seeds else [])
-               + ["Params", "Images"])
+               + (["Trained"] if any(r.get("trained") for r in rows) else []) + ["Params", "Images"])
     control = any(pick_control(part) is not None for _, part, _ in parts)  # tasks with a control row (det/seg) only
     for col in acc_cols:
         columns += ([col.title] + [title for title, _ in col.before] + [col.delta]
@@ -271,7 +285,7 @@ def _rows(rows: list[Record], base: Record | None, task: str, spec: Any, tp_col:
     for rec, label in zip(rows, row_labels(rows)):
         doubts = row_doubts(rec, base, control)
         n = images(rec)
-        row = {"Method": label, "Params": _fmt(metric(rec, "params_m"), ".2f", "M"),
+        row = {"Method": label, "Trained": trained_cell(rec), "Params": _fmt(metric(rec, "params_m"), ".2f", "M"),
                "Images": NA if n is None else str(n), "Weights": weights_from(rec) or NA}
         if several_seeds:
             seeds = rec.get("seeds") or [rec.get("seed")]

@@ -43,7 +43,8 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
                precision: str = "fp32", compile: bool = False, cuda_graph: bool = False,
                limit: Optional[int] = None, head: Optional[str] = None, weights: Optional[str] = None,
                repeats: Optional[int] = None, data_id: Optional[str] = None,
-               batch_sizes: Optional[Iterable[int]] = None, **task_fields: Any) -> list[RunSpec]:
+               batch_sizes: Optional[Iterable[int]] = None, train_limits: Optional[Mapping[str, int]] = None,
+               **task_fields: Any) -> list[RunSpec]:
     """The baseline, then one spec per method, parameters validated (no model is built here).
 
     ``task_fields``: the task's own spec fields (:attr:`~vitbench.task.Task.spec_fields`, det's
@@ -58,6 +59,9 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
 
     ``match_gmacs``: every method runs at that fraction of the baseline's GMACs, its budget knob
     chosen when it runs (:mod:`vitbench.measure.calibrate`); ``--param`` may not set the knob then.
+
+    ``train_limits``: a method's own training images where ``train_limit`` was not chosen by the
+    user (the budget of the weights it ships for the model, :meth:`~vitbench.task.Task.setup`).
 
     ``limit``, ``head``, ``weights``, ``data_id``: what else decides the numbers, as the task's
     :meth:`~vitbench.task.Task.setup` names it (the evaluation images, a new head's inputs, a
@@ -82,7 +86,9 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
     metrics = tuple(metrics)
     if batch_sizes is not None:
         batch_sizes = check_batch_sizes(batch_sizes, metrics)
+    methods = list(methods)
     names = [host.method(name).name for name in methods]  # unknown -> error listing valid ones
+    typed = {host.method(name).name: name for name in reversed(methods)}  # the first name given for each
     for name in overrides:
         canonical = host.method(name).name
         if canonical not in names:
@@ -122,7 +128,8 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
                                 task_fields=_task_fields(control_fields)))
     for name, values in chosen.items():
         spec = host.method(name)
-        training = ({"train_backbone": train_backbone, "train_limit": train_limit,
+        own_limit = (train_limits or {}).get(name, train_limit)
+        training = ({"train_backbone": train_backbone, "train_limit": own_limit,
                      "task_fields": _task_fields(task_fields)} if spec.trains(values) else {})
         matched = {"match_gmacs": match_gmacs} if match_gmacs is not None else {}
         if match_gmacs is not None and spec.budget is not None:
@@ -131,7 +138,8 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
             text = json.dumps(params, sort_keys=True)
         else:
             text = params_json(values)
-        plan.append(RunSpec(method=name, params_json=text, **common, **training, **matched))
+        shown = {"shown_as": typed[name]} if typed.get(name, name) != name else {}
+        plan.append(RunSpec(method=name, params_json=text, **common, **training, **matched, **shown))
     return plan
 
 

@@ -143,8 +143,44 @@ def cls_gmacs_counter(spec: RunSpec, ws: ClsWorkspace, progress: Progress) -> Gm
     return GmacsCounter(count)
 
 
-def _train(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progress) -> dict[str, Any]:
-    """Fine-tune a learnable method (or reload its checkpoint on ``--resume``). Under a launcher
+def shipped_settings(spec: RunSpec, params: dict[str, Any]) -> dict[str, Any]:
+    """What a run's fine-tuning depends on, as shipped weights record it (:mod:`vitbench.train.shipped`);
+    ``params`` as the run's record holds them (canonical JSON values, a matched knob set)."""
+    from vitbench.core.params import training_params
+    from vitbench.host import get_host
+    from vitbench.tasks.cls.weights_from import default_model_sha256
+
+    method = get_host().method(spec.method)
+    return {"model": spec.model,
+            "model_sha256": default_model_sha256(spec.model) if spec.model in EMBEDDED_MODELS and not spec.weights
+            else spec.weights,
+            "method": method.name, "params": dict(sorted(training_params(method.params, params).items())),
+            "train_limit": spec.train_limit, "train_backbone": spec.train_backbone, "seed": spec.seed,
+            "precision": trains_in(spec.precision_name), "data": spec.data}
+
+
+def _load_shipped(spec: RunSpec, model: nn.Module, params: dict[str, Any], progress: Progress
+                  ) -> Optional[dict[str, Any]]:
+    """Load the method's shipped weights when the run's settings equal theirs; what the record
+    says of them, or ``None`` (the run fine-tunes)."""
+    from vitbench.host import get_host
+    from vitbench.train.shipped import find_shipped, load_shipped
+
+    entry = find_shipped(get_host().method(spec.method).weights, shipped_settings(spec, params))
+    if entry is None:
+        return None
+    progress(f"loading the shipped fine-tuned weights {entry.path.name} ({entry.trained})")
+    load_shipped(model, entry)
+    meta = entry.meta
+    return {"trained": "shipped", "shipped_weights": entry.path.name, "shipped_sha256": entry.sha256,
+            "shipped_trained": entry.trained,
+            **{k: meta[k] for k in ("train_s", "train_images", "trainable_params", "train_stages") if k in meta}}
+
+
+def _train(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progress,
+           params: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """Fine-tune a learnable method (or load its shipped weights when the run's settings equal
+    theirs, or reload its checkpoint on ``--resume``). Under a launcher
     every rank fine-tunes (DDP, :mod:`vitbench.train.finetune`), the ranks reload a checkpoint
     only when every one of them finds it (a decision they take together), and rank 0 alone
     writes it."""
@@ -156,6 +192,9 @@ def _train(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progress
         progress(f"loading the fine-tuned checkpoint {path}")
         load_trained(model, path)
         return {"trained": "checkpoint", "checkpoint_path": str(path)}
+    shipped = _load_shipped(spec, model, params or {}, progress)
+    if shipped is not None:
+        return shipped
     if ws.data is None:
         raise VitbenchError(f"{spec.method} needs training data to fine-tune: pass --data PATH "
                             f"(with a train/ split) or use the default model")
@@ -257,7 +296,7 @@ def run_cls_spec(spec: RunSpec, ws: ClsWorkspace, params: dict[str, Any], progre
         model = apply(model, spec.method, **params)
         context = reduction_context(model)
         if context is not None and context.reduction is not None and context.reduction.train:
-            out.update(_train(spec, ws, model, progress))
+            out.update(_train(spec, ws, model, progress, params))
         from vitbench.engine.token_rules import check_token_rules  # a broken rule: an error, not a row
 
         check_token_rules(model, _gmacs_images(spec, ws))  # one forward of 4 images; the model kept as it was

@@ -69,6 +69,22 @@ def _reads_data(metrics: Sequence[str], options: "RunOptions") -> bool:
     return any(m in metrics for m in DATA_METRICS) or bool(_learnable(options))
 
 
+def _shipped_train_limits(methods: Sequence[str], model: str) -> dict[str, int]:
+    """The training images of the weights each of ``methods`` ships for ``model``
+    (:mod:`vitbench.train.shipped`): without ``--train-limit`` a method trains on its shipped
+    budget, so that a run with the shipped settings loads them."""
+    from vitbench.train.shipped import shipped_entries
+
+    host = get_host()
+    out = {}
+    for name in methods:
+        spec = host.method(name)
+        limits = [e.settings["train_limit"] for e in shipped_entries(spec.weights) if e.settings["model"] == model]
+        if limits and isinstance(limits[0], int):
+            out[spec.name] = limits[0]
+    return out
+
+
 class ClsTask(Task):
     """``cls``: an mmpretrain ``ImageClassifier`` around the reduced model; top-1/top-5 accuracy."""
 
@@ -111,8 +127,10 @@ class ClsTask(Task):
         folder = data if reads_data and not is_fashion_mnist(data) else None
         identity = identity_fields(options, evaluates_data=reads_data, head=head, data_folder=folder,
                                    random_init=not options.pretrained and model_name not in EMBEDDED_MODELS)
+        own = _shipped_train_limits(learnable, model_name) if options.train_limit is None else {}
         return TaskSetup(model=model_name, data=data, metrics=metrics,
-                         plan={"train_backbone": options.train_backbone, "train_limit": train_limit, **identity})
+                         plan={"train_backbone": options.train_backbone, "train_limit": train_limit,
+                               **({"train_limits": own} if own else {}), **identity})
 
     def workspace(self, request: WorkspaceRequest) -> "ClsWorkspace":
         """Load the model (the default one is trained once and cached), check every method applies,
