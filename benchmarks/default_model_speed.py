@@ -1,12 +1,12 @@
 """Whether fewer tokens mean faster on the embedded default model: speed-up and efficiency per method.
 
     python benchmarks/default_model_speed.py [--model vitbench-fmnist-deit] [--batch 32] [--threads 2]
-        [--rounds 30] [--methods tome@0.820,tome@0.6,ppt@0.8,...] [--ltm ibtm@0.7]
+        [--rounds 30] [--methods tome@0.820,tome@0.6,ppt@0.8,...] [--ltm ibtm@0.7,ibtm@0.7/ib_step=always]
 
 Each entry of ``--methods`` is ``name@F``: the method's budget knob matched so that its GMACs land
 at ``F`` x the baseline's, as ``vitbench run --match-gmacs F`` matches it (the same
 :func:`vitbench.measure.calibrate.calibrate`, counted on the same images). ``--ltm NAME@RATIO`` adds LTM
-(``ltm`` or its alias ``ibtm``) at that merge ratio, at inference with its class statistics in place
+(``ltm`` or its alias ``ibtm``) at that merge ratio (``/key=value`` sets other parameters), at inference with its class statistics in place
 (:func:`vitbench.measure.calibrate.prepared_as_trained`), and ToMe matched to LTM's GMACs, so that the two
 efficiencies compare at the same compute. Every model is timed in one process, interleaved with
 the baseline (one forward of each per round, in turn; the median over rounds), fp32, on the first
@@ -93,10 +93,13 @@ def build(base: torch.nn.Module, images: torch.Tensor, args: argparse.Namespace
 
     for name, fraction in map(parse_entry, args.methods.split(",")):
         matched(name, fraction, f"{name} @{fraction:g}")
-    if args.ltm:
-        name, ratio = parse_entry(args.ltm)
-        gmacs = add(name, {"ratio": ratio}, f"{name} ratio={ratio:g}")
-        matched("tome", gmacs / base_gmacs, f"tome @{name}'s {gmacs / base_gmacs:.3f}")
+    for entry in filter(None, args.ltm.split(",")):
+        head, _, extra = entry.partition("/")
+        name, ratio = parse_entry(head)
+        params = {"ratio": ratio, **dict(kv.split("=", 1) for kv in filter(None, extra.split("/")))}
+        label = f"{name} ratio={ratio:g}" + "".join(f", {k}={v}" for k, v in params.items() if k != "ratio")
+        gmacs = add(name, params, label)
+        matched("tome", gmacs / base_gmacs, f"tome @{label}'s {gmacs / base_gmacs:.3f}")
     return models, rows
 
 
@@ -128,7 +131,9 @@ def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--methods", default=DEFAULT_METHODS, help="NAME@F entries, comma-separated")
-    parser.add_argument("--ltm", default="ibtm@0.7", help="NAME@RATIO, or '' to leave LTM out")
+    parser.add_argument("--ltm", default="ibtm@0.7",
+                        help="NAME@RATIO[/key=value...] entries, comma-separated (ibtm@0.7/ib_step=always), "
+                             "or '' to leave LTM out")
     args = parser.parse_args(argv)
     allocator = keep_freed_memory()  # as `vitbench run` runs
     torch.set_num_threads(args.threads)
@@ -144,8 +149,9 @@ def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
           f"interleaved; {device_name('cpu')}; load average {_load(before.load_1min)} -> {_load(after.load_1min)}; "
           f"allocator: {allocator}")
     print(frame.to_markdown(index=False))
-    if args.ltm:
-        ltm, tome = frame.iloc[-2], frame.iloc[-1]
+    entries = len([e for e in args.ltm.split(",") if e])
+    for i in range(entries):  # each LTM row and the ToMe row matched to it, last in the table
+        ltm, tome = frame.iloc[len(frame) - 2 * (entries - i)], frame.iloc[len(frame) - 2 * (entries - i) + 1]
         print(f"\n{ltm['method']} efficiency / {tome['method']} efficiency: "
               f"{ltm['efficiency'] / tome['efficiency']:.2f}")
     return frame

@@ -73,8 +73,12 @@ PARAGRAPHS: tuple[tuple[tuple[str, ...] | None, str], ...] = (
      "nats, measured on the evaluation split: X~ the size-weighted mean of the final block's "
      "patch tokens, X the input image (area-downsampled to at most 32x32), soft assignments to "
      "the class centroids of each; the bound includes the input-only constant, so bound minus "
-     "that constant (recorded as `ib_input_constant`) is >= the loss; lower is better for both."),
-    (("trained",), "Learnable methods are fine-tuned before they are measured (details under each table)."),
+     "that constant (recorded as `ib_input_constant`) is >= the loss; lower is better for both. "
+     "The IB loss can be negative: I(X~;X) >= I(X~;Y) holds for the image X itself, but this "
+     "estimate reads X through its soft class clusters, which tell less about X~ than the label does."),
+    (("trained",), "Learnable methods are fine-tuned before they are measured (details under each table); "
+                   "column **Trained** says what each row trained: none, N steps on M images, or weights "
+                   "shipped with vitbench (a run whose training settings equal theirs loads them)."),
     (None, "Where the weights came from (a random init and its seed, timm's pretrained weights, a "
            "checkpoint file and its sha256, the embedded default model) is one line under a table "
            "when every row shares it, else a column. Columns no row measured are left out; "
