@@ -154,8 +154,7 @@ class MethodSpec:
     budget: Optional[BudgetKnob] = None
     #: a parameter that makes a training-free method fine-tune when it is above 0 (ALGM's ``epochs``)
     trains_when: str = ""
-    #: ``"package:folder"`` of fine-tuned weights shipped with the plugin (:mod:`vitbench.train.shipped`):
-    #: a run whose training settings equal an entry's loads it instead of fine-tuning
+    #: ``"package:folder"`` of the plugin's shipped fine-tuned weights (:mod:`vitbench.train.shipped`)
     weights: str = ""
 
     def trains(self, values: Any = None) -> bool:

@@ -31,8 +31,7 @@ INITS = ("auto", "runs", "grid")
 RECIPES = ("tuned", "official")
 #: the ``clusters`` of the IB step and bound (:data:`vitbench.measure.clusters.CLUSTERS`)
 CLUSTERS = ("class", "kmeans")
-#: where the IB step of the later blocks runs: ``train`` (fine-tuning only; inference merges by the
-#: learned masks alone) or ``always`` (fine-tuning and inference); docs/methods.md, "LTM / IBTM" "Readings"
+#: where the later blocks' IB step runs (docs/methods.md, "Readings: where the IB step runs")
 IB_STEPS = ("train", "always")
 
 
