@@ -2,8 +2,9 @@
 ours and one verdict line per claim, read from result stores (docs/results.md, "IBTM as the
 paper runs it").
 
-    python benchmarks/ibtm_paper.py --store runs/ibtm-paper --timed reports/flagship \\
-        --out reports/ibtm-paper/paper.md
+    vitbench report reports/ibtm-paper/runs.jsonl -o reports/ibtm-paper/rows.md
+    python benchmarks/ibtm_paper.py --store reports/ibtm-paper --timed reports/flagship \\
+        --out reports/ibtm-paper/report.md
 
 ``--store`` holds the accuracy rows (fine-tuned methods 1 epoch on the 60,000 training images,
 training-free ones matched to the paper's savings and to IBTM's compute); ``--timed`` a report
@@ -89,7 +90,7 @@ def render(rows: list[dict[str, Any]], timed: list[dict[str, Any]], base_gmacs: 
              f"Default model `vitbench-fmnist-deit` (baseline {_cell(base)} top-1, {base_gmacs:.4f} GMACs), "
              "all 10,000 test images, one seed (0); the paper: ViT-S on ImageNet, Table 1's fine-tuning "
              "setup after 1 epoch. Intervals: 95 % Wilson. Rows, commands and environment: "
-             "[report.md](report.md); timings: the main job's report (`make demo`).", "",
+             "[rows.md](rows.md); timings: the main job's report (`make demo`).", "",
              "| row | trained | top-1 (%) | GMACs | GMACs ↓ (%) | IB loss | IB bound | paper top-1 | paper ↓ (%) |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
 
