@@ -160,3 +160,17 @@ def test_columns_no_row_measured_are_left_out(make_record):
     df = comparison_table(recs, *CLS)
     assert list(df.columns) == ["Method", "GMACs", "GMACs ↓ (%)"]
     assert list(df["GMACs ↓ (%)"]) == ["0.0", "25.0"]
+
+
+def test_a_trained_column_says_what_each_row_trained(records):
+    """Column Trained: none, steps on images, shipped weights; absent when no row trained."""
+    base = next(r for r in records if r["method"] == "baseline" and r["task"] == "cls")
+    fine = {**base, "spec_id": "ft", "method": "ltm", "label": "ibtm (ratio=0.7)", "trained": "fine-tuned",
+            "train_images": 60000, "train_stages": [{"name": "finetune", "epochs": 1, "iters": 938}]}
+    shipped = {**base, "spec_id": "sh", "method": "ltm", "label": "ibtm (ratio=0.8)", "trained": "shipped",
+               "shipped_trained": "trained 1 epoch on 60,000 images"}
+    rows = by_method(comparison_table([base, fine, shipped], *CLS))
+    assert rows["baseline"]["Trained"] == "none"
+    assert rows["ibtm (ratio=0.7)"]["Trained"] == "938 steps on 60,000 images"
+    assert rows["ibtm (ratio=0.8)"]["Trained"] == "shipped weights, trained 1 epoch on 60,000 images"
+    assert "Trained" not in comparison_table([base], *CLS).columns
