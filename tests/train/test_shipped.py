@@ -99,9 +99,21 @@ def test_the_shipped_ltm_entry_fits_a_default_ibtm_run_and_loads():
 
 
 def test_without_train_limit_a_method_with_shipped_weights_trains_on_their_images():
+    """Only a run whose parameters are the entry's (the knob aside when matched) takes its
+    images; another setting and a sweep keep the default 1,000."""
+    from vitbench.core.options import RunOptions
     from vitbench.tasks.cls.task import _shipped_train_limits
 
-    limits = _shipped_train_limits(["ibtm", "ltmp", "tome"], DEIT_MODEL)
+    def limits(params=None, **kw):
+        options = RunOptions(task="cls", methods=("ibtm", "ltmp", "tome"), params=params or {}, **kw)
+        return _shipped_train_limits(options, ["ltm", "ltmp"], DEIT_MODEL)
+
+    assert limits() == {"ltm": 60000} == limits({"ltm": {"ib_step": "always"}})  # inference only
+    assert limits({"ibtm": {"ratio": "0.5"}}) == {} == limits({"ibtm": {"epochs": "2"}})
+    assert limits({"ibtm": {"ratio": "0.5"}}, match_gmacs=0.6) == {"ltm": 60000}  # the knob is chosen later
+    assert limits(budgets=(0.9, 0.8)) == {}
+    limits = _shipped_train_limits(
+        RunOptions(task="cls", methods=("ibtm", "ltmp")), ["ltm", "ltmp"], DEIT_MODEL)
     assert limits == {"ltm": 60000}
     plan = build_plan(task="cls", model=DEIT_MODEL, methods=["ibtm", "ltmp"], data="fashion-mnist",
                       overrides={}, metrics=("accuracy",), batch_size=2, device="cpu", seed=0,

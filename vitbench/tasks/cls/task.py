@@ -69,19 +69,35 @@ def _reads_data(metrics: Sequence[str], options: "RunOptions") -> bool:
     return any(m in metrics for m in DATA_METRICS) or bool(_learnable(options))
 
 
-def _shipped_train_limits(methods: Sequence[str], model: str) -> dict[str, int]:
-    """The training images of the weights each of ``methods`` ships for ``model``
-    (:mod:`vitbench.train.shipped`): without ``--train-limit`` a method trains on its shipped
-    budget, so that a run with the shipped settings loads them."""
+def _shipped_train_limits(options: "RunOptions", methods: Sequence[str], model: str) -> dict[str, int]:
+    """The training images of the weights a method ships for ``model``
+    (:mod:`vitbench.train.shipped`), for each of ``methods`` whose ``--param`` values equal that
+    entry's training parameters (the budget knob aside under ``--match-gmacs``): without
+    ``--train-limit`` such a run trains on the entry's budget and so loads it; another setting
+    trains on the default images. None in a sweep (its budgets set the knob)."""
+    import json
+
+    from vitbench.core.params import make_params, params_json, training_params
     from vitbench.train.shipped import shipped_entries
 
+    if options.is_sweep:
+        return {}
     host = get_host()
     out = {}
     for name in methods:
         spec = host.method(name)
-        limits = [e.settings["train_limit"] for e in shipped_entries(spec.weights) if e.settings["model"] == model]
-        if limits and isinstance(limits[0], int):
-            out[spec.name] = limits[0]
+        given = {k: v for typed, values in options.params.items() if host.method(typed).name == spec.name
+                 for k, v in values.items()}
+        wanted = training_params(spec.params, json.loads(params_json(make_params(spec.name, spec.params, given))))
+        knob = spec.budget.param if spec.budget is not None and options.match_gmacs is not None else None
+        for entry in shipped_entries(spec.weights):
+            shipped = dict(entry.settings["params"])
+            if knob is not None:
+                shipped.pop(knob, None)
+            if entry.settings["model"] == model and shipped == {k: v for k, v in wanted.items() if k != knob} \
+                    and isinstance(entry.settings["train_limit"], int):
+                out[spec.name] = entry.settings["train_limit"]
+                break
     return out
 
 
@@ -127,7 +143,7 @@ class ClsTask(Task):
         folder = data if reads_data and not is_fashion_mnist(data) else None
         identity = identity_fields(options, evaluates_data=reads_data, head=head, data_folder=folder,
                                    random_init=not options.pretrained and model_name not in EMBEDDED_MODELS)
-        own = _shipped_train_limits(learnable, model_name) if options.train_limit is None else {}
+        own = _shipped_train_limits(options, learnable, model_name) if options.train_limit is None else {}
         return TaskSetup(model=model_name, data=data, metrics=metrics,
                          plan={"train_backbone": options.train_backbone, "train_limit": train_limit,
                                **({"train_limits": own} if own else {}), **identity})
