@@ -139,8 +139,9 @@ class _Constants:
         if torch.is_grad_enabled():
             return compute()
         kept = self._values.get(name)
-        if kept is not None and all(a is b for a, b in zip(kept[0], tensors)) \
-                and all(torch.equal(a, b) for a, b in zip(kept[1], tensors)):
+        if kept is not None and all(a is b for a, b in zip(kept[0], tensors)) and all(
+                a.device == b.device and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+                for a, b in zip(kept[1], tensors)):  # ``.to()`` keeps a parameter object, moves its data
             return kept[2]
         value = compute()
         self._values[name] = (tensors, tuple(t.clone() for t in tensors), value)

@@ -231,6 +231,10 @@ def test_inference_constants_are_computed_once_and_follow_a_change():
         after = model(images)
         torch.testing.assert_close(after, fresh(images))
     assert not torch.allclose(after, before)
+    model.double()  # a move keeps the parameter objects: the kept float32 matrices are not reused
+    with torch.no_grad():
+        torch.testing.assert_close(model(images.double()), after.double(), rtol=1e-5, atol=1e-5)
+    assert model.blocks[3].reducer._constants._values["g"][2][0].dtype == torch.float64
 
 
 def test_ib_step_equals_the_literal_formula_and_the_input_term_cancels():
