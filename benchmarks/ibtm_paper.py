@@ -15,11 +15,11 @@ ViT-S, 1 epoch) and Table 2.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 from typing import Any, Optional
 
+from vitbench.report.row_facts import wilson
 from vitbench.report.tables import latest_records
 from vitbench.results import ResultStore
 
@@ -36,10 +36,9 @@ def _rows(store: Path) -> list[dict[str, Any]]:
 
 
 def _wilson(p_pct: float, n: int) -> tuple[float, float]:
-    p, z = p_pct / 100, 1.96
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return 100 * (centre - half), 100 * (centre + half)
+    """The 95 % Wilson interval of a top-1 in %, as the report computes it."""
+    lo, hi = wilson(round(p_pct / 100 * n), n)
+    return 100 * lo, 100 * hi
 
 
 def _cell(r: dict[str, Any]) -> str:
