@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -65,6 +66,35 @@ def test_bad_values_fail_as_on_the_command_line():
         vitbench.benchmark(methods="tome", shard="3/2")  # the command line's forms are taken too
     with pytest.raises(VitbenchError, match="--seed 3 and --seeds 0,1 were both given"):
         vitbench.benchmark(model="test_vit", methods=["tome"], seed=3, seeds=[0, 1], metrics=["gmacs"])
+
+
+@pytest.mark.parametrize("given, said", [
+    ({"methods": 5}, "vitbench.benchmark: methods=5 is not a list of texts (the command line's --methods)"),
+    ({"model": 42}, "vitbench.benchmark: model=42 is not a text or None (the command line's --model)"),
+    ({"out": 123}, "vitbench.benchmark: out=123 is not a text or a path or None (the command line's --out)"),
+    ({"limit": True}, "vitbench.benchmark: limit=True is not an integer or None"),
+    ({"params": ["tome.r=8"]}, "vitbench.benchmark: params=['tome.r=8'] is not a mapping (the command line's "
+                               "--param METHOD.KEY=VALUE)"),
+    ({"seeds": "0,x"}, "vitbench.benchmark: seeds='0,x' is not a comma-separated list of integers"),
+    ({"seeds": [0, "1"]}, "vitbench.benchmark: seeds=(0, '1') is not a list of integers or None"),
+])
+def test_a_wrong_type_is_one_line_naming_the_option(given, said):
+    with pytest.raises(VitbenchError) as raised:
+        vitbench.benchmark(**{"methods": ["tome"], **given})
+    assert str(raised.value).startswith(said)
+
+
+def test_seeds_as_text_are_the_command_lines_list_not_its_characters():
+    from vitbench.api import _options
+
+    assert _options("benchmark", {"methods": "tome", "seeds": "0,1"}, exclude=()).seeds == (0, 1)
+    assert _options("sweep", {"methods": "tome", "budgets": "0.9,0.8"}, exclude=()).budgets == (0.9, 0.8)
+
+
+@pytest.mark.parametrize("budgets", [None, (), "0.5"])
+def test_a_sweep_without_budgets_is_refused(budgets):
+    with pytest.raises(VitbenchError, match=re.escape(f"budgets={budgets!r}: a sweep needs a sequence of fractions")):
+        vitbench.sweep(methods=["tome"], budgets=budgets)
 
 
 def test_the_command_line_becomes_typed_options():

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 from vitbench.errors import VitbenchError
+from vitbench.core.option_types import check_option_types, split_numbers
 from vitbench.core.options import RunOptions, option_names
 
 if TYPE_CHECKING:  # pandas comes with the report
@@ -82,6 +83,9 @@ def sweep(task: str = "cls", model: Optional[str] = None, methods: Names = (), b
           params: Optional[Mapping[str, Mapping[str, Any]]] = None, metrics: Optional[Names] = None,
           out: Union[str, Path, None] = None, **options: Any) -> Results:
     """Run every method at every budget (fractions of the baseline's GMACs) as ``vitbench sweep`` does."""
+    if isinstance(budgets, (str, bytes)) or not isinstance(budgets, Sequence) or not budgets:
+        raise VitbenchError(f"budgets={budgets!r}: a sweep needs a sequence of fractions of the baseline's "
+                            f"GMACs, each in (0, 1], e.g. budgets=[0.9, 0.8, 0.7]")
     given = dict(task=task, model=model, methods=methods, budgets=budgets, params=params, metrics=metrics,
                  out=out, **options)
     return run(_options("sweep", given, exclude=("match_gmacs",)), command=_call("sweep", given))
@@ -102,9 +106,13 @@ def _options(function: str, given: Mapping[str, Any], exclude: tuple[str, ...]) 
         from vitbench.run.plan import parse_shard
 
         values["shard"] = parse_shard(values["shard"])
+    for name, kind in (("seeds", int), ("budgets", float), ("batch_sizes", int)):
+        if isinstance(values.get(name), str):  # "0,1" as --seeds 0,1, never its characters
+            values[name] = split_numbers(function, name, values[name], kind)
     for name in ("methods", "metrics", "seeds", "budgets", "shard", "batch_sizes"):
-        if name in values:
+        if name in values and isinstance(values[name], (list, tuple, range)):
             values[name] = tuple(values[name])
+    check_option_types(function, values)
     return RunOptions(**values)
 
 

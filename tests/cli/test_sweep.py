@@ -112,3 +112,37 @@ def test_report_command_renders_a_sweep_store(swept, tmp_path, capsys):
     text = target.read_text()
     assert "### Summary" in text and "### F = 0.6" in text
     assert (target.parent / "pareto_gmacs.png").read_bytes()[:8] == PNG
+
+
+def test_report_sweep_refuses_a_store_without_a_sweep(tmp_path, capsys):
+    out = tmp_path / "plain"
+    assert main(["run", "--task", "cls", "--model", "test_vit", "--methods", "tome", "--metrics", "gmacs",
+                 "--out", str(out)]) == 0
+    before = (out / "report.md").read_text()
+    capsys.readouterr()
+    assert main(["report", str(out), "--sweep"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines()[-1].startswith(f"vitbench: error: --sweep: result store '{out / 'runs.jsonl'}' holds "
+                                           f"no sweep") and "Traceback" not in err
+    assert (out / "report.md").read_text() == before  # not overwritten with an empty table
+
+
+@pytest.mark.slow
+def test_a_sweep_on_changed_data_prints_the_new_datas_numbers(tmp_path, folder_writer, capsys):
+    data = tmp_path / "data"
+    folder_writer(data / "val", {"a": 4, "b": 1})
+    folder_writer(data / "train", {"a": 2, "b": 2}, seed=1)
+    args = ["sweep", "--task", "cls", "--model", "test_vit", "--methods", "tome", "--no-controls", "--budgets",
+            "0.9", "--metrics", "accuracy,gmacs", "--data", str(data), "--num-classes", "2", "--workers", "0",
+            "--out", str(tmp_path / "out")]
+    assert main(args) == 0
+    capsys.readouterr()
+    (data / "val" / "a").rename(data / "val" / "x")  # the classes' images swapped
+    (data / "val" / "b").rename(data / "val" / "a")
+    (data / "val" / "x").rename(data / "val" / "b")
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    old, new = [r for r in _records(tmp_path / "out") if r["method"] == "tome"]  # measured again, not resumed
+    assert old["spec_id"] != new["spec_id"] and old["top1_pct"] != new["top1_pct"]
+    row = next(line for line in printed.splitlines() if line.startswith("| tome"))
+    assert f"{new['top1_pct']:.2f}" in row

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import multiprocessing
 from pathlib import Path
 
@@ -63,7 +64,9 @@ def test_another_crop_or_a_changed_folder_is_another_entry(image_folder: Path) -
     other, count = dec.decode_once(_cfg(image_folder, size=24), fp)
     assert count == 6 and other != first
     image = next((image_folder / "val" / "a").iterdir())
-    image.write_bytes(image.read_bytes())  # same bytes, new modification time
+    times = (image.stat().st_atime_ns, image.stat().st_mtime_ns)
+    image.write_bytes(next((image_folder / "val" / "b").iterdir()).read_bytes())
+    os.utime(image, ns=times)  # another image under the old name and time (`touch -r`)
     changed, count = dec.decode_once(_cfg(image_folder), folder_fingerprint(image_folder))
     assert count == 6 and changed != first
     assert len(dec.list_entries()) == 3
@@ -179,3 +182,46 @@ def test_cache_list_and_clear(image_folder: Path, capsys) -> None:
         main(["cache", "prune"])
     assert exit_.value.code == 2
     assert "invalid choice: 'prune' (choose from 'list', 'clear')" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage", ["rows shifted", "labels zeroed", "no checksum"])
+def test_an_entry_that_is_not_what_was_written_is_decoded_again(image_folder: Path, damage: str) -> None:
+    cfg, fp = _cfg(image_folder), folder_fingerprint(image_folder)
+    decoded_cfg, _ = dec.decode_once(cfg, fp)
+    entry = Path(decoded_cfg["path"])
+    truth = [(item["inputs"].numpy(), item["data_samples"].gt_label.tolist()) for item in _build(decoded_cfg)]
+    if damage == "rows shifted":
+        raw = (entry / "images.u8").read_bytes()
+        row = 16 * 16 * 3
+        (entry / "images.u8").write_bytes(raw[row:] + raw[:row])
+    elif damage == "labels zeroed":
+        np.save(entry / "labels.npy", np.zeros(6, dtype=np.int64))
+    else:  # an entry of an older vitbench, or one cut short before its checksum
+        (entry / "checksum.json").unlink()
+    with pytest.raises(DataError, match=f"decoded-image cache entry {entry} cannot be read"):
+        _build(decoded_cfg)  # never served as it is
+    notes: list[str] = []
+    again, count = dec.decode_once(cfg, fp, note=notes.append)
+    assert count == 6 and again == decoded_cfg
+    assert f"decoded-image cache: entry {entry.name} is" in notes[0] and "decoding the images again" in notes[0]
+    for (image, label), item in zip(truth, _build(again)):
+        assert np.array_equal(image, item["inputs"].numpy()) and label == item["data_samples"].gt_label.tolist()
+
+
+@pytest.mark.parametrize("where", ["a file", "/dev/null"])
+def test_a_cache_location_that_is_no_folder_is_one_line(image_folder: Path, tmp_path: Path, monkeypatch,
+                                                       where: str) -> None:
+    path = tmp_path / "plain" if where == "a file" else Path(os.devnull)
+    if where == "a file":
+        path.write_text("x")
+    monkeypatch.setenv(dec.ENV_DIR, str(path))
+    with pytest.raises(DataError, match=rf"the decoded-image cache {path} cannot be used \(.*\); point "
+                                        r"\$VITBENCH_DECODED_CACHE at a writable folder"):
+        dec.decode_once(_cfg(image_folder), folder_fingerprint(image_folder))
+
+
+@pytest.mark.parametrize("size", ["inf", "nan", "-1"])
+def test_a_cache_size_that_is_no_size_is_one_line(size: str, monkeypatch) -> None:
+    monkeypatch.setenv(dec.ENV_LIMIT, size)
+    with pytest.raises(ParamError, match=rf"\$VITBENCH_DECODED_CACHE_GB='{size}' is not a size"):
+        dec.cache_limit_bytes()

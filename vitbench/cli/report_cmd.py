@@ -48,7 +48,10 @@ def run(args: argparse.Namespace) -> int:
     command = " ".join(["vitbench", *sys.argv[1:]])
     from vitbench.report.export import is_sweep, write_table
 
-    sweep = args.sweep or is_sweep(records)
+    sweep = is_sweep(records)
+    if args.sweep and not sweep:
+        raise DataError(f"--sweep: result store {str(store.path)!r} holds no sweep (no run was matched to a "
+                        f"budget by `vitbench sweep`); render it without --sweep")
     try:
         if fmt != "md":
             print(f"wrote {write_table(records, output, fmt, sweep)}")

@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     if results.report is None:
         return 0  # an empty shard, or a rank other than 0
     if results.options.is_sweep:
-        _print_sweep_summary(results.all_records, results.report, list(results.plots))
+        _print_sweep_summary(results.records, results.report, list(results.plots))  # this plan's: its data, its budgets
     else:
         _print_summary(results.records, results.report, list(results.plots))
         if getattr(args, "visualize", False):

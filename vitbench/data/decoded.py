@@ -4,7 +4,10 @@ Every configuration of a run or a sweep (each method, budget and seed) reads the
 images; decoding and resizing a JPEG costs a CPU core milliseconds, the model on a GPU far less.
 The first configuration decodes the split (with worker processes) into an entry under
 ``<cache>/decoded/<key>/``: ``images.u8`` (the images, row after row), ``labels.npy`` and
-``meta.json``; every later one reads it memory-mapped (:class:`DecodedImages`). The key hashes
+``meta.json``, and last ``checksum.json``, the SHA-256 of the three; every later one reads it
+memory-mapped (:class:`DecodedImages`) once the files match their checksum (checked once per
+process and file state: an entry that does not match, or has no checksum, is decoded again with one
+line). The key hashes
 the folder's fingerprint (:mod:`vitbench.data.fingerprint`) with the data-set config (path,
 labels, transform, subset), so another input size or crop, or a changed folder, is a new entry.
 An entry is written beside its final name and renamed into place whole, under a lock so that two
@@ -41,7 +44,10 @@ __all__ = ["DecodedEntry", "DecodedImages", "cache_limit_bytes", "clear_entries"
 ENV_LIMIT = "VITBENCH_DECODED_CACHE_GB"
 ENV_DIR = "VITBENCH_DECODED_CACHE"
 DEFAULT_LIMIT_GB = 50.0
-_IMAGES, _LABELS, _META, _USED = "images.u8", "labels.npy", "meta.json", "used"
+_IMAGES, _LABELS, _META, _USED, _SUMS = "images.u8", "labels.npy", "meta.json", "used", "checksum.json"
+_CHECKED = (_IMAGES, _LABELS, _META)
+#: entries whose files matched their checksum in this process, with the files' stat stamps then
+_verified: dict[Path, tuple] = {}
 
 
 @dataclass(frozen=True)
@@ -79,7 +85,7 @@ def cache_limit_bytes() -> int:
         gb = float(text) if text else DEFAULT_LIMIT_GB
     except ValueError:
         gb = -1.0
-    if not gb >= 0:
+    if not 0 <= gb < float("inf"):
         raise ParamError(f"${ENV_LIMIT}={text!r} is not a size; use a number of GB >= 0 (0 turns the "
                          f"decoded-image cache off)")
     return int(gb * 1e9)
@@ -92,13 +98,48 @@ def entry_key(dataset_cfg: dict[str, Any], fingerprint: str) -> str:
 
 
 def _read_entry(path: Path) -> Optional[DecodedEntry]:
+    """The entry at ``path``, or None when it is incomplete (no checksum, written last) or unreadable."""
     try:
+        if not (path / _SUMS).is_file():
+            return None
         meta = json.loads((path / _META).read_text())
         used = (path / _USED).stat().st_mtime_ns if (path / _USED).exists() else (path / _META).stat().st_mtime_ns
-    except (OSError, ValueError):
+        return DecodedEntry(path=path, images=int(meta["images"]), shape=tuple(int(n) for n in meta["shape"]),
+                            nbytes=int(meta["nbytes"]), last_used=used / 1e9, source=str(meta.get("source", "")))
+    except (OSError, ValueError, TypeError, KeyError):
         return None
-    return DecodedEntry(path=path, images=int(meta["images"]), shape=tuple(meta["shape"]),
-                        nbytes=int(meta["nbytes"]), last_used=used / 1e9, source=str(meta.get("source", "")))
+
+
+def _file_sha256(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _stamps(path: Path) -> tuple:
+    return tuple((s.st_size, s.st_mtime_ns, s.st_ctime_ns, s.st_ino)
+                 for s in (os.stat(path / name) for name in (*_CHECKED, _SUMS)))
+
+
+def mismatch(path: Path) -> Optional[str]:
+    """Why the entry at ``path`` is not what was written (a file that does not match its checksum,
+    is missing, or an image array of another size than its metadata says), or None when it is;
+    a match is remembered for the process while the files' stat stamps stay the same."""
+    try:
+        stamps = _stamps(path)
+        if _verified.get(path) == stamps:
+            return None
+        sums = json.loads((path / _SUMS).read_text())
+        for name in _CHECKED:
+            if not isinstance(sums, dict) or sums.get(name) != _file_sha256(path / name):
+                return f"{name} does not match its checksum"
+        entry = _read_entry(path)
+        if entry is None or (path / _IMAGES).stat().st_size != entry.nbytes or \
+                entry.nbytes != entry.images * int(np.prod(entry.shape)):
+            return "its metadata does not describe its image array"
+    except (OSError, ValueError) as exc:
+        return f"it cannot be read ({exc})"
+    _verified[path] = stamps
+    return None
 
 
 def list_entries(directory: str | Path | None = None) -> list[DecodedEntry]:
@@ -196,12 +237,15 @@ def _fill(entry: Path, dataset_cfg: dict[str, Any], workers: int, limit: int,
     try:
         loader = DataLoader(dataset, batch_size=64, num_workers=workers, collate_fn=_collate, shuffle=False)
         done = 0
+        images_sha = hashlib.sha256()
         with open(tmp / _IMAGES, "wb") as f:
             for images, batch_labels in loader:
                 if images.shape[1:] != first.shape:
                     raise DataError(f"the transformed evaluation images differ in shape ({first.shape} and "
                                     f"{images.shape[1:]}); they cannot be cached as one array")
-                f.write(images.tobytes())
+                block = images.tobytes()
+                f.write(block)
+                images_sha.update(block)
                 labels[done:done + len(images)] = batch_labels
                 done += len(images)
         np.save(tmp / _LABELS, labels)
@@ -210,6 +254,11 @@ def _fill(entry: Path, dataset_cfg: dict[str, Any], workers: int, limit: int,
                 "classes": list(dataset.metainfo.get("classes") or ())}
         (tmp / _META).write_text(json.dumps(meta, indent=1, default=str) + "\n")
         _mark_used(tmp)
+        sums = {_IMAGES: images_sha.hexdigest(), _LABELS: _file_sha256(tmp / _LABELS),
+                _META: _file_sha256(tmp / _META)}
+        (tmp / _SUMS).write_text(json.dumps(sums, indent=1) + "\n")  # last: an entry without it is incomplete
+        if entry.exists():  # a stale or corrupt entry of the same name, found under the lock
+            shutil.rmtree(entry)
         os.replace(tmp, entry)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -237,22 +286,54 @@ def decode_once(dataset_cfg: dict[str, Any], fingerprint: str, *, workers: int =
     pipeline = list(dataset_cfg.get("pipeline", ()))
     entry = decoded_root(directory) / entry_key(dataset_cfg, fingerprint)
     decoded = {"type": "vitbench.DecodedImages", "path": str(entry), "pipeline": pipeline[len(_without_pack(pipeline)):]}
-    if _read_entry(entry) is None:
-        entry.parent.mkdir(parents=True, exist_ok=True)
+    if _usable(entry, note) is None:
+        _creatable(entry.parent)
         with cache_lock(entry, "decoding the evaluation images"):
-            if _read_entry(entry) is None:
+            if _usable(entry, note) is None:
                 count = _fill(entry, dataset_cfg, workers, limit, note)
                 return (None, 0) if count is None else (decoded, count)
     _mark_used(entry)
     return decoded, 0
 
 
+def _usable(entry: Path, note: Callable[[str], None]) -> Optional[DecodedEntry]:
+    """The complete entry at ``entry`` whose files match their checksum; None otherwise (a
+    corrupt or incomplete one is said in one line and decoded again)."""
+    found = _read_entry(entry)
+    if found is None:
+        if entry.exists():
+            note(f"decoded-image cache: entry {entry.name} is incomplete; decoding the images again")
+        return None
+    why = mismatch(entry)
+    if why is not None:
+        note(f"decoded-image cache: entry {entry.name} is not what was written ({why}); decoding the images again")
+        return None
+    return found
+
+
+def _creatable(root: Path) -> None:
+    """Make the entries' folder, or say in one line why it cannot be made or written."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        if not root.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, "not a folder")
+        if not os.access(root, os.W_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, "not writable")
+    except OSError as exc:
+        raise DataError(f"the decoded-image cache {root} cannot be used ({exc.strerror or exc}); point "
+                        f"${ENV_DIR} at a writable folder, or set ${ENV_LIMIT}=0 to decode every time") from exc
+
+
 def _mark_used(entry: Path) -> None:
     """Stamp the entry as used now, to the nanosecond (a plain touch takes the kernel's coarse
-    clock, so two entries used within a few milliseconds would tie)."""
-    (entry / _USED).touch()
-    now = time.time_ns()
-    os.utime(entry / _USED, ns=(now, now))
+    clock, so two entries used within a few milliseconds would tie). A cache that cannot be
+    written is still read: its entries then only age by when they were made."""
+    try:
+        (entry / _USED).touch()
+        now = time.time_ns()
+        os.utime(entry / _USED, ns=(now, now))
+    except OSError:
+        pass
 
 
 @DATASETS.register_module()
@@ -266,8 +347,9 @@ class DecodedImages(BaseDataset):
     def __init__(self, path: str, pipeline: Sequence[Any] = ({"type": "mmpretrain.PackInputs"},),
                  indices: int | Sequence[int] | None = None, **kwargs: Any) -> None:
         entry = _read_entry(Path(path))
-        if entry is None:
-            raise DataError(f"decoded-image cache entry {path} is missing or incomplete; run again to decode "
+        why = "it is missing or incomplete" if entry is None else mismatch(Path(path))
+        if why is not None:
+            raise DataError(f"decoded-image cache entry {path} cannot be read: {why}; run again to decode "
                             f"the images (or `vitbench cache clear`)")
         self.entry = entry
         meta = json.loads((entry.path / _META).read_text())
