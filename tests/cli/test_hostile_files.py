@@ -117,6 +117,29 @@ def test_an_image_within_the_limit_still_loads(tmp_path: Path) -> None:
     assert LoadImage().transform({"img_path": str(path)})["img_shape"] == (20, 30)
 
 
+def test_an_exif_rotated_jpeg_is_read_as_timm_reads_it(tmp_path: Path) -> None:
+    from timm.data import ImageDataset
+
+    (tmp_path / "c").mkdir()
+    path = tmp_path / "c" / "turned.jpg"
+    exif = Image.Exif()
+    exif[0x0112] = 6  # orientation: rotate 90 degrees clockwise to show
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)).save(path, exif=exif.tobytes())
+    timm_img = np.asarray(ImageDataset(str(tmp_path))[0][0])
+    ours = LoadImage().transform({"img_path": str(path)})["img"]
+    assert timm_img.shape == (48, 64, 3) and ours.shape == (48, 64, 3)
+    assert np.array_equal(ours[..., ::-1], timm_img)  # BGR for the mm pipeline, the same pixels
+
+
+def test_visualize_refuses_a_bomb_in_one_line(tmp_path: Path) -> None:
+    bomb = tmp_path / "bomb.png"
+    bomb.write_bytes(_png_declaring(20_000, 20_000))  # 400 megapixels
+    line = _one_error_line(_vitbench("visualize", "--method", "tome", "--image", str(bomb), "--out",
+                                     str(tmp_path / "fig"), cwd=tmp_path))
+    assert line.startswith(f"vitbench: error: --image {str(bomb)!r}: cannot read image {bomb}: ") and "bomb" in line
+
+
 def test_paths_and_arguments_no_encoding_decodes_reach_the_report(tmp_path: Path) -> None:
     out = os.fsencode(tmp_path) + b"/out\xff"
     # a console that refuses undecodable text (PYTHONIOENCODING=...:strict) prints escapes instead

@@ -58,6 +58,7 @@ def test_an_image_file_is_resized_to_the_model(tmp_path):
     (["--method", "tome", "--model", ""], "--model '' is empty"),
     (["--method", "tome", "--seed", "x"], "--seed 'x' is not an integer"),
     (["--method", ""], "--method names no method"),
+    (["--method", "random,downsample"], "method 'downsample' changes the patch grid ("),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
     out = tmp_path / "out"

@@ -102,3 +102,103 @@ def test_an_image_missing_from_the_csv_is_named(tmp_path: Path, model) -> None:
     Image.new("RGB", (8, 8)).save(root / "ILSVRC" / "Data" / "CLS-LOC" / "val" / "extra.JPEG")
     with pytest.raises(DataError, match=r"1 images of .* have no row in .*LOC_val_solution.csv \(first: extra.JPEG\)"):
         resolve_cls_data(str(root), model).build()
+
+
+def _val_txt(root: Path) -> Path:
+    return root / "meta" / "val.txt"
+
+
+def _rewrite(path: Path, edit) -> None:
+    path.write_bytes(edit(path.read_bytes()))
+
+
+ANNOTATION_FAULTS = {  # what is done to meta/val.txt -> what the one line says
+    "label 1500": (lambda b: b.replace(b" 999\n", b" 1500\n", 1), r"val.txt:3: label 1500 is outside ImageNet's classes 0-999"),
+    "label -1": (lambda b: b.replace(b" 0\n", b" -1\n", 1), r"val.txt:1: label -1 is outside"),
+    "label text": (lambda b: b.replace(b" 5\n", b" cat\n", 1), r"val.txt:2: label 'cat' is not an integer 0-999"),
+    "label float": (lambda b: b.replace(b" 5\n", b" 5.0\n", 1), r"val.txt:2: label '5.0' is not an integer"),
+    "no label": (lambda b: b.replace(b" 5\n", b"\n", 1), r"val.txt:2: expected '<image> <label 0-999>'"),
+    "duplicate": (lambda b: b + b.splitlines(keepends=True)[0], r"val.txt:7: ILSVRC2012_val_00000001.JPEG is listed again \(first on line 1\)"),
+    "half unlisted": (lambda b: b"".join(b.splitlines(keepends=True)[:3]), r"3 images of .*val are not in .*val.txt \(first: ILSVRC2012_val_00000004.JPEG\)"),
+    "empty": (lambda b: b"", r"val.txt lists no images"),
+    "not UTF-8": (lambda b: b.replace(b"00000002", b"0000\xff002", 1), r"val.txt:2: not UTF-8 text \(byte 0xff\)"),
+    "outside": (lambda b: b.replace(b"ILSVRC2012_val_00000001.JPEG", b"../../../../etc/passwd", 1), r"val.txt:1: image '../../../../etc/passwd' is outside"),
+    "absolute": (lambda b: b.replace(b"ILSVRC2012_val_00000001.JPEG", b"/etc/passwd", 1), r"val.txt:1: image '/etc/passwd' is outside"),
+    "missing image": (lambda b: b.replace(b"00000001.JPEG", b"00000009.JPEG", 1), r"val.txt:1: image 'ILSVRC2012_val_00000009.JPEG' is not in"),
+}
+
+
+@pytest.mark.parametrize("fault", list(ANNOTATION_FAULTS))
+def test_a_faulty_annotation_file_is_one_error_naming_its_line(fault: str, tmp_path: Path, model) -> None:
+    root = annotation_layout(tmp_path / "imagenet")
+    edit, said = ANNOTATION_FAULTS[fault]
+    _rewrite(_val_txt(root), edit)
+    with pytest.raises(DataError, match=said):
+        resolve_cls_data(str(root), model).build()
+
+
+def test_a_pipe_listed_as_an_image_is_refused_not_read(tmp_path: Path, model) -> None:
+    import os
+
+    root = annotation_layout(tmp_path / "imagenet")
+    os.mkfifo(root / "val" / "pipe.JPEG")
+    _rewrite(_val_txt(root), lambda b: b + b"pipe.JPEG 3\n")
+    with pytest.raises(DataError, match=r"val.txt:7: 'pipe.JPEG' is a FIFO \(named pipe\), not an image"):
+        resolve_cls_data(str(root), model).build()
+
+
+def _csv(root: Path) -> Path:
+    return root / "LOC_val_solution.csv"
+
+
+CSV_FAULTS = {
+    "conflicting rows": (lambda b: b + b"ILSVRC2012_val_00000001," + SYNSETS[7].encode() + b" 1 2 3 4\n",
+                         r"LOC_val_solution.csv:8: image 'ILSVRC2012_val_00000001' has a second row \(first on line \d\)"),
+    "empty prediction": (lambda b: b.replace(SYNSETS[5].encode() + b" 10 20 30 40 " + SYNSETS[5].encode() + b" 1 2 3 4", b"", 1),
+                         r"LOC_val_solution.csv:\d: image 'ILSVRC2012_val_0000000\d' has no prediction string"),
+    "huge field": (lambda b: b + b"x," + b"n" * 200_000 + b"\n", r"LOC_val_solution.csv:8: not a CSV row \(field larger than field limit"),
+    "not UTF-8": (lambda b: b.replace(b"ImageId,", b"Image\xe9d,", 1), r"LOC_val_solution.csv:1: not UTF-8 text"),
+    "unknown synset": (lambda b: b.replace(SYNSETS[5].encode(), b"n99999999"), r"synset 'n99999999' is not one of the 1000 ImageNet classes"),
+}
+
+
+@pytest.mark.parametrize("fault", list(CSV_FAULTS))
+def test_a_faulty_csv_is_one_error_naming_its_line(fault: str, tmp_path: Path, model) -> None:
+    root = csv_layout(tmp_path / "imagenet")
+    edit, said = CSV_FAULTS[fault]
+    _rewrite(_csv(root), edit)
+    with pytest.raises(DataError, match=said):
+        resolve_cls_data(str(root), model).build()
+
+
+def test_a_png_beside_the_jpeg_of_one_image_id_is_refused(tmp_path: Path, model) -> None:
+    root = csv_layout(tmp_path / "imagenet")
+    Image.new("RGB", (8, 8)).save(root / "ILSVRC" / "Data" / "CLS-LOC" / "val" / "ILSVRC2012_val_00000001.png")
+    with pytest.raises(DataError, match=r"ILSVRC2012_val_00000001.JPEG and ILSVRC2012_val_00000001.png in .* are one "
+                                        r"ImageId"):
+        resolve_cls_data(str(root), model).build()
+
+
+def _truth(root: Path) -> Path:
+    return root / "ILSVRC2012_devkit_t12" / "data" / "ILSVRC2012_validation_ground_truth.txt"
+
+
+@pytest.mark.parametrize("text, said", [
+    ("449\n12\nx\n449\n12\n1\n", r"ground_truth.txt:3: 'x' is not an ILSVRC2012_ID of meta.mat \(1-449\)"),
+    ("449\n12\n1\n449\n12\n0\n", r"ground_truth.txt:6: '0' is not an ILSVRC2012_ID"),
+    ("449\n12\n1\n449\n12\n1001\n", r"ground_truth.txt:6: '1001' is not an ILSVRC2012_ID"),
+    ("449\n12\n1.5\n449\n12\n1\n", r"ground_truth.txt:3: '1.5' is not an ILSVRC2012_ID"),
+])
+def test_a_faulty_devkit_id_is_one_error_naming_its_line(text: str, said: str, tmp_path: Path, model) -> None:
+    root = devkit_layout(tmp_path / "imagenet")
+    _truth(root).write_text(text)
+    with pytest.raises(DataError, match=said):
+        resolve_cls_data(str(root), model).build()
+
+
+@pytest.mark.parametrize("content", [b"not a mat file at all", b"\x89HDF\r\n\x1a\n" + bytes(600)])
+def test_a_corrupt_or_hdf5_meta_mat_is_one_error(content: bytes, tmp_path: Path, model) -> None:
+    root = devkit_layout(tmp_path / "imagenet")
+    (root / "ILSVRC2012_devkit_t12" / "data" / "meta.mat").write_bytes(content)
+    with pytest.raises(DataError, match=r"meta.mat is not the devkit's meta.mat \(a MATLAB v5 file"):
+        resolve_cls_data(str(root), model).build()

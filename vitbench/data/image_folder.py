@@ -8,18 +8,18 @@ A class folder without images or an empty image file is refused when the split i
 image that does not decode is a :class:`~vitbench.errors.DataError` naming it (:class:`LoadImage`)."""
 from __future__ import annotations
 
-import contextlib
 import math
 import stat
-import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mmcv.transforms import LoadImageFromFile
+import numpy as np
+from mmcv.transforms import BaseTransform
 from mmpretrain.datasets import CustomDataset
 
+from vitbench.data.read_image import MAX_PIXELS, open_image
 from vitbench.errors import DataError, choices_error
 from vitbench.mm.registry import DATASETS, TRANSFORMS
 
@@ -129,65 +129,26 @@ def eval_pipeline(*, input_size: tuple[int, int], crop_pct: float = 0.875,
 
 
 @TRANSFORMS.register_module(name="LoadImage")
-class LoadImage(LoadImageFromFile):
-    """mmcv's ``LoadImageFromFile`` (what ``mmpretrain.LoadImageFromFile`` names), an image that
-    cannot be read or decoded a :class:`DataError` naming the file: an ``error`` record while a
-    run evaluates, one line before the runs while a new head is fitted."""
+class LoadImage(BaseTransform):
+    """Load ``img_path`` as mmcv's ``LoadImageFromFile`` would place it (BGR, or grey for
+    ``color_type="grayscale"``), but decoded as timm decodes it
+    (:func:`~vitbench.data.read_image.open_image`: Pillow, no EXIF rotation); an image that cannot
+    be read is a :class:`DataError` naming the file: an ``error`` record while a run evaluates,
+    one line before the runs while a new head is fitted."""
 
-    def transform(self, results: dict) -> dict | None:
-        path = results.get("img_path")
-        _refuse_bombs(path)
-        try:
-            with _quiet_opencv():  # its decoder's warnings about a broken file would add lines
-                return super().transform(results)
-        except OSError as exc:
-            raise DataError(f"cannot read image {path}: {exc.strerror or exc}") from exc
-        except Exception as exc:  # mmcv asserts, OpenCV raises cv2.error
-            raise DataError(f"cannot read image {path}: it is corrupt or not an image; remove or replace it") from exc
+    def __init__(self, color_type: str = "color", to_float32: bool = False) -> None:
+        if color_type not in ("color", "grayscale"):
+            raise choices_error("color_type", color_type, ("color", "grayscale"))
+        self.color_type, self.to_float32 = color_type, to_float32
 
-
-#: the most pixels an image may declare: Pillow's own decompression-bomb limit (2 x MAX_IMAGE_PIXELS)
-MAX_PIXELS = 2 * 89_478_485
-
-
-def _refuse_bombs(path: str | None) -> None:
-    """Refuse an image whose header declares more than :data:`MAX_PIXELS` (a few kilobytes of
-    PNG can declare gigabytes of pixels) before any decoder allocates them; Pillow reads the
-    header only. A file Pillow does not know is left to the decoder."""
-    if path is None:
-        return
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(path) as img:
-                width, height = img.size
-    except Image.DecompressionBombError as exc:  # Pillow refused it on its header already
-        raise DataError(f"cannot read image {path}: {exc} (a decompression bomb?); remove or shrink it") from None
-    except (UnidentifiedImageError, OSError, ValueError):
-        return
-    if width * height > MAX_PIXELS:
-        raise DataError(f"cannot read image {path}: it declares {width} x {height} pixels, more than the "
-                        f"{MAX_PIXELS:,} vitbench decodes (a decompression bomb?); remove or shrink it")
-
-
-@contextlib.contextmanager
-def _quiet_opencv() -> Iterator[None]:
-    """OpenCV's log silenced for the duration (restored after)."""
-    try:
-        import cv2
-
-        log = cv2.utils.logging
-        before = log.getLogLevel()
-        log.setLogLevel(log.LOG_LEVEL_SILENT)
-    except (ImportError, AttributeError):  # no OpenCV, or one without its logging module
-        yield
-        return
-    try:
-        yield
-    finally:
-        log.setLogLevel(before)
+    def transform(self, results: dict) -> dict:
+        """``img``, ``img_shape`` and ``ori_shape`` from the file at ``img_path``."""
+        grey = self.color_type == "grayscale"
+        img = np.asarray(open_image(results["img_path"], "L" if grey else "RGB"))
+        img = np.ascontiguousarray(img if grey else img[..., ::-1])  # mm pipelines take BGR
+        results["img"] = img.astype(np.float32) if self.to_float32 else img
+        results["img_shape"] = results["ori_shape"] = img.shape[:2]
+        return results
 
 
 @DATASETS.register_module()

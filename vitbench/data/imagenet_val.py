@@ -4,7 +4,7 @@ Three layouts are recognised under ``--data ROOT`` (besides ``ROOT/val/<synset>/
 :mod:`vitbench.data.image_folder` reads):
 
 - mmpretrain's annotation file: ``ROOT/meta/val.txt`` (``<file> <label 0-999>`` per line) over
-  ``ROOT/val/``, read by mmpretrain's own ``ImageNet`` data set;
+  ``ROOT/val/``;
 - the Kaggle localisation challenge's ``ROOT/LOC_val_solution.csv`` (``ImageId,PredictionString``,
   the first word of the string the synset) over ``ROOT/ILSVRC/Data/CLS-LOC/val/`` or ``ROOT/val/``;
 - the ILSVRC 2012 devkit: ``ILSVRC2012_devkit_t12/data/ILSVRC2012_validation_ground_truth.txt``
@@ -12,6 +12,9 @@ Three layouts are recognised under ``--data ROOT`` (besides ``ROOT/val/<synset>/
   ``ROOT/val/`` or ``ROOT/ILSVRC2012_img_val/``.
 
 Labels are indices into the 1000 ImageNet classes in synset order (timm's and mmpretrain's).
+Every reader checks what it reads (:func:`labelled_images`): each image of the folder labelled
+exactly once, each label a class, each name a regular file inside the image folder, the file
+UTF-8; a fault is a :class:`~vitbench.errors.DataError` naming the file and line.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from typing import Any, Optional
 from mmpretrain.datasets import CustomDataset
 
 from vitbench.data.image_folder import IMAGE_EXTENSIONS
+from vitbench.core.files import special_file
 from vitbench.errors import DataError
 from vitbench.mm.registry import DATASETS
 
@@ -80,13 +84,100 @@ def _flat_images(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
 
 
+def _lines(path: Path) -> list[str]:
+    """The lines of a label file, read as UTF-8 (a byte-order mark allowed); a special file, an
+    unreadable one or bytes that are not UTF-8 are a :class:`DataError` naming the file (and line)."""
+    kind = special_file(path)
+    if kind is not None:
+        raise DataError(f"{path} is {kind}, not a label file")
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise DataError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        return raw.decode("utf-8-sig").splitlines()
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise DataError(f"{path}:{line}: not UTF-8 text (byte {raw[exc.start]:#04x}); save the file as UTF-8") from None
+
+
+def _listed_image(folder: Path, name: str, where: str) -> Path:
+    """The image ``name`` a label file lists, which must be a regular file inside ``folder``."""
+    rel = Path(name)
+    if rel.is_absolute() or ".." in rel.parts:
+        raise DataError(f"{where}: image {name!r} is outside {folder}; a label file names images relative to it")
+    path = folder / rel
+    kind = special_file(path)
+    if kind is not None:
+        raise DataError(f"{where}: {name!r} is {kind}, not an image")
+    if not path.is_file():
+        raise DataError(f"{where}: image {name!r} is not in {folder}")
+    return path
+
+
+def _unlisted(images: list[Path], listed: set[Path], split: FlatVal) -> None:
+    """An image of the folder that the label file leaves out would silently drop out of the score."""
+    left = [p.name for p in images if p not in listed]
+    if left:
+        raise DataError(f"{len(left)} images of {split.images} are not in {split.labels} (first: {left[0]}); "
+                        f"label every image, or move the others out")
+
+
+def _annotation_labels(split: FlatVal) -> list[tuple[Path, int]]:
+    """``meta/val.txt``: ``<image> <label 0-999>`` per line, every image of the folder once."""
+    seen: dict[Path, int] = {}
+    out = []
+    classes = len(imagenet_synsets())
+    for n, line in enumerate(_lines(split.labels), start=1):
+        if not line.strip():
+            continue
+        where = f"{split.labels}:{n}"
+        parts = line.rsplit(maxsplit=1)
+        if len(parts) != 2:
+            raise DataError(f"{where}: expected '<image> <label 0-{classes - 1}>', got {line.strip()!r}")
+        name, text = parts
+        try:
+            label = int(text)
+        except ValueError:
+            raise DataError(f"{where}: label {text!r} is not an integer 0-{classes - 1}") from None
+        if not 0 <= label < classes:
+            raise DataError(f"{where}: label {label} is outside ImageNet's classes 0-{classes - 1}")
+        path = _listed_image(split.images, name.strip(), where)
+        if path in seen:
+            raise DataError(f"{where}: {name.strip()} is listed again (first on line {seen[path]})")
+        seen[path] = n
+        out.append((path, label))
+    if not out:
+        raise DataError(f"{split.labels} lists no images")
+    _unlisted(_flat_images(split.images), set(seen), split)
+    return out
+
+
 def _csv_labels(path: Path) -> dict[str, str]:
-    """ImageId -> synset from ``LOC_val_solution.csv``."""
-    with path.open(newline="") as f:
-        rows = list(csv.DictReader(f))
-    if not rows or not {"ImageId", "PredictionString"} <= set(rows[0]):
-        raise DataError(f"{path} is not LOC_val_solution.csv: expected the columns ImageId,PredictionString")
-    return {row["ImageId"]: row["PredictionString"].split()[0] for row in rows}
+    """ImageId -> synset from ``LOC_val_solution.csv``; every row once, with a synset."""
+    lines = _lines(path)
+    labels: dict[str, str] = {}
+    first: dict[str, int] = {}
+    try:
+        reader = csv.reader(lines)
+        header = next(reader, None)
+        if header is None or [h.strip() for h in header[:2]] != ["ImageId", "PredictionString"]:
+            raise DataError(f"{path} is not LOC_val_solution.csv: expected the columns ImageId,PredictionString")
+        for row in reader:
+            where = f"{path}:{reader.line_num}"
+            if not row or not any(field.strip() for field in row):
+                continue
+            if len(row) < 2 or not row[1].split():
+                raise DataError(f"{where}: image {row[0]!r} has no prediction string (its first word is the synset)")
+            image, synset = row[0].strip(), row[1].split()[0]
+            if image in labels:
+                raise DataError(f"{where}: image {image!r} has a second row (first on line {first[image]})")
+            labels[image], first[image] = synset, reader.line_num
+    except csv.Error as exc:
+        raise DataError(f"{path}:{reader.line_num}: not a CSV row ({exc})") from None
+    if not labels:
+        raise DataError(f"{path} labels no images")
+    return labels
 
 
 def _devkit_synsets(devkit: Path) -> dict[int, str]:
@@ -96,33 +187,65 @@ def _devkit_synsets(devkit: Path) -> dict[int, str]:
     meta = devkit / "meta.mat"
     if not meta.is_file():
         raise DataError(f"{meta} is missing: the devkit's ground truth gives ILSVRC2012_IDs, which it maps to synsets")
-    synsets = loadmat(meta, squeeze_me=True)["synsets"]
-    return {int(s["ILSVRC2012_ID"]): str(s["WNID"]) for s in synsets}
+    try:
+        synsets = loadmat(meta, squeeze_me=True)["synsets"]
+        return {int(s["ILSVRC2012_ID"]): str(s["WNID"]) for s in synsets}
+    except Exception as exc:  # noqa: BLE001 - scipy raises many kinds (ValueError, NotImplementedError for HDF5, ...)
+        raise DataError(f"{meta} is not the devkit's meta.mat (a MATLAB v5 file of synsets with ILSVRC2012_ID "
+                        f"and WNID): {type(exc).__name__}: {str(exc)[:200]}") from None
 
 
-def labelled_images(split: FlatVal) -> list[tuple[Path, str]]:
-    """Every validation image of a CSV or devkit layout with its synset, in file-name order."""
+def _devkit_labels(split: FlatVal, images: list[Path]) -> list[tuple[Path, str]]:
+    """The devkit's ground truth: one ILSVRC2012_ID per line, for the images in file-name order."""
+    rows = [(n, line.strip()) for n, line in enumerate(_lines(split.labels), start=1) if line.strip()]
+    if len(rows) != len(images):
+        raise DataError(f"{split.labels} labels {len(rows)} images but {split.images} holds {len(images)}; the "
+                        f"devkit's ground truth is for the whole validation set, in file-name order")
+    synsets = _devkit_synsets(split.labels.parent)
+    out = []
+    for path, (n, text) in zip(images, rows):
+        try:
+            wnid = synsets[int(text)]
+        except (ValueError, KeyError):
+            raise DataError(f"{split.labels}:{n}: {text!r} is not an ILSVRC2012_ID of meta.mat "
+                            f"({min(synsets, default=0)}-{max(synsets, default=0)})") from None
+        out.append((path, wnid))
+    return out
+
+
+def labelled_images(split: FlatVal) -> list[tuple[Path, int]]:
+    """Every validation image of a located layout with its label (the index of its synset among
+    the 1000), checked: every image labelled once, every label a class, every name a file inside
+    the image folder."""
+    if split.layout == "annotation file":
+        return _annotation_labels(split)
     images = _flat_images(split.images)
+    if not images:
+        raise DataError(f"{split.images} holds no images ({' '.join(sorted(IMAGE_EXTENSIONS))})")
     if split.layout == CSV:
         labels = _csv_labels(split.labels)
+        stems: dict[str, Path] = {}
+        for p in images:
+            if p.stem in stems:
+                raise DataError(f"{stems[p.stem].name} and {p.name} in {split.images} are one ImageId of "
+                                f"{split.labels}; keep one of them")
+            stems[p.stem] = p
         missing = [p.name for p in images if p.stem not in labels]
         if missing:
             raise DataError(f"{len(missing)} images of {split.images} have no row in {split.labels} "
                             f"(first: {missing[0]})")
-        return [(p, labels[p.stem]) for p in images]
-    ids = [int(line) for line in split.labels.read_text().split()]
-    if len(ids) != len(images):
-        raise DataError(f"{split.labels} labels {len(ids)} images but {split.images} holds {len(images)}; the "
-                        f"devkit's ground truth is for the whole validation set, in file-name order")
-    synsets = _devkit_synsets(split.labels.parent)
-    return [(p, synsets[i]) for p, i in zip(images, ids)]
+        named = [(p, labels[p.stem]) for p in images]
+    else:
+        named = _devkit_labels(split, images)
+    index = {w: i for i, w in enumerate(imagenet_synsets())}
+    for path, wnid in named:
+        if wnid not in index:
+            raise DataError(f"{path.name}: synset {wnid!r} is not one of the 1000 ImageNet classes")
+    return [(path, index[wnid]) for path, wnid in named]
 
 
 def flat_val_dataset(split: FlatVal, pipeline: Sequence[Any]) -> dict[str, Any]:
     """The mm data-set config of a located flat validation set."""
-    if split.layout == "annotation file":  # mmpretrain's own reader of meta/val.txt
-        return {"type": "mmpretrain.ImageNet", "data_root": str(split.root), "split": "val",
-                "metainfo": {"classes": imagenet_synsets()}, "pipeline": list(pipeline)}
     return {"type": "vitbench.ImageNetVal", "data_root": str(split.root), "pipeline": list(pipeline)}
 
 
@@ -134,18 +257,12 @@ class ImageNetVal(CustomDataset):
     def __init__(self, data_root: str, pipeline: Sequence[Any] = (), indices: int | Sequence[int] | None = None,
                  **kwargs: Any) -> None:
         split = find_flat_val(data_root)
-        if split is None or split.layout == "annotation file":
-            raise DataError(f"{data_root} has no {CSV} or devkit ground truth")
+        if split is None:
+            raise DataError(f"{data_root} has no meta/val.txt, {CSV} or devkit ground truth")
         self.split = split
         super().__init__(data_root=data_root, data_prefix=str(split.images), pipeline=pipeline, indices=indices,
                          test_mode=True, metainfo={"classes": imagenet_synsets()}, **kwargs)
 
     def load_data_list(self) -> list[dict]:
         """One dict per image: its path and its synset's index."""
-        index = {w: i for i, w in enumerate(imagenet_synsets())}
-        out = []
-        for path, wnid in labelled_images(self.split):
-            if wnid not in index:
-                raise DataError(f"{path.name}: synset {wnid!r} is not one of the 1000 ImageNet classes")
-            out.append({"img_path": str(path), "gt_label": index[wnid]})
-        return out
+        return [{"img_path": str(path), "gt_label": label} for path, label in labelled_images(self.split)]

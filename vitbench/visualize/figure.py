@@ -57,6 +57,16 @@ def check_choices(choices: Sequence[Choice]) -> None:
         make_params(spec.name, spec.params, choice.params)
 
 
+def _same_grid(method: str, base: torch.nn.Module, reduced: torch.nn.Module) -> None:
+    """A method that changes the patch grid (``downsample``: a smaller image) has no patches of
+    the original to draw."""
+    before, after = (tuple(int(g) for g in m.patch_embed.grid_size) for m in (base, reduced))  # type: ignore[union-attr]
+    if before != after:
+        raise UnsupportedError(f"method {method!r} changes the patch grid ({before[0]}x{before[1]} to "
+                               f"{after[0]}x{after[1]}): visualize draws which patches of the image a method "
+                               f"merged or pruned, and it keeps none of them; leave it out of --method")
+
+
 def figure_name(choices: Sequence[Choice]) -> str:
     """``visualize-tome-topk.png``: the file name of a figure of ``choices`` (``visualize-7-methods.png``
     past four methods)."""
@@ -87,5 +97,6 @@ def visualize(choices: Sequence[Choice], out: str | Path, *, model: str = DEFAUL
         with torch.random.fork_rng():
             torch.manual_seed(seed)
             reduced = apply(copy.deepcopy(base), choice.method, **dict(choice.params)).eval()
+            _same_grid(choice.method, base, reduced)
             rows.append(Row(choice.title(), trace_groups(reduced, x, chosen)))
     return draw_figure(rows, picture, f"{model}\n{caption}", folder / (filename or figure_name(choices)))

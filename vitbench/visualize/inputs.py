@@ -103,16 +103,16 @@ def load_image(model: nn.Module, image: Optional[str], index: int) -> tuple[torc
     from PIL import Image
 
     from vitbench.data.input_config import input_config
+    from vitbench.data.read_image import open_image
 
     cfg = input_config(model)
     h, w = cfg.input_size
     mode = "L" if cfg.in_chans == 1 else "RGB"
     if image is not None:
         try:
-            with Image.open(Path(image).expanduser()) as img:
-                picture = img.convert(mode).resize((w, h), Image.Resampling.BICUBIC)
-        except (OSError, ValueError) as exc:
-            raise DataError(f"--image {image!r} cannot be read as an image: {exc}") from None
+            picture = open_image(Path(image).expanduser(), mode).resize((w, h), Image.Resampling.BICUBIC)
+        except DataError as exc:
+            raise DataError(f"--image {image!r}: {exc}") from None
         caption = Path(image).name
     else:
         from vitbench.data.fashion_mnist import CLASSES, load_fashion_mnist, pad_images

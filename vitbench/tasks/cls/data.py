@@ -62,7 +62,7 @@ class ClsData:
         ``ROOT/train`` (a missing one raises :class:`DataError` naming the path).
         """
         cfg = copy.deepcopy(self.dataset)
-        if cfg["type"] in ("mmpretrain.ImageNet", "vitbench.ImageNetVal"):  # a flat val/: train/<synset>/
+        if cfg["type"] == "vitbench.ImageNetVal":  # a flat val/: train/<synset>/
             synsets = imagenet_synsets()
             cfg = {"type": "vitbench.ClsImageFolder", "data_root": cfg["data_root"], "pipeline": cfg["pipeline"],
                    "label_map": {w: i for i, w in enumerate(synsets)}, "classes": synsets}
