@@ -12,6 +12,7 @@ Parameters: ``keep``, ``layers``, ``linkage``."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from vitbench.catalog import BudgetKnob, MethodSpec, Range, param
 from vitbench.hookspecs import hookimpl
@@ -27,7 +28,7 @@ class ATCParams:
 
     keep: float = param(0.5, "clusters per listed block, as a fraction of its patch tokens (1 changes nothing)",
                         range=Range(0, 1, low_open=True))
-    layers: tuple[int, ...] = param((3, 6, 9), "the blocks that cluster (0-based; the paper's 4th, 7th and 10th)",
+    layers: Optional[tuple[int, ...]] = param(None, "the blocks that cluster (0-based; the paper's 4th, 7th and 10th); None: a quarter, half and three quarters of the depth ((3, 6, 9) of 12)",
                                     range=Range(0))
     linkage: str = param("average", "the linkage of the hierarchical clustering: average, complete or single",
                          choices=LINKAGES)

@@ -9,7 +9,7 @@ import torch
 from scipy.cluster.hierarchy import cut_tree, linkage as hierarchy
 
 from vitbench.catalog import ModelInfo, Reduction
-from vitbench.kit import ClusterMergeReducer, check_layers
+from vitbench.kit import ClusterMergeReducer, chosen_layers
 from vitbench_plugins.atc import ATCParams
 
 
@@ -35,11 +35,11 @@ def agglomerative(metric: torch.Tensor, clusters: int, linkage: str = "average")
 
 
 def build(params: ATCParams, info: ModelInfo) -> Reduction:
-    check_layers("atc", params.layers, info.depth)
+    layers = chosen_layers("atc", params.layers, info.depth)
 
     def cluster(keys: torch.Tensor, clusters: int) -> torch.Tensor:
         return agglomerative(keys, clusters, params.linkage)
 
-    reducers = [ClusterMergeReducer(params.keep, cluster, features="keys") if i in params.layers else None
+    reducers = [ClusterMergeReducer(params.keep, cluster, features="keys") if i in layers else None
                 for i in range(info.depth)]
     return Reduction(reducers, prop_attn=True)

@@ -14,6 +14,7 @@ setting and not a no-op), ``layers`` (default ``(3, ..., 11)``, the official Dei
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from vitbench.catalog import BudgetKnob, MethodSpec, Range, param
 from vitbench.hookspecs import hookimpl
@@ -32,7 +33,7 @@ class ATSParams:
                         "sample points K = ceil(keep * patches) per listed block (1.0: the paper's DeiT-S setting)",
                         range=Range(0, MAX_KEEP, low_open=True),
                         why="sample points per original patch token; 1 = the paper's setting")
-    layers: tuple[int, ...] = param((3, 4, 5, 6, 7, 8, 9, 10, 11), "the blocks that sample (0-based)", range=Range(0))
+    layers: Optional[tuple[int, ...]] = param(None, "the blocks that sample (0-based); None: every block from a quarter of the depth on ((3, ..., 11) of 12)", range=Range(0))
 
 
 @hookimpl

@@ -11,7 +11,7 @@ import torch
 from vitbench.catalog import ModelInfo, Reduction
 from vitbench.engine import AttnInfo, Reducer, TokenState
 from vitbench.errors import UnsupportedError
-from vitbench.kit import check_layers, cls_attn_score
+from vitbench.kit import blocks_from_quarter, chosen_layers, cls_attn_score
 from vitbench_plugins.ats import ATSParams
 
 
@@ -108,10 +108,10 @@ def compact(x: torch.Tensor, state: TokenState, kept: torch.Tensor, counts: torc
 
 
 def build(params: ATSParams, info: ModelInfo) -> Reduction:
-    check_layers("ats", params.layers, info.depth)
+    layers = chosen_layers("ats", params.layers, info.depth, blocks_from_quarter)
     if info.num_prefix_tokens < 1:
         raise UnsupportedError("ats needs a class token (its scores are the class token's attention "
                                "row); this model has no prefix tokens")
     k = max(1, math.ceil(params.keep * info.num_patches))
-    reducers = [ATSReducer(i, k) if i in params.layers else None for i in range(info.depth)]
+    reducers = [ATSReducer(i, k) if i in layers else None for i in range(info.depth)]
     return Reduction(reducers, prop_attn=True)

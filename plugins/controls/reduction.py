@@ -9,7 +9,7 @@ import torch
 from vitbench.catalog import ModelInfo, Reduction
 from vitbench.engine import AttnInfo, Reducer, TokenState
 from vitbench.errors import UnsupportedError
-from vitbench.kit import check_layers, top_tokens
+from vitbench.kit import chosen_layers, top_tokens
 from vitbench.measure.clusters import run_seed
 from vitbench_plugins.controls import DownsampleParams, RandomParams
 
@@ -39,14 +39,8 @@ class RandomReducer(Reducer):
         return state.keep(x, top_tokens(scores.to(x.device).expand(x.shape[0], patches), k, prefix))
 
 
-def schedule(depth: int) -> tuple[int, ...]:
-    """The blocks at a quarter, half and three quarters of ``depth``: (3, 6, 9) of 12, top-k's."""
-    return tuple(sorted({depth // 4, depth // 2, 3 * depth // 4}))
-
-
 def build_random(params: RandomParams, info: ModelInfo) -> Reduction:
-    layers = params.layers if params.layers is not None else schedule(info.depth)
-    check_layers("random", layers, info.depth)
+    layers = chosen_layers("random", params.layers, info.depth)
     seed = run_seed()
     reducers = [RandomReducer(params.keep, seed * 1009 + i) if i in layers else None for i in range(info.depth)]
     return Reduction(reducers, prop_attn=False)  # every token stays of size 1

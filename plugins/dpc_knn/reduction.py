@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from vitbench.catalog import ModelInfo, Reduction
-from vitbench.kit import ClusterMergeReducer, check_layers, token_distances
+from vitbench.kit import ClusterMergeReducer, chosen_layers, token_distances
 from vitbench_plugins.dpc_knn import DPCKNNParams
 
 
@@ -38,9 +38,9 @@ def dpc_knn(x: torch.Tensor, clusters: int, k: int) -> tuple[torch.Tensor, torch
 
 
 def build(params: DPCKNNParams, info: ModelInfo) -> Reduction:
-    check_layers("dpc-knn", params.layers, info.depth)
+    layers = chosen_layers("dpc-knn", params.layers, info.depth)
     def cluster(x: torch.Tensor, clusters: int) -> torch.Tensor:
         return dpc_knn(x, clusters, params.k)[0]
 
-    reducers = [ClusterMergeReducer(params.keep, cluster) if i in params.layers else None for i in range(info.depth)]
+    reducers = [ClusterMergeReducer(params.keep, cluster) if i in layers else None for i in range(info.depth)]
     return Reduction(reducers, prop_attn=True)

@@ -13,6 +13,7 @@ Parameters: ``keep`` (the paper's ``rho``), ``layers`` (default ``(3, 6, 9)`` as
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from vitbench.catalog import BudgetKnob, MethodSpec, Range, param
 from vitbench.errors import ParamError
@@ -29,7 +30,7 @@ class DynamicViTParams:
 
     keep: float = param(0.7, "keep ratio rho: stage s keeps ceil(rho^s * patches) tokens",
                         range=Range(0, 1, low_open=True))
-    layers: tuple[int, ...] = param((3, 6, 9), "the blocks with a prediction module (one stage each, in order)",
+    layers: Optional[tuple[int, ...]] = param(None, "the blocks with a prediction module (one stage each, in order); None: a quarter, half and three quarters of the depth ((3, 6, 9) of 12)",
                                     range=Range(0))
     ratio_weight: float = param(2.0, "weight of the keep-ratio loss (the paper's lambda_ratio)", range=Range(0))
     tau: float = param(1.0, "Gumbel-softmax temperature", range=Range(0, low_open=True), why="the temperature")
@@ -38,9 +39,9 @@ class DynamicViTParams:
     batch_size: int = param(64, "images per training batch", range=Range(1))
 
     def __post_init__(self) -> None:
-        if len(self.layers) == 0:
+        if self.layers is not None and len(self.layers) == 0:
             raise ParamError("dynamicvit.layers=[] is out of range; it must list at least one block")
-        if len(set(self.layers)) != len(self.layers):
+        if self.layers is not None and len(set(self.layers)) != len(self.layers):
             raise ParamError(f"dynamicvit.layers={list(self.layers)} is out of range; each block may "
                              f"be listed once")
 

@@ -13,7 +13,7 @@ from torch import nn
 from vitbench.catalog import ModelInfo, Reduction
 from vitbench.engine import AttnInfo, Reducer, TokenState, reduction_context
 from vitbench.engine.masks import straight_through_mask
-from vitbench.kit import adamw_cosine, check_layers, top_tokens
+from vitbench.kit import adamw_cosine, chosen_layers, top_tokens
 from vitbench_plugins.dynamicvit import DynamicViTParams
 
 
@@ -138,8 +138,8 @@ def ratio_penalty_of(params: DynamicViTParams) -> Callable[..., Optional[torch.T
 
 
 def build(params: DynamicViTParams, info: ModelInfo) -> Reduction:
-    check_layers("dynamicvit", params.layers, info.depth)
-    stage_of = {layer: s + 1 for s, layer in enumerate(sorted(params.layers))}
+    layers = chosen_layers("dynamicvit", params.layers, info.depth)
+    stage_of = {layer: s + 1 for s, layer in enumerate(sorted(layers))}
     reducers = [DynamicViTReducer(stage_of[i], info.embed_dim, params.keep, params.tau) if i in stage_of else None
                 for i in range(info.depth)]
     stage = adamw_cosine("predictor", params, trainable=("predictor",), extra_loss=ratio_penalty_of(params))

@@ -13,6 +13,7 @@ Parameters: ``keep``, ``layers``, ``iters``."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from vitbench.catalog import BudgetKnob, MethodSpec, Range, param
 from vitbench.hookspecs import hookimpl
@@ -25,7 +26,7 @@ class KMedoidsParams:
 
     keep: float = param(0.5, "clusters per listed block, as a fraction of its patch tokens (1 changes nothing)",
                         range=Range(0, 1, low_open=True))
-    layers: tuple[int, ...] = param((3, 6, 9), "the blocks that cluster (0-based)", range=Range(0))
+    layers: Optional[tuple[int, ...]] = param(None, "the blocks that cluster (0-based); None: a quarter, half and three quarters of the depth ((3, 6, 9) of 12)", range=Range(0))
     iters: int = param(3, "Voronoi iterations of the medoid search", range=Range(0))
 
 

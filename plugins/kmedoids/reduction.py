@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from vitbench.catalog import ModelInfo, Reduction
-from vitbench.kit import ClusterMergeReducer, check_layers, token_distances
+from vitbench.kit import ClusterMergeReducer, chosen_layers, token_distances
 from vitbench_plugins.kmedoids import KMedoidsParams
 
 
@@ -35,9 +35,9 @@ def kmedoids(x: torch.Tensor, clusters: int, iters: int) -> tuple[torch.Tensor, 
 
 
 def build(params: KMedoidsParams, info: ModelInfo) -> Reduction:
-    check_layers("kmedoids", params.layers, info.depth)
+    layers = chosen_layers("kmedoids", params.layers, info.depth)
     def cluster(x: torch.Tensor, clusters: int) -> torch.Tensor:
         return kmedoids(x, clusters, params.iters)[0]
 
-    reducers = [ClusterMergeReducer(params.keep, cluster) if i in params.layers else None for i in range(info.depth)]
+    reducers = [ClusterMergeReducer(params.keep, cluster) if i in layers else None for i in range(info.depth)]
     return Reduction(reducers, prop_attn=True)

@@ -13,6 +13,7 @@ keep the lower position first. The methods ``entropy`` and ``average`` are PPT w
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 from vitbench.catalog import HELP, BudgetKnob, MethodSpec, Range, param, patch_count
 from vitbench.errors import ParamError
@@ -35,7 +36,7 @@ class PPTParams:
     official code; ``"original"``: spatial order)."""
 
     r: int = param(50, "tokens pooled or pruned at each listed block", range=Range(0))
-    layers: tuple[int, ...] = param((3, 6, 9), "blocks (0-indexed) that reduce", range=Range(0))
+    layers: Optional[tuple[int, ...]] = param(None, "blocks (0-indexed) that reduce; None: a quarter, half and three quarters of the depth ((3, 6, 9) of 12)", range=Range(0))
     threshold: float = param(7e-5, "pool when the scores' variance is below it, else prune", range=Range(0))
     score: str = field(default="cls-attn", metadata={HELP: "the scorer (vitbench list scorers)"})
     order: str = field(default="score", metadata={HELP: "layout of kept tokens: score (highest first) or original"})

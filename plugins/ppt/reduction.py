@@ -9,7 +9,7 @@ import torch
 from vitbench.catalog import ModelInfo, Reduction
 from vitbench.engine import AttnInfo, Reducer, TokenState, bipartite_soft_matching, max_merge
 from vitbench.engine.host_sync import host_reads_allowed
-from vitbench.kit import check_layers, top_tokens
+from vitbench.kit import chosen_layers, top_tokens
 from vitbench.host import get_host
 from vitbench_plugins.ppt import PPTParams
 
@@ -42,8 +42,8 @@ class PPTReducer(Reducer):
 
 
 def build(params: PPTParams, info: ModelInfo) -> Reduction:
-    check_layers("ppt", params.layers, info.depth)
+    layers = chosen_layers("ppt", params.layers, info.depth)
     scorer = get_host().scorer(params.score)
-    reducers = [PPTReducer(params.r, params.threshold, scorer, params.order) if i in params.layers else None
+    reducers = [PPTReducer(params.r, params.threshold, scorer, params.order) if i in layers else None
                 for i in range(info.depth)]
     return Reduction(reducers, prop_attn=True)

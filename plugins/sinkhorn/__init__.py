@@ -14,6 +14,7 @@ Parameters: ``keep``, ``layers``, ``eps``, ``iters``, ``epochs``, ``lr``, ``batc
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from vitbench.catalog import BudgetKnob, MethodSpec, Range, param
 from vitbench.errors import ParamError
@@ -29,7 +30,7 @@ class SinkhornParams:
 
     keep: float = param(0.5, "centres per listed block, as a fraction of its patch tokens",
                         range=Range(0, 1, low_open=True))
-    layers: tuple[int, ...] = param((3, 6, 9), "the blocks that cluster (0-based)", range=Range(0))
+    layers: Optional[tuple[int, ...]] = param(None, "the blocks that cluster (0-based); None: a quarter, half and three quarters of the depth ((3, 6, 9) of 12)", range=Range(0))
     eps: float = param(1.0, "entropic regularisation of the Sinkhorn assignment (official code: 1.0)",
                        range=Range(0, low_open=True))
     iters: int = param(3, "Sinkhorn iterations (official code: 3)", range=Range(1))
@@ -38,7 +39,7 @@ class SinkhornParams:
     batch_size: int = param(64, "images per training batch", range=Range(1))
 
     def __post_init__(self) -> None:
-        if len(set(self.layers)) != len(self.layers):
+        if self.layers is not None and len(set(self.layers)) != len(self.layers):
             raise ParamError(f"sinkhorn.layers={list(self.layers)} is out of range; each block may be listed once")
 
 

@@ -11,7 +11,7 @@ from torch import nn
 
 from vitbench.catalog import ModelInfo, Reduction
 from vitbench.engine import AttnInfo, Reducer, TokenState
-from vitbench.kit import adamw_cosine, check_layers, soft_cluster
+from vitbench.kit import adamw_cosine, chosen_layers, soft_cluster
 from vitbench_plugins.sinkhorn import SinkhornParams
 
 
@@ -67,8 +67,8 @@ class SinkhornReducer(nn.Module, Reducer):
 
 
 def build(params: SinkhornParams, info: ModelInfo) -> Reduction:
-    check_layers("sinkhorn", params.layers, info.depth)
-    layers = sorted(params.layers)
+    layers = chosen_layers("sinkhorn", params.layers, info.depth)
+    layers = sorted(layers)
     counts = dict(zip(layers, site_counts(params.keep, len(layers), info.num_patches)))
     reducers = [SinkhornReducer(counts[i], info.embed_dim, params.eps, params.iters, seed=i)
                 if i in counts and params.keep < 1.0 else None for i in range(info.depth)]

@@ -16,6 +16,7 @@ average pool do not see the order -- so both layouts give the same tokens, count
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 from vitbench.catalog import HELP, BudgetKnob, MethodSpec, Range, param
 from vitbench.hookspecs import hookimpl
@@ -27,7 +28,7 @@ class TopKParams:
 
     keep: float = param(0.7, "fraction of patch tokens kept at each listed block, in (0, 1]",
                         range=Range(0, 1, low_open=True))
-    layers: tuple[int, ...] = param((3, 6, 9), "blocks (0-indexed) that prune", range=Range(0))
+    layers: Optional[tuple[int, ...]] = param(None, "blocks (0-indexed) that prune; None: a quarter, half and three quarters of the depth ((3, 6, 9) of 12)", range=Range(0))
     score: str = field(default="cls-attn", metadata={HELP: "the scorer that ranks tokens (vitbench list scorers)"})
     fuse: bool = field(default=False, metadata={HELP: "fuse the dropped tokens into one extra token (EViT)"})
 

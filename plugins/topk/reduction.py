@@ -10,7 +10,7 @@ import torch
 
 from vitbench.catalog import ModelInfo, Reduction
 from vitbench.engine import AttnInfo, Reducer, TokenState
-from vitbench.kit import check_layers, top_tokens
+from vitbench.kit import chosen_layers, top_tokens
 from vitbench.host import get_host
 from vitbench_plugins.topk import TopKParams
 
@@ -44,8 +44,8 @@ class TopKReducer(Reducer):
 
 
 def build(params: TopKParams, info: ModelInfo) -> Reduction:
-    check_layers("topk", params.layers, info.depth)
+    layers = chosen_layers("topk", params.layers, info.depth)
     scorer = get_host().scorer(params.score)
-    reducers = [TopKReducer(params.keep, params.fuse, scorer) if i in params.layers else None
+    reducers = [TopKReducer(params.keep, params.fuse, scorer) if i in layers else None
                 for i in range(info.depth)]
     return Reduction(reducers, prop_attn=True)

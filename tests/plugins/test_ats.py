@@ -230,9 +230,12 @@ def test_conforms(vitbench_check_method):
 # -- parameters ------------------------------------------------------------------------------
 
 
-def test_defaults_are_the_paper_deit_s_setting():
+def test_defaults_are_the_paper_deit_s_setting_scaled_to_the_depth():
+    from vitbench.kit import blocks_from_quarter
+
     params = ATSParams()
-    assert params.keep == 1.0 and params.layers == tuple(range(3, 12))
+    assert params.keep == 1.0 and params.layers is None
+    assert blocks_from_quarter(12) == tuple(range(3, 12)) and blocks_from_quarter(6) == (1, 2, 3, 4, 5)
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -85,7 +85,12 @@ def test_bad_parameters(kwargs, message):
 
 def test_a_block_the_model_lacks_is_a_param_error():
     with pytest.raises(ParamError, match=r"dynamicvit.layers contains 6; valid block indices for this model: 0..5"):
-        vitbench.apply(_test_vit(), "dynamicvit")  # default (3, 6, 9) on a 6-block model
+        vitbench.apply(_test_vit(), "dynamicvit", layers=(3, 6, 9))  # 12 blocks' schedule on a 6-block model
+
+
+def test_the_default_blocks_scale_to_a_6_block_model():
+    reduced = vitbench.apply(_test_vit(), "dynamicvit")
+    assert [i for i, b in enumerate(reduced.blocks) if b.reducer is not None] == [1, 3, 4]
 
 
 # -- inference: fixed counts, top-k by the keep probability ------------------------------------

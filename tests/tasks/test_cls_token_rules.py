@@ -70,7 +70,24 @@ class _NoParams:
     pass
 
 
-LARGE_BATCH_ONLY = {"large-batch-only": (_swap_cls_in_large_batches, "")}
+class _GrowsLater:
+    """Keeps the rules for its first 4 images, then grows the sequence by one token."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen += x.shape[0]
+        return torch.cat([x, x[:, -1:]], dim=1) if self.seen > 4 else _halve(x)
+
+
+def _drops_one_in_large_batches(x: torch.Tensor) -> torch.Tensor:
+    return _halve(x[:-1] if x.shape[0] > 4 else x)
+
+
+LARGE_BATCH_ONLY = {"large-batch-only": (_swap_cls_in_large_batches, ""),
+                    "drops-one-timed": (_drops_one_in_large_batches, ""),
+                    "grows-later": (_GrowsLater(), "")}
 
 
 class _Broken:
@@ -108,7 +125,7 @@ def test_a_correct_method_is_measured_as_without_the_check(checked: vitbench.Res
     calls: list[str] = []
     monkeypatch.setattr(token_rules, "check_token_rules", lambda model, images, method=None: calls.append("x"))
     unchecked = vitbench.benchmark(methods=["tome", "topk"], metrics=["gmacs"], limit=4, out=tmp_path / "unchecked")
-    assert calls == ["x", "x"]  # the check runs for the methods, not the baseline
+    assert calls == ["x"] * 4  # before and after measuring each method, not the baseline
 
     def gmacs(results: vitbench.Results) -> list:
         return [(x["method"], x["gmacs"], x["gmacs_std"]) for x in results.records if x["status"] == "ok"]
@@ -133,3 +150,22 @@ def test_a_rule_broken_only_in_large_batches_is_caught_on_the_scored_steps(tmp_p
     assert by_method["large-batch-only"].get("top1_pct") is None
     assert by_method["tome"]["status"] == by_method["baseline"]["status"] == "ok"
     assert by_method["tome"]["num_images"] == 16
+
+
+@pytest.mark.parametrize("method, said", [
+    ("drops-one-timed", "token rule broken by drops-one-timed at block 3: the step returns 31 of its 32 images"),
+    ("grows-later", "token rule broken by grows-later at block 3: the sequence grew from 65 to 66 tokens"),
+])
+def test_a_rule_broken_while_timed_is_an_error_record_without_accuracy(method: str, said: str, tmp_path) -> None:
+    """With accuracy off no step is scored: the batch and growth rules are checked on every
+    forward, timed ones too, and the whole check runs again after the timings."""
+    get_host().add_plugin(_Broken(), "broken_token_rules")
+    try:
+        results = vitbench.benchmark(methods=[method, "tome"], metrics=["gmacs", "throughput"], quick=True,
+                                     out=tmp_path / method)
+    finally:
+        vitbench.host.reset_host()
+    by_method = {x["method"]: x for x in results.records}
+    assert by_method[method]["status"] == "error" and by_method[method]["error"].startswith(said)
+    assert by_method[method].get("throughput_img_s") is None
+    assert by_method["tome"]["status"] == "ok" and by_method["tome"]["throughput_img_s"] > 0

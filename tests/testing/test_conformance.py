@@ -256,3 +256,24 @@ def test_the_prefix_models_have_the_prefix_tokens_they_claim() -> None:
 def test_a_prefix_swap_only_seen_with_several_prefix_tokens_needs_the_prefix_models(broken_host: PluginHost) -> None:
     """With one prefix token the cls<->dist swap is a plain halving: the main model alone passes."""
     assert check_method("swaps-cls-dist", prefix_models=()).token_counts[3] == 33
+
+
+class FixedBlocks:
+    """A method whose default blocks, (3, 6, 9), exist only on a model of 10 blocks or more."""
+
+    @hookimpl
+    def vitbench_register_methods(self, register):  # type: ignore[no-untyped-def]
+        from vitbench.kit import check_layers
+
+        def build(params, info):  # type: ignore[no-untyped-def]
+            check_layers("fixed-blocks", (3, 6, 9), info.depth)
+            return Reduction([_reducer(_halve) if i in (3, 6, 9) else None for i in range(info.depth)])
+
+        register(MethodSpec(name="fixed-blocks", params=NoParams, build=build))
+
+
+def test_defaults_that_do_not_fit_a_6_block_vit_fail_the_check(broken_host: PluginHost) -> None:
+    broken_host.add_plugin(FixedBlocks(), "fixed_blocks", "test-fixed-blocks", "0.0")
+    with pytest.raises(AssertionError, match=r"fixed-blocks: the default parameters do not fit a 6-block ViT: "
+                                             r"fixed-blocks.layers contains 6; valid block indices for this model: 0..5"):
+        check_method("fixed-blocks")

@@ -4,10 +4,8 @@ Every configuration of a run or a sweep (each method, budget and seed) reads the
 images; decoding and resizing a JPEG costs a CPU core milliseconds, the model on a GPU far less.
 The first configuration decodes the split (with worker processes) into an entry under
 ``<cache>/decoded/<key>/``: ``images.u8`` (the images, row after row), ``labels.npy`` and
-``meta.json``, and last ``checksum.json``, the SHA-256 of the three; every later one reads it
-memory-mapped (:class:`DecodedImages`) once the files match their checksum (checked once per
-process and file state: an entry that does not match, or has no checksum, is decoded again with one
-line). The key hashes
+``meta.json``, and last ``checksum.json`` (their SHA-256); every later one reads it memory-mapped
+(:class:`DecodedImages`) once its files match the checksum, else decodes it again. The key hashes
 the folder's fingerprint (:mod:`vitbench.data.fingerprint`) with the data-set config (path,
 labels, transform, subset), so another input size or crop, or a changed folder, is a new entry.
 An entry is written beside its final name and renamed into place whole, under a lock so that two

@@ -12,9 +12,7 @@ Three layouts are recognised under ``--data ROOT`` (besides ``ROOT/val/<synset>/
   ``ROOT/val/`` or ``ROOT/ILSVRC2012_img_val/``.
 
 Labels are indices into the 1000 ImageNet classes in synset order (timm's and mmpretrain's).
-Every reader checks what it reads (:func:`labelled_images`): each image of the folder labelled
-exactly once, each label a class, each name a regular file inside the image folder, the file
-UTF-8; a fault is a :class:`~vitbench.errors.DataError` naming the file and line.
+Every reader checks each line (:func:`labelled_images`); a fault names the file and line.
 """
 from __future__ import annotations
 

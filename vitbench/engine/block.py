@@ -16,6 +16,7 @@ from torch import nn
 
 from vitbench.engine.attention import AttnInfo, attention_forward, uses_fused_kernel
 from vitbench.engine.reducer import Reducer
+from vitbench.engine.step_shapes import check_step_shapes
 from vitbench.engine.token_state import TokenState
 from vitbench.errors import PluginError
 
@@ -104,7 +105,7 @@ class ReducingBlock(nn.Module):
         reducer = self.reducer
         early = reducer is not None and reducer.before_attention
         if early:
-            x = reducer(x, state, AttnInfo())
+            x = self._step(x, state, AttnInfo())
         bias = state.bias(x.dtype, ctx.prop_attn)
         qk = reducer.qk if reducer is not None else None
         out, info = attention_forward(blk.attn, blk.norm1(x), bias, self.needs, qk_hook=qk)
@@ -112,10 +113,17 @@ class ReducingBlock(nn.Module):
             info.tokens = x
         x = x + blk.drop_path1(blk.ls1(out))
         if reducer is not None and not early:
-            x = reducer(x, state, info)
+            x = self._step(x, state, info)
         ctx.token_counts.append(x.shape[1])
         y = reducer.mlp_forward(blk.mlp, blk.norm2(x)) if reducer is not None else blk.mlp(blk.norm2(x))
         return x + blk.drop_path2(blk.ls2(y))
+
+
+    def _step(self, x: torch.Tensor, state: TokenState, info: AttnInfo) -> torch.Tensor:
+        """The reducer's token step, its shapes checked on every forward (the batch and growth rules)."""
+        out = self.reducer(x, state, info)
+        check_step_shapes(self._context.method, self.index, x, out, state, self.reducer.restores)
+        return out
 
 
 def _drop_wrapper_level(module: nn.Module, state_dict: dict, prefix: str, local_metadata: Any) -> dict:

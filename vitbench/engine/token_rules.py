@@ -26,6 +26,7 @@ from torch import nn
 from vitbench.engine.attention import AttnInfo
 from vitbench.engine.block import reduction_context
 from vitbench.engine.reducer import Reducer
+from vitbench.engine.step_shapes import check_step_shapes, rule_error
 from vitbench.engine.token_state import PrefixTokenError, TokenState
 from vitbench.errors import TokenRuleError
 
@@ -137,8 +138,7 @@ class _RuleTrace:
         self._undo = []
 
     def error(self, block: Any, rule: str, what: str) -> TokenRuleError:
-        where = f" at block {block}" if block is not None else ""
-        return TokenRuleError(f"token rule broken by {self.method}{where}: {what}", rule=rule, block=block)
+        return rule_error(self.method, block, rule, what)
 
     def remember(self, x_in: torch.Tensor, state: TokenState) -> None:
         """Copy the prefix tokens before the step runs: a step that changes them in place changes
@@ -152,19 +152,12 @@ class _RuleTrace:
         before, self._prefix = self._prefix, None
         if not isinstance(x_out, torch.Tensor) or x_out.dim() != 3 or x_in.dim() != 3:
             return
-        if x_out.shape[0] != x_in.shape[0]:
-            raise self.error(block, "batch", f"the step returns {x_out.shape[0]} of its {x_in.shape[0]} images; "
-                                             f"a reduction step keeps every image (docs/token-state.md)")
+        check_step_shapes(self.method, block, x_in, x_out, state, restores)
         if x_out.shape[2] != x_in.shape[2]:
             return  # channels changed: a channel selection, not a token step
         if not bool(torch.isfinite(x_out).all()) and bool(torch.isfinite(x_in).all()):
             raise self.error(block, "finite", "the step turns finite tokens into NaN or inf")  # passed on: the NaN guards
-        n_in, n_out = x_in.shape[1], x_out.shape[1]
-        if n_out > n_in and not (restores and n_out <= state.tokens):
-            limit = f", beyond the {state.tokens} the forward started with" if restores else \
-                "; a reduction step may only keep, merge or drop tokens"
-            raise self.error(block, "growth", f"the sequence grew from {n_in} to {n_out} tokens{limit} "
-                                              f"(docs/token-state.md)")
+        n_out = x_out.shape[1]
         self._check_prefix(block, x_in if before is None else before, state.prefix, x_out)
         for name in ("size", "source"):
             rows = getattr(state, name)

@@ -11,7 +11,7 @@ from vitbench.kit.channel_budget import BudgetResult, ComputeBudget, enforce_bud
 from vitbench.kit.clustering import ClusterFn, ClusterMergeReducer, token_distances
 from vitbench.kit.cost import CostModel, Macs, counted_fixed, linear_macs, probe_image
 from vitbench.kit.merge_schedule import schedule
-from vitbench.kit.params import check_layers, check_scorer
+from vitbench.kit.params import blocks_from_quarter, check_layers, check_scorer, chosen_layers, quarter_blocks
 from vitbench.kit.scores import average_score, cls_attn_score, entropy_score
 from vitbench.kit.selection import TOKEN_ORDERS, top_tokens
 from vitbench.kit.soft_merge import soft_cluster
@@ -20,7 +20,8 @@ from vitbench.kit.vit_costs import ViTBlockCosts, vit_block_costs
 
 __all__ = [
     "BudgetResult", "ClusterFn", "ClusterMergeReducer", "ComputeBudget", "CostModel", "Macs", "TOKEN_ORDERS",
-    "ViTBlockCosts", "adamw_cosine", "average_score", "check_layers", "check_scorer", "cls_attn_score",
-    "counted_fixed", "enforce_budget", "entropy_score", "linear_macs", "probe_image", "schedule", "soft_cluster",
-    "stage_epochs", "token_distances", "top_tokens", "vit_block_costs"
+    "ViTBlockCosts", "adamw_cosine", "average_score", "blocks_from_quarter", "check_layers", "check_scorer",
+    "chosen_layers", "cls_attn_score", "counted_fixed", "enforce_budget", "entropy_score", "linear_macs",
+    "probe_image", "quarter_blocks", "schedule", "soft_cluster", "stage_epochs", "token_distances", "top_tokens",
+    "vit_block_costs"
 ]

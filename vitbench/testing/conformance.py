@@ -8,7 +8,9 @@ every reduction step keeps the token rules (:mod:`vitbench.engine.token_rules`, 
 benchmark runs before measuring): the prefix tokens (class, distillation, register) leave it
 first, in order and unchanged (docs/token-state.md, "Prefix tokens"), the sequence never
 grows, the token state counts the tokens it holds -- on the model under test and on tiny
-models with several prefix tokens (a distilled DeiT: cls + dist; a ViT with two registers).
+models with several prefix tokens (a distilled DeiT: cls + dist; a ViT with two registers);
+and the default parameters build on a 6-block and a 12-block ViT (a default block index
+scales with the depth: :func:`vitbench.kit.chosen_layers`).
 """
 from __future__ import annotations
 
@@ -123,7 +125,23 @@ def check_method(name: str, params: Optional[dict[str, Any]] = None,
         assert min(counts) < n0, f"{name}: tokens did not shrink ({n0} -> {counts})"
     for factory in prefix_models:
         _check_prefix_rule(name, params, factory, spec.families)
+    if "vit" in spec.families:
+        _check_defaults_fit_depths(name)
     return ConformanceReport(spec.name, counts, tuple(first.shape))
+
+
+#: the depths a method's defaults must fit: a small ViT and the usual 12 blocks
+DEFAULT_DEPTHS = (6, 12)
+
+
+def _check_defaults_fit_depths(name: str) -> None:
+    """Method ``name`` with every parameter at its default builds on a ViT of each of
+    :data:`DEFAULT_DEPTHS` blocks: a default block index must scale with the depth."""
+    for depth in DEFAULT_DEPTHS:
+        try:
+            apply(tiny_vit(depth=depth), name)
+        except ParamError as exc:
+            raise AssertionError(f"{name}: the default parameters do not fit a {depth}-block ViT: {exc}") from exc
 
 
 def _check_reducer_types(name: str, params: dict[str, Any], model: nn.Module) -> None:

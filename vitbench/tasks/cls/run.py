@@ -301,6 +301,8 @@ def run_cls_spec(spec: RunSpec, ws: ClsWorkspace, params: dict[str, Any], progre
 
         check_token_rules(model, _gmacs_images(spec, ws))  # one forward of 4 images; the model kept as it was
     out.update(_measure(spec, ws, model.eval(), progress))
+    if spec.method != BASELINE:  # and again after every timed forward: a step that changes as it runs
+        check_token_rules(model, _gmacs_images(spec, ws))
     from vitbench.report.measured_on import derive_measured_on
 
     out["measured_on"] = derive_measured_on({"data": spec.data, "head": ws.head, "num_images": out.get("num_images")},

@@ -17,6 +17,7 @@ the hooks) and imports no torch; the reducer and ``build`` are in
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 from vitbench.catalog import HELP, BudgetKnob, MethodSpec
 from vitbench.errors import ParamError
@@ -30,13 +31,14 @@ class RandomDropParams:
     """``keep``: fraction of patch tokens kept at each of ``layers``; ``seed``: the draw's seed."""
 
     keep: float = field(default=0.5, metadata={HELP: "fraction of patch tokens kept at each listed block"})
-    layers: tuple[int, ...] = field(default=(3, 6, 9), metadata={HELP: "the blocks that drop tokens (0-based)"})
+    layers: Optional[tuple[int, ...]] = field(default=None, metadata={
+        HELP: "the blocks that drop tokens (0-based); None: a quarter, half and three quarters of the depth"})
     seed: int = field(default=0, metadata={HELP: "seed of the random draw (block b draws with seed + b)"})
 
     def __post_init__(self) -> None:
         if not 0.0 < self.keep <= 1.0:
             raise ParamError(f"random-drop.keep={self.keep} is out of range; it must be in (0, 1]")
-        if any(layer < 0 for layer in self.layers):
+        if self.layers is not None and any(layer < 0 for layer in self.layers):
             raise ParamError(f"random-drop.layers={list(self.layers)}: block indices are >= 0")
         if self.seed < 0:
             raise ParamError(f"random-drop.seed={self.seed} is out of range; it must be >= 0")

@@ -8,7 +8,7 @@ import torch
 
 from vitbench.catalog import ModelInfo, Reduction
 from vitbench.engine import AttnInfo, Reducer, TokenState
-from vitbench.errors import ParamError
+from vitbench.kit import chosen_layers
 from vitbench_example_plugin import RandomDropParams
 
 
@@ -37,10 +37,7 @@ class RandomDropReducer(Reducer):
 
 def build(params: RandomDropParams, info: ModelInfo) -> Reduction:
     """One reducer per listed block; the others only apply proportional attention."""
-    for layer in params.layers:
-        if layer >= info.depth:
-            raise ParamError(f"random-drop.layers contains {layer}; valid block indices for this "
-                             f"model: 0..{info.depth - 1}")
-    reducers = [RandomDropReducer(params.keep, params.seed + i) if i in params.layers else None
+    layers = chosen_layers("random-drop", params.layers, info.depth)  # None: (3, 6, 9) of 12, scaled
+    reducers = [RandomDropReducer(params.keep, params.seed + i) if i in layers else None
                 for i in range(info.depth)]
     return Reduction(reducers, prop_attn=True)
