@@ -146,6 +146,7 @@ def run(options: RunOptions, command: Optional[Sequence[str]] = None) -> Results
     repeats = chosen_repeats(options.quick, options.repeats)  # --quick / --repeats N, checked before anything runs
     check_launcher(options.launcher, task.name, methods)
     budgets = _budgets(options)
+    options = _with_bounded_workers(options)
     setup = task.setup(options)  # its own options checked (task.parse_options)
     methods = _with_controls(options, methods, setup.model)
     metrics = _with_gmacs(setup.metrics, budgets)
@@ -181,6 +182,19 @@ def run(options: RunOptions, command: Optional[Sequence[str]] = None) -> Results
         return Results(options, out, records, [])  # rank 0 writes the report (and the records)
     stored = store.records()
     return _report(options, records, stored, out, env["command"], [c.describe() for c in store.corrupt_lines])
+
+
+def _with_bounded_workers(options: RunOptions) -> RunOptions:
+    """``--workers`` at most the usable cores (one line when lowered), before anything starts."""
+    import dataclasses
+
+    from vitbench.data.workers import bounded_workers
+
+    def note(text: str) -> None:
+        print(f"vitbench: note: {text}", file=sys.stderr)
+
+    workers = bounded_workers(options.workers, note)
+    return options if workers == options.workers else dataclasses.replace(options, workers=workers)
 
 
 def _methods(options: RunOptions) -> list[str]:

@@ -110,3 +110,15 @@ def test_a_family_whose_code_does_not_import_is_a_warning_and_the_others_still_r
     with pytest.raises(UnsupportedError, match="no model-family adapter recognises Linear"):
         host.family_of(torch.nn.Linear(2, 2))  # every family asked, the broken one skipped
     assert "family 'broken-family' of plugin 'broken_family_plugin' (b-dist) cannot be loaded" in capsys.readouterr().err
+
+
+def test_an_unknown_default_model_in_the_environment_is_one_warning(tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "vitbench", "list", "methods"], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "VITBENCH_DEFAULT_MODEL": "nonexistent"}, cwd=tmp_path)
+    assert done.returncode == 0 and "tome" in done.stdout and "Traceback" not in done.stderr
+    assert done.stderr.strip() == ("vitbench: warning: $VITBENCH_DEFAULT_MODEL='nonexistent' is not an embedded model "
+                                   "(valid: vitbench-fmnist-deit, vitbench-fmnist-vit); using vitbench-fmnist-deit")

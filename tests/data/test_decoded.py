@@ -140,7 +140,7 @@ def test_workers_default_to_none_for_data_in_memory() -> None:
     assert workers_for({"type": "vitbench.OfflineFashionMNIST"}) == 0
     assert workers_for({"type": "vitbench.DecodedImages"}) == 0
     assert 1 <= workers_for({"type": "vitbench.ClsImageFolder"}) <= 8
-    assert workers_for({"type": "vitbench.ClsImageFolder"}, 3) == 3
+    assert workers_for({"type": "vitbench.ClsImageFolder"}, 1) == 1
     with pytest.raises(ParamError, match="--workers must be an integer >= 0, got -1"):
         workers_for({}, -1)
 
@@ -225,3 +225,17 @@ def test_a_cache_size_that_is_no_size_is_one_line(size: str, monkeypatch) -> Non
     monkeypatch.setenv(dec.ENV_LIMIT, size)
     with pytest.raises(ParamError, match=rf"\$VITBENCH_DECODED_CACHE_GB='{size}' is not a size"):
         dec.cache_limit_bytes()
+
+
+def test_workers_above_the_usable_cores_are_lowered_with_a_note(monkeypatch, capsys, tmp_path) -> None:
+    from vitbench.data import workers
+
+    monkeypatch.setattr(workers, "usable_cores", lambda: 3)
+    notes: list[str] = []
+    assert workers.bounded_workers(100_000, notes.append) == 3
+    assert notes == ["--workers 100000 lowered to 3, the CPU cores this process may use"]
+    assert workers.bounded_workers(2, notes.append) == 2 and workers.bounded_workers(None) is None and len(notes) == 1
+    assert workers_for({"type": "vitbench.ClsImageFolder"}, 100_000) == 3
+    assert main(["run", "--task", "cls", "--model", "test_vit", "--methods", "tome", "--metrics", "gmacs",
+                 "--workers", "100000", "--out", str(tmp_path / "out")]) == 0
+    assert "vitbench: note: --workers 100000 lowered to 3, the CPU cores this process may use" in capsys.readouterr().err

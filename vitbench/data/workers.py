@@ -4,11 +4,13 @@ cache), where a worker would only add a process."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any, Optional
 
 from vitbench.errors import ParamError
 
-__all__ = ["IN_MEMORY", "loader_settings", "usable_cores", "without_worker_traceback", "workers_for"]
+__all__ = ["IN_MEMORY", "bounded_workers", "loader_settings", "usable_cores", "without_worker_traceback",
+           "workers_for"]
 
 #: data-set types whose items are rows of an array in memory: nothing to decode
 IN_MEMORY = frozenset({"vitbench.OfflineFashionMNIST", "vitbench.DecodedImages"})
@@ -24,13 +26,27 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def bounded_workers(requested: Optional[int], note: Callable[[str], None] = lambda message: None) -> Optional[int]:
+    """``--workers`` checked (an integer >= 0) and lowered to the usable cores, saying so in
+    ``note``: a worker per core already keeps them busy, and each one more holds a process and
+    its memory (``--workers 100000`` started processes until the host ran out of memory)."""
+    if requested is None:
+        return None
+    if isinstance(requested, bool) or not isinstance(requested, int) or requested < 0:
+        raise ParamError(f"--workers must be an integer >= 0, got {requested!r}")
+    cores = usable_cores()
+    if requested > cores:
+        note(f"--workers {requested} lowered to {cores}, the CPU cores this process may use")
+        return cores
+    return requested
+
+
 def workers_for(dataset: dict[str, Any], requested: Optional[int] = None) -> int:
-    """``requested`` (``--workers``) when given, else 0 for in-memory data and half the usable
-    cores (1 to 8) for data that is decoded: the other half runs the model."""
+    """``requested`` (``--workers``, at most the usable cores: :func:`bounded_workers`) when given,
+    else 0 for in-memory data and half the usable cores (1 to 8) for data that is decoded: the
+    other half runs the model."""
     if requested is not None:
-        if isinstance(requested, bool) or not isinstance(requested, int) or requested < 0:
-            raise ParamError(f"--workers must be an integer >= 0, got {requested!r}")
-        return requested
+        return bounded_workers(requested)  # type: ignore[return-value]
     if dataset.get("type") in IN_MEMORY:
         return 0
     return max(1, min(MOST_BY_DEFAULT, usable_cores() // 2))

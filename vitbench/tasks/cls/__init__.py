@@ -9,6 +9,7 @@ Public entry points (imported lazily; the OpenMMLab stack is heavy to import):
 from __future__ import annotations
 
 import os
+import sys
 
 __all__ = ["DEFAULT_MODEL", "DEIT_MODEL", "EMBEDDED_MODELS", "EMBEDDED_TRAIN_LIMIT", "ENV_DEFAULT_MODEL",
            "LEGACY_MODEL"]
@@ -24,7 +25,20 @@ EMBEDDED_MODELS: dict[str, str] = {
 }
 #: names another embedded model as ``--model``'s default (the test suite's plumbing tests use it)
 ENV_DEFAULT_MODEL = "VITBENCH_DEFAULT_MODEL"
+
+
+def _default_model() -> str:
+    """``$VITBENCH_DEFAULT_MODEL`` when it names an embedded model, else :data:`DEIT_MODEL` (a
+    name it does not know is one warning line, not a failure of every command)."""
+    named = os.environ.get(ENV_DEFAULT_MODEL, "").strip()
+    if named and named not in EMBEDDED_MODELS:
+        print(f"vitbench: warning: ${ENV_DEFAULT_MODEL}={named!r} is not an embedded model (valid: "
+              f"{', '.join(EMBEDDED_MODELS)}); using {DEIT_MODEL}", file=sys.stderr)
+        return DEIT_MODEL
+    return named or DEIT_MODEL
+
+
 #: ``--model``'s default: :data:`DEIT_MODEL` unless ``$VITBENCH_DEFAULT_MODEL`` names another
-DEFAULT_MODEL = os.environ.get(ENV_DEFAULT_MODEL) or DEIT_MODEL
+DEFAULT_MODEL = _default_model()
 #: ``--train-limit``'s default with each embedded model (docs/architecture.md, "Embedded defaults")
 EMBEDDED_TRAIN_LIMIT: dict[str, int] = {DEIT_MODEL: 1000, LEGACY_MODEL: 10000}
