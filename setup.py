@@ -9,5 +9,6 @@ setup(
     + [f"vitbench_plugins.{name}" for name in find_packages("plugins")],  # a method plugin per package
     package_dir={"vitbench_plugins": "plugins"},
     package_data={"vitbench.tasks.cls": ["weights/*.pth", "weights/*.json"],
-                  "vitbench_plugins.ltm": ["weights/*.pth", "weights/*.json"]},
+                  "vitbench_plugins.ltm": ["weights/*.pth", "weights/*.json"],
+                  "vitbench_plugins.ltmp": ["weights/*.pth", "weights/*.json"]},
 )

@@ -86,6 +86,7 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
         # matched compute sets gmacs_fraction = F: the penalty then measures the counted cost
         # (CostModel), not the paper's ratio, whose target lands off F (flops_penalty_of)
         budget=BudgetKnob("gmacs_fraction", larger_means="more", mode="fraction"),
+        weights="vitbench_plugins.ltmp:weights",  # fine-tuned 1 epoch on the default model's 60,000 images
         description="LTMP: learned per-block thresholds for token merging and pruning "
                     "(trains only the thresholds)",
     ))

@@ -98,6 +98,22 @@ def test_the_shipped_ltm_entry_fits_a_default_ibtm_run_and_loads():
             assert not torch.isnan(p).any()
 
 
+def test_the_shipped_ltmp_entry_fits_a_default_ltmp_run_and_loads():
+    """``vitbench run --methods ltmp --task cls``: its training parameters and images are the
+    shipped entry's, which loads the 24 learned thresholds strictly."""
+    spec = get_host().method("ltmp")
+    [entry] = [e for e in shipped_entries(spec.weights) if e.settings["model"] == DEIT_MODEL]
+    defaults = training_params(spec.params, json.loads(json.dumps(params_dict(make_params("ltmp", spec.params, {})))))
+    assert entry.settings["params"] == defaults and entry.settings["train_limit"] == 60000
+    from vitbench.tasks.cls.default_model import load_default_model
+
+    model = vitbench.apply(load_default_model(model=DEIT_MODEL, verbose=False)[0], "ltmp")
+    untrained = [b.reducer.theta_m.clone() for b in model.blocks]
+    load_shipped(model, entry)
+    trained = [b.reducer.theta_m for b in model.blocks]
+    assert len(trained) == 12 and any(not torch.equal(a, b) for a, b in zip(untrained, trained))
+
+
 def test_without_train_limit_a_method_with_shipped_weights_trains_on_their_images():
     """Only a run whose parameters are the entry's (the knob aside when matched) takes its
     images; another setting and a sweep keep the default 1,000."""
@@ -108,17 +124,19 @@ def test_without_train_limit_a_method_with_shipped_weights_trains_on_their_image
         options = RunOptions(task="cls", methods=("ibtm", "ltmp", "tome"), params=params or {}, **kw)
         return _shipped_train_limits(options, ["ltm", "ltmp"], DEIT_MODEL)
 
-    assert limits() == {"ltm": 60000} == limits({"ltm": {"ib_step": "always"}})  # inference only
-    assert limits({"ibtm": {"ratio": "0.5"}}) == {} == limits({"ibtm": {"epochs": "2"}})
-    assert limits({"ibtm": {"ratio": "0.5"}}, match_gmacs=0.6) == {"ltm": 60000}  # the knob is chosen later
+    both = {"ltm": 60000, "ltmp": 60000}
+    assert limits() == both == limits({"ltm": {"ib_step": "always"}})  # inference only
+    assert limits({"ibtm": {"ratio": "0.5"}, "ltmp": {"target": "0.6"}}) == {} == limits({"ibtm": {"epochs": "2"}, "ltmp": {"epochs": "2"}})
+    # a searched knob is chosen later; LTMP's fraction knob will be F, which the entry (None) is not
+    assert limits({"ibtm": {"ratio": "0.5"}}, match_gmacs=0.6) == {"ltm": 60000}
     assert limits(budgets=(0.9, 0.8)) == {}
     limits = _shipped_train_limits(
         RunOptions(task="cls", methods=("ibtm", "ltmp")), ["ltm", "ltmp"], DEIT_MODEL)
-    assert limits == {"ltm": 60000}
+    assert limits == both
     plan = build_plan(task="cls", model=DEIT_MODEL, methods=["ibtm", "ltmp"], data="fashion-mnist",
                       overrides={}, metrics=("accuracy",), batch_size=2, device="cpu", seed=0,
                       train_limit=EMBEDDED_TRAIN_LIMIT[DEIT_MODEL], train_limits=limits)
-    assert [(s.method, s.train_limit) for s in plan] == [("baseline", None), ("ltm", 60000), ("ltmp", 1000)]
+    assert [(s.method, s.train_limit) for s in plan] == [("baseline", None), ("ltm", 60000), ("ltmp", 60000)]
     assert plan[1].label.startswith("ibtm (") and plan[1].shown_as == "ibtm"
     assert plan[1].spec_id == build_plan(task="cls", model=DEIT_MODEL, methods=["ltm"], data="fashion-mnist",
                                          overrides={}, metrics=("accuracy",), batch_size=2, device="cpu", seed=0,

@@ -72,7 +72,8 @@ def _reads_data(metrics: Sequence[str], options: "RunOptions") -> bool:
 def _shipped_train_limits(options: "RunOptions", methods: Sequence[str], model: str) -> dict[str, int]:
     """The training images of the weights a method ships for ``model``
     (:mod:`vitbench.train.shipped`), for each of ``methods`` whose ``--param`` values equal that
-    entry's training parameters (the budget knob aside under ``--match-gmacs``): without
+    entry's training parameters (under ``--match-gmacs`` a searched budget knob aside, a fraction
+    knob as the F it will be): without
     ``--train-limit`` such a run trains on the entry's budget and so loads it; another setting
     trains on the default images. None in a sweep (its budgets set the knob)."""
     import json
@@ -90,6 +91,8 @@ def _shipped_train_limits(options: "RunOptions", methods: Sequence[str], model: 
                  for k, v in values.items()}
         wanted = training_params(spec.params, json.loads(params_json(make_params(spec.name, spec.params, given))))
         knob = spec.budget.param if spec.budget is not None and options.match_gmacs is not None else None
+        if knob is not None and spec.budget.mode == "fraction":  # the knob will be F itself: compare it
+            wanted, knob = {**wanted, spec.budget.param: options.match_gmacs}, None
         for entry in shipped_entries(spec.weights):
             shipped = dict(entry.settings["params"])
             if knob is not None:
