@@ -675,3 +675,141 @@ def test_without_the_cli_watcher_every_keyboard_interrupt_stops(fake_dists: Fake
     fake_dists.add("interrupting-plugin", {"interrupting": "raise KeyboardInterrupt\n"})
     with pytest.raises(KeyboardInterrupt):  # the Python API cannot tell a Ctrl-C from the plugin's own
         fresh_host()
+
+
+# -- a plugin that ends the process or changes vitbench while it loads (issue 59, item 5) ------
+@pytest.mark.parametrize("source, why", [
+    ("import os\nos._exit(5)\n", "its import ended the process (os._exit(5))"),
+    ("import ctypes\nctypes.string_at(0)\n", "its import killed the process (SIGSEGV)"),
+    ("import threading, os\nthreading.Thread(target=lambda: os._exit(7)).start()\nimport time\ntime.sleep(5)\n",
+     "its import ended the process (os._exit(7))"),
+])
+def test_a_plugin_that_ends_the_process_at_import_is_a_failed_plugin(
+        fake_dists: FakeDistributions, tmp_path: Path, source: str, why: str) -> None:
+    fake_dists.add("killer-plugin", {"killer": source})
+    fake_dists.add("good-plugin", {"good": fake_dists.method_plugin("good-method")})
+    host = fresh_host()
+    assert host.failures == [PluginFailure("killer", "killer-plugin", why)]
+    assert "good-method" in host.names("methods")
+    done = _vitbench(fake_dists.site, tmp_path, "plugins")
+    assert done.returncode == 0 and "Traceback" not in done.stderr and "killer" in done.stdout
+    assert f"plugin 'killer' (killer-plugin) failed to load: {why}" in done.stderr
+
+
+def test_a_plugin_whose_import_hangs_fails_after_the_timeout(fake_dists: FakeDistributions,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from vitbench.host import plugin_guard
+
+    fake_dists.add("hanging-plugin", {"hanging": "import time\ntime.sleep(600)\n"})
+    monkeypatch.setattr(plugin_guard, "IMPORT_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(plugin_guard.import_survives, "__defaults__", (0.5,))
+    host = fresh_host()
+    assert host.failures == [PluginFailure("hanging", "hanging-plugin", "its import did not finish within 0.5 s")]
+
+
+PATCHER = """
+import functools
+import vitbench.tasks.cls.evaluate as ev
+from vitbench.results.store import ResultStore
+
+@functools.wraps(ev.evaluate_cls)
+def evaluate_cls(*args, **kwargs):
+    return {"top1_pct": 99.9}
+
+ev.evaluate_cls = evaluate_cls
+ResultStore.append = lambda self, record: None
+"""
+
+
+def test_a_plugin_that_changes_vitbench_at_import_is_refused_and_undone(fake_dists: FakeDistributions) -> None:
+    import vitbench.tasks.cls.evaluate as ev
+    from vitbench.results.store import ResultStore
+
+    evaluate, append = ev.evaluate_cls, ResultStore.append
+    fake_dists.add("patching-plugin", {"patcher": PATCHER + fake_dists.method_plugin("patched-method")})
+    host = fresh_host()
+    assert [f.name for f in host.failures] == ["patcher"]
+    error = host.failures[0].error
+    assert error.startswith("it changed vitbench.") and "(and 1 more) at import, code it does not own: refused (undone)" in error
+    assert ev.evaluate_cls is evaluate and ResultStore.append is append  # put back
+    assert "patched-method" not in host.names("methods") and host.tainted == []
+    host.check_untouched()
+
+
+def test_a_change_that_cannot_be_undone_stops_every_run_in_one_line(fake_dists: FakeDistributions,
+                                                                    tmp_path: Path) -> None:
+    """In a fresh process the plugin imports the evaluator itself: what it held before is unknown."""
+    fake_dists.add("patching-plugin", {"patcher": PATCHER})
+    done = _vitbench(fake_dists.site, tmp_path, "run", "--model", "test_vit", "--methods", "tome",
+                     "--metrics", "gmacs", "--out", str(tmp_path / "out"))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "plugin 'patcher' (patching-plugin) failed to load: it changed vitbench." in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith(
+        "vitbench: error: plugin 'patcher' replaced vitbench.") and "VITBENCH_DISABLE_PLUGINS=patcher" in done.stderr
+    assert not (tmp_path / "out" / "runs.jsonl").exists()
+
+
+HOSTILE_BUILDS = """
+import ctypes
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+from vitbench.catalog import MethodSpec, Reduction
+from vitbench.hookspecs import hookimpl
+
+
+@dataclass(frozen=True)
+class Params:
+    pass
+
+
+def crash(params, info):
+    ctypes.string_at(0)
+
+
+def exit_from_a_thread(params, info):
+    threading.Thread(target=lambda: os._exit(9)).start()
+    time.sleep(30)
+
+
+def hang(params, info):
+    time.sleep(600)
+
+
+@hookimpl
+def vitbench_register_methods(register):
+    for name, build in (("crashes", crash), ("exits", exit_from_a_thread), ("hangs", hang)):
+        register(MethodSpec(name=name, params=Params, build=build))
+"""
+
+
+@pytest.mark.slow
+def test_isolated_runs_turn_a_crash_an_exit_and_a_hang_into_error_records(
+        fake_dists: FakeDistributions, tmp_path: Path) -> None:
+    fake_dists.add("hostile-builds", {"hostile_builds": HOSTILE_BUILDS})
+    out = tmp_path / "out"
+    done = _vitbench(fake_dists.site, tmp_path, "run", "--model", "test_vit", "--methods", "crashes,exits,hangs,tome",
+                     "--metrics", "gmacs", "--run-timeout", "20", "--out", str(out))
+    assert done.returncode == 1 and (out / "report.md").is_file(), done.stderr[-2000:]
+    by_method = {r["method"]: r for r in map(json.loads, (out / "runs.jsonl").read_text().splitlines())}
+    assert by_method["crashes"]["error"] == "the run failed outside Python: its process was killed by SIGSEGV"
+    assert by_method["exits"]["error"] == ("the run failed outside Python: its process ended with exit code 9 "
+                                           "before it wrote the record")
+    assert by_method["hangs"]["error"] == "the run did not finish within --run-timeout 20 s; its process was killed"
+    assert by_method["tome"]["status"] == by_method["baseline"]["status"] == "ok"
+    assert by_method["tome"]["gmacs"] < by_method["baseline"]["gmacs"]
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--run-timeout", "0"], "--run-timeout '0' is not a number of seconds > 0"),
+    (["--run-timeout", "soon"], "--run-timeout 'soon' is not a number of seconds > 0"),
+    (["--isolate", "--launcher", "pytorch"], "--isolate runs each spec in a process of its own"),
+])
+def test_bad_isolation_options_are_one_line(argv: list[str], said: str, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--model", "test_vit", "--methods", "tome", "--metrics", "gmacs", *argv,
+                 "--out", str(tmp_path / "out")]) == 2
+    assert said in capsys.readouterr().err.strip().splitlines()[-1]
+    assert not (tmp_path / "out" / "runs.jsonl").exists()

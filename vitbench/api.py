@@ -135,15 +135,20 @@ def run(options: RunOptions, command: Optional[Sequence[str]] = None) -> Results
     from vitbench.host.allocator import keep_freed_memory
     from vitbench.host.environment import environment
     from vitbench.run.execute import execute_plan
+    from vitbench.run.isolate import Isolation
     from vitbench.host import get_host
     from vitbench.results import ResultStore
     from vitbench.results.writable import check_writable
 
+    get_host().check_untouched()  # a plugin's change to vitbench that could not be undone: nothing runs
     task = get_host().task(options.task)  # unknown -> error listing the registered tasks
     methods = _methods(options)
     from vitbench.measure.speed import chosen_repeats
 
     repeats = chosen_repeats(options.quick, options.repeats)  # --quick / --repeats N, checked before anything runs
+    if (options.isolate or options.run_timeout) and options.launcher != "none":
+        raise VitbenchError(f"--isolate runs each spec in a process of its own, which --launcher {options.launcher}'s "
+                            f"process group cannot follow; isolate single-process runs only")
     check_launcher(options.launcher, task.name, methods)
     budgets = _budgets(options)
     options = _with_bounded_workers(options)
@@ -175,7 +180,8 @@ def run(options: RunOptions, command: Optional[Sequence[str]] = None) -> Results
     env["allocator"] = allocator
     if options.device == "cpu":
         env["cpu_kernels"] = cpu_kernels.describe()
-    records = execute_plan(plan, ws, store, resume=resume, env=env, progress=say.step)
+    isolation = Isolation(options, out, options.run_timeout) if options.isolate or options.run_timeout else None
+    records = execute_plan(plan, ws, store, resume=resume, env=env, progress=say.step, isolation=isolation)
     main = is_main()
     finish_launcher()  # every rank's part of the last collective evaluation is done
     if not main:

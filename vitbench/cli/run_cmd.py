@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from vitbench.cli.task_options import OwnedOption, add_task_options, check_task_options
 from vitbench.host.distributed import add_launcher_option
@@ -55,6 +55,11 @@ def add_run_options(parser: argparse.ArgumentParser) -> dict[str, Any]:
                         "mean ± std over the seeds (instead of --seed)")
     p.add_argument("--out", default=None, help="result directory (default: runs/<task>-<model>)")
     p.add_argument("--resume", action="store_true", help="skip finished runs of the store, retry failed ones")
+    p.add_argument("--isolate", action="store_true",
+                   help="run each spec in a process of its own: a crash, an exit or a hang in plugin code is "
+                        "that run's error record (costs a process start per run; docs/reliability.md)")
+    p.add_argument("--run-timeout", default=None, metavar="SECONDS",
+                   help="with --isolate (implied): kill a run that takes longer and record it as an error")
     p = groups["data"]
     p.add_argument("--model", default=None,
                    help=f"timm ViT/DeiT name; default: {DEFAULT_MODEL} (trained once on Fashion-MNIST)")
@@ -164,7 +169,21 @@ def run_options(args: argparse.Namespace, task: str) -> RunOptions:
         shard=None if args.shard is None else parse_shard(args.shard), launcher=getattr(args, "launcher", "none"),
         match_gmacs=None if match is None else check_fraction(match),
         budgets=None if budgets is None else parse_budgets(budgets), controls=getattr(args, "controls", True),
+        isolate=args.isolate or args.run_timeout is not None, run_timeout=_seconds("--run-timeout", args.run_timeout),
         task_options={dest: getattr(args, dest) for dest, option in owned.items() if task in option.tasks})
+
+
+def _seconds(flag: str, value: Optional[str]) -> Optional[float]:
+    """A positive, finite number of seconds, or None when the option was not given."""
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        number = float("nan")
+    if not 0 < number < float("inf"):
+        raise ParamError(f"{flag} {value!r} is not a number of seconds > 0; give e.g. {flag} 600")
+    return number
 
 
 def _integer(flag: str, value: Any, minimum: int | None = None) -> int | None:

@@ -80,6 +80,10 @@ class RunOptions:
     budgets: Optional[tuple[float, ...]] = None
     #: a sweep also runs the controls that apply to the model (``--no-controls``: not)
     controls: bool = True
+    #: run each spec in a process of its own (``--isolate``; vitbench.run.isolate)
+    isolate: bool = False
+    #: the most seconds one isolated run may take (``--run-timeout``; implies ``isolate``)
+    run_timeout: Optional[float] = None
     #: the task's own options by dest name, e.g. ``{"detector_epochs": 4}``
     task_options: Mapping[str, Any] = field(default_factory=dict)
 

@@ -28,6 +28,7 @@ from vitbench.catalog import FamilySpec, MethodSpec, ScorerSpec, resolved
 from vitbench.errors import PLUGIN_FAILURES, PluginError, choices_error, failure_text
 from vitbench.core.interrupts import is_ctrl_c
 from vitbench.core.metrics import METRICS
+from vitbench.host.plugin_guard import Snapshot, import_survives, package_of, patched_by
 from vitbench.task import REFERENCES, Task, option_flags
 
 ENTRY_POINT_GROUP = "vitbench"
@@ -104,6 +105,9 @@ class PluginHost:
         self._warned: set[PluginClash] = set()
         self._refused: set[str] = set()  # warnings about unusable names, given once
         self._resolved: dict[tuple[str, str], Any] = {}  # lookups: references imported
+        self._packages: list[str] = []  # the packages of the other distributions' plugins loaded
+        #: (plugin, dotted name) of each change a refused plugin made that could not be undone
+        self.tainted: list[tuple[str, str]] = []
 
     # -- discovery ---------------------------------------------------------------------
     def load_entry_points(self) -> None:
@@ -119,6 +123,13 @@ class PluginHost:
                 meta = ep.dist.metadata
                 described[ep.dist] = (meta["Name"], meta["Version"])
             dist, version = described.get(ep.dist, (None, None)) if ep.dist is not None else (None, None)
+            guarded = dist != "vitbench"  # another distribution's code: tried first, watched while it loads
+            if guarded:
+                why = import_survives(ep.load)
+                if why is not None:
+                    self._fail(ep.name, dist, why)
+                    continue
+                before = Snapshot(self._packages)
             try:
                 obj = ep.load()
             except PLUGIN_FAILURES as exc:  # a broken plugin must not take the host down
@@ -126,7 +137,33 @@ class PluginHost:
                     raise
                 self._fail(ep.name, dist, failure_text(exc))
                 continue
+            if guarded and not self._untouched(ep.name, dist, package_of(ep.module), before):
+                continue
             self.add_plugin(obj, ep.name, dist, version)
+
+    def _untouched(self, name: str, dist: str | None, package: str, before: Snapshot) -> bool:
+        """Whether loading plugin ``name`` (code in ``package``) left vitbench's functions and the
+        other plugins' as they were; else it is refused, its changes undone where ``before`` knew
+        them, and the rest kept in :attr:`tainted` (a run then refuses to start)."""
+        changed = patched_by(package, self._packages)
+        if not changed:
+            self._packages.append(package)
+            return True
+        left = before.undo(changed)
+        self.tainted += [(name, where) for where in left]
+        first = ".".join(p for p in changed[0] if p)
+        more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+        fate = "undone" if not left else f"{len(left)} cannot be undone, so no run starts in this process"
+        self._fail(name, dist, f"it changed {first}{more} at import, code it does not own: refused ({fate})")
+        return False
+
+    def check_untouched(self) -> None:
+        """Raise :class:`PluginError` when a refused plugin left a change that could not be undone."""
+        if self.tainted:
+            plugin, where = self.tainted[0]
+            raise PluginError(f"plugin {plugin!r} replaced {where} at import and it could not be put back: "
+                              f"nothing is measured with it changed; disable the plugin "
+                              f"(VITBENCH_DISABLE_PLUGINS={plugin})")
 
     def add_plugin(self, obj: Any, name: str, distribution: str | None = None,
                    version: str | None = None) -> None:
@@ -346,6 +383,11 @@ class PluginHost:
     def owner(self, kind: str, name: str) -> str | None:
         self.catalogs  # noqa: B018 - make sure the catalogs are built
         return self._owner.get((kind, name))
+
+    def is_builtin(self, kind: str, name: str) -> bool:
+        """Whether ``name`` of ``kind`` is registered by a plugin of vitbench's own distribution."""
+        info = self.plugins.get(self.owner(kind, name) or "")
+        return info is not None and info.distribution == "vitbench"
 
     # -- lifecycle hooks ---------------------------------------------------------------
     def run_started(self, spec: Any) -> None:

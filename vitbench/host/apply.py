@@ -52,15 +52,20 @@ def _values(spec: Any, params: Any, overrides: dict[str, Any]) -> Any:
     return checked(spec.name, params)
 
 
-def check_applies(plan: Iterable[RunSpec], model: Any) -> None:
+def check_applies(plan: Iterable[RunSpec], model: Any, *, isolated: bool = False) -> None:
     """Check, before anything runs, that a model-family adapter recognises ``model`` and that
     every method of ``plan`` applies to a copy of it: unsupported pairs and out-of-range
-    parameters (e.g. a block index the model lacks) fail here with a clear error."""
-    get_host().family_of(model)
+    parameters (e.g. a block index the model lacks) fail here with a clear error. With
+    ``isolated`` (``--isolate``), only vitbench's own methods are built here: another
+    distribution's code runs in its run's process alone, where a crash is that run's record."""
+    host = get_host()
+    host.family_of(model)
     checked: set[tuple[str, str]] = set()
     for spec in plan:
         if spec.method in REFERENCES or (spec.method, spec.params_json) in checked:
             continue  # the baseline, or the same method checked for an earlier seed
+        if isolated and not host.is_builtin("methods", spec.method):
+            continue
         checked.add((spec.method, spec.params_json))
         try:
             apply(copy.deepcopy(model), spec.method, spec.values)

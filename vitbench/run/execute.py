@@ -28,6 +28,7 @@ from vitbench.data.workers import without_worker_traceback
 from vitbench.host.distributed import failure_on_any_rank, is_main
 from vitbench.errors import BudgetError, VitbenchError, failure_text
 from vitbench.core.interrupts import is_ctrl_c
+from vitbench.run.isolate import Isolation, run_isolated
 from vitbench.run.plan import BASELINE, REFERENCES, RunSpec
 from vitbench.host import get_host
 from vitbench.core.progress import steps
@@ -154,8 +155,10 @@ def _append(store: ResultStore, record: dict[str, Any]) -> None:
 
 
 def execute_plan(plan: list[RunSpec], ws: Any, store: ResultStore, *, resume: bool,
-                 env: dict[str, Any], progress: Callable[[int, int, str, str], None]) -> list[dict]:
-    """Run every spec of ``plan`` in order, appending each record to ``store`` as it ends.
+                 env: dict[str, Any], progress: Callable[[int, int, str, str], None],
+                 isolation: Optional[Isolation] = None) -> list[dict]:
+    """Run every spec of ``plan`` in order, appending each record to ``store`` as it ends (with
+    ``isolation``, each in a process of its own: :mod:`vitbench.run.isolate`).
 
     Speed-up and efficiency pair each method run with the baseline of the same seed (a plan
     with ``--seeds`` holds one baseline per seed); on ``--resume`` a finished baseline of the
@@ -179,8 +182,11 @@ def execute_plan(plan: list[RunSpec], ws: Any, store: ResultStore, *, resume: bo
             main = is_main()  # --launcher pytorch: rank 0 alone records (every rank runs every spec)
             if main:
                 host.run_started(spec)
-            record = run_spec(spec, ws, baselines.get(spec.seed), env,
-                              lambda what: progress(i, len(plan), spec.label, what))
+            if isolation is not None:
+                record = run_isolated(spec, baselines.get(spec.seed), env, isolation, (i, len(plan)))
+            else:
+                record = run_spec(spec, ws, baselines.get(spec.seed), env,
+                                  lambda what: progress(i, len(plan), spec.label, what))
             # a collective, like the barrier it replaces: the other ranks wait here while rank 0
             # measures (no load beside its timings), then every rank learns whether any failed
             failure = failure_on_any_rank(record["error"] if record["status"] == "error" else None)
