@@ -157,3 +157,20 @@ def test_paths_and_arguments_no_encoding_decodes_reach_the_report(tmp_path: Path
 def test_an_undecodable_method_name_is_one_line(tmp_path: Path) -> None:
     done = _vitbench("run", "--methods", b"to\xffme", cwd=tmp_path, env={"PYTHONIOENCODING": "utf-8:strict"})
     assert _one_error_line(done).startswith("vitbench: error: unknown method 'to\\udcffme'; valid methods: ")
+
+
+def test_a_link_loop_and_a_name_no_encoding_decodes_in_a_class_folder_are_read(tmp_path: Path) -> None:
+    from vitbench.data.image_folder import ClsImageFolder
+
+    for cls in ("a", "b"):
+        (tmp_path / "val" / cls).mkdir(parents=True)
+        Image.fromarray(np.full((8, 8, 3), 9, np.uint8)).save(tmp_path / "val" / cls / "0.png")
+    (tmp_path / "val" / "a" / "loop").symlink_to(tmp_path / "val" / "a")  # a loop back to itself
+    odd = Path(os.fsdecode(bytes(tmp_path / "val" / "b") + b"/caf\xe9.png"))
+    odd.write_bytes((tmp_path / "val" / "b" / "0.png").read_bytes())
+    found = ClsImageFolder(str(tmp_path), "val")
+    names = sorted((Path(found.get_data_info(i)["img_path"]).name, found.get_data_info(i)["gt_label"])
+                   for i in range(len(found)))
+    assert names == sorted([("0.png", 0), ("0.png", 1), (odd.name, 1)])
+    paths = [found.get_data_info(i)["img_path"] for i in range(len(found))]
+    assert all(LoadImage().transform({"img_path": p})["img"].shape == (8, 8, 3) for p in paths)

@@ -9,7 +9,6 @@ image that does not decode is a :class:`~vitbench.errors.DataError` naming it (:
 from __future__ import annotations
 
 import math
-import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ import numpy as np
 from mmcv.transforms import BaseTransform
 from mmpretrain.datasets import CustomDataset
 
+from vitbench.data.fingerprint import folder_files
 from vitbench.data.read_image import MAX_PIXELS, open_image
 from vitbench.errors import DataError, choices_error
 from vitbench.mm.registry import DATASETS, TRANSFORMS
@@ -44,18 +44,20 @@ class MissingSplitError(DataError):
     """A data folder without the split asked for (``ROOT/train`` for fine-tuning or a new head)."""
 
 
+def _class_images(folder: Path) -> list[Path]:
+    """The image files under ``folder`` (any depth, links followed, each folder once so that a
+    link loop ends; pipes, devices and hidden files left out), in sorted order."""
+    return [p for p in folder_files(folder) if p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith(".")]
+
+
 def _image_sizes(folder: Path) -> dict[Path, int]:
-    """The image files under ``folder`` (any depth) and their sizes in bytes."""
+    """The image files under ``folder`` (:func:`_class_images`) and their sizes in bytes."""
     sizes = {}
-    for path in folder.rglob("*"):
-        if path.suffix.lower() not in IMAGE_EXTENSIONS:
-            continue
+    for path in _class_images(folder):
         try:
-            info = path.stat()
+            sizes[path] = path.stat().st_size
         except OSError:
-            continue  # a dangling link: no image
-        if stat.S_ISREG(info.st_mode):
-            sizes[path] = info.st_size
+            continue  # gone since the scan
     return sizes
 
 
@@ -172,8 +174,13 @@ class ClsImageFolder(CustomDataset):
                          pipeline=pipeline, indices=indices, test_mode=split == "val", **kwargs)
 
     def _find_samples(self) -> list:
-        """mmpretrain's folder scan, then the class names this data set's labels refer to."""
-        samples = super()._find_samples()
+        """``(path under the split, class index)`` of every image, class by class, in mmpretrain's
+        order, scanned as :func:`_class_images` scans (a link loop ends, a pipe is no image); then
+        the class names this data set's labels refer to."""
+        self.folder_to_idx = {c: i for i, c in enumerate(self.layout.classes)}
+        split = self.layout.split_dir
+        samples = [(str(path.relative_to(split)), i) for c, i in self.folder_to_idx.items()
+                   for path in _class_images(split / c)]
         self._metainfo["classes"] = self._classes
         return samples
 
