@@ -94,5 +94,5 @@ def test_bad_rounds_or_a_model_elsewhere_is_a_param_error() -> None:
     model, base = nn.Linear(2, 2), nn.Linear(2, 2)
     with pytest.raises(ParamError, match="rounds"):
         measure_paired_speedup(model, base, 1, (1, 2, 2), rounds=0)
-    with pytest.raises(ParamError, match="model is on meta but device='cpu'"):
+    with pytest.raises(ParamError, match="model has no values to run: .* is on the meta device"):
         measure_paired_speedup(model, base.to("meta"), 1, (1, 2, 2))

@@ -103,9 +103,9 @@ def test_bad_arguments_are_refused(kwargs: dict[str, object], fragment: str) -> 
     assert fragment in str(err.value)
 
 
-def test_model_on_another_device_is_refused() -> None:
+def test_a_model_on_the_meta_device_is_refused() -> None:
     model = Probe().to("meta")
-    with pytest.raises(ParamError, match=r"model is on meta .*model.to\('cpu'\)"):
+    with pytest.raises(ParamError, match=r"model has no values to run: .* is on the meta device"):
         measure_throughput(model, batch_size=2, input_size=(1, 2, 2))
 
 

@@ -45,12 +45,18 @@ def check_input_size(input_size: object) -> tuple[int, int, int]:
     return (c, h, w)
 
 
-def check_model(model: object, allow_compiled: bool = False) -> nn.Module:
-    """Refuse anything but an ``nn.Module``, and a ``torch.compile``d one unless
-    ``allow_compiled`` (the timings under ``--compile``; GMACs and parameters are always counted
-    on the eager model, docs/measuring.md)."""
+def check_model(model: object, allow_compiled: bool = False, needs_values: bool = True) -> nn.Module:
+    """Refuse anything but an ``nn.Module``, one whose tensors are on the meta device when the
+    measurement runs it (``needs_values``), and a ``torch.compile``d one unless ``allow_compiled``
+    (the timings under ``--compile``; GMACs and parameters are always counted on the eager model,
+    docs/measuring.md)."""
     if not isinstance(model, nn.Module):
         raise ParamError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    meta = next((name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta), None) \
+        if needs_values else None
+    if meta is not None:
+        raise ParamError(f"model has no values to run: {meta} is on the meta device; load or initialise its "
+                         f"weights first (e.g. model.to_empty(device='cpu') and load a state dict)")
     if not allow_compiled and getattr(model, "_orig_mod", None) is not None:
         raise ParamError(
             "model is wrapped by torch.compile; docs/measuring.md measures the eager model: "

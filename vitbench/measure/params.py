@@ -15,5 +15,5 @@ __all__ = ["count_params_m"]
 
 def count_params_m(model: nn.Module) -> float:
     """Number of parameters of ``model`` in millions (1e6), e.g. 22.05 for DeiT-S."""
-    check_model(model)
+    check_model(model, needs_values=False)
     return sum(p.numel() for p in model.parameters()) / 1e6
