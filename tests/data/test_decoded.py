@@ -239,3 +239,18 @@ def test_workers_above_the_usable_cores_are_lowered_with_a_note(monkeypatch, cap
     assert main(["run", "--task", "cls", "--model", "test_vit", "--methods", "tome", "--metrics", "gmacs",
                  "--workers", "100000", "--out", str(tmp_path / "out")]) == 0
     assert "vitbench: note: --workers 100000 lowered to 3, the CPU cores this process may use" in capsys.readouterr().err
+
+
+def test_a_cache_that_refuses_writes_is_one_line(image_folder: Path, monkeypatch) -> None:
+    """A read-only mount (root passes every permission check, so the refusal is simulated)."""
+    real_mkdir = Path.mkdir
+
+    def read_only(self: Path, *args, **kwargs):
+        if self.name.endswith(".tmp"):
+            raise OSError(errno.EROFS, "Read-only file system")
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    with pytest.raises(DataError, match=r"the decoded-image cache .* cannot be written \(Read-only file system\); "
+                                        r"point \$VITBENCH_DECODED_CACHE at a writable folder"):
+        dec.decode_once(_cfg(image_folder), folder_fingerprint(image_folder))

@@ -230,9 +230,9 @@ def _fill(entry: Path, dataset_cfg: dict[str, Any], workers: int, limit: int,
         raise _disk_full(root, needed)
     note(f"decoding {count} evaluation images once into the cache ({needed / 1e9:.2f} GB, {workers} workers)")
     tmp = root / f".{entry.name}.{secrets.token_hex(4)}.tmp"
-    tmp.mkdir()
     labels = np.empty(count, dtype=np.int64)
     try:
+        tmp.mkdir()
         loader = DataLoader(dataset, batch_size=64, num_workers=workers, collate_fn=_collate, shuffle=False)
         done = 0
         images_sha = hashlib.sha256()
@@ -262,7 +262,8 @@ def _fill(entry: Path, dataset_cfg: dict[str, Any], workers: int, limit: int,
         shutil.rmtree(tmp, ignore_errors=True)
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise _disk_full(root, needed, exc) from exc
-        raise
+        raise DataError(f"the decoded-image cache {root} cannot be written ({exc.strerror or exc}); point "
+                        f"${ENV_DIR} at a writable folder, or set ${ENV_LIMIT}=0 to decode every time") from exc
     except DataError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         return _not_filled(exc, note)
