@@ -24,10 +24,18 @@ def test_two_settings_of_a_method_are_two_named_curves_and_the_baseline_none(mak
             _at(make_record, "a7", "tome", {"r": 7, "prop_attn": True}, 0.7, "r", gmacs=7.0),
             _at(make_record, "b9", "tome", {"r": 4, "prop_attn": False}, 0.9, "r", gmacs=9.0)]
     cs = curves(recs, "cls", "vitbench-fmnist-vit")
-    assert [c.name for c in cs] == ['tome {"prop_attn": true}', 'tome {"prop_attn": false}']
+    assert [c.name for c in cs] == ['tome (prop_attn=True)', 'tome (prop_attn=False)']
     assert sorted(cs[0].rows) == [0.7, 0.9] and list(cs[1].rows) == [0.9]
 
 
 def test_what_a_sweep_compares_on_each_task():
     assert accuracy_keys("cls") == ("top1_pct",)
     assert gmacs_key("cls") == "gmacs"
+
+
+def test_a_seed_stored_twice_is_listed_once_and_counted() -> None:
+    from vitbench.report.tables import seeds_cell
+
+    assert seeds_cell([0, 1, 2]) == "0,1,2 (n=3)"
+    assert seeds_cell([0, 1, 2, 0, 1, 2]) == "0,1,2 (n=6, 2 runs of each)"
+    assert seeds_cell([0, 0, 1]) == "0,1 (n=3, some seeds run more than once)"

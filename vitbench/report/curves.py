@@ -61,7 +61,8 @@ def curve_key(rec: Record) -> tuple[str, str]:
 
 def curves(records: Iterable[Record], task: str, model: str, on: Optional[str] = None) -> list[Curve]:
     """One :class:`Curve` per method (and setting of its other parameters), in store order; a
-    method run with two settings of its other parameters gets them in its name. ``on``: only
+    method run with several settings of its other parameters gets, in each curve's name, the
+    parameters in which they differ (``ltm (eta=0.0, ib_step=train)``). ``on``: only
     the runs measured on that :func:`~vitbench.report.tables.measured_groups` key."""
     rows, _ = ok_rows(list(records), task, model, on=on)
     by_key: dict[tuple[str, str], Curve] = {}
@@ -71,10 +72,14 @@ def curves(records: Iterable[Record], task: str, model: str, on: Optional[str] =
             continue
         key = curve_key(r)
         by_key.setdefault(key, Curve(name=key[0])).rows.setdefault(b, r)
-    names = [c.name for c in by_key.values()]
-    for (method, params), c in by_key.items():
-        if names.count(method) > 1:
-            c.name = f"{method} {params}"
+    for method in dict.fromkeys(m for m, _ in by_key):
+        keys = [k for k in by_key if k[0] == method]
+        if len(keys) < 2:
+            continue
+        settings = [json.loads(k[1]) for k in keys]
+        differ = sorted({p for s in settings for p in s if any(s.get(p) != t.get(p) for t in settings)})
+        for key, setting in zip(keys, settings):
+            by_key[key].name = f"{method} ({', '.join(f'{p}={setting.get(p)}' for p in differ)})"
     return list(by_key.values())
 
 

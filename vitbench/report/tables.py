@@ -288,8 +288,7 @@ def _rows(rows: list[Record], base: Record | None, task: str, spec: Any, tp_col:
         row = {"Method": label, "Trained": trained_cell(rec), "Params": _fmt(metric(rec, "params_m"), ".2f", "M"),
                "Images": NA if n is None else str(n), "Weights": weights_from(rec) or NA}
         if several_seeds:
-            seeds = rec.get("seeds") or [rec.get("seed")]
-            row["Seeds"] = f"{','.join(map(str, seeds))} (n={len(seeds)})"
+            row["Seeds"] = seeds_cell(rec.get("seeds") or [rec.get("seed")])
         for col in acc_cols:
             for title, key in col.before + col.after:  # shown as they are (top-5; AP50, AP75)
                 row[title] = _accuracy_cell(rec, key, col.fmt)
@@ -337,3 +336,14 @@ def drop_unmeasured(df: pd.DataFrame, keep: tuple[str, ...] = ("Method",)) -> pd
     """``df`` without the columns that no row measured (every cell "n/a"), except ``keep``: a
     GMACs-only run shows its GMACs, not eight columns of n/a."""
     return df[[c for c in df.columns if c in keep or (df[c] != NA).any()]]
+
+
+def seeds_cell(seeds: list) -> str:  # type: ignore[type-arg]
+    """``0,1,2 (n=3)``; a seed run more than once (the same setting stored under two metric
+    sets) is listed once and counted: ``0,1,2 (n=6, 2 runs of each)``."""
+    unique = list(dict.fromkeys(seeds))
+    if len(unique) == len(seeds):
+        return f"{','.join(map(str, seeds))} (n={len(seeds)})"
+    runs = {seeds.count(s) for s in unique}
+    each = f"{runs.pop()} runs of each" if len(runs) == 1 else "some seeds run more than once"
+    return f"{','.join(map(str, unique))} (n={len(seeds)}, {each})"
