@@ -128,15 +128,6 @@ ANNOTATION_FAULTS = {  # what is done to meta/val.txt -> what the one line says
 }
 
 
-@pytest.mark.parametrize("fault", list(ANNOTATION_FAULTS))
-def test_a_faulty_annotation_file_is_one_error_naming_its_line(fault: str, tmp_path: Path, model) -> None:
-    root = annotation_layout(tmp_path / "imagenet")
-    edit, said = ANNOTATION_FAULTS[fault]
-    _rewrite(_val_txt(root), edit)
-    with pytest.raises(DataError, match=said):
-        resolve_cls_data(str(root), model).build()
-
-
 def test_a_pipe_listed_as_an_image_is_refused_not_read(tmp_path: Path, model) -> None:
     import os
 
@@ -162,11 +153,18 @@ CSV_FAULTS = {
 }
 
 
-@pytest.mark.parametrize("fault", list(CSV_FAULTS))
-def test_a_faulty_csv_is_one_error_naming_its_line(fault: str, tmp_path: Path, model) -> None:
-    root = csv_layout(tmp_path / "imagenet")
-    edit, said = CSV_FAULTS[fault]
-    _rewrite(_csv(root), edit)
+#: layout -> (how to make it, its label file, its faults)
+FAULTY = {"annotation file": (annotation_layout, _val_txt, ANNOTATION_FAULTS),
+          "LOC_val_solution.csv": (csv_layout, _csv, CSV_FAULTS)}
+
+
+@pytest.mark.parametrize("layout, fault", [(layout, fault) for layout, (_, _, faults) in FAULTY.items()
+                                           for fault in faults])
+def test_a_faulty_label_file_is_one_error_naming_its_line(layout: str, fault: str, tmp_path: Path, model) -> None:
+    make, label_file, faults = FAULTY[layout]
+    root = make(tmp_path / "imagenet")
+    edit, said = faults[fault]
+    _rewrite(label_file(root), edit)
     with pytest.raises(DataError, match=said):
         resolve_cls_data(str(root), model).build()
 
