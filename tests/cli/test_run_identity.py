@@ -110,9 +110,10 @@ def test_a_checkpoint_is_identified_by_its_content(tmp_path, capsys):
 
 
 def test_a_changed_data_folder_is_measured_again_and_reported_apart(tmp_path, folder_writer, capsys):
-    """The ``--data`` folder's fingerprint (paths, sizes, modification times) is part of the
-    identity: after one image changes, ``--resume`` measures again, and the report keeps the runs
-    on the old and the new folder in two tables."""
+    """The ``--data`` folder's fingerprint (paths and the bytes of each file) is part of the
+    identity: a touched image is the same data, but after one image changes (under its old
+    modification time too), ``--resume`` measures again, and the report keeps the runs on the old
+    and the new folder in two tables."""
     import os
 
     data = tmp_path / "data"
@@ -127,7 +128,11 @@ def test_a_changed_data_folder_is_measured_again_and_reported_apart(tmp_path, fo
     assert main(args) == 0
     assert capsys.readouterr().err.count("already finished (resume): skipped") == 2
     image = data / "val" / "cat" / "img0.png"
-    os.utime(image, ns=(image.stat().st_atime_ns, image.stat().st_mtime_ns + 10**9))  # touched
+    times = (image.stat().st_atime_ns, image.stat().st_mtime_ns)
+    os.utime(image, ns=(times[0], times[1] + 10**9))  # touched: the same bytes
+    assert _plan(model="test_vit", data=str(data), num_classes=2)["data_id"] == first
+    image.write_bytes((data / "val" / "dog" / "img0.png").read_bytes())
+    os.utime(image, ns=times)  # another image under the old time
     second = _plan(model="test_vit", data=str(data), num_classes=2)["data_id"]
     assert second != first
     assert main(args) == 0

@@ -135,6 +135,9 @@ def _convert(method: str, key: str, value: Any, hint: Any) -> Any:
         if value is None or (isinstance(value, str) and value.lower() == "none"):
             if type(None) in args:
                 return None
+        others = [arg for arg in args if arg is not type(None)]
+        if len(others) == 1 and typing.get_origin(others[0]) in (tuple, list):  # an optional list: its own
+            return _convert(method, key, value, others[0])  # message, naming a bad item ("3.5 is not a valid int")
         for arg in _written_container_first(value, args):
             if arg is type(None):
                 continue

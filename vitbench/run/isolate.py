@@ -1,9 +1,9 @@
 """``--isolate``: each run of a plan in a process of its own (docs/reliability.md, "Isolated runs").
 
 The parent writes the run's job (options, spec, its seed's baseline record, the environment) to
-a file and starts ``python -m vitbench.run.isolate JOB RECORD``; the child builds the workspace
-again (from the caches the parent filled), runs the spec as :func:`~vitbench.run.execute.run_spec`
-does and writes the record. A child that crashes (a segfault), ends itself (``os._exit``) or
+a file and starts ``python -m vitbench.run.isolated_child JOB RECORD``
+(:mod:`vitbench.run.isolated_child`), which builds the workspace again from the caches the parent
+filled, runs the spec as :func:`~vitbench.run.execute.run_spec` does and writes the record. A child that crashes (a segfault), ends itself (``os._exit``) or
 outlives ``--run-timeout`` is killed with its process group, and its run is an ``error`` record
 saying which; the plan goes on. A fork of the parent would be cheaper, but a process that has
 run OpenMP kernels cannot fork one that runs them again (the child waits forever).
@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
-__all__ = ["Isolation", "run_isolated"]
+__all__ = ["Isolation", "failed_record", "run_isolated"]
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class Isolation:
     timeout: Optional[float] = None
 
 
-def _failed(spec: Any, why: str, wall_s: float, env: dict[str, Any]) -> dict[str, Any]:
+def failed_record(spec: Any, why: str, wall_s: float, env: dict[str, Any]) -> dict[str, Any]:
     """The ``error`` record of a run whose process ended without writing one."""
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     return {"spec_id": spec.spec_id, "task": spec.task, "model": spec.model, "data": spec.data,
@@ -65,14 +65,14 @@ def run_isolated(spec: Any, baseline: Optional[dict], env: dict[str, Any], isola
         with job.open("wb") as f:
             pickle.dump({"options": isolation.options, "out": str(isolation.out), "spec": spec,
                          "baseline": baseline, "env": env, "step": step}, f)
-        child = subprocess.Popen([sys.executable, "-m", "vitbench.run.isolate", str(job), str(out)],
+        child = subprocess.Popen([sys.executable, "-m", "vitbench.run.isolated_child", str(job), str(out)],
                                  start_new_session=True)
         try:
             code = child.wait(timeout=isolation.timeout)
         except subprocess.TimeoutExpired:
             os.killpg(child.pid, signal.SIGKILL)  # its loader workers too
             child.wait()
-            return _failed(spec, f"the run did not finish within --run-timeout {isolation.timeout:g} s; its "
+            return failed_record(spec, f"the run did not finish within --run-timeout {isolation.timeout:g} s; its "
                                  f"process was killed", time.perf_counter() - started, env)
         except BaseException:  # Ctrl-C: the child's group goes too
             os.killpg(child.pid, signal.SIGKILL)
@@ -80,41 +80,4 @@ def run_isolated(spec: Any, baseline: Optional[dict], env: dict[str, Any], isola
             raise
         if out.is_file():
             return json.loads(out.read_text())
-        return _failed(spec, f"the run failed outside Python: {_ended(code)}", time.perf_counter() - started, env)
-
-
-def _child(job_path: str, out_path: str) -> None:
-    """The child's side: rebuild the workspace, run the spec, write its record whole."""
-    from vitbench.catalog import WorkspaceRequest
-    from vitbench.core.cache import atomic_write
-    from vitbench.host import get_host
-    from vitbench.host.allocator import keep_freed_memory
-    from vitbench.results import to_jsonable
-    from vitbench.run.execute import run_spec
-
-    with open(job_path, "rb") as f:
-        job = pickle.load(f)  # noqa: S301 - written by the parent process a moment ago
-    options, spec, (i, n) = job["options"], job["spec"], job["step"]
-
-    def note(text: str) -> None:
-        print(f"vitbench: {text}", file=sys.stderr, flush=True)
-
-    def progress(what: str) -> None:
-        print(f"[{i}/{n}] {spec.label}: {what}", file=sys.stderr, flush=True)
-
-    keep_freed_memory()  # the allocator the parent's runs have
-    try:
-        task = get_host().task(spec.task)
-        ws = task.workspace(WorkspaceRequest(options=options, setup=task.setup(options), plan=[spec],
-                                             out=Path(job["out"]), resume=True, note=note))
-    except Exception as exc:  # noqa: BLE001 - the parent built the same workspace; say what differed
-        record = _failed(spec, f"the run's process could not rebuild the workspace: {type(exc).__name__}: {exc}",
-                         0.0, job["env"])
-    else:
-        record = run_spec(spec, ws, job["baseline"], job["env"], progress)
-    text = json.dumps(to_jsonable(record), ensure_ascii=True, allow_nan=False)
-    atomic_write(out_path, lambda tmp: tmp.write_text(text))
-
-
-if __name__ == "__main__":
-    _child(sys.argv[1], sys.argv[2])
+        return failed_record(spec, f"the run failed outside Python: {_ended(code)}", time.perf_counter() - started, env)
