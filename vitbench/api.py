@@ -146,7 +146,7 @@ def run(options: RunOptions, command: Optional[Sequence[str]] = None) -> Results
     from vitbench.measure.speed import chosen_repeats
 
     repeats = chosen_repeats(options.quick, options.repeats)  # --quick / --repeats N, checked before anything runs
-    if (options.isolate or options.run_timeout) and options.launcher != "none":
+    if options.isolated and options.launcher != "none":
         raise VitbenchError(f"--isolate runs each spec in a process of its own, which --launcher {options.launcher}'s "
                             f"process group cannot follow; isolate single-process runs only")
     check_launcher(options.launcher, task.name, methods)
@@ -180,7 +180,7 @@ def run(options: RunOptions, command: Optional[Sequence[str]] = None) -> Results
     env["allocator"] = allocator
     if options.device == "cpu":
         env["cpu_kernels"] = cpu_kernels.describe()
-    isolation = Isolation(options, out, options.run_timeout) if options.isolate or options.run_timeout else None
+    isolation = Isolation(options, out, options.run_timeout) if options.isolated else None
     records = execute_plan(plan, ws, store, resume=resume, env=env, progress=say.step, isolation=isolation)
     main = is_main()
     finish_launcher()  # every rank's part of the last collective evaluation is done

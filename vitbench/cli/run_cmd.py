@@ -169,7 +169,7 @@ def run_options(args: argparse.Namespace, task: str) -> RunOptions:
         shard=None if args.shard is None else parse_shard(args.shard), launcher=getattr(args, "launcher", "none"),
         match_gmacs=None if match is None else check_fraction(match),
         budgets=None if budgets is None else parse_budgets(budgets), controls=getattr(args, "controls", True),
-        isolate=args.isolate or args.run_timeout is not None, run_timeout=_seconds("--run-timeout", args.run_timeout),
+        isolate=args.isolate, run_timeout=_seconds("--run-timeout", args.run_timeout),
         task_options={dest: getattr(args, dest) for dest, option in owned.items() if task in option.tasks})
 
 

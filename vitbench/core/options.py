@@ -101,6 +101,11 @@ class RunOptions:
                                 f"leave --metrics out for all of them")
 
     @property
+    def isolated(self) -> bool:
+        """Each spec in a process of its own: ``--isolate``, or implied by ``--run-timeout``."""
+        return self.isolate or self.run_timeout is not None
+
+    @property
     def is_sweep(self) -> bool:
         """A sweep (``budgets`` given): stored under ``runs/sweep-...``, always resumed, a sweep report."""
         return self.budgets is not None

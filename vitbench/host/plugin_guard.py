@@ -42,7 +42,6 @@ def import_survives(load: Callable[[], Any], timeout: float = IMPORT_TIMEOUT_S) 
         return None
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child, measured by its exit status
-        code = 0
         try:
             import faulthandler
 
@@ -52,8 +51,8 @@ def import_survives(load: Callable[[], Any], timeout: float = IMPORT_TIMEOUT_S) 
             os.dup2(null, 2)
             load()
         except BaseException:  # noqa: BLE001 - a raise is reported by the parent's own import
-            code = 0
-        os._exit(code)
+            pass
+        os._exit(0)
     deadline = time.monotonic() + timeout
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)

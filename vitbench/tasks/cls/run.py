@@ -323,7 +323,7 @@ def cls_workspace(request: WorkspaceRequest, reads_data: bool) -> ClsWorkspace:
     request.note(f"loading model {setup.model}")
     model = load_model(setup.model, pretrained=options.pretrained, checkpoint=options.checkpoint,
                        num_classes=options.num_classes, seed=first_seed(options))  # random: the first seed
-    check_applies(plan, model, isolated=options.isolate)
+    check_applies(plan, model, isolated=options.isolated)
     cls_data, decoded = None, 0
     if reads_data:
         from vitbench.tasks.cls.data import resolve_cls_data

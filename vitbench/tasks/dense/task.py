@@ -101,7 +101,7 @@ class DenseTask(Task, TaskReport):
                      f"{', ...' if data.num_classes > 8 else ''}); loading backbone {setup.model}")
         model = load_backbone(setup.model, data.num_classes, data.input_size, pretrained=options.pretrained,
                               checkpoint=options.checkpoint, seed=first_seed(options))
-        check_applies(plan, model, isolated=options.isolate)
+        check_applies(plan, model, isolated=options.isolated)
         request.out.mkdir(parents=True, exist_ok=True)
         return DenseWorkspace(task=self.name, model=model, model_name=setup.model, data=data,
                               width=own.detector_width or ("light" if data.embedded else "full"),
