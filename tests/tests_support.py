@@ -16,6 +16,8 @@ from vitbench.host import get_host
 CALLS: list[tuple] = []
 #: the stage the loop said was training (``reduction_context(model).stage``) at each epoch end
 STAGES_SEEN: list = []
+#: the gate's scale after every step, then as the stage's ``after`` callback sees it
+SCALES: list = []
 
 
 class Gate(nn.Module, Reducer):
@@ -40,12 +42,16 @@ class GateParams:
     two_stages: bool = False
     nan_extra_at: int = 0  # the step (from 1) whose extra loss is NaN (0: never)
     nan_buffer: bool = False  # epoch_end writes NaN into a buffer (non-finite weights after training)
+    ema_decay: float = 0.0  # the stage's moving-average decay (0: none)
 
 
 def _build(params: GateParams, info) -> Reduction:
     gates = [Gate(info.embed_dim) if i == 0 else None for i in range(info.depth)]
 
     steps = [0]
+
+    def _scale():
+        return gates[0].scale.detach().clone()
 
     def extra(model, logits, labels):
         reduction_context(model).extras["seen"] = labels.numel()
@@ -64,9 +70,10 @@ def _build(params: GateParams, info) -> Reduction:
 
     stage = TrainStage(name="search", epochs=params.epochs, lr=0.05, optimizer="SGD", batch_size=32,
                        extra_loss=extra, before=(before,), epoch_end=(epoch_end,),
-                       after_step=(lambda m: CALLS.append(("step",)),),
-                       after=(lambda m: CALLS.append(("after",)),),
-                       arch_keys=("alpha",), arch_fraction=params.arch_fraction)
+                       after_step=(lambda m: CALLS.append(("step",)), lambda m: SCALES.append(_scale())),
+                       after=(lambda m: CALLS.append(("after",)), lambda m: SCALES.append(_scale())),
+                       arch_keys=("alpha",), arch_fraction=params.arch_fraction,
+                       ema_decay=params.ema_decay or None)
     stages = [stage]
     if params.two_stages:
         stages.append(TrainStage(name="retrain", epochs=1, lr=0.05, batch_size=32, trainable=("scale",)))
@@ -84,6 +91,7 @@ def register_gate() -> str:
     get_host().add_plugin(_Plugin(), "test_gate")
     CALLS.clear()
     STAGES_SEEN.clear()
+    SCALES.clear()
     return "test-gate"
 
 

@@ -15,6 +15,7 @@ Parameters: ``ratio``, ``eta``, ``ib_step``, ``tau``, ``epochs``, ``lr``, ``mlp_
 ``init``, ``trace_source``."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -37,16 +38,27 @@ IB_STEPS = ("train", "always")
 
 @dataclass(frozen=True)
 class Recipe:
-    """A fine-tuning recipe's IB weight, the share of the epochs before the IB term is on, and CE's
-    label smoothing."""
+    """A fine-tuning recipe: the IB weight, the share of the epochs before the IB term is on, CE's
+    label smoothing, AdamW's rates (masks and scales; the IB step's MLPs, 0: frozen), weight
+    decay, the cosine floor as a share of ``lr``, and the moving-average decay of the evaluated
+    weights (None: the last step's)."""
 
     ib_weight: float
     ib_warmup: float
     label_smoothing: float
+    lr: float
+    mlp_lr: float
+    weight_decay: float = 0.0
+    min_lr_ratio: float = 0.01
+    ema_decay: Optional[float] = None
 
 
 #: ``official``: the authors' harness (docs/methods.md, "LTM / IBTM" "Recipes"); ``tuned``: ours
-RECIPE_VALUES = {"tuned": Recipe(1.0, 0.0, 0.0), "official": Recipe(0.1, 0.3, 0.1)}
+RECIPE_VALUES = {
+    "tuned": Recipe(ib_weight=1.0, ib_warmup=0.0, label_smoothing=0.0, lr=0.3, mlp_lr=0.0),
+    "official": Recipe(ib_weight=0.1, ib_warmup=0.3, label_smoothing=0.1, lr=2e-4, mlp_lr=2e-4,
+                       weight_decay=0.01, min_lr_ratio=0.1, ema_decay=0.9995),
+}
 
 
 @dataclass(frozen=True)
@@ -62,15 +74,18 @@ class LTMParams:
                          inference_only=True)
     tau: float = param(1.0, "Gumbel temperature of both masks", range=Range(0, low_open=True))
     epochs: int = param(1, "fine-tuning epochs; the class statistics are refreshed between them", range=Range(0))
-    lr: float = param(0.3, "AdamW's rate for M1, the M_l logits and the scales s_l", range=Range(0, low_open=True))
-    mlp_lr: Optional[float] = param(0.0, "rate of the IB step's per-block MLPs: 0 keeps them frozen, None: lr",
-                                    range=Range(0), why="0: frozen; None: the same as lr")
+    lr: Optional[float] = param(None, "AdamW's rate for M1, the M_l logits and the scales s_l (None: the "
+                                "recipe's, tuned 0.3, official 2e-4)", range=Range(0, low_open=True),
+                                why="None: the recipe's")
+    mlp_lr: Optional[float] = param(None, "rate of the IB step's per-block MLPs, 0 keeps them frozen (None: the "
+                                    "recipe's, tuned 0, official 2e-4)", range=Range(0), why="None: the recipe's")
     optimizer: str = param("AdamW", "the fine-tuning optimizer", choices=OPTIMIZERS)
     ib_weight: Optional[float] = param(None,
                                        "weight of the IB bound in the loss (None: the recipe's; given, it overrides it)",
                                        range=Range(0), why="None: the recipe's")
     recipe: str = param("tuned",
-                        "tuned (IB weight 1) or official (the authors': 0.1 after a 30 % warm-up, smoothing 0.1)",
+                        "tuned (IB weight 1, lr 0.3, frozen MLPs) or official (the authors' harness: IB 0.1 "
+                        "after 30 % of the epochs, smoothing 0.1, AdamW 2e-4 for all, EMA 0.9995)",
                         choices=RECIPES)
     clusters: str = param("class", "the IB clusters: class centroids or k-means on features and inputs",
                           choices=CLUSTERS)
@@ -94,11 +109,9 @@ class LTMParams:
 
     @property
     def schedule(self) -> Recipe:
-        """The recipe's values, its IB weight replaced by ``ib_weight`` when given."""
-        recipe = RECIPE_VALUES[self.recipe]
-        if self.ib_weight is None:
-            return recipe
-        return Recipe(self.ib_weight, recipe.ib_warmup, recipe.label_smoothing)
+        """The recipe's values, with ``ib_weight``, ``lr`` and ``mlp_lr`` in their place when given."""
+        given = {"ib_weight": self.ib_weight, "lr": self.lr, "mlp_lr": self.mlp_lr}
+        return dataclasses.replace(RECIPE_VALUES[self.recipe], **{k: v for k, v in given.items() if v is not None})
 
 
 @hookimpl

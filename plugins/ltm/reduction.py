@@ -716,11 +716,11 @@ def build(params: LTMParams, info: ModelInfo) -> Reduction:
         module.eval()  # model.train() turns the Gumbel noise on
     recipe = params.schedule
     ib_loss = recipe.ib_weight > 0
-    mlp_lr = params.lr if params.mlp_lr is None else params.mlp_lr
     stage = TrainStage(
-        name="finetune", epochs=params.epochs, optimizer=params.optimizer, lr=params.lr,
-        batch_size=params.batch_size, lr_groups=((".reducer.mlp.", mlp_lr),) if mlp_lr > 0 else (),
-        trainable=None if mlp_lr > 0 else TRAINED_WITHOUT_MLPS, label_smoothing=recipe.label_smoothing,
+        name="finetune", epochs=params.epochs, optimizer=params.optimizer, lr=recipe.lr,
+        weight_decay=recipe.weight_decay, min_lr_ratio=recipe.min_lr_ratio, ema_decay=recipe.ema_decay,
+        batch_size=params.batch_size, lr_groups=((".reducer.mlp.", recipe.mlp_lr),) if recipe.mlp_lr > 0 else (),
+        trainable=None if recipe.mlp_lr > 0 else TRAINED_WITHOUT_MLPS, label_smoothing=recipe.label_smoothing,
         extra_loss=functools.partial(ib_bound_loss, weight=recipe.ib_weight, warmup=recipe.ib_warmup,
                                      epochs=params.epochs) if ib_loss else None,
         before=(functools.partial(_before, max_images=params.stats_images, ib_loss=ib_loss),),

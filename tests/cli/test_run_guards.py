@@ -66,7 +66,7 @@ def test_diverging_fine_tuning_is_an_error_record_and_the_fitted_head_is_shared(
     out = tmp_path / "out"
     args = ["run", "--methods", "tome,ltm", "--model", "test_vit", "--data", str(data), "--num-classes", "3",
             "--checkpoint", str(weights),
-            "--param", "ltm.lr=1e9", "--param", "ltm.mlp_lr=None", "--param", "ltm.batch_size=6", "--param", "tome.r=4",
+            "--param", "ltm.lr=1e9", "--param", "ltm.mlp_lr=1e9", "--param", "ltm.batch_size=6", "--param", "tome.r=4",
             "--metrics", "accuracy", "--out", str(out)]
     assert main(args) == 1
     base, tome, ltm = _records(out)
@@ -139,10 +139,10 @@ def test_a_nan_at_each_measured_point_is_an_error_record_in_the_report(tmp_path,
 @pytest.mark.slow
 def test_forced_divergence_on_the_embedded_default_is_an_error_record(tmp_path):
     """The issue's "done when": ltm.lr=1e9 on the default (with the IB step's MLPs training at it:
-    ``mlp_lr=None``; by default they are frozen and the masks and scales alone saturate without
+    ``mlp_lr=1e9``; by default they are frozen and the masks and scales alone saturate without
     overflowing) gives an error record whose message says the loss became non-finite, exit 1."""
     out = tmp_path / "out"
-    rc = main(["run", "--methods", "ltm", "--param", "ltm.lr=1e9", "--param", "ltm.mlp_lr=None",
+    rc = main(["run", "--methods", "ltm", "--param", "ltm.lr=1e9", "--param", "ltm.mlp_lr=1e9",
                "--param", "ltm.stats_images=128",
                "--metrics", "accuracy", "--limit", "100", "--train-limit", "256", "--out", str(out)])
     assert rc == 1

@@ -397,7 +397,7 @@ def test_state_dict_round_trips_into_a_freshly_applied_model(tmp_path):
     ({"optimizer": "Lion"}, r"ltm.optimizer='Lion'; valid values: SGD, AdamW, Adam"),
     ({"init": "random"}, r"ltm.init='random'; valid values: auto, runs, grid"),
     ({"step_labels": "oracle"}, r"ltm.step_labels='oracle'; valid values: prior, true"),
-    ({"mlp_lr": -0.1}, r"ltm.mlp_lr=-0.1 is out of range; it must be >= 0 \(0: frozen"),
+    ({"mlp_lr": -0.1}, r"ltm.mlp_lr=-0.1 is out of range; it must be >= 0 \(None: the recipe's"),
 ])
 def test_bad_parameters(bad, message):
     with pytest.raises(ParamError, match=message):
@@ -429,9 +429,9 @@ def test_the_ib_step_mlps_stay_frozen_by_default_and_train_at_mlp_lr_when_asked(
     assert not any(".reducer.mlp." in n for n in names)
     assert not any(".reducer." not in n for n in names)  # the backbone stays frozen
 
-    model = _ltm(stats=False, mlp_lr=None)  # None: the MLPs train at lr
+    model = _ltm(stats=False, mlp_lr=0.05)
     assert any(".reducer.mlp." in n for n in _trained_names(model))
-    assert _stage(model).lr_groups == ((".reducer.mlp.", 0.3),)
+    assert _stage(model).lr_groups == ((".reducer.mlp.", 0.05),)
 
 
 def test_the_mlp_learning_rate_does_not_reach_the_backbone_mlps():

@@ -91,6 +91,19 @@ def test_the_official_schedule_is_off_for_the_first_30_percent_of_the_epochs():
     assert LTMParams(recipe="official", ib_weight=0.5).schedule.ib_weight == 0.5  # an explicit weight wins
 
 
+def test_the_official_recipe_trains_everything_at_2e_4_and_ends_on_the_moving_average():
+    """The authors' harness: AdamW 2e-4 for masks, scales and the IB step's MLPs, weight decay
+    0.01, cosine down to 2e-5, EMA 0.9995; ours: 0.3 for masks and scales, MLPs frozen, no decay."""
+    official = _stage(vitbench.apply(tiny_vit(0), "ltm", recipe="official"))
+    assert (official.lr, official.lr_groups, official.trainable) == (2e-4, ((".reducer.mlp.", 2e-4),), None)
+    assert (official.weight_decay, official.min_lr_ratio, official.ema_decay) == (0.01, 0.1, 0.9995)
+    tuned = _stage(vitbench.apply(tiny_vit(0), "ltm"))
+    assert (tuned.lr, tuned.lr_groups, tuned.weight_decay, tuned.ema_decay) == (0.3, (), 0.0, None)
+    assert ".reducer.mlp." not in "".join(tuned.trainable)
+    given = _stage(vitbench.apply(tiny_vit(0), "ltm", recipe="official", lr=0.01, mlp_lr=0.0))
+    assert (given.lr, given.lr_groups, given.trainable) == (0.01, (), tuned.trainable)  # explicit rates win
+
+
 def test_the_official_recipe_smooths_the_labels_and_switches_the_ib_term_on_after_the_warm_up():
     from vitbench.train.finetune import MethodTrainer
 

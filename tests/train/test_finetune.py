@@ -12,7 +12,7 @@ from vitbench.engine import reduction_context
 from vitbench.errors import CheckpointError, NonFiniteError
 from vitbench.testing import tiny_vit
 
-from tests_support import CALLS, STAGES_SEEN  # noqa: E402 - tests/tests_support.py: the learnable test method
+from tests_support import CALLS, SCALES, STAGES_SEEN  # noqa: E402 - tests/tests_support.py: the learnable test method
 from vitbench.train import finetune, load_trained, save_trained
 from vitbench.train.stages import is_arch_step, trainable_parameters
 
@@ -58,6 +58,33 @@ def test_callbacks_see_the_stage_as_the_task_runs_it(gate_method, fmnist, monkey
     finetune(model, fmnist, limit=32)
     assert [(s.name, s.epochs) for s in STAGES_SEEN] == [("search", 2), ("search", 2)]
     assert reduction_context(model).stage is None
+
+
+def test_a_moving_average_replaces_the_weights_before_the_stage_ends(gate_method, fmnist):
+    """``ema_decay``: ``avg <- d avg + (1 - d) p`` after every step, from the weights before the
+    first; the stage's ``after`` callbacks and the caller see the average, not the last step."""
+    model = vitbench.apply(_model(), gate_method, ema_decay=0.5)
+    start = model.blocks[0].reducer.scale.detach().clone()
+    finetune(model, fmnist, limit=96)
+    *steps, at_after = SCALES
+    assert len(steps) == 3
+    expected = start
+    for p in steps:
+        expected = 0.5 * expected + 0.5 * p
+    torch.testing.assert_close(at_after, expected)
+    torch.testing.assert_close(model.blocks[0].reducer.scale.detach(), expected)
+    assert not torch.allclose(expected, steps[-1])
+
+
+def test_a_moving_average_decay_outside_0_1_is_refused():
+    from vitbench.catalog import TrainStage
+    from vitbench.errors import ParamError
+    from vitbench.train.stages import check_stage
+
+    with pytest.raises(ParamError, match=r"m: ema_decay 1.0 is out of range \(0, 1\); None: no average"):
+        check_stage("m", TrainStage(ema_decay=1.0))
+    with pytest.raises(ParamError, match=r"m: min_lr_ratio 2 is out of range \[0, 1\]"):
+        check_stage("m", TrainStage(min_lr_ratio=2))
 
 
 def test_train_backbone_trains_everything(gate_method, fmnist):

@@ -98,6 +98,8 @@ class TrainStage:
     weight_decay: float = 0.0
     momentum: float = 0.9  # SGD only
     schedule: str = "cosine"  # cosine | constant
+    #: the cosine schedule's last rate as a share of ``lr`` (the IBTM authors' harness: 2e-5 / 2e-4)
+    min_lr_ratio: float = 0.01
     lr_groups: tuple[tuple[str, float], ...] = ()
     label_smoothing: float = 0.0
     arch_keys: tuple[str, ...] = ()
@@ -116,6 +118,9 @@ class TrainStage:
     after_step: tuple[Callable[["nn.Module"], None], ...] = ()
     #: ``callback(model)`` when the stage ends (DCS shrinks its MLPs after the search)
     after: tuple[Callable[["nn.Module"], None], ...] = ()
+    #: the trained parameters' moving-average decay; the averages replace them when the stage
+    #: ends (timm's ``--model-ema-decay``). ``None``: the last step's parameters
+    ema_decay: Optional[float] = None
     #: the backbone trains too, whatever ``--train-backbone`` says (ALGM fine-tunes the whole network)
     backbone: bool = False
 

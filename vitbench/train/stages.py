@@ -35,6 +35,7 @@ from vitbench.core.guards import check_finite, check_gradients, check_losses, tr
 from vitbench.measure.precision import autocast
 from vitbench.task import CONTROL
 from vitbench.train.batches import Batches
+from vitbench.train.ema import ParameterEMA
 
 __all__ = ["DDP_WRAPPER", "FiniteLossHook", "FinetuneResult", "MethodDDP", "PositionHook", "StageHook",
            "StageSource", "StageTrainer", "broadcast_buffers", "check_losses_on_every_rank", "check_stage",
@@ -84,6 +85,10 @@ def check_stage(method: str, stage: TrainStage) -> None:
                          f"got epochs={stage.epochs}, lr={stage.lr}, batch_size={stage.batch_size}")
     if not 0.0 <= stage.arch_fraction < 1.0:
         raise ParamError(f"{method}: arch_fraction {stage.arch_fraction} is out of range [0, 1)")
+    if not 0.0 <= stage.min_lr_ratio <= 1.0:
+        raise ParamError(f"{method}: min_lr_ratio {stage.min_lr_ratio} is out of range [0, 1]")
+    if stage.ema_decay is not None and not 0.0 < stage.ema_decay < 1.0:
+        raise ParamError(f"{method}: ema_decay {stage.ema_decay} is out of range (0, 1); None: no average")
 
 
 def _optimizer(stage: TrainStage, params: dict[str, nn.Parameter]) -> torch.optim.Optimizer:
@@ -310,7 +315,7 @@ def train_stage(trainer: BaseModel, stage: TrainStage, params: dict[str, nn.Para
 
     schedulers = None if stage.schedule == "constant" else [{
         "type": "CosineAnnealingLR", "by_epoch": True, "T_max": stage.epochs,
-        "convert_to_iter_based": True, "eta_min_ratio": 0.01}]
+        "convert_to_iter_based": True, "eta_min_ratio": stage.min_lr_ratio}]
     with warnings.catch_warnings():  # a distributed Runner's note that it sets OMP/MKL_NUM_THREADS
         warnings.filterwarnings("ignore", message=r"Setting (OMP|MKL)_NUM_THREADS", category=UserWarning)
         runner = Runner(**runner_kwargs(
@@ -507,6 +512,7 @@ def run_stages(stages: Sequence[TrainStage], source: StageSource, *, device: tor
             if progress:
                 progress(source.announce(stage, trainable))
             hook = StageHook(stage, source.reduced, source.batches)
+            averaged = [] if stage.ema_decay is None else [ParameterEMA(params, stage.ema_decay)]
             ctx = reduction_context(source.reduced)
             if ctx is not None:
                 ctx.stage = stage
@@ -523,7 +529,7 @@ def run_stages(stages: Sequence[TrainStage], source: StageSource, *, device: tor
             with work_dir_or_temp(work_dir) as wd:
                 iters, images = train_stage(
                     trainer, stage, params, loader,
-                    [hook, {"type": "vitbench.ProgressHook", "verbose": verbose, "interval": source.interval,
+                    [*averaged, hook, {"type": "vitbench.ProgressHook", "verbose": verbose, "interval": source.interval,
                             "prefix": f"vitbench: {method} {stage.name}: ",
                             "what": f"fine-tuning {method} (stage {stage.name!r})"}],
                     work_dir=wd / stage.name, seed=seed, device=device, default_scope=source.scope)
