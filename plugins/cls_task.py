@@ -3,7 +3,7 @@ embedded Fashion-MNIST ViT by default. The task's code is :class:`vitbench.tasks
 plugin only registers it, as a third-party task plugin would."""
 from __future__ import annotations
 
-from vitbench.hookspecs import hookimpl
+from vitbench.kit import hookimpl
 from vitbench.tasks.cls.task import ClsTask
 
 

@@ -5,7 +5,7 @@ this plugin only registers them, with their own command-line options
 ``--launcher pytorch|slurm`` (:mod:`vitbench.host.distributed`)."""
 from __future__ import annotations
 
-from vitbench.hookspecs import hookimpl
+from vitbench.kit import hookimpl
 from vitbench.tasks.det.task import DetTask
 from vitbench.tasks.seg.task import SegTask
 

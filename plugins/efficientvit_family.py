@@ -1,7 +1,6 @@
 """Built-in plugin: the EfficientViT (MIT, timm ``EfficientVit``) model-family adapter (its code:
 :mod:`vitbench.engine.families.efficientvit`)."""
-from vitbench.catalog import FamilySpec
-from vitbench.hookspecs import hookimpl
+from vitbench.kit import FamilySpec, hookimpl
 
 _CODE = "vitbench.engine.families.efficientvit"
 

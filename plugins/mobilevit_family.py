@@ -1,6 +1,5 @@
 """Built-in plugin: the MobileViT model-family adapter (its code: :mod:`vitbench.engine.families.mobilevit`)."""
-from vitbench.catalog import FamilySpec
-from vitbench.hookspecs import hookimpl
+from vitbench.kit import FamilySpec, hookimpl
 
 _CODE = "vitbench.engine.families.mobilevit"
 

@@ -11,8 +11,7 @@ they are exactly the probabilities the block used.
 """
 from __future__ import annotations
 
-from vitbench.catalog import ScorerSpec
-from vitbench.hookspecs import hookimpl
+from vitbench.kit import ScorerSpec, hookimpl
 
 _CODE = "vitbench.kit.scores"  # the score functions, imported when a scorer is asked for
 

@@ -1,6 +1,5 @@
 """Built-in plugin: the Swin model-family adapter (its code: :mod:`vitbench.engine.families.swin`)."""
-from vitbench.catalog import FamilySpec
-from vitbench.hookspecs import hookimpl
+from vitbench.kit import FamilySpec, hookimpl
 
 _CODE = "vitbench.engine.families.swin"
 

@@ -1,6 +1,5 @@
 """Built-in plugin: the ViT/DeiT model-family adapter (its code: :mod:`vitbench.engine.families.vit`)."""
-from vitbench.catalog import FamilySpec
-from vitbench.hookspecs import hookimpl
+from vitbench.kit import FamilySpec, hookimpl
 
 _CODE = "vitbench.engine.families.vit"
 

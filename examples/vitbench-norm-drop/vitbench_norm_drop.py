@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
-from vitbench.catalog import BudgetKnob, MethodSpec, ModelInfo, Range, Reduction, param
-from vitbench.engine import AttnInfo, Reducer, TokenState
-from vitbench.hookspecs import hookimpl
+from vitbench.kit import (
+    AttnInfo, BudgetKnob, MethodSpec, ModelInfo, Range, Reducer, Reduction, TokenState, hookimpl, param,
+)
 
 
 @dataclass(frozen=True)

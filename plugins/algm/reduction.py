@@ -7,9 +7,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from vitbench.catalog import ModelInfo, Reduction, TrainStage
-from vitbench.engine import AttnInfo, Reducer, TokenState, bipartite_soft_matching, descending_order, max_merge
 from vitbench.errors import ParamError
+from vitbench.kit import (
+    AttnInfo, ModelInfo, Reducer, Reduction, TokenState, TrainStage, bipartite_soft_matching, descending_order,
+    max_merge,
+)
 from vitbench_plugins.algm import ALGMParams
 
 

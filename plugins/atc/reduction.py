@@ -8,8 +8,7 @@ import numpy as np
 import torch
 from scipy.cluster.hierarchy import cut_tree, linkage as hierarchy
 
-from vitbench.catalog import ModelInfo, Reduction
-from vitbench.kit import ClusterMergeReducer, chosen_layers
+from vitbench.kit import ClusterMergeReducer, ModelInfo, Reduction, chosen_layers
 from vitbench_plugins.atc import ATCParams
 
 

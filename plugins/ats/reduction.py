@@ -8,10 +8,10 @@ import math
 
 import torch
 
-from vitbench.catalog import ModelInfo, Reduction
-from vitbench.engine import AttnInfo, Reducer, TokenState
 from vitbench.errors import UnsupportedError
-from vitbench.kit import blocks_from_quarter, chosen_layers, cls_attn_score
+from vitbench.kit import (
+    AttnInfo, ModelInfo, Reducer, Reduction, TokenState, blocks_from_quarter, chosen_layers, cls_attn_score,
+)
 from vitbench_plugins.ats import ATSParams
 
 

@@ -6,11 +6,9 @@ from fractions import Fraction
 
 import torch
 
-from vitbench.catalog import ModelInfo, Reduction
-from vitbench.engine import AttnInfo, Reducer, TokenState
 from vitbench.errors import UnsupportedError
-from vitbench.kit import chosen_layers, top_tokens
-from vitbench.measure.clusters import run_seed
+from vitbench.kit import AttnInfo, ModelInfo, Reducer, Reduction, TokenState, chosen_layers, top_tokens
+from vitbench.kit.ib import run_seed
 from vitbench_plugins.controls import DownsampleParams, RandomParams
 
 #: the smaller grid keeps the model's shape: its sides' scales differ by at most this factor

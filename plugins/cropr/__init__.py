@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vitbench.catalog import BudgetKnob, MethodSpec, Range, param, patch_count
-from vitbench.hookspecs import hookimpl
+from vitbench.kit import BudgetKnob, MethodSpec, Range, hookimpl, param, patch_count
 
 
 @dataclass(frozen=True)

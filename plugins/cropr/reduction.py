@@ -11,10 +11,10 @@ import torch.nn.functional as F
 from timm.layers import Mlp, trunc_normal_, trunc_normal_tf_
 from torch import nn
 
-from vitbench.catalog import ModelInfo, Reduction
-from vitbench.engine import AttnInfo, Reducer, TokenState, reduction_context
 from vitbench.errors import ParamError
-from vitbench.kit import adamw_cosine, top_tokens
+from vitbench.kit import (
+    AttnInfo, ModelInfo, Reducer, Reduction, TokenState, adamw_cosine, reduction_context, top_tokens,
+)
 from vitbench_plugins.cropr import CroprParams
 
 _AUX = "cropr_aux"  # training: each module's auxiliary logits ([B, classes]; per patch [B, P, classes]), in order

@@ -18,9 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from vitbench.catalog import HELP, BudgetKnob, MethodSpec
 from vitbench.errors import ParamError
-from vitbench.hookspecs import hookimpl
+from vitbench.kit import HELP, BudgetKnob, MethodSpec, hookimpl
 
 
 ARCHS = ("both", "qk", "out")

@@ -11,23 +11,16 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from vitbench.catalog import FamilySpec, ModelInfo, Reduction, TrainStage
-from vitbench.engine import Reducer
-from vitbench.engine.attention import AttnInfo
-from vitbench.engine.block import reduction_context
-from vitbench.engine.channel_select import (
-    ChannelGate, GatedDecisions, QKChannelMask, check_mlp, gated_mlp, shrink_mlp, sparse_mlp,
-)
-from vitbench.engine.token_state import TokenState
 from vitbench.errors import UnsupportedError
-from vitbench.kit import stage_epochs
-from vitbench.kit.channel_budget import ComputeBudget, enforce_budget
-from vitbench.measure.clusters import KMEANS_SAMPLES, kmeans_centroids, run_seed
-from vitbench.measure.ib import (
-    class_centroids, feature_source, ib_terms, input_vectors, log_q_given_y, module_features, pooled_features,
-    soft_assign,
+from vitbench.kit import (
+    AttnInfo, ChannelGate, FamilySpec, GatedDecisions, ModelInfo, QKChannelMask, Reducer, Reduction, TokenState,
+    TrainStage, check_mlp, gated_mlp, get_host, reduction_context, shrink_mlp, sparse_mlp, stage_epochs,
 )
-from vitbench.host import get_host
+from vitbench.kit.channel_budget import ComputeBudget, enforce_budget
+from vitbench.kit.ib import (
+    KMEANS_SAMPLES, class_centroids, feature_source, ib_terms, input_vectors, kmeans_centroids, log_q_given_y,
+    module_features, pooled_features, run_seed, soft_assign,
+)
 from vitbench_plugins.dcs import DCSParams
 
 

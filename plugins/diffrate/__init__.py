@@ -18,9 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from vitbench.catalog import HELP, BudgetKnob, MethodSpec, Range, param
 from vitbench.errors import ParamError
-from vitbench.hookspecs import hookimpl
+from vitbench.kit import HELP, BudgetKnob, MethodSpec, Range, hookimpl, param
 
 
 _OPTIMIZERS = ("SGD", "AdamW", "Adam")

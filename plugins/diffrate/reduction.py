@@ -13,10 +13,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitbench.catalog import ModelInfo, Reduction, TrainStage
-from vitbench.engine import AttnInfo, Reducer, TokenState, descending_order, reduction_context
 from vitbench.errors import ParamError, UnsupportedError
-from vitbench.kit import cost, vit_block_costs
+from vitbench.kit import (
+    AttnInfo, ModelInfo, Reducer, Reduction, TokenState, TrainStage, cost, descending_order, reduction_context,
+    vit_block_costs,
+)
 from vitbench_plugins.diffrate import DiffRateParams, DiffRateSearchParams
 
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from vitbench.catalog import ModelInfo, Reduction
-from vitbench.kit import ClusterMergeReducer, chosen_layers, token_distances
+from vitbench.kit import ClusterMergeReducer, ModelInfo, Reduction, chosen_layers, token_distances
 from vitbench_plugins.dpc_knn import DPCKNNParams
 
 

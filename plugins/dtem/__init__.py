@@ -19,9 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
-from vitbench.catalog import HELP, BudgetKnob, MethodSpec, Range, param, patch_count
 from vitbench.errors import ParamError
-from vitbench.hookspecs import hookimpl
+from vitbench.kit import HELP, BudgetKnob, MethodSpec, Range, hookimpl, param, patch_count
 
 #: how the embedding starts: ``keys`` (the head-averaged keys plus a zero map: ToMe) or ``random``
 INITS = ("keys", "random")

@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitbench.catalog import ModelInfo, Reduction
-from vitbench.engine import AttnInfo, Reducer, TokenState, bipartite_soft_matching, max_merge
 from vitbench.errors import ParamError
-from vitbench.kit import adamw_cosine, schedule
+from vitbench.kit import (
+    AttnInfo, ModelInfo, Reducer, Reduction, TokenState, adamw_cosine, bipartite_soft_matching, max_merge, schedule,
+)
 from vitbench_plugins.dtem import DTEMParams
 
 _ALIVE = "dtem_alive"  # training: tokens (prefix included) that still take part in matchings

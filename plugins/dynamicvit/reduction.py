@@ -10,10 +10,10 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from vitbench.catalog import ModelInfo, Reduction
-from vitbench.engine import AttnInfo, Reducer, TokenState, reduction_context
-from vitbench.engine.masks import straight_through_mask
-from vitbench.kit import adamw_cosine, chosen_layers, top_tokens
+from vitbench.kit import (
+    AttnInfo, ModelInfo, Reducer, Reduction, TokenState, adamw_cosine, chosen_layers, reduction_context,
+    straight_through_mask, top_tokens,
+)
 from vitbench_plugins.dynamicvit import DynamicViTParams
 
 

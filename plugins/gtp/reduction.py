@@ -9,11 +9,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from vitbench.catalog import ModelInfo, Reduction
-from vitbench.engine import AttnInfo, Reducer, TokenState, descending_order
-from vitbench.engine.rows import take_rows
 from vitbench.errors import ParamError
-from vitbench.kit import schedule
+from vitbench.kit import AttnInfo, ModelInfo, Reducer, Reduction, TokenState, descending_order, schedule, take_rows
 from vitbench_plugins.gtp import GTPParams
 
 #: where the current graph travels through the blocks of one forward (``TokenState.private``)

@@ -19,9 +19,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional
 
-from vitbench.catalog import HELP, MethodSpec, Range, param
 from vitbench.errors import ParamError
-from vitbench.hookspecs import hookimpl
+from vitbench.kit import HELP, MethodSpec, Range, hookimpl, param
 
 
 OPTIMIZERS = ("SGD", "AdamW", "Adam")

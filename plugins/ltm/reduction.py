@@ -14,17 +14,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitbench.catalog import FamilySpec, MergeGrid, ModelInfo, Reduction, TrainStage
-from vitbench.engine import AttnInfo, Reducer, TokenState, reduction_context
-from vitbench.engine.grid_merge import record_grid_merge
-from vitbench.engine.masks import straight_through_mask
 from vitbench.errors import UnsupportedError
-from vitbench.kit import stage_epochs
-from vitbench.measure.clusters import KMEANS_SAMPLES, kmeans_centroids, run_seed
-from vitbench.measure.ib import (
-    ClassSums, feature_source, ib_terms, input_vectors, module_features, pooled_features, soft_assign,
+from vitbench.kit import (
+    AttnInfo, FamilySpec, MergeGrid, ModelInfo, Reducer, Reduction, TokenState, TrainStage, get_host, record_grid_merge,
+    reduction_context, stage_epochs, straight_through_mask,
 )
-from vitbench.host import get_host
+from vitbench.kit.ib import (
+    KMEANS_SAMPLES, ClassSums, feature_source, ib_terms, input_vectors, kmeans_centroids, module_features,
+    pooled_features, run_seed, soft_assign,
+)
 from vitbench_plugins.ltm import LTMParams
 
 

@@ -11,12 +11,11 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 from torch import nn
 
-from vitbench.catalog import ModelInfo, Reduction, TrainStage
-from vitbench.engine import AttnInfo, Reducer, TokenState, reduction_context
-from vitbench.engine.masks import straight_through_mask
 from vitbench.errors import ParamError
-from vitbench.kit import cost, linear_macs, vit_block_costs
-from vitbench.train.batches import first_images
+from vitbench.kit import (
+    AttnInfo, ModelInfo, Reducer, Reduction, TokenState, TrainStage, cost, first_images, linear_macs, reduction_context,
+    straight_through_mask, vit_block_costs,
+)
 from vitbench_plugins.ltmp import LTMPParams, calibration
 
 
@@ -555,7 +554,7 @@ def swin_cost_model(model: nn.Module, reducing: Sequence[bool], image: Optional[
     (default: a zero image of the model's input size), less the terms of the tokens that forward
     kept; ``tests/plugins/test_ltmp_swin.py`` (V1) and ``tests/engine/families/test_swinv2.py``
     (V2) check it against ``count_gmacs``."""
-    from vitbench.engine.families.swin import tile_of
+    from vitbench.kit import tile_of
 
     tokens, mlp, match = [], [], []
     i = 0

@@ -9,9 +9,8 @@ from typing import Optional
 
 import torch
 
-from vitbench.catalog import ModelInfo, Reduction
-from vitbench.engine import AttnInfo, Reducer, TokenState, descending_order, max_merge
 from vitbench.errors import ParamError
+from vitbench.kit import AttnInfo, ModelInfo, Reducer, Reduction, TokenState, descending_order, max_merge
 from vitbench.kit import schedule as tome_schedule
 from vitbench_plugins.mctf import MCTFParams, Schedule
 

@@ -6,10 +6,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vitbench.catalog import ModelInfo, Reduction
-from vitbench.engine import AttnInfo, Reducer, TokenState
 from vitbench.errors import ParamError
-from vitbench.kit import adamw_cosine
+from vitbench.kit import AttnInfo, ModelInfo, Reducer, Reduction, TokenState, adamw_cosine
 from vitbench_plugins.patchmerger import PatchMergerParams
 
 

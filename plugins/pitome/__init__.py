@@ -17,9 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Union
 
-from vitbench.catalog import HELP, BudgetKnob, MethodSpec, Range, param, patch_count
 from vitbench.errors import ParamError
-from vitbench.hookspecs import hookimpl
+from vitbench.kit import HELP, BudgetKnob, MethodSpec, Range, hookimpl, param, patch_count
 
 
 #: the energy functions (module docstring): the paper's equation, or the official code's ELU

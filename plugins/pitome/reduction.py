@@ -10,10 +10,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from vitbench.catalog import ModelInfo, Reduction
-from vitbench.engine import AttnInfo, Reducer, TokenState, descending_order, max_merge
 from vitbench.errors import ParamError
-from vitbench.kit import schedule
+from vitbench.kit import AttnInfo, ModelInfo, Reducer, Reduction, TokenState, descending_order, max_merge, schedule
 from vitbench_plugins.pitome import PiToMeParams
 
 

@@ -15,9 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from vitbench.catalog import HELP, BudgetKnob, MethodSpec, Range, param, patch_count
 from vitbench.errors import ParamError
-from vitbench.hookspecs import hookimpl
+from vitbench.kit import HELP, BudgetKnob, MethodSpec, Range, hookimpl, param, patch_count
 
 
 def check_order(method: str, order: str) -> None:

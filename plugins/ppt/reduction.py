@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import torch
 
-from vitbench.catalog import ModelInfo, Reduction
-from vitbench.engine import AttnInfo, Reducer, TokenState, bipartite_soft_matching, max_merge
-from vitbench.engine.host_sync import host_reads_allowed
-from vitbench.kit import chosen_layers, top_tokens
-from vitbench.host import get_host
+from vitbench.kit import (
+    AttnInfo, ModelInfo, Reducer, Reduction, TokenState, bipartite_soft_matching, chosen_layers, get_host,
+    host_reads_allowed, max_merge, top_tokens,
+)
 from vitbench_plugins.ppt import PPTParams
 
 

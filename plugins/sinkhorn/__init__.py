@@ -16,9 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from vitbench.catalog import BudgetKnob, MethodSpec, Range, param
 from vitbench.errors import ParamError
-from vitbench.hookspecs import hookimpl
+from vitbench.kit import BudgetKnob, MethodSpec, Range, hookimpl, param
 
 
 @dataclass(frozen=True)

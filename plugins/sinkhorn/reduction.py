@@ -9,9 +9,7 @@ import math
 import torch
 from torch import nn
 
-from vitbench.catalog import ModelInfo, Reduction
-from vitbench.engine import AttnInfo, Reducer, TokenState
-from vitbench.kit import adamw_cosine, chosen_layers, soft_cluster
+from vitbench.kit import AttnInfo, ModelInfo, Reducer, Reduction, TokenState, adamw_cosine, chosen_layers, soft_cluster
 from vitbench_plugins.sinkhorn import SinkhornParams
 
 

@@ -8,10 +8,10 @@ from typing import Literal, Optional
 
 import torch
 
-from vitbench.catalog import ModelInfo, Reduction
-from vitbench.engine import AttnInfo, Matching, Reducer, TokenState, bipartite_soft_matching, max_merge
 from vitbench.errors import ParamError
-from vitbench.kit import schedule
+from vitbench.kit import (
+    AttnInfo, Matching, ModelInfo, Reducer, Reduction, TokenState, bipartite_soft_matching, max_merge, schedule,
+)
 from vitbench_plugins.tofu import ToFuParams
 
 

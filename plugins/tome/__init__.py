@@ -18,9 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Union
 
-from vitbench.catalog import HELP, BudgetKnob, MethodSpec, patch_count
 from vitbench.errors import ParamError
-from vitbench.hookspecs import hookimpl
+from vitbench.kit import HELP, BudgetKnob, MethodSpec, hookimpl, patch_count
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from vitbench.catalog import ModelInfo, Reduction
-from vitbench.engine import AttnInfo, Reducer, TokenState, bipartite_soft_matching, max_merge
-from vitbench.kit import schedule
+from vitbench.kit import (
+    AttnInfo, ModelInfo, Reducer, Reduction, TokenState, bipartite_soft_matching, max_merge, schedule,
+)
 from vitbench_plugins.tome import ToMeParams
 
 

@@ -18,8 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from vitbench.catalog import HELP, BudgetKnob, MethodSpec, Range, param
-from vitbench.hookspecs import hookimpl
+from vitbench.kit import HELP, BudgetKnob, MethodSpec, Range, hookimpl, param
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,7 @@ import math
 
 import torch
 
-from vitbench.catalog import ModelInfo, Reduction
-from vitbench.engine import AttnInfo, Reducer, TokenState
-from vitbench.kit import chosen_layers, top_tokens
-from vitbench.host import get_host
+from vitbench.kit import AttnInfo, ModelInfo, Reducer, Reduction, TokenState, chosen_layers, get_host, top_tokens
 from vitbench_plugins.topk import TopKParams
 
 

@@ -17,8 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Union
 
-from vitbench.catalog import BudgetKnob, MethodSpec, Range, param, patch_count
-from vitbench.hookspecs import hookimpl
+from vitbench.kit import BudgetKnob, MethodSpec, Range, hookimpl, param, patch_count
 
 
 #: how the per-head importance scores are combined (module docstring, "Heads")

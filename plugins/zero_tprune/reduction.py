@@ -10,10 +10,8 @@ from typing import Optional, Union
 import torch
 import torch.nn.functional as F
 
-from vitbench.catalog import ModelInfo, Reduction
-from vitbench.engine import AttnInfo, Reducer, TokenState, descending_order, max_merge
 from vitbench.errors import ParamError
-from vitbench.kit import check_layers
+from vitbench.kit import AttnInfo, ModelInfo, Reducer, Reduction, TokenState, check_layers, descending_order, max_merge
 from vitbench_plugins.zero_tprune import HEAD_MODES, INITS, PARTITIONS, ZeroTPruneParams
 
 

@@ -1,11 +1,37 @@
-"""The method kit: helpers that method plugins share, public so that outside plugins can use them too.
+"""The method kit: all a method or family plugin imports from vitbench, built-in or not
+(docs/plugin-tutorial.md; import-linter's ``plugins-sealed`` contract in pyproject.toml).
 
-A built-in plugin imports no other plugin; what several methods need lives here: parameter
-checks, the top-k token selection, ToMe's merge schedule, the clustering merges (hard and soft), the token
-significance scores, the AdamW-cosine training stage, and the differentiable cost models (fixed
-part counted, variable part by formula).
+- registering: ``hookimpl``, the specs (:class:`MethodSpec`, :class:`ScorerSpec`,
+  :class:`FamilySpec`), ``param``/``Range``/``BudgetKnob``, the host (``get_host``);
+- the token step: :class:`Reducer`, :class:`TokenState`, :class:`AttnInfo`, the reduction a build
+  returns (:class:`Reduction`, :class:`TrainStage`) and the engine's shared pieces (matching,
+  ordering, rows, masks, grid merges, Swin's tiles, channel gates);
+- helpers several methods share: parameter checks, the top-k token selection, ToMe's merge
+  schedule, the clustering merges (hard and soft), the token significance scores, the AdamW-cosine
+  training stage, the differentiable cost models; the IB estimate's pieces are in :mod:`vitbench.kit.ib`.
+
+A built-in plugin imports no other plugin and no other vitbench module but :mod:`vitbench.errors`.
 """
 from __future__ import annotations
+
+from vitbench.catalog import (
+    HELP, BudgetKnob, FamilySpec, MergeGrid, MethodSpec, ModelInfo, Range, Reduction, ScorerSpec, TrainStage,
+    param, patch_count,
+)
+from vitbench.engine import (
+    AttnInfo, Matching, Reducer, TokenState, bipartite_soft_matching, descending_order, max_merge,
+    reduction_context,
+)
+from vitbench.engine.channel_select import (
+    ChannelGate, GatedDecisions, QKChannelMask, check_mlp, gated_mlp, shrink_mlp, sparse_mlp, straight_through_mask,
+)
+from vitbench.engine.families.swin import tile_of
+from vitbench.engine.grid_merge import record_grid_merge
+from vitbench.engine.host_sync import host_reads_allowed
+from vitbench.engine.rows import take_rows
+from vitbench.hookspecs import hookimpl
+from vitbench.host import get_host
+from vitbench.train.batches import first_images
 
 from vitbench.kit.channel_budget import BudgetResult, ComputeBudget, enforce_budget
 from vitbench.kit.clustering import ClusterFn, ClusterMergeReducer, token_distances
@@ -19,6 +45,11 @@ from vitbench.kit.train_stages import adamw_cosine, stage_epochs
 from vitbench.kit.vit_costs import ViTBlockCosts, vit_block_costs
 
 __all__ = [
+    "HELP", "AttnInfo", "BudgetKnob", "ChannelGate", "FamilySpec", "GatedDecisions", "Matching", "MergeGrid",
+    "MethodSpec", "ModelInfo", "QKChannelMask", "Range", "Reducer", "Reduction", "ScorerSpec", "TokenState",
+    "TrainStage", "bipartite_soft_matching", "check_mlp", "descending_order", "first_images", "gated_mlp",
+    "get_host", "hookimpl", "host_reads_allowed", "max_merge", "param", "patch_count", "record_grid_merge",
+    "reduction_context", "shrink_mlp", "sparse_mlp", "straight_through_mask", "take_rows", "tile_of",
     "BudgetResult", "ClusterFn", "ClusterMergeReducer", "ComputeBudget", "CostModel", "Macs", "TOKEN_ORDERS",
     "ViTBlockCosts", "adamw_cosine", "average_score", "blocks_from_quarter", "check_layers", "check_scorer",
     "chosen_layers", "cls_attn_score", "counted_fixed", "enforce_budget", "entropy_score", "linear_macs",

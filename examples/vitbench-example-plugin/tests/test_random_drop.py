@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import vitbench
-from vitbench.engine import AttnInfo, Reducer, TokenState, reduction_context
+from vitbench.kit import AttnInfo, Reducer, TokenState, reduction_context
 from vitbench.errors import ParamError
 from vitbench_example_plugin.random_drop import RandomDropReducer
 

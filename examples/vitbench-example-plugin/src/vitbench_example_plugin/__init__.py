@@ -19,9 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from vitbench.catalog import HELP, BudgetKnob, MethodSpec
 from vitbench.errors import ParamError
-from vitbench.hookspecs import hookimpl
+from vitbench.kit import HELP, BudgetKnob, MethodSpec, hookimpl
 
 __version__ = "0.1.0"
 

@@ -6,9 +6,7 @@ import math
 
 import torch
 
-from vitbench.catalog import ModelInfo, Reduction
-from vitbench.engine import AttnInfo, Reducer, TokenState
-from vitbench.kit import chosen_layers
+from vitbench.kit import AttnInfo, ModelInfo, Reducer, Reduction, TokenState, chosen_layers
 from vitbench_example_plugin import RandomDropParams
 
 
