@@ -35,16 +35,16 @@ def test_a_plans_task_fields_give_the_same_ids_as_before():
                                           device="cpu", seed=0, dense_finetune="heads")
     # ltm's own id follows its parameters: it changed (1eccfe419d73cd1c -> c8c3516b40cba9f9, and
     # 7b7544b6f888c032 -> 5a96d886c9aa1518 below) when they gained recipe, clusters and
-    # num_clusters (-> a0bb7e3bded6129b, 17c7be1f9199d69f: ib_step, and epochs 2 -> 1); the task
-    # field still hashes as before
+    # num_clusters (-> a0bb7e3bded6129b, 17c7be1f9199d69f: ib_step, and epochs 2 -> 1; ->
+    # d67e9f5939bed2f2, 62c0711c75ea6e14: lr and mlp_lr the recipe's); the task field still hashes as before
     assert [s.spec_id for s in (base, control, tome, ltm)] == ["deeb830f06fe5a99", "33a2fcfc4bbe2037",
-                                                               "a2cd22b0ac9b5e67", "a0bb7e3bded6129b"]
+                                                               "a2cd22b0ac9b5e67", "d67e9f5939bed2f2"]
     assert ltm.task_fields == (("dense_finetune", "heads"),) and ltm.dense_finetune == "heads"
     assert base.task_fields == () and base.dense_finetune is None
     plain = build_plan(task="det", model="mobilevit_xs", methods=["tome", "ltm"], data="shapes-coco", overrides={},
                        metrics=("accuracy",), batch_size=2, device="cpu", seed=0)
     assert [s.spec_id for s in plain] == ["deeb830f06fe5a99", "8dc88496c634f7e4", "a2cd22b0ac9b5e67",
-                                          "17c7be1f9199d69f"]
+                                          "62c0711c75ea6e14"]
 
 
 def test_a_field_the_task_does_not_declare_is_refused():
@@ -81,7 +81,13 @@ def test_what_decides_a_number_is_in_every_specs_id_and_old_ids_stay():
 
 
 def test_a_limit_below_one_is_refused_before_anything_runs():
+    """The run's options check their numbers once, from the command line's text or the API's values."""
+    from vitbench.core.options import RunOptions
     from vitbench.errors import ParamError
 
-    with pytest.raises(ParamError, match="--limit 0 is out of range; it must be an integer >= 1"):
-        build_plan(**CLS, limit=0)
+    for limit in (0, "0"):
+        with pytest.raises(ParamError, match="--limit 0 is out of range; it must be >= 1"):
+            RunOptions(limit=limit)
+    with pytest.raises(ParamError, match=r"--limit 'ten' is not an integer; give an integer >= 1"):
+        RunOptions(limit="ten")
+    assert RunOptions(limit=" 7").limit == 7

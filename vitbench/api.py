@@ -241,12 +241,12 @@ def _seeds(options: RunOptions) -> tuple[int, ...]:
 def _budgets(options: RunOptions) -> Optional[tuple[float, ...]]:
     """The matched budgets: a sweep's, or ``(F,)`` for ``match_gmacs=F``, or ``None`` (every
     method at its own defaults)."""
-    from vitbench.measure.calibrate import check_fraction, parse_budgets
+    from vitbench.measure.calibrate import parse_budgets
 
     if options.budgets is not None:
         return parse_budgets(",".join(map(str, options.budgets)))
     if options.match_gmacs is not None:
-        return (check_fraction(options.match_gmacs),)
+        return (options.match_gmacs,)
     return None
 
 
@@ -282,8 +282,6 @@ def _check_device(options: RunOptions) -> None:
 
         if not torch.cuda.is_available():
             raise VitbenchError("--device cuda: no CUDA device is available here; valid devices: cpu")
-    if options.limit is not None and options.limit < 1:
-        raise VitbenchError(f"--limit {options.limit} is out of range; it must be >= 1")
 
 
 def _out_dir(options: RunOptions, model_name: str) -> Path:

@@ -129,9 +129,8 @@ def _run_row(args: argparse.Namespace, rows: list) -> int:  # type: ignore[type-
         raise VitbenchError("--checkpoint and --pretrained were both given; give one")
     metrics = default_metrics(r) if args.metrics is None else tuple(m.strip() for m in args.metrics.split(","))
     options = recipe_options(r, args.data, checkpoint=args.checkpoint, pretrained=args.pretrained, out=args.out,
-                             metrics=metrics, limit=_integer("--limit", args.limit),
-                             train_limit=_integer("--train-limit", args.train_limit),
-                             batch_size=_integer("--batch-size", args.batch_size), device=args.device)
+                             metrics=metrics, limit=args.limit, train_limit=args.train_limit,
+                             batch_size=args.batch_size, device=args.device)
     results = run_recipe(r, options, command=_command(args, r.id))
     if results.report is None:
         return 0 if results.ok else 1  # a rank other than 0
@@ -143,16 +142,6 @@ def _run_row(args: argparse.Namespace, rows: list) -> int:  # type: ignore[type-
     if off:
         print(f"vitbench: error: {r.id} did not reproduce: {', '.join(off)} outside the tolerance", file=sys.stderr)
     return 0 if results.ok and not off else 1
-
-
-def _integer(flag: str, value: object) -> Optional[int]:
-    """A positive integer option, or ``None`` when not given."""
-    if value is None or isinstance(value, int):
-        return value
-    text = str(value).strip()
-    if not text.isdigit() or int(text) < 1:
-        raise VitbenchError(f"{flag} {value!r} is not a positive integer; give an integer >= 1")
-    return int(text)
 
 
 def _command(args: argparse.Namespace, row: str) -> list[str]:

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from vitbench.cli.task_options import OwnedOption, add_task_options, check_task_options
 from vitbench.host.distributed import add_launcher_option
-from vitbench.errors import ParamError, VitbenchError
+from vitbench.errors import VitbenchError
 from vitbench.core.metrics import METRICS
 from vitbench.core.options import RunOptions
 from vitbench.run.plan import parse_batch_sizes, parse_param_overrides, parse_seeds
@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
 def run_options(args: argparse.Namespace, task: str) -> RunOptions:
     """The parsed command line as typed options (``--param`` strings as a mapping, lists as tuples,
     the options of ``task`` alone as its ``task_options``)."""
-    from vitbench.measure.calibrate import check_fraction, parse_budgets
+    from vitbench.measure.calibrate import parse_budgets
     from vitbench.measure.speed import chosen_repeats
     from vitbench.run.plan import parse_shard
 
@@ -156,50 +156,20 @@ def run_options(args: argparse.Namespace, task: str) -> RunOptions:
     return RunOptions(
         task=args.task, methods=_names(args.methods), model=args.model, data=args.data,
         params=parse_param_overrides(args.param), metrics=None if args.metrics is None else _names(args.metrics),
-        batch_size=_integer("--batch-size", args.batch_size),
+        batch_size=args.batch_size,
         batch_sizes=None if args.batch_sizes is None else parse_batch_sizes(args.batch_sizes), device=args.device,
-        seed=_integer("--seed", args.seed), seeds=None if args.seeds is None else parse_seeds(args.seeds),
+        seed=args.seed, seeds=None if args.seeds is None else parse_seeds(args.seeds),
         out=args.out, resume=args.resume, pretrained=args.pretrained, checkpoint=args.checkpoint,
-        num_classes=_integer("--num-classes", args.num_classes, 1), limit=_integer("--limit", args.limit, 1),
-        workers=_integer("--workers", args.workers, 0),
-        train_backbone=args.train_backbone, train_limit=_integer("--train-limit", args.train_limit, 1),
+        num_classes=args.num_classes, limit=args.limit, workers=args.workers,
+        train_backbone=args.train_backbone, train_limit=args.train_limit,
         precision=args.precision,
         compile=args.compile, cuda_graph=args.cuda_graph,
         quick=args.quick, repeats=None if args.repeats is None else chosen_repeats(args.quick, args.repeats),
         shard=None if args.shard is None else parse_shard(args.shard), launcher=getattr(args, "launcher", "none"),
-        match_gmacs=None if match is None else check_fraction(match),
+        match_gmacs=match,
         budgets=None if budgets is None else parse_budgets(budgets), controls=getattr(args, "controls", True),
-        isolate=args.isolate, run_timeout=_seconds("--run-timeout", args.run_timeout),
+        isolate=args.isolate, run_timeout=args.run_timeout,
         task_options={dest: getattr(args, dest) for dest, option in owned.items() if task in option.tasks})
-
-
-def _seconds(flag: str, value: Optional[str]) -> Optional[float]:
-    """A positive, finite number of seconds, or None when the option was not given."""
-    if value is None:
-        return None
-    try:
-        number = float(value)
-    except ValueError:
-        number = float("nan")
-    if not 0 < number < float("inf"):
-        raise ParamError(f"{flag} {value!r} is not a number of seconds > 0; give e.g. {flag} 600")
-    return number
-
-
-def _integer(flag: str, value: Any, minimum: int | None = None) -> int | None:
-    """An integer option (argparse keeps the text, so that a bad one is this one-line error);
-    ``None`` when it was not given. The plan checks upper bounds (seeds, batch size)."""
-    if value is None or isinstance(value, int):
-        number = value
-    else:
-        try:
-            number = int(str(value).strip())
-        except ValueError:
-            at_least = f" >= {minimum}" if minimum is not None else ""
-            raise ParamError(f"{flag} {value!r} is not an integer; give an integer{at_least}") from None
-    if number is not None and minimum is not None and number < minimum:
-        raise ParamError(f"{flag} {number} is out of range; it must be >= {minimum}")
-    return number
 
 
 def _names(text: str) -> tuple[str, ...]:

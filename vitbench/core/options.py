@@ -1,7 +1,9 @@
 """The options of one benchmark (``vitbench run``/``sweep``, :func:`vitbench.benchmark`) as a typed record.
 
 The CLI parses its flags into a :class:`RunOptions`; the Python API builds one from keywords.
-Values are checked where they are used (the plan, the task), so bad input fails the same way
+The number options are checked here, once, whether they come as the command line's text or as
+the API's values (:mod:`vitbench.core.option_values`); names (methods, metrics, the task's
+options) are checked where they are known (the plan, the task), so bad input fails the same way
 from both sides.
 """
 from __future__ import annotations
@@ -11,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from vitbench.core.option_values import MAX_BATCH_SIZE, check_fraction, checked_integer, checked_seconds
 from vitbench.errors import VitbenchError, choices_error
 
 __all__ = ["RunOptions", "option_names", "parse_list"]
@@ -88,8 +91,15 @@ class RunOptions:
     task_options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        """Refuse what no later check would see: an empty name or path (``--model ""`` would mean
+        """Check (and type) the number options, given as values or as the command line's text;
+        refuse what no later check would see: an empty name or path (``--model ""`` would mean
         the default model, ``--out ""`` the current folder) and an empty metric list."""
+        for name, (low, high) in _INTEGERS.items():
+            object.__setattr__(self, name, checked_integer(f"--{name.replace('_', '-')}", getattr(self, name),
+                                                           low, high))
+        if self.match_gmacs is not None:
+            object.__setattr__(self, "match_gmacs", check_fraction(self.match_gmacs))
+        object.__setattr__(self, "run_timeout", checked_seconds("--run-timeout", self.run_timeout))
         for name, (what, default) in _TEXT_OPTIONS.items():
             value = getattr(self, name)
             if isinstance(value, str) and not value.strip():
@@ -110,6 +120,12 @@ class RunOptions:
         """A sweep (``budgets`` given): stored under ``runs/sweep-...``, always resumed, a sweep report."""
         return self.budgets is not None
 
+
+#: the integer options and their ranges (``None``: no bound)
+_INTEGERS: dict[str, tuple[Optional[int], Optional[int]]] = {
+    "batch_size": (1, MAX_BATCH_SIZE), "seed": (None, None), "num_classes": (1, None), "limit": (1, None),
+    "train_limit": (1, None), "workers": (0, None),
+}
 
 #: the text options an empty string is refused for, and what to give instead
 _TEXT_OPTIONS = {"model": ("a model name (`vitbench list models`)", "the task's default model"),

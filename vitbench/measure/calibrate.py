@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from vitbench.catalog import BudgetKnob, MethodSpec, ModelInfo
+from vitbench.core.option_values import check_fraction
 from vitbench.errors import BudgetError, ParamError
 
 __all__ = ["TOLERANCE", "Calibration", "GmacsCounter", "calibrate", "check_fraction", "parse_budgets",
@@ -37,20 +38,6 @@ TOLERANCE = 0.02
 _FLOAT_AIM = TOLERANCE / 4
 _FLOAT_STEP = 1e-4
 _DIGITS = 4  # float knob values are rounded to this many decimals (readable labels)
-
-
-def check_fraction(value: Any, option: str = "--match-gmacs") -> float:
-    """``value`` as a float in (0, 1], the fraction of the baseline's GMACs to keep; else a
-    :class:`ParamError` naming the value and the valid range."""
-    try:
-        f = float(value)
-    except (TypeError, ValueError):
-        raise ParamError(f"{option} {value!r} is not a number; give the fraction of the baseline's "
-                         f"GMACs to keep, in (0, 1], e.g. 0.6") from None
-    if isinstance(value, bool) or not math.isfinite(f) or not 0.0 < f <= 1.0:
-        raise ParamError(f"{option} {value!r} is out of range; the fraction of the baseline's GMACs "
-                         f"to keep must be in (0, 1], e.g. 0.6")
-    return f
 
 
 def parse_budgets(text: str) -> tuple[float, ...]:

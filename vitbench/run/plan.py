@@ -7,6 +7,7 @@ import json
 from typing import Any, Iterable, Mapping, Optional
 
 from vitbench.errors import ParamError, VitbenchError, choices_error
+from vitbench.core.option_values import MAX_BATCH_SIZE
 from vitbench.core.params import make_params, params_dict, params_json
 from vitbench.host import get_host
 from vitbench.host.spec import RunSpec
@@ -14,7 +15,6 @@ from vitbench.task import BASELINE, CONTROL, REFERENCES
 
 DEVICES = ("cpu", "cuda")
 #: the largest throughput batch (``--batch-size``): 65536 images, far beyond any accelerator's memory at 224 px
-MAX_BATCH_SIZE = 2**16
 
 
 def parse_param_overrides(items: Iterable[str]) -> dict[str, dict[str, str]]:
@@ -45,7 +45,8 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
                repeats: Optional[int] = None, data_id: Optional[str] = None,
                batch_sizes: Optional[Iterable[int]] = None, train_limits: Optional[Mapping[str, int]] = None,
                **task_fields: Any) -> list[RunSpec]:
-    """The baseline, then one spec per method, parameters validated (no model is built here).
+    """The baseline, then one spec per method, parameters validated (no model is built here); the
+    number options come checked by :class:`~vitbench.core.options.RunOptions`.
 
     ``task_fields``: the task's own spec fields (:attr:`~vitbench.task.Task.spec_fields`, det's
     ``dense_finetune``), carried by the specs of learnable methods. ``control`` (tasks with
@@ -75,14 +76,6 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
                         f"{', '.join(task_spec.spec_fields) or 'none'})")
     if device not in DEVICES:
         raise choices_error("device", device, DEVICES)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_BATCH_SIZE:
-        raise ParamError(f"--batch-size {batch_size!r} is out of range; it must be an integer from 1 to "
-                         f"{MAX_BATCH_SIZE}")
-    if train_limit is not None and (isinstance(train_limit, bool) or not isinstance(train_limit, int)
-                                    or train_limit < 1):
-        raise ParamError(f"--train-limit {train_limit!r} is out of range; it must be an integer >= 1")
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise ParamError(f"--limit {limit!r} is out of range; it must be an integer >= 1")
     metrics = tuple(metrics)
     if batch_sizes is not None:
         batch_sizes = check_batch_sizes(batch_sizes, metrics)
@@ -103,9 +96,6 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
                                  f"{value!r} (through the alias {name!r}); give it once")
             merged[key] = value
     if match_gmacs is not None:
-        from vitbench.measure.calibrate import check_fraction
-
-        match_gmacs = check_fraction(match_gmacs)
         for name, values in canonical_overrides.items():
             knob = host.method(name).budget
             if knob is not None and knob.param in values:

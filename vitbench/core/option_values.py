@@ -1,0 +1,60 @@
+"""The checks of a benchmark's number options, each written once: :class:`~vitbench.core.options.RunOptions`
+applies them to the command line's text and the Python API's values alike, so a bad value fails
+with the same one line from both sides (docs/guide/run.md, "Bad input")."""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+from vitbench.errors import ParamError
+
+__all__ = ["MAX_BATCH_SIZE", "check_fraction", "checked_integer", "checked_seconds"]
+
+#: the largest batch size a timing accepts
+MAX_BATCH_SIZE = 2**16
+
+
+def checked_integer(flag: str, value: Any, minimum: Optional[int] = None,
+                    maximum: Optional[int] = None) -> Optional[int]:
+    """``value`` (an int, or the command line's text) as an int within ``[minimum, maximum]``;
+    ``None`` stays ``None`` (the option was not given)."""
+    if value is None:
+        return None
+    bounds = (f" from {minimum} to {maximum}" if maximum is not None
+              else f" >= {minimum}" if minimum is not None else "")
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ParamError(f"{flag} {value!r} is not an integer; give an integer{bounds}")
+    try:
+        number = int(value.strip()) if isinstance(value, str) else value
+    except ValueError:
+        raise ParamError(f"{flag} {value!r} is not an integer; give an integer{bounds}") from None
+    if (minimum is not None and number < minimum) or (maximum is not None and number > maximum):
+        raise ParamError(f"{flag} {number} is out of range; it must be{bounds}")
+    return number
+
+
+def check_fraction(value: Any, option: str = "--match-gmacs") -> float:
+    """``value`` as a float in (0, 1], the fraction of the baseline's GMACs to keep; else a
+    :class:`ParamError` naming the value and the valid range."""
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        raise ParamError(f"{option} {value!r} is not a number; give the fraction of the baseline's "
+                         f"GMACs to keep, in (0, 1], e.g. 0.6") from None
+    if isinstance(value, bool) or not math.isfinite(f) or not 0.0 < f <= 1.0:
+        raise ParamError(f"{option} {value!r} is out of range; the fraction of the baseline's GMACs "
+                         f"to keep must be in (0, 1], e.g. 0.6")
+    return f
+
+
+def checked_seconds(flag: str, value: Any) -> Optional[float]:
+    """A positive, finite number of seconds (or its text); ``None`` when the option was not given."""
+    if value is None:
+        return None
+    try:
+        number = float(value) if not isinstance(value, bool) else float("nan")
+    except (TypeError, ValueError):
+        number = float("nan")
+    if not 0 < number < float("inf"):
+        raise ParamError(f"{flag} {value!r} is not a number of seconds > 0; give e.g. {flag} 600")
+    return number
