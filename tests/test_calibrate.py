@@ -12,9 +12,10 @@ import torch
 import vitbench
 from vitbench import measure
 from vitbench.measure.calibrate import (
-    TOLERANCE, GmacsCounter, calibrate, check_fraction, parse_budgets, prepared_as_trained, search_knob,
+    TOLERANCE, GmacsCounter, calibrate, check_fraction, prepared_as_trained, search_knob,
 )
 from vitbench.catalog import BudgetKnob, MethodSpec, Reduction
+from vitbench.core.option_values import checked_budgets
 from vitbench.errors import BudgetError, ParamError
 from vitbench.host import get_host
 from vitbench.testing.conformance import tiny_vit
@@ -104,11 +105,11 @@ def test_malformed_budgets_name_the_value_and_the_range(bad):
 def test_malformed_budget_lists(text, message):
     with pytest.raises(ParamError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")
                        .replace("]", r"\]").replace(".", r"\.")):
-        parse_budgets(text)
+        checked_budgets(text)
 
 
 def test_budget_lists_parse():
-    assert parse_budgets("0.9, 0.7,0.5,1") == (0.9, 0.7, 0.5, 1.0)
+    assert checked_budgets("0.9, 0.7,0.5,1") == (0.9, 0.7, 0.5, 1.0)
 
 
 def test_counter_counts_each_setting_once():

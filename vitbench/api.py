@@ -241,10 +241,8 @@ def _seeds(options: RunOptions) -> tuple[int, ...]:
 def _budgets(options: RunOptions) -> Optional[tuple[float, ...]]:
     """The matched budgets: a sweep's, or ``(F,)`` for ``match_gmacs=F``, or ``None`` (every
     method at its own defaults)."""
-    from vitbench.measure.calibrate import parse_budgets
-
     if options.budgets is not None:
-        return parse_budgets(",".join(map(str, options.budgets)))
+        return options.budgets
     if options.match_gmacs is not None:
         return (options.match_gmacs,)
     return None

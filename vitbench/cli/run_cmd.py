@@ -144,7 +144,6 @@ def run(args: argparse.Namespace) -> int:
 def run_options(args: argparse.Namespace, task: str) -> RunOptions:
     """The parsed command line as typed options (``--param`` strings as a mapping, lists as tuples,
     the options of ``task`` alone as its ``task_options``)."""
-    from vitbench.measure.calibrate import parse_budgets
     from vitbench.measure.speed import chosen_repeats
     from vitbench.run.plan import parse_shard
 
@@ -167,7 +166,7 @@ def run_options(args: argparse.Namespace, task: str) -> RunOptions:
         quick=args.quick, repeats=None if args.repeats is None else chosen_repeats(args.quick, args.repeats),
         shard=None if args.shard is None else parse_shard(args.shard), launcher=getattr(args, "launcher", "none"),
         match_gmacs=match,
-        budgets=None if budgets is None else parse_budgets(budgets), controls=getattr(args, "controls", True),
+        budgets=budgets, controls=getattr(args, "controls", True),
         isolate=args.isolate, run_timeout=args.run_timeout,
         task_options={dest: getattr(args, dest) for dest, option in owned.items() if task in option.tasks})
 

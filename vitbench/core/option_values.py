@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 from vitbench.errors import ParamError
 
-__all__ = ["MAX_BATCH_SIZE", "check_fraction", "checked_integer", "checked_seconds"]
+__all__ = ["MAX_BATCH_SIZE", "check_fraction", "checked_budgets", "checked_integer", "checked_seconds"]
 
 #: the largest batch size a timing accepts
 MAX_BATCH_SIZE = 2**16
@@ -45,6 +45,21 @@ def check_fraction(value: Any, option: str = "--match-gmacs") -> float:
         raise ParamError(f"{option} {value!r} is out of range; the fraction of the baseline's GMACs "
                          f"to keep must be in (0, 1], e.g. 0.6")
     return f
+
+
+def checked_budgets(value: Any) -> tuple[float, ...]:
+    """``"0.9,0.8,0.7"`` (the ``--budgets`` text of ``vitbench sweep``) or a sequence of numbers
+    as a tuple of fractions, each in (0, 1], none repeated, at least one."""
+    items = [item.strip() for item in value.split(",") if item.strip()] if isinstance(value, str) else list(value)
+    if not items:
+        raise ParamError(f"--budgets {value!r} is empty; give comma-separated fractions of the "
+                         f"baseline's GMACs in (0, 1], e.g. 0.9,0.7,0.5")
+    budgets = tuple(check_fraction(item, "--budgets item") for item in items)
+    for b in budgets:
+        if budgets.count(b) > 1:
+            shown = value if isinstance(value, str) else ",".join(map(str, value))
+            raise ParamError(f"--budgets names {b:g} twice ({shown}); each budget runs once")
+    return budgets
 
 
 def checked_seconds(flag: str, value: Any) -> Optional[float]:

@@ -13,7 +13,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from vitbench.core.option_values import MAX_BATCH_SIZE, check_fraction, checked_integer, checked_seconds
+from vitbench.core.option_values import (
+    MAX_BATCH_SIZE, check_fraction, checked_budgets, checked_integer, checked_seconds,
+)
 from vitbench.errors import VitbenchError, choices_error
 
 __all__ = ["RunOptions", "option_names", "parse_list"]
@@ -99,6 +101,8 @@ class RunOptions:
                                                            low, high))
         if self.match_gmacs is not None:
             object.__setattr__(self, "match_gmacs", check_fraction(self.match_gmacs))
+        if self.budgets is not None:
+            object.__setattr__(self, "budgets", checked_budgets(self.budgets))
         object.__setattr__(self, "run_timeout", checked_seconds("--run-timeout", self.run_timeout))
         for name, (what, default) in _TEXT_OPTIONS.items():
             value = getattr(self, name)

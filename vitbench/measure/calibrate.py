@@ -27,9 +27,9 @@ from torch import nn
 
 from vitbench.catalog import BudgetKnob, MethodSpec, ModelInfo
 from vitbench.core.option_values import check_fraction
-from vitbench.errors import BudgetError, ParamError
+from vitbench.errors import BudgetError
 
-__all__ = ["TOLERANCE", "Calibration", "GmacsCounter", "calibrate", "check_fraction", "parse_budgets",
+__all__ = ["TOLERANCE", "Calibration", "GmacsCounter", "calibrate", "check_fraction",
            "not_matchable", "prepared_as_trained", "search_knob"]
 
 #: how far (relative) a matched method's GMACs may land from ``F`` x the baseline's
@@ -38,20 +38,6 @@ TOLERANCE = 0.02
 _FLOAT_AIM = TOLERANCE / 4
 _FLOAT_STEP = 1e-4
 _DIGITS = 4  # float knob values are rounded to this many decimals (readable labels)
-
-
-def parse_budgets(text: str) -> tuple[float, ...]:
-    """``"0.9,0.8,0.7"`` -> ``(0.9, 0.8, 0.7)`` (the ``--budgets`` list of ``vitbench sweep``):
-    each in (0, 1], none repeated, at least one."""
-    items = [item.strip() for item in str(text).split(",") if item.strip()]
-    if not items:
-        raise ParamError(f"--budgets {text!r} is empty; give comma-separated fractions of the "
-                         f"baseline's GMACs in (0, 1], e.g. 0.9,0.7,0.5")
-    budgets = tuple(check_fraction(item, "--budgets item") for item in items)
-    for b in budgets:
-        if budgets.count(b) > 1:
-            raise ParamError(f"--budgets names {b:g} twice ({text}); each budget runs once")
-    return budgets
 
 
 def prepared_as_trained(model: nn.Module, images: torch.Tensor) -> nn.Module:
