@@ -32,6 +32,16 @@ def sweep(make_record):
     ]
 
 
+def test_runs_at_their_own_settings_get_their_own_section(sweep, make_record):
+    """A store that holds a sweep and unmatched runs (a trained method at its own ratio) renders
+    both: the unmatched rows are not dropped from the report."""
+    own = make_record("i8", "ltm", {"ratio": 0.8}, gmacs=8.6, top1_pct=77.5, label="ibtm (ratio=0.8)")
+    text = render_sweep_markdown([*sweep, own])
+    section = text.split("### At their own settings (matched to no budget)", 1)[1]
+    assert "ibtm (ratio=0.8)" in section and "77.50" in section and "baseline" in section
+    assert "At their own settings" not in render_sweep_markdown(sweep)
+
+
 def test_budgets_and_the_records_of_one_budget(sweep):
     assert budgets(sweep, "cls", "vitbench-fmnist-vit") == [0.9, 0.7, 0.5]
     assert [r["spec_id"] for r in budget_records(sweep, 0.7)] == ["b", "t7", "k7"]

@@ -174,6 +174,10 @@ def render_sweep_markdown(records: Iterable[Record], *, command: Optional[str] =
             for b in budgets(ours, task, model):
                 lines += group_section(budget_records(ours, b), task, model,
                                        heading=f"{level} F = {b:g} ({100 * b:g} % of the baseline's GMACs)")
+            unmatched = [r for r in ours if record_budget(r) is None]
+            if any(r.get("method") != "baseline" for r in unmatched):
+                lines += group_section(unmatched, task, model,
+                                       heading=f"{level} At their own settings (matched to no budget)")
     return "\n".join(lines)
 
 
