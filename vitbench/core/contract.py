@@ -118,8 +118,7 @@ class TrainStage:
     after_step: tuple[Callable[["nn.Module"], None], ...] = ()
     #: ``callback(model)`` when the stage ends (DCS shrinks its MLPs after the search)
     after: tuple[Callable[["nn.Module"], None], ...] = ()
-    #: the trained parameters' moving-average decay; the averages replace them when the stage
-    #: ends (timm's ``--model-ema-decay``). ``None``: the last step's parameters
+    #: decay of a moving average that replaces the trained parameters at the stage's end (None: none)
     ema_decay: Optional[float] = None
     #: the backbone trains too, whatever ``--train-backbone`` says (ALGM fine-tunes the whole network)
     backbone: bool = False

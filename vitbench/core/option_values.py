@@ -1,6 +1,6 @@
 """The checks of a benchmark's number options, each written once: :class:`~vitbench.core.options.RunOptions`
 applies them to the command line's text and the Python API's values alike, so a bad value fails
-with the same one line from both sides (docs/guide/run.md, "Bad input")."""
+with the same one line from both sides (docs/reliability.md)."""
 from __future__ import annotations
 
 import math
