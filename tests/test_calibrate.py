@@ -113,13 +113,14 @@ def test_budget_lists_parse():
 
 
 def test_counter_counts_each_setting_once():
+    tome = get_host().method("tome").params
     calls = []
-    counter = GmacsCounter(lambda method, params: calls.append((method, dict(params))) or 1.0)
+    counter = GmacsCounter(lambda method, values: calls.append((method, values)) or 1.0)
     for _ in range(3):
-        counter("tome", {"r": 3, "prop_attn": True})
-        counter("tome", {"prop_attn": True, "r": 3})  # same setting, other key order
-        counter(None, {})
-    assert calls == [("tome", {"r": 3, "prop_attn": True}), (None, {})] and counter.counted == 2
+        counter("tome", tome(r=3))
+        counter("tome", tome(r=3, prop_attn=True))  # the same setting: the default given
+        counter(None, None)
+    assert calls == [("tome", tome(r=3)), (None, None)] and counter.counted == 2
 
 
 # -- every built-in on a tiny random ViT -----------------------------------------------------------
@@ -133,10 +134,10 @@ def tiny():
 
 
 def _counter(model):
-    def count(method, params):
+    def count(method, values):
         m = copy.deepcopy(model)
         if method is not None:
-            m = prepared_as_trained(vitbench.apply(m, method, **params), IMAGES)
+            m = prepared_as_trained(vitbench.apply(m, method, values), IMAGES)
         return measure.count_gmacs(m.eval(), IMAGES).mean
 
     return GmacsCounter(count)
@@ -152,7 +153,7 @@ def test_searched_knobs_land_within_tolerance_on_a_tiny_vit(tiny, method, fracti
     assert spec.budget is not None and spec.budget.mode == "search"
     counter = _counter(tiny)
     info = host.family_of(tiny).describe(tiny)
-    result = calibrate(spec, {}, fraction, counter, info)
+    result = calibrate(spec, None, fraction, counter, info)
     assert result.param == spec.budget.param and result.params[result.param] == result.value
     assert abs(result.calibrated_gmacs / (fraction * result.baseline_gmacs) - 1) <= TOLERANCE
     # the count of a fresh model reduced with the chosen value is the one the search saw
@@ -165,16 +166,17 @@ def test_searched_knobs_land_within_tolerance_on_a_tiny_vit(tiny, method, fracti
 def test_learnable_budget_parameters_are_set_to_the_fraction(tiny, method, param):
     spec = get_host().method(method)
     counter = _counter(tiny)
-    result = calibrate(spec, {}, 0.6, counter, get_host().family_of(tiny).describe(tiny))
+    result = calibrate(spec, None, 0.6, counter, get_host().family_of(tiny).describe(tiny))
     assert (result.param, result.value, result.mode) == (param, 0.6, "fraction")
-    assert result.params == {param: 0.6} and result.calibrated_gmacs is None
+    assert result.params[param] == 0.6 and result.values == get_host().method(method).params(**{param: 0.6})
+    assert result.calibrated_gmacs is None
     assert counter.counted == 1  # only the baseline: the count is checked after fine-tuning
 
 
 def test_tome_below_its_floor_is_unreachable(tiny):
     spec = get_host().method("tome")
     with pytest.raises(BudgetError, match=r"tome cannot reach F = 0\.05 .*fewest GMACs .*valid budgets for tome here: F >= "):
-        calibrate(spec, {}, 0.05, _counter(tiny), get_host().family_of(tiny).describe(tiny))
+        calibrate(spec, None, 0.05, _counter(tiny), get_host().family_of(tiny).describe(tiny))
 
 
 def test_a_method_without_a_knob_is_not_matchable(tiny):
@@ -185,7 +187,7 @@ def test_a_method_without_a_knob_is_not_matchable(tiny):
     spec = MethodSpec("knobless", NoParams, lambda p, info: Reduction([None] * info.depth))
     counter = _counter(tiny)
     with pytest.raises(BudgetError, match="knobless is not matchable: its plugin declares no budget knob"):
-        calibrate(spec, {}, 0.6, counter, get_host().family_of(tiny).describe(tiny))
+        calibrate(spec, None, 0.6, counter, get_host().family_of(tiny).describe(tiny))
     assert counter.counted == 0
 
 

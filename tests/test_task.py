@@ -55,7 +55,7 @@ class EchoTask(Task):
     def workspace(self, request):
         return EchoWorkspace(self.parse_options(request.options.task_options).echo_scale)
 
-    def run(self, spec, ws, params, progress):
+    def run(self, spec, ws, values, progress):
         return {"score": len(spec.method) * ws.scale, "echo_mode_seen": spec.echo_mode}
 
     def control_fields(self, fields):

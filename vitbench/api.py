@@ -151,7 +151,7 @@ def run(options: RunOptions, command: Optional[Sequence[str]] = None) -> Results
                             f"process group cannot follow; isolate single-process runs only")
     check_launcher(options.launcher, task.name, methods)
     budgets = _budgets(options)
-    options = _with_bounded_workers(options)
+    options = _with_bounded_workers(_with_parsed_params(options, methods, budgets))
     setup = task.setup(options)  # its own options checked (task.parse_options)
     methods = _with_controls(options, methods, setup.model)
     metrics = _with_gmacs(setup.metrics, budgets)
@@ -188,6 +188,16 @@ def run(options: RunOptions, command: Optional[Sequence[str]] = None) -> Results
         return Results(options, out, records, [])  # rank 0 writes the report (and the records)
     stored = store.records()
     return _report(options, records, stored, out, env["command"], [c.describe() for c in store.corrupt_lines])
+
+
+def _with_parsed_params(options: RunOptions, methods: list[str], budgets: Optional[tuple[float, ...]]) -> RunOptions:
+    """``options`` with each method's parameters parsed, once, into its validated dataclass
+    (:func:`~vitbench.host.values.method_values`); the task and the plan take them as they are."""
+    import dataclasses
+
+    from vitbench.host.values import method_values
+
+    return dataclasses.replace(options, params=method_values(methods, options.params, matched=budgets is not None))
 
 
 def _with_bounded_workers(options: RunOptions) -> RunOptions:

@@ -113,9 +113,10 @@ class Task(ABC):
         executor caches matched-compute counters in, one per seed)."""
 
     @abstractmethod
-    def run(self, spec: Any, ws: Any, params: dict[str, Any], progress: Progress) -> dict[str, Any]:
-        """One run spec: apply the method with ``params`` (which differ from ``spec.params`` when a
-        budget knob was matched), fine-tune it when it trains, evaluate and measure; the fields
+    def run(self, spec: Any, ws: Any, values: Any, progress: Progress) -> dict[str, Any]:
+        """One run spec: apply the method with ``values`` (its parameter dataclass, to pass to
+        :func:`~vitbench.apply` as it is: ``spec.values``, or a copy with the budget knob matched;
+        ``None`` for the baseline), fine-tune it when it trains, evaluate and measure; the fields
         returned go into the record. Raises on failure (the executor records the error)."""
 
     def gmacs_counter(self, spec: Any, ws: Any, progress: Progress) -> Any:

@@ -37,10 +37,15 @@ def test_applying_twice_is_an_error():
 
 
 def _spec(method: str, params_json: str = "{}"):
-    from vitbench.host.spec import RunSpec
+    import json
 
+    from vitbench.host.spec import RunSpec
+    from vitbench.host.values import values_of
+    from vitbench.task import REFERENCES
+
+    values = None if method in REFERENCES or method == "nope" else values_of(method, json.loads(params_json))
     return RunSpec(task="cls", model="tiny", method=method, params_json=params_json, data=None,
-                   metrics=("gmacs",), batch_size=1, device="cpu", seed=0)
+                   metrics=("gmacs",), batch_size=1, device="cpu", seed=0, values=values)
 
 
 def test_check_applies_tries_each_method_on_a_copy_and_skips_the_references():

@@ -43,14 +43,14 @@ def calibrated_on_tiny_vit() -> Callable[[str, float], Any]:
         tiny = tiny_vit()
         images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
 
-        def count(name: Optional[str], params: dict[str, Any]) -> float:
+        def count(name: Optional[str], values: Any) -> float:
             m = copy.deepcopy(tiny)
             if name is not None:
-                m = prepared_as_trained(vitbench.apply(m, name, **params), images)
+                m = prepared_as_trained(vitbench.apply(m, name, values), images)
             return measure.count_gmacs(m.eval(), images).mean
 
         host = get_host()
-        return calibrate(host.method(method), {}, fraction, GmacsCounter(count), host.family_of(tiny).describe(tiny))
+        return calibrate(host.method(method), None, fraction, GmacsCounter(count), host.family_of(tiny).describe(tiny))
 
     return run
 

@@ -278,6 +278,11 @@ def params_dict(params: Any) -> dict[str, Any]:
     return out
 
 
+def default_params(params_type: type) -> dict[str, Any]:
+    """The defaults of a parameter dataclass type, as :func:`params_dict` writes them."""
+    return params_dict(params_type())
+
+
 def _takes_list_and_tuple(hint: Any) -> bool:
     """Whether a Union ``hint`` has both a list arm and a tuple arm (a JSON list would be ambiguous)."""
     arms = {typing.get_origin(arg) for arg in typing.get_args(hint)}

@@ -9,8 +9,9 @@ from torch import nn
 
 from vitbench.errors import PLUGIN_FAILURES, ParamError, UnsupportedError, VitbenchError
 from vitbench.core.interrupts import is_ctrl_c
-from vitbench.core.params import checked, make_params
+from vitbench.core.params import checked
 from vitbench.host import get_host
+from vitbench.host.values import values_of
 from vitbench.task import REFERENCES
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -44,7 +45,7 @@ def apply(model: nn.Module, method: str, params: Any = None, /, **overrides: Any
 def _values(spec: Any, params: Any, overrides: dict[str, Any]) -> Any:
     """The method's parameter dataclass: ``params`` checked, or made from ``overrides``."""
     if params is None:
-        return make_params(spec.name, spec.params, overrides)
+        return values_of(spec.name, overrides)
     if overrides:
         raise ParamError(f"{spec.name}: give the parameters as a {spec.params.__name__} or as keywords, not both")
     if not isinstance(params, spec.params):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Optional
 
 from vitbench.errors import VitbenchError
-from vitbench.core.params import make_params, params_dict, params_from_json
+from vitbench.core.params import default_params
 from vitbench.host import get_host
 from vitbench.task import BASELINE, CONTROL, report_words
 
@@ -56,6 +56,8 @@ class RunSpec:
     batch_sizes: Optional[tuple[int, ...]] = None
     #: the name the user gave the method (an alias: ``ibtm`` for ``ltm``), shown in the label; not hashed
     shown_as: Optional[str] = None
+    #: the method's parameter dataclass, parsed once by the plan (``None``: its defaults); not hashed
+    values: Any = field(default=None, compare=False, repr=False)
 
     def __getattr__(self, name: str) -> Any:
         """A task field of the spec's task (``spec.dense_finetune``): its value, else ``None``."""
@@ -83,18 +85,9 @@ class RunSpec:
         return json.loads(self.params_json)
 
     @property
-    def values(self) -> Any:
-        """The method's validated parameter dataclass, read back from :attr:`params_json` by
-        :func:`~vitbench.core.params.params_from_json` (tuples stay tuples; a knob that
-        ``--match-gmacs`` sets at run start at its default). ``None`` for the reference rows."""
-        if self.method in (BASELINE, CONTROL):
-            return None
-        return params_from_json(self.method, get_host().method(self.method).params, self.params_json)
-
-    @property
     def spec_id(self) -> str:
         fields = asdict(self)
-        del fields["task_fields"], fields["shown_as"]  # an alias names the same run
+        del fields["task_fields"], fields["shown_as"], fields["values"]  # an alias names the same run
         fields.update(self.task_fields)  # hashed as top-level keys, as when they were RunSpec fields
         for key in (*_LATER_FIELDS, *dict(self.task_fields)):  # hashed only when set: old ids stay valid
             if fields[key] is None or fields[key] is False:
@@ -127,7 +120,7 @@ class RunSpec:
     def _label(self, params: Mapping[str, Any], force: tuple[str, ...] = (),
                matched: Optional[float] = None) -> str:
         spec = get_host().method(self.method)
-        defaults = params_dict(make_params(self.method, spec.params, {}))
+        defaults = default_params(spec.params)
         changed = {k: params[k] for k in force if params.get(k) is not None}  # the knob, default or not
         changed.update({k: v for k, v in params.items() if k not in changed and defaults.get(k) != v})
         shown = self._shown(changed)

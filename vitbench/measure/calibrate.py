@@ -16,10 +16,11 @@ whose IB step costs MACs in every later block) is part of what the trained model
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -27,6 +28,7 @@ from torch import nn
 
 from vitbench.catalog import BudgetKnob, MethodSpec, ModelInfo
 from vitbench.core.option_values import check_fraction
+from vitbench.core.params import checked, params_json
 from vitbench.errors import BudgetError
 
 __all__ = ["TOLERANCE", "Calibration", "GmacsCounter", "calibrate", "check_fraction",
@@ -71,17 +73,17 @@ def prepared_as_trained(model: nn.Module, images: torch.Tensor) -> nn.Module:
 
 
 class GmacsCounter:
-    """GMACs of the model reduced by ``(method, params)`` on fixed images, each setting counted
-    once. ``count(None, {})`` is the unreduced baseline."""
+    """GMACs of the model reduced by ``(method, values)`` (its parameter dataclass) on fixed
+    images, each setting counted once. ``count(None, None)`` is the unreduced baseline."""
 
-    def __init__(self, count: Callable[[Optional[str], Mapping[str, Any]], float]) -> None:
+    def __init__(self, count: Callable[[Optional[str], Any], float]) -> None:
         self._count = count
         self._cache: dict[tuple[Optional[str], str], float] = {}
 
-    def __call__(self, method: Optional[str], params: Mapping[str, Any]) -> float:
-        key = (method, json.dumps(dict(params), sort_keys=True))
+    def __call__(self, method: Optional[str], values: Any) -> float:
+        key = (method, "" if values is None else params_json(values))
         if key not in self._cache:
-            self._cache[key] = float(self._count(method, params))
+            self._cache[key] = float(self._count(method, values))
         return self._cache[key]
 
     @property
@@ -103,7 +105,12 @@ class Calibration:
     target_gmacs: float
     calibrated_gmacs: Optional[float] = None  # search: the count at ``value``
     counts: int = 0  # settings the search evaluated (counted or cached)
-    params: dict[str, Any] = field(default_factory=dict)  # every parameter, the knob set
+    values: Any = None  # the method's parameter dataclass, the knob set
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """:attr:`values` as the run's record holds them (canonical JSON values, sorted)."""
+        return json.loads(params_json(self.values))
 
     def record(self) -> dict[str, Any]:
         """The ``budget`` field of the run's record."""
@@ -250,10 +257,11 @@ def not_matchable(method: str) -> BudgetError:
                        f"(MethodSpec.budget), so --match-gmacs/--budgets cannot set its compute")
 
 
-def calibrate(spec: MethodSpec, params: Mapping[str, Any], fraction: float, counter: GmacsCounter,
+def calibrate(spec: MethodSpec, values: Any, fraction: float, counter: GmacsCounter,
               info: ModelInfo) -> Calibration:
     """Choose ``spec``'s budget knob for ``fraction`` of the baseline's GMACs (counted by
-    ``counter``, the same way the report counts them); the other ``params`` stay as they are.
+    ``counter``, the same way the report counts them); the other parameters of ``values`` (the
+    method's parameter dataclass, ``None``: its defaults) stay as they are.
 
     Raises :class:`BudgetError` for a method without a knob ("not matchable") and for a budget
     it cannot reach."""
@@ -261,17 +269,20 @@ def calibrate(spec: MethodSpec, params: Mapping[str, Any], fraction: float, coun
     if knob is None:
         raise not_matchable(spec.name)
     fraction = check_fraction(fraction)
-    base = counter(None, {})
+    values = spec.params() if values is None else values
+
+    def at(value: Any) -> Any:  # the knob set, its limits checked as --param's are
+        return checked(spec.name, dataclasses.replace(values, **{knob.param: value}))
+
+    base = counter(None, None)
     target = fraction * base
     out = Calibration(method=spec.name, param=knob.param, value=None, mode=knob.mode, fraction=fraction,
                       baseline_gmacs=base, target_gmacs=target)
     if knob.mode == "fraction":
-        out.value = fraction
-        out.params = {**params, knob.param: fraction}
+        out.value, out.values = fraction, at(fraction)
         return out
     low, high = knob.bounds(info)
-    value, g, n = search_knob(lambda v: counter(spec.name, {**params, knob.param: v}), knob, low, high, target,
+    value, g, n = search_knob(lambda v: counter(spec.name, at(v)), knob, low, high, target,
                               method=spec.name, depth=info.depth, baseline=base)
-    out.value, out.calibrated_gmacs, out.counts = value, g, n
-    out.params = {**params, knob.param: value}
+    out.value, out.calibrated_gmacs, out.counts, out.values = value, g, n, at(value)
     return out

@@ -56,16 +56,14 @@ class GmacsCheck:
 def validated_params(r: Recipe) -> Any:
     """The recipe's parameters as its method's validated parameter dataclass (a bad one raises
     :class:`~vitbench.errors.ParamError` naming it)."""
-    from vitbench.core.params import make_params
-    from vitbench.host import get_host
+    from vitbench.host.values import values_of
 
-    spec = get_host().method(r.method)
-    return make_params(spec.name, spec.params, dict(r.params))
+    return values_of(r.method, dict(r.params))
 
 
 def check_gmacs(r: Recipe, images: int = IMAGES, seed: int = 0) -> GmacsCheck:
     """Count ``r`` on random weights and compare with its source (see the module docstring)."""
-    validated_params(r)
+    values = validated_params(r)
     if not r.count:
         return GmacsCheck(r, "not counted")
     import torch
@@ -79,7 +77,7 @@ def check_gmacs(r: Recipe, images: int = IMAGES, seed: int = 0) -> GmacsCheck:
     size = input_size_of(model)
     batch = torch.randn(images, *size, generator=torch.Generator().manual_seed(seed))
     baseline = count_gmacs(model, batch).mean if r.paper_gflops is None and r.paper_fraction else None
-    reduced = vitbench.apply(model, r.method, **dict(r.params))
+    reduced = vitbench.apply(model, r.method, values)
     gmacs = count_gmacs(reduced, batch).mean
     counted = GmacsCheck(r, "ok", gmacs, baseline)
     if r.gmacs_reason:

@@ -65,7 +65,7 @@ def match_compute(spec: RunSpec, ws: Any, progress: Progress, task: Optional[Tas
     how = "setting" if knob.mode == "fraction" else "searching"
     progress(f"{how} {spec.method}.{knob.param} for {spec.match_gmacs:g}x the baseline's GMACs")
     info = get_host().family_of(ws.model).describe(ws.model)
-    result = calibrate(method, spec.params, spec.match_gmacs, counters[spec.seed], info)
+    result = calibrate(method, spec.values, spec.match_gmacs, counters[spec.seed], info)
     if result.calibrated_gmacs is not None:
         progress(f"{result.param}={result.value}: {result.calibrated_gmacs:.4g} GMACs, "
                  f"{off_pct(result.calibrated_gmacs, result.target_gmacs):+.2f} % from the target "
@@ -123,13 +123,13 @@ def run_spec(spec: RunSpec, ws: Any, baseline: Optional[dict], env: dict[str, An
         task = get_host().task(spec.task)
         record.update(task.shared_fields(ws))
         seed_everything(spec.seed)
-        params = spec.params
+        values = spec.values
         if spec.match_gmacs is not None and spec.method not in REFERENCES:
             matched = match_compute(spec, ws, progress, task)
-            params = matched.params
-            record.update(params=params, label=spec.matched_label(params), budget=matched.record())
+            values = matched.values
+            record.update(params=matched.params, label=spec.matched_label(matched.params), budget=matched.record())
             seed_everything(spec.seed)  # the search must not change what the run draws
-        record.update(_relative(spec, task.run(spec, ws, params, progress), baseline))
+        record.update(_relative(spec, task.run(spec, ws, values, progress), baseline))
         _landed(task, record)
     except VitbenchError as exc:
         record.update(status="error", error=without_worker_traceback(str(exc)))

@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable, Mapping, Optional
 
-from vitbench.errors import ParamError, VitbenchError, choices_error
+from vitbench.errors import ParamError, choices_error
 from vitbench.core.option_values import MAX_BATCH_SIZE
-from vitbench.core.params import make_params, params_dict, params_json
+from vitbench.core.params import params_dict, params_json
 from vitbench.host import get_host
 from vitbench.host.spec import RunSpec
+from vitbench.host.values import method_values
 from vitbench.task import BASELINE, CONTROL, REFERENCES
 
 DEVICES = ("cpu", "cuda")
@@ -80,27 +81,8 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
     if batch_sizes is not None:
         batch_sizes = check_batch_sizes(batch_sizes, metrics)
     methods = list(methods)
-    names = [host.method(name).name for name in methods]  # unknown -> error listing valid ones
     typed = {host.method(name).name: name for name in reversed(methods)}  # the first name given for each
-    for name in overrides:
-        canonical = host.method(name).name
-        if canonical not in names:
-            raise VitbenchError(f"--param names method {name!r}, which is not in --methods "
-                                f"({', '.join(names) or 'none'})")
-    canonical_overrides: dict[str, dict[str, Any]] = {}
-    for name, values in overrides.items():  # an alias and its method's name are one method
-        merged = canonical_overrides.setdefault(host.method(name).name, {})
-        for key, value in values.items():
-            if key in merged and merged[key] != value:
-                raise ParamError(f"--param {host.method(name).name}.{key} is given twice, as {merged[key]!r} and "
-                                 f"{value!r} (through the alias {name!r}); give it once")
-            merged[key] = value
-    if match_gmacs is not None:
-        for name, values in canonical_overrides.items():
-            knob = host.method(name).budget
-            if knob is not None and knob.param in values:
-                raise ParamError(f"--param {name}.{knob.param} conflicts with matched compute: {knob.param} "
-                                 f"is {name}'s budget knob, which --match-gmacs/--budgets sets; leave it out")
+    chosen = method_values(methods, overrides, matched=match_gmacs is not None)  # instances the API parsed pass
     from vitbench.measure.precision import check_precision
 
     common = dict(task=task, model=model, data=data, metrics=tuple(metrics), batch_size=batch_size,
@@ -109,8 +91,6 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
                   cuda_graph=cuda_graph, limit=limit, head=head, weights=weights, repeats=repeats,
                   data_id=data_id, batch_sizes=batch_sizes)
     plan = [RunSpec(method=BASELINE, params_json="{}", **common)]
-    chosen = {name: make_params(name, host.method(name).params, canonical_overrides.get(name, {}))
-              for name in dict.fromkeys(names)}
     if control and task_spec.control and any(host.method(n).trains(v) for n, v in chosen.items()):
         control_fields = task_spec.control_fields(task_fields)
         if control_fields is not None:
@@ -129,7 +109,7 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
         else:
             text = params_json(values)
         shown = {"shown_as": typed[name]} if typed.get(name, name) != name else {}
-        plan.append(RunSpec(method=name, params_json=text, **common, **training, **matched, **shown))
+        plan.append(RunSpec(method=name, params_json=text, values=values, **common, **training, **matched, **shown))
     return plan
 
 

@@ -40,10 +40,11 @@ class Choice:
         return f"{self.method} ({given})" if given else self.method
 
 
-def check_choices(choices: Sequence[Choice]) -> None:
-    """Unknown methods, methods without the ViT family and bad parameters fail here, model-free."""
-    from vitbench.core.params import make_params
+def check_choices(choices: Sequence[Choice]) -> list[Any]:
+    """Unknown methods, methods without the ViT family and bad parameters fail here, model-free;
+    each choice's parameters parsed into its method's dataclass, in order."""
     from vitbench.host import get_host
+    from vitbench.host.values import values_of
 
     if not choices:
         raise UnsupportedError("--method names no method; give one or more, e.g. tome,topk "
@@ -54,7 +55,7 @@ def check_choices(choices: Sequence[Choice]) -> None:
         if "vit" not in spec.families:
             raise UnsupportedError(f"method {spec.name!r} does not support ViT/DeiT models; "
                                    f"{spec.name} supports: {', '.join(spec.families)}")
-        make_params(spec.name, spec.params, choice.params)
+    return [values_of(c.method, c.params) for c in choices]
 
 
 def _same_grid(method: str, base: torch.nn.Module, reduced: torch.nn.Module) -> None:
@@ -83,7 +84,7 @@ def visualize(choices: Sequence[Choice], out: str | Path, *, model: str = DEFAUL
     from vitbench.visualize.draw import Row, draw_figure
     from vitbench.visualize.groups import trace_groups
 
-    check_choices(choices)
+    values = check_choices(choices)
     check_image_source(image, index)
     check_vit_name(model)
     folder = check_out(str(out))
@@ -93,10 +94,10 @@ def visualize(choices: Sequence[Choice], out: str | Path, *, model: str = DEFAUL
     check_blocks(chosen, depth, model)
     x, picture, caption = load_image(base, image, index)
     rows = []
-    for choice in choices:
+    for choice, chosen_values in zip(choices, values):
         with torch.random.fork_rng():
             torch.manual_seed(seed)
-            reduced = apply(copy.deepcopy(base), choice.method, **dict(choice.params)).eval()
+            reduced = apply(copy.deepcopy(base), choice.method, chosen_values).eval()
             _same_grid(choice.method, base, reduced)
             rows.append(Row(choice.title(), trace_groups(reduced, x, chosen)))
     return draw_figure(rows, picture, f"{model}\n{caption}", folder / (filename or figure_name(choices)))

@@ -134,19 +134,19 @@ def cls_gmacs_counter(spec: RunSpec, ws: ClsWorkspace, progress: Progress) -> Gm
     (matched compute, :mod:`vitbench.measure.calibrate`)."""
     images = _gmacs_images(spec, ws)
 
-    def count(method: Optional[str], params: dict[str, Any]) -> float:
+    def count(method: Optional[str], values: Any) -> float:
         model = copy.deepcopy(ws.model)
         if method is not None:
-            model = prepared_as_trained(apply(model, method, **params), images)
+            model = prepared_as_trained(apply(model, method, values), images)
         return measure.count_gmacs(model.eval(), images).mean
 
     return GmacsCounter(count)
 
 
-def shipped_settings(spec: RunSpec, params: dict[str, Any]) -> dict[str, Any]:
+def shipped_settings(spec: RunSpec, values: Any) -> dict[str, Any]:
     """What a run's fine-tuning depends on, as shipped weights record it (:mod:`vitbench.train.shipped`);
-    ``params`` as the run's record holds them (canonical JSON values, a matched knob set)."""
-    from vitbench.core.params import training_params
+    ``values`` the run's parameter dataclass (a matched knob set)."""
+    from vitbench.core.params import params_dict, training_params
     from vitbench.host import get_host
     from vitbench.tasks.cls.weights_from import default_model_sha256
 
@@ -154,19 +154,18 @@ def shipped_settings(spec: RunSpec, params: dict[str, Any]) -> dict[str, Any]:
     return {"model": spec.model,
             "model_sha256": default_model_sha256(spec.model) if spec.model in EMBEDDED_MODELS and not spec.weights
             else spec.weights,
-            "method": method.name, "params": dict(sorted(training_params(method.params, params).items())),
+            "method": method.name, "params": dict(sorted(training_params(method.params, params_dict(values)).items())),
             "train_limit": spec.train_limit, "train_backbone": spec.train_backbone, "seed": spec.seed,
             "precision": trains_in(spec.precision_name), "data": spec.data}
 
 
-def _load_shipped(spec: RunSpec, model: nn.Module, params: dict[str, Any], progress: Progress
-                  ) -> Optional[dict[str, Any]]:
+def _load_shipped(spec: RunSpec, model: nn.Module, values: Any, progress: Progress) -> Optional[dict[str, Any]]:
     """Load the method's shipped weights when the run's settings equal theirs; what the record
     says of them, or ``None`` (the run fine-tunes)."""
     from vitbench.host import get_host
     from vitbench.train.shipped import find_shipped, load_shipped
 
-    entry = find_shipped(get_host().method(spec.method).weights, shipped_settings(spec, params))
+    entry = find_shipped(get_host().method(spec.method).weights, shipped_settings(spec, values))
     if entry is None:
         return None
     progress(f"loading the shipped fine-tuned weights {entry.path.name} ({entry.trained})")
@@ -178,7 +177,7 @@ def _load_shipped(spec: RunSpec, model: nn.Module, params: dict[str, Any], progr
 
 
 def _train(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progress,
-           params: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+           values: Any) -> dict[str, Any]:
     """Fine-tune a learnable method (or load its shipped weights when the run's settings equal
     theirs, or reload its checkpoint on ``--resume``). Under a launcher
     every rank fine-tunes (DDP, :mod:`vitbench.train.finetune`), the ranks reload a checkpoint
@@ -192,7 +191,7 @@ def _train(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progress
         progress(f"loading the fine-tuned checkpoint {path}")
         load_trained(model, path)
         return {"trained": "checkpoint", "checkpoint_path": str(path)}
-    shipped = _load_shipped(spec, model, params or {}, progress)
+    shipped = _load_shipped(spec, model, values, progress)
     if shipped is not None:
         return shipped
     if ws.data is None:
@@ -286,17 +285,17 @@ def _shared_ib_samples(spec: RunSpec, ws: ClsWorkspace, model: nn.Module) -> Opt
     return IBSamples() if shared else None
 
 
-def run_cls_spec(spec: RunSpec, ws: ClsWorkspace, params: dict[str, Any], progress: Progress) -> dict[str, Any]:
+def run_cls_spec(spec: RunSpec, ws: ClsWorkspace, values: Any, progress: Progress) -> dict[str, Any]:
     """Everything one cls spec measures (raises on failure; the executor records it): the method
-    applied with ``params``, fine-tuned when it trains, then measured."""
+    applied with ``values`` (its parameter dataclass), fine-tuned when it trains, then measured."""
     out: dict[str, Any] = {}
     model = copy.deepcopy(ws.model)
     if spec.method != BASELINE:
         progress("applying the method")
-        model = apply(model, spec.method, **params)
+        model = apply(model, spec.method, values)
         context = reduction_context(model)
         if context is not None and context.reduction is not None and context.reduction.train:
-            out.update(_train(spec, ws, model, progress, params))
+            out.update(_train(spec, ws, model, progress, values))
         from vitbench.engine.token_rules import check_token_rules  # a broken rule: an error, not a row
 
         check_token_rules(model, _gmacs_images(spec, ws))  # one forward of 4 images; the model kept as it was

@@ -33,19 +33,11 @@ CLS_ACCURACY = (ReportColumn("top1_pct", "Top-1 (%)", "ΔTop-1 (pp)", ".2f", bef
 def _learnable(options: "RunOptions") -> list[str]:
     """The methods of ``options`` that fine-tune with their ``--param`` values (ALGM only with
     ``epochs`` above 0)."""
-    from vitbench.core.params import make_params
+    from vitbench.host.values import method_values
 
     host = get_host()
-    out = []
-    for name in options.methods:
-        spec = host.method(name)
-        values = None
-        if spec.trains_when:  # the values decide (an alias's and the name's --param are one method's)
-            values = make_params(spec.name, spec.params, {**options.params.get(spec.name, {}),
-                                                          **options.params.get(name, {})})
-        if spec.trains(values):
-            out.append(spec.name)
-    return out
+    return [name for name, values in method_values(options.methods, options.params).items()
+            if host.method(name).trains(values)]
 
 
 def _metrics(options: "RunOptions", model: str) -> tuple[str, ...]:
@@ -76,20 +68,19 @@ def _shipped_train_limits(options: "RunOptions", methods: Sequence[str], model: 
     knob as the F it will be): without
     ``--train-limit`` such a run trains on the entry's budget and so loads it; another setting
     trains on the default images. None in a sweep (its budgets set the knob)."""
-    import json
-
-    from vitbench.core.params import make_params, params_json, training_params
+    from vitbench.core.params import params_dict, training_params
+    from vitbench.host.values import method_values
     from vitbench.train.shipped import shipped_entries
 
     if options.is_sweep:
         return {}
     host = get_host()
     out = {}
+    parsed = method_values(options.methods, options.params)
     for name in methods:
         spec = host.method(name)
-        given = {k: v for typed, values in options.params.items() if host.method(typed).name == spec.name
-                 for k, v in values.items()}
-        wanted = training_params(spec.params, json.loads(params_json(make_params(spec.name, spec.params, given))))
+        values = parsed[spec.name]
+        wanted = training_params(spec.params, params_dict(values))
         knob = spec.budget.param if spec.budget is not None and options.match_gmacs is not None else None
         if knob is not None and spec.budget.mode == "fraction":  # the knob will be F itself: compare it
             wanted, knob = {**wanted, spec.budget.param: options.match_gmacs}, None
@@ -159,11 +150,11 @@ class ClsTask(Task):
 
         return cls_workspace(request, reads_data=_reads_data(request.setup.metrics, request.options))
 
-    def run(self, spec: "RunSpec", ws: "ClsWorkspace", params: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    def run(self, spec: "RunSpec", ws: "ClsWorkspace", values: Any, progress: Progress) -> dict[str, Any]:
         """:func:`~vitbench.tasks.cls.run.run_cls_spec`."""
         from vitbench.tasks.cls.run import run_cls_spec
 
-        return run_cls_spec(spec, ws, params, progress)
+        return run_cls_spec(spec, ws, values, progress)
 
     def gmacs_counter(self, spec: "RunSpec", ws: "ClsWorkspace", progress: Progress) -> "GmacsCounter":
         """:func:`~vitbench.tasks.cls.run.cls_gmacs_counter`."""

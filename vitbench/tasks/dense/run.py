@@ -251,19 +251,18 @@ def dense_gmacs_counter(ws: DenseWorkspace, seed: int, progress: Progress) -> An
 
     images = first_val_images(detector_of(copy.deepcopy(ws.model)), ws.data, ws.gmacs_images)
 
-    def count(method: Optional[str], params: dict[str, Any]) -> float:
+    def count(method: Optional[str], values: Any) -> float:
         backbone = copy.deepcopy(ws.model)
         if method is not None:
-            backbone = prepared_as_trained(apply(backbone, method, **params), images)
+            backbone = prepared_as_trained(apply(backbone, method, values), images)
         return measure.count_gmacs(detector_of(backbone).backbone, images).mean
 
     return GmacsCounter(count)
 
 
-def run_dense_spec(spec: Any, ws: DenseWorkspace, progress: Progress,
-                   params: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+def run_dense_spec(spec: Any, ws: DenseWorkspace, progress: Progress, values: Any = None) -> dict[str, Any]:
     """Everything one det/seg spec measures (raises on failure; the executor records it).
-    ``params``: the method's parameters when they differ from the spec's (a matched knob).
+    ``values``: the method's parameter dataclass when it differs from the spec's (a matched knob).
     Under a launcher every rank builds the detector, fine-tunes it with the others (DDP, a
     learnable method or the control) and takes part in the mAP evaluation (a collective); rank 0
     alone counts and times it (:func:`_measure`)."""
@@ -279,7 +278,7 @@ def run_dense_spec(spec: Any, ws: DenseWorkspace, progress: Progress,
     backbone = copy.deepcopy(ws.model)
     if spec.method not in REFERENCES:
         progress("applying the method")
-        backbone = apply(backbone, spec.method, **(spec.params if params is None else params))
+        backbone = apply(backbone, spec.method, spec.values if values is None else values)
     detector = build_detector(ws.task, backbone, ws.data.num_classes, width=ws.width)
     load_detector_weights(detector, weights)
     ctx = reduction_context(backbone)

@@ -109,11 +109,11 @@ class DenseTask(Task, TaskReport):
                               work_dir=request.out / "work", eval_limit=options.limit,
                               cache_dir=cache_dir() / "detectors" if data.embedded else request.out / "checkpoints")
 
-    def run(self, spec: Any, ws: "DenseWorkspace", params: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    def run(self, spec: Any, ws: "DenseWorkspace", values: Any, progress: Progress) -> dict[str, Any]:
         """One det/seg spec (:func:`vitbench.tasks.dense.run.run_dense_spec`)."""
         from vitbench.tasks.dense.run import run_dense_spec
 
-        return run_dense_spec(spec, ws, progress, params=params)
+        return run_dense_spec(spec, ws, progress, values=values)
 
     def gmacs_counter(self, spec: Any, ws: "DenseWorkspace", progress: Progress) -> Any:
         """The backbone's GMACs inside the trained detector (matched compute)."""

@@ -77,9 +77,9 @@ def _agrees(model: nn.Module, images: torch.Tensor, reference: torch.Tensor, top
     return (ranked == reference[:, None]).any(dim=-1)
 
 
-def _reduced(ws: AgreementWorkspace, method: Optional[str], params: dict[str, Any]) -> nn.Module:
+def _reduced(ws: AgreementWorkspace, method: Optional[str], values: Any) -> nn.Module:
     model = copy.deepcopy(ws.model)
-    return apply(model, method, **params) if method is not None else model
+    return apply(model, method, values) if method is not None else model
 
 
 class AgreementTask(Task):
@@ -126,13 +126,13 @@ class AgreementTask(Task):
         top = self.parse_options(options.task_options).agreement_top
         return AgreementWorkspace(model=model, images=images, reference=_top1(model, images), top=top)
 
-    def run(self, spec: Any, ws: AgreementWorkspace, params: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    def run(self, spec: Any, ws: AgreementWorkspace, values: Any, progress: Progress) -> dict[str, Any]:
         """One run: the agreement with the unreduced model, GMACs and parameters."""
         from vitbench import measure
 
         if spec.method != BASELINE:
             progress("applying the method")
-        model = _reduced(ws, None if spec.method == BASELINE else spec.method, params).eval()
+        model = _reduced(ws, None if spec.method == BASELINE else spec.method, values).eval()
         out: dict[str, Any] = {}
         if "accuracy" in spec.metrics:
             progress(f"comparing top-{ws.top} with the unreduced model on {len(ws.images)} noise images")
@@ -153,5 +153,5 @@ class AgreementTask(Task):
         from vitbench.measure.calibrate import GmacsCounter
 
         images = ws.images[:GMACS_IMAGES]
-        return GmacsCounter(lambda method, params: measure.count_gmacs(_reduced(ws, method, params).eval(),
+        return GmacsCounter(lambda method, values: measure.count_gmacs(_reduced(ws, method, values).eval(),
                                                                         images).mean)
