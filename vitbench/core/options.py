@@ -33,8 +33,7 @@ class RunOptions:
     model: Optional[str] = None
     #: data folder or embedded set name; ``None``: the task's default
     data: Optional[str] = None
-    #: method parameters, ``{"tome": {"r": 8}}`` (values typed, or strings as ``--param`` gives them),
-    #: or a method's parameter dataclass (``{"tome": ToMeParams(r=8)}``: how the run passes them on, parsed once)
+    #: method parameters: ``{"tome": {"r": 8}}`` (typed, or ``--param``'s strings), or ``{"tome": ToMeParams(r=8)}``
     params: Mapping[str, Any] = field(default_factory=dict)
     #: metric names; ``None``: every metric the task measures
     metrics: Optional[tuple[str, ...]] = None
