@@ -277,6 +277,11 @@ class ReportColumn:
         """The plots' axis label: ``plot_label``, else ``title``."""
         return self.plot_label or self.title
 
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The record fields the column shows: ``key``, then those of ``before`` and ``after``."""
+        return (self.key, *(k for _, k in self.before), *(k for _, k in self.after))
+
 
 @dataclass(frozen=True)
 class TaskSetup:

@@ -126,3 +126,23 @@ def test_runs_trained_on_different_images_are_two_rows_not_two_seeds(make_record
     assert rows["cropr (rate=8) [trained on 10,000 images]"]["Top-1 (%)"].startswith("89.25")
     assert rows["cropr (rate=8) [trained on 60,000 images]"]["Top-1 (%)"].startswith("89.50")
     assert len(aggregate_over_seeds(base + runs)) == 3
+
+
+def test_the_spread_is_over_the_tasks_own_accuracy_columns() -> None:
+    from vitbench.report.seeds import spread_keys
+
+    assert spread_keys("cls") == ("top1_pct", "top5_pct", "ib_loss", "ib_bound")
+    assert spread_keys("seg")[:6] == ("box_map", "box_ap50", "box_ap75", "mask_map", "mask_ap50", "mask_ap75")
+
+
+def test_a_task_of_its_own_gets_its_column_aggregated(make_record, monkeypatch) -> None:
+    from vitbench.host import get_host
+    from vitbench.task import ReportColumn
+
+    task = get_host().task("cls")
+    column = (ReportColumn("agreement_pct", "Agreement (%)", "ΔAgreement (pp)", ".1f"),)
+    recs = [{**make_record(f"a-{s}", "tome", {"r": 4}, agreement_pct=v), "seed": s, "task": "cls"}
+            for s, v in enumerate((70.0, 72.0, 74.0))]
+    monkeypatch.setattr(type(task), "accuracy", column)
+    row = aggregate_over_seeds(recs)[0]
+    assert row["agreement_pct"] == pytest.approx(72.0) and row["agreement_pct_seed_std"] == pytest.approx(2.0)

@@ -1,8 +1,8 @@
 """One report row per spec across seeds: runs that differ only by their seed (``--seeds 0,1,2``)
 are aggregated into one row (docs/measuring.md, "Seeds and spread").
 
-Accuracy, mAP and the IB metrics become the mean and sample standard deviation
-(``<key>_seed_std``); GMACs and parameters the mean (GMACs' own spread pooled); throughput and
+The task's accuracy columns (:attr:`vitbench.task.Task.accuracy`: top-1 and top-5, mAP and its
+APs) and the IB metrics become the mean and sample standard deviation (``<key>_seed_std``); GMACs and parameters the mean (GMACs' own spread pooled); throughput and
 latency the median of the per-seed medians; speed-up and efficiency the median of the per-seed
 values, each against the baseline of the same seed. Each row keeps ``seeds``, ``n_seeds`` and
 the per-seed records under ``per_seed`` (for :mod:`vitbench.report.doubts`)."""
@@ -15,15 +15,15 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from vitbench.report.measured_on import on_key
+from vitbench.report.task_shape import accuracy_columns
 from vitbench.report.values import metric
 
-__all__ = ["MEAN_STD_KEYS", "aggregate_over_seeds", "pair_with_baselines", "seed_key", "training_of"]
+__all__ = ["IB_KEYS", "aggregate_over_seeds", "pair_with_baselines", "seed_key", "spread_keys", "training_of"]
 
 Record = Mapping[str, Any]
 
-#: shown as mean ± sample std over seeds
-MEAN_STD_KEYS = ("top1_pct", "top5_pct", "box_map", "mask_map", "box_ap50", "box_ap75", "mask_ap50",
-                 "mask_ap75", "ib_loss", "ib_bound")
+#: shown as mean ± sample std over seeds, besides the task's accuracy columns
+IB_KEYS = ("ib_loss", "ib_bound")
 #: shown as the mean over seeds
 _MEAN_KEYS = ("gmacs", "backbone_gmacs", "params_m", "backbone_params_m", "peak_mem_mb", "train_s")
 #: per-input spreads pooled as the root mean square over seeds
@@ -48,6 +48,11 @@ def training_of(rec: Record) -> tuple[Any, ...]:
     and images (``--train-limit 10000`` and ``60000`` are two rows, not two seeds of one)."""
     stages = tuple((s.get("name"), s.get("epochs"), s.get("images")) for s in rec.get("train_stages") or [])
     return rec.get("train_images"), stages
+
+
+def spread_keys(task: str) -> tuple[str, ...]:
+    """The fields shown as mean ± std over seeds: the task's accuracy columns', then :data:`IB_KEYS`."""
+    return (*(k for column in accuracy_columns(task) for k in column.keys), *IB_KEYS)
 
 
 def pair_with_baselines(rows: list[Record]) -> list[dict[str, Any]]:
@@ -90,7 +95,8 @@ def _aggregate(recs: list[dict[str, Any]]) -> dict[str, Any]:
     row["per_seed"] = recs
     if len(recs) == 1:
         return row
-    for key in MEAN_STD_KEYS + _MEAN_KEYS + _POOLED_KEYS + _MEDIAN_KEYS:
+    spread = spread_keys(str(row.get("task")))
+    for key in spread + _MEAN_KEYS + _POOLED_KEYS + _MEDIAN_KEYS:
         values = [v for r in recs if (v := metric(r, key)) is not None]
         if not values:
             row.pop(key, None)
@@ -101,7 +107,7 @@ def _aggregate(recs: list[dict[str, Any]]) -> dict[str, Any]:
             row[key] = math.sqrt(sum(v * v for v in values) / len(values))
         else:
             row[key] = statistics.fmean(values)
-        if key in MEAN_STD_KEYS:
+        if key in spread:
             row[f"{key}_seed_std"] = statistics.stdev(values) if len(values) > 1 else None
             row[f"{key}_n"] = len(values)
     return row
