@@ -12,14 +12,14 @@ rank > 0. ``--match-gmacs F`` puts every method at F x the baseline's GMACs (:mo
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from vitbench.cli.task_options import OwnedOption, add_task_options, check_task_options
-from vitbench.host.distributed import add_launcher_option
 from vitbench.errors import VitbenchError
 from vitbench.core.metrics import METRICS
-from vitbench.core.options import RunOptions
+from vitbench.core.options import FLAG, FLAG_GROUPS, RunOptions
 from vitbench.run.plan import parse_batch_sizes, parse_param_overrides, parse_seeds
 from vitbench.host import get_host
 from vitbench.tasks.cls import DEFAULT_MODEL, EMBEDDED_TRAIN_LIMIT
@@ -27,87 +27,34 @@ from vitbench.tasks.cls import DEFAULT_MODEL, EMBEDDED_TRAIN_LIMIT
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run methods against the baseline and write runs.jsonl + report.md")
-    groups = add_run_options(p)
-    groups["run"].add_argument("--match-gmacs", default=None, metavar="F",
-                   help="matched compute: set every method's budget knob so that its GMACs land within "
-                        "2 %% of F x the baseline's (0 < F <= 1); the chosen values go into the labels")
+    groups = add_run_options(p, "run")
     groups["run"].add_argument("--visualize", action="store_true",
                    help="also draw which patches each method merged or pruned (docs/visualize.md) into OUT")
     p.set_defaults(handler=run)
 
 
-def add_run_options(parser: argparse.ArgumentParser) -> dict[str, Any]:
-    """The options ``vitbench run`` and ``vitbench sweep`` share, in ``--help``'s groups; returns the
-    groups by key (run, data, measure, train, dist) for a command's own options."""
-    groups = {key: parser.add_argument_group(title) for key, title in (
-        ("run", "what to run"), ("data", "data and weights"), ("measure", "measurement"),
-        ("train", "fine-tuning (learnable methods)"), ("dist", "distributed and sharded runs"))}
-    p = groups["run"]
-    p.add_argument("--task", default="cls",
-                   help=f"task: {', '.join(get_host().names('tasks'))} (default cls; see `vitbench list tasks`; "
-                        f"a plugin can add more)")
-    p.add_argument("--methods", required=True, help="comma-separated method names (see `vitbench list methods`)")
-    p.add_argument("--param", action="append", default=[], metavar="METHOD.KEY=VALUE",
-                   help="method parameter, e.g. tome.r=13 (repeatable; `vitbench describe METHOD` lists them)")
-    p.add_argument("--seed", default=None, help="the one seed of every run (default 0)")
-    p.add_argument("--seeds", default=None, metavar="S1,S2,...",
-                   help="run every spec (the baseline too) once per seed, e.g. 0,1,2; the report shows "
-                        "mean ± std over the seeds (instead of --seed)")
-    p.add_argument("--out", default=None, help="result directory (default: runs/<task>-<model>)")
-    p.add_argument("--resume", action="store_true", help="skip finished runs of the store, retry failed ones")
-    p.add_argument("--isolate", action="store_true",
-                   help="run each spec in a process of its own: a crash, an exit or a hang in plugin code is "
-                        "that run's error record (costs a process start per run; docs/reliability.md)")
-    p.add_argument("--run-timeout", default=None, metavar="SECONDS",
-                   help="with --isolate (implied): kill a run that takes longer and record it as an error")
-    p = groups["data"]
-    p.add_argument("--model", default=None,
-                   help=f"timm ViT/DeiT name; default: {DEFAULT_MODEL} (trained once on Fashion-MNIST)")
-    p.add_argument("--data", default=None, help="ImageNet-style folder, or fashion-mnist (the default model's data)")
-    p.add_argument("--pretrained", action="store_true", help="load timm's pretrained weights (needs the hub)")
-    p.add_argument("--checkpoint", default=None, help="local weights file (.pth/.safetensors state dict)")
-    p.add_argument("--num-classes", default=None,
-                   help="re-head the model for the data's N classes: the head of a --checkpoint with N "
-                        "classes, else a new head fitted once on the data's train/ split (linear probe)")
-    p.add_argument("--limit", default=None, help="evaluate only the first N images (default: all)")
-    p.add_argument("--workers", default=None, metavar="N",
-                   help="loader worker processes for images that are decoded (the folder's first decoding, "
-                        "fine-tuning; default: half the usable cores, at most 8; 0: in the main process)")
-    p = groups["measure"]
-    p.add_argument("--metrics", default=None,
-                   help=f"comma-separated subset of {','.join(METRICS)} (default: all; accuracy needs data)")
-    p.add_argument("--batch-size", default=32, help="throughput batch size (default 32)")
-    p.add_argument("--batch-sizes", default=None, metavar="B1,B2,...",
-                   help="also time throughput and latency at each batch size, e.g. 1,4,16,64: the report "
-                        "plots speed-up against batch size and names where each method starts to pay")
-    p.add_argument("--device", default="cpu", metavar="cpu|cuda", help="where to run (default cpu)")
-    p.add_argument("--precision", default="fp32", metavar="fp32|fp16|bf16",
-                   help="autocast dtype of the measured forward, evaluation and (bf16) fine-tuning; GMACs "
-                        "are counted the same (default fp32; bf16 works on the CPU too)")
-    p.add_argument("--compile", action="store_true",
-                   help="time the torch.compile'd model (throughput, latency, memory; GMACs and accuracy "
-                        "on the eager one); a model that does not compile is timed eagerly, with the reason recorded")
-    p.add_argument("--cuda-graph", action="store_true",
-                   help="time throughput and latency on a CUDA graph of the forward (one launch per forward); "
-                        "a method whose shapes depend on the data, or a CPU run, is timed without one, with "
-                        "the reason recorded")
-    p.add_argument("--quick", action="store_true",
-                   help="a fast look: time throughput and latency with 3 repeats each (the report says so; "
-                        "not for publication)")
-    p.add_argument("--repeats", default=None, metavar="N",
-                   help="repeats of each timing, throughput, latency and the paired speed-up "
-                        "(1 to 10000; default 10, 20 and 30 rounds)")
-    p = groups["train"]
-    p.add_argument("--train-backbone", action="store_true",
-                   help="learnable methods: train the backbone too (default: only the method's parameters)")
-    p.add_argument("--train-limit", default=None,
-                   help="learnable methods: fine-tune on the first N training images (default: all; "
-                        f"{EMBEDDED_TRAIN_LIMIT[DEFAULT_MODEL]} with the default model)")
-    p = groups["dist"]
-    p.add_argument("--shard", default=None, metavar="I/N",
-                   help="run the I-th of N disjoint parts of the plan (a job array; I from 1), appending to "
-                        "OUT/runs-shard-I-of-N.jsonl; the report (and `vitbench report OUT`) merges every part")
-    add_launcher_option(p)  # type: ignore[arg-type]  # a group takes add_argument like a parser
+def add_run_options(parser: argparse.ArgumentParser, command: str) -> dict[str, Any]:
+    """``command``'s flags (``run`` or ``sweep``), made from the fields of
+    :class:`~vitbench.core.options.RunOptions` and their :class:`~vitbench.core.options.Flag`, in
+    ``--help``'s groups, then each task's own; returns the groups by key for a command's own flags."""
+    groups = {key: parser.add_argument_group(title) for key, title in FLAG_GROUPS}
+    words = {"tasks": ", ".join(get_host().names("tasks")), "default_model": DEFAULT_MODEL,
+             "metrics": ",".join(METRICS), "train_limit": EMBEDDED_TRAIN_LIMIT[DEFAULT_MODEL]}
+    for f in fields(RunOptions):
+        flag = f.metadata.get(FLAG)
+        if flag is None or command not in flag.commands:
+            continue
+        how: dict[str, Any] = {"help": flag.help.format(**words), "dest": f.name}
+        if flag.action is not None:
+            how["action"] = flag.action
+        if flag.action == "append":
+            how["default"] = []
+        elif flag.action is None:
+            how["default"] = f.default
+        how.update({k: v for k, v in (("metavar", flag.metavar), ("choices", flag.choices)) if v is not None})
+        if flag.required:
+            how["required"] = True
+        groups[flag.group].add_argument(flag.flag_of(f.name), **how)
     add_task_options(parser)  # each task's own, in a group per task (det/seg: --detector-epochs ...)
     return groups
 
@@ -142,33 +89,24 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_options(args: argparse.Namespace, task: str) -> RunOptions:
-    """The parsed command line as typed options (``--param`` strings as a mapping, lists as tuples,
-    the options of ``task`` alone as its ``task_options``)."""
+    """The parsed command line as typed options: each :class:`~vitbench.core.options.RunOptions`
+    field from its flag (the lists' text parsed: methods, metrics, ``--param``, seeds, batch sizes,
+    shard), the options of ``task`` alone as its ``task_options``."""
     from vitbench.measure.speed import chosen_repeats
     from vitbench.run.plan import parse_shard
 
-    owned: dict[str, OwnedOption] = getattr(args, "task_options", {}) or {}
-    budgets, match = getattr(args, "budgets", None), getattr(args, "match_gmacs", None)
     if args.metrics is not None and not _names(args.metrics):
         raise VitbenchError(f"--metrics {args.metrics!r} names no metric; valid metrics of --task {task}: "
                             f"{', '.join(get_host().task(task).metrics)} (or leave --metrics out for all)")
-    return RunOptions(
-        task=args.task, methods=_names(args.methods), model=args.model, data=args.data,
-        params=parse_param_overrides(args.param), metrics=None if args.metrics is None else _names(args.metrics),
-        batch_size=args.batch_size,
-        batch_sizes=None if args.batch_sizes is None else parse_batch_sizes(args.batch_sizes), device=args.device,
-        seed=args.seed, seeds=None if args.seeds is None else parse_seeds(args.seeds),
-        out=args.out, resume=args.resume, pretrained=args.pretrained, checkpoint=args.checkpoint,
-        num_classes=args.num_classes, limit=args.limit, workers=args.workers,
-        train_backbone=args.train_backbone, train_limit=args.train_limit,
-        precision=args.precision,
-        compile=args.compile, cuda_graph=args.cuda_graph,
-        quick=args.quick, repeats=None if args.repeats is None else chosen_repeats(args.quick, args.repeats),
-        shard=None if args.shard is None else parse_shard(args.shard), launcher=getattr(args, "launcher", "none"),
-        match_gmacs=match,
-        budgets=budgets, controls=getattr(args, "controls", True),
-        isolate=args.isolate, run_timeout=args.run_timeout,
-        task_options={dest: getattr(args, dest) for dest, option in owned.items() if task in option.tasks})
+    parse = {"methods": _names, "metrics": _names, "params": parse_param_overrides, "seeds": parse_seeds,
+             "batch_sizes": parse_batch_sizes, "shard": parse_shard,
+             "repeats": lambda text: chosen_repeats(args.quick, text)}
+    given = {f.name: getattr(args, f.name) for f in fields(RunOptions) if FLAG in f.metadata and hasattr(args, f.name)}
+    values = {name: parse[name](value) if name in parse and value is not None else value
+              for name, value in given.items()}
+    owned: dict[str, OwnedOption] = getattr(args, "task_options", {}) or {}
+    return RunOptions(**values, task_options={dest: getattr(args, dest) for dest, option in owned.items()
+                                              if task in option.tasks})
 
 
 def _names(text: str) -> tuple[str, ...]:

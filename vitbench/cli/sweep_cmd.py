@@ -16,10 +16,5 @@ from vitbench.cli import run_cmd
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sweep", help="run every method at every compute budget (Pareto fronts), resumable")
-    p.add_argument("--budgets", required=True, metavar="F1,F2,...",
-                   help="fractions of the baseline's GMACs, each in (0, 1], e.g. 0.9,0.8,0.7,0.6,0.5")
-    p.add_argument("--no-controls", dest="controls", action="store_false",
-                   help="leave out the controls a sweep adds where they apply to the model: random (tokens "
-                        "dropped at random) and downsample (a smaller image), the simple things a method must beat")
-    run_cmd.add_run_options(p)
-    p.set_defaults(handler=run_cmd.run, match_gmacs=None)
+    run_cmd.add_run_options(p, "sweep")
+    p.set_defaults(handler=run_cmd.run)

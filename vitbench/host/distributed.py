@@ -11,7 +11,6 @@ rank raises the same error naming it instead of waiting until the process group'
 from the ``SLURM_*`` variables."""
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import re
@@ -19,6 +18,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from vitbench.core.options import LAUNCHERS
 from vitbench.errors import VitbenchError
 
 if TYPE_CHECKING:  # mmengine and torch are imported when a run starts
@@ -26,14 +26,12 @@ if TYPE_CHECKING:  # mmengine and torch are imported when a run starts
     from mmengine.evaluator import BaseMetric
     from mmengine.runner import Runner
 
-__all__ = ["LAUNCHERS", "SLURM_VARIABLES", "TIMEOUT_VARIABLE", "TORCHRUN_VARIABLES", "add_launcher_option", "all_ranks",
+__all__ = ["LAUNCHERS", "SLURM_VARIABLES", "TIMEOUT_VARIABLE", "TORCHRUN_VARIABLES", "all_ranks",
            "barrier", "check_launcher", "collect_in", "collective_test", "dist_timeout", "failure_on_any_rank",
            "finish_launcher", "first_slurm_host", "init_launcher", "is_distributed", "is_main", "launcher_rank",
            "one_rank_at_a_time", "raise_if_any_rank_failed", "rank_batch_size", "same_on_every_rank",
            "slurm_environment"]
 
-#: the values ``--launcher`` takes
-LAUNCHERS = ("none", "pytorch", "slurm")
 #: what ``torchrun`` sets and ``--launcher pytorch`` needs
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 #: what ``srun`` sets and ``--launcher slurm`` needs (``SLURM_LOCALID`` is used when set)
@@ -448,13 +446,3 @@ def one_rank_at_a_time(launcher: str, lock_dir: Path) -> Iterator[None]:
         yield
 
 
-def add_launcher_option(p: argparse.ArgumentParser) -> None:
-    """``--launcher none|pytorch|slurm`` (``vitbench run`` and ``vitbench sweep``)."""
-    p.add_argument("--launcher", default="none", choices=LAUNCHERS,
-                   help="none (one process, the default), pytorch (one of the processes `torchrun "
-                        "--nproc-per-node N -m vitbench run ...` starts) or slurm (one of the tasks `srun "
-                        "--ntasks N vitbench run ...` starts): evaluation is sharded over the ranks, "
-                        "learnable methods fine-tune and det/seg's baseline detector trains with DDP "
-                        "(det/seg: close to one process, not equal: BatchNorm keeps per-rank statistics), "
-                        "timing and the store/report are rank 0's; VITBENCH_DIST_TIMEOUT=SECONDS bounds "
-                        "how long a rank waits for the others (default 1800)")
