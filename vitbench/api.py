@@ -102,10 +102,6 @@ def _options(function: str, given: Mapping[str, Any], exclude: tuple[str, ...]) 
     for name in ("methods", "metrics"):
         if isinstance(values.get(name), str):
             values[name] = [item.strip() for item in values[name].split(",") if item.strip()]
-    if isinstance(values.get("shard"), str):
-        from vitbench.run.plan import parse_shard
-
-        values["shard"] = parse_shard(values["shard"])
     for name, kind in (("seeds", int), ("budgets", float), ("batch_sizes", int)):
         if isinstance(values.get(name), str):  # "0,1" as --seeds 0,1, never its characters
             values[name] = split_numbers(function, name, values[name], kind)
@@ -268,11 +264,10 @@ def _with_gmacs(metrics: tuple[str, ...], budgets: Optional[tuple[float, ...]]) 
 
 def _plan(options: RunOptions, budgets: Optional[tuple[float, ...]], **kwargs: Any) -> list:  # type: ignore[type-arg]
     """The run (or sweep) plan, or its ``shard`` part."""
-    from vitbench.run.plan import build_seeded_plan, build_sweep_plan, parse_shard, shard_plan
+    from vitbench.run.plan import build_seeded_plan, build_sweep_plan, shard_plan
 
-    shard = None if options.shard is None else parse_shard("/".join(map(str, options.shard)))
     plan = build_seeded_plan(**kwargs) if budgets is None else build_sweep_plan(budgets=budgets, **kwargs)
-    return plan if shard is None else shard_plan(plan, *shard)
+    return plan if options.shard is None else shard_plan(plan, *options.shard)
 
 
 def _empty_shard(plan: list, shard: Optional[tuple[int, int]]) -> bool:  # type: ignore[type-arg]

@@ -90,16 +90,14 @@ def run(args: argparse.Namespace) -> int:
 
 def run_options(args: argparse.Namespace, task: str) -> RunOptions:
     """The parsed command line as typed options: each :class:`~vitbench.core.options.RunOptions`
-    field from its flag (the lists' text parsed: methods, metrics, ``--param``, seeds, batch sizes,
-    shard), the options of ``task`` alone as its ``task_options``."""
+    field from its flag (the lists' text parsed: methods, metrics, ``--param``, seeds, batch sizes), the options of ``task`` alone as its ``task_options``."""
     from vitbench.measure.speed import chosen_repeats
-    from vitbench.run.plan import parse_shard
 
     if args.metrics is not None and not _names(args.metrics):
         raise VitbenchError(f"--metrics {args.metrics!r} names no metric; valid metrics of --task {task}: "
                             f"{', '.join(get_host().task(task).metrics)} (or leave --metrics out for all)")
     parse = {"methods": _names, "metrics": _names, "params": parse_param_overrides, "seeds": parse_seeds,
-             "batch_sizes": parse_batch_sizes, "shard": parse_shard,
+             "batch_sizes": parse_batch_sizes,
              "repeats": lambda text: chosen_repeats(args.quick, text)}
     given = {f.name: getattr(args, f.name) for f in fields(RunOptions) if FLAG in f.metadata and hasattr(args, f.name)}
     values = {name: parse[name](value) if name in parse and value is not None else value

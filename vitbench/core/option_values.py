@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 from vitbench.errors import ParamError
 
-__all__ = ["MAX_BATCH_SIZE", "check_fraction", "checked_budgets", "checked_integer", "checked_seconds"]
+__all__ = ["MAX_BATCH_SIZE", "check_fraction", "checked_budgets", "checked_integer", "checked_seconds", "checked_shard"]
 
 #: the largest batch size a timing accepts
 MAX_BATCH_SIZE = 2**16
@@ -73,3 +73,16 @@ def checked_seconds(flag: str, value: Any) -> Optional[float]:
     if not 0 < number < float("inf"):
         raise ParamError(f"{flag} {value!r} is not a number of seconds > 0; give e.g. {flag} 600")
     return number
+
+
+def checked_shard(value: Any) -> tuple[int, int]:
+    """``--shard I/N`` as ``(I, N)`` with 1 <= I <= N, given as the text ``"2/4"`` or the pair ``(2, 4)``."""
+    text = "/".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value)
+    head, sep, tail = text.partition("/")
+    try:
+        index, count = int(head), int(tail)
+    except ValueError:
+        index = count = 0
+    if not sep or count < 1 or not 1 <= index <= count or (isinstance(value, (tuple, list)) and len(value) != 2):
+        raise ParamError(f"--shard {text!r} is not I/N with 1 <= I <= N (e.g. 1/4 for the first of four parts)")
+    return index, count

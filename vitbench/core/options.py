@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from vitbench.core.option_values import (
-    MAX_BATCH_SIZE, check_fraction, checked_budgets, checked_integer, checked_seconds,
+    MAX_BATCH_SIZE, check_fraction, checked_budgets, checked_integer, checked_seconds, checked_shard,
 )
 from vitbench.errors import VitbenchError, choices_error
 
@@ -136,7 +136,7 @@ class RunOptions:
                                         "parameters)", group="train", action="store_true")
     train_limit: Optional[int] = _flag(None, "learnable methods: fine-tune on the first N training images "
                                              "(default: all; {train_limit} with the default model)", group="train")
-    shard: Optional[tuple[int, int]] = _flag(
+    shard: Union[str, tuple[int, int], None] = _flag(
         None, "run the I-th of N disjoint parts of the plan (a job array; I from 1), appending to "
               "OUT/runs-shard-I-of-N.jsonl; the report (and `vitbench report OUT`) merges every part",
         group="dist", metavar="I/N")
@@ -162,6 +162,8 @@ class RunOptions:
         if self.budgets is not None:
             object.__setattr__(self, "budgets", checked_budgets(self.budgets))
         object.__setattr__(self, "run_timeout", checked_seconds("--run-timeout", self.run_timeout))
+        if self.shard is not None:
+            object.__setattr__(self, "shard", checked_shard(self.shard))
         for name, (what, default) in _TEXT_OPTIONS.items():
             value = getattr(self, name)
             if isinstance(value, str) and not value.strip():

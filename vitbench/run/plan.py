@@ -7,7 +7,7 @@ import json
 from typing import Any, Iterable, Mapping, Optional
 
 from vitbench.errors import ParamError, choices_error
-from vitbench.core.option_values import MAX_BATCH_SIZE
+from vitbench.core.option_values import MAX_BATCH_SIZE, checked_shard
 from vitbench.core.params import params_dict, params_json
 from vitbench.host import get_host
 from vitbench.host.spec import RunSpec
@@ -207,15 +207,9 @@ def build_sweep_plan(*, budgets: Iterable[float], **kwargs: Any) -> list[RunSpec
 
 
 def parse_shard(text: str) -> tuple[int, int]:
-    """``"2/4"`` -> ``(2, 4)``: the ``--shard I/N`` of a job array (I counts from 1)."""
-    head, sep, tail = str(text).partition("/")
-    try:
-        index, count = int(head), int(tail)
-    except ValueError:
-        index = count = 0
-    if not sep or count < 1 or not 1 <= index <= count:
-        raise ParamError(f"--shard {text!r} is not I/N with 1 <= I <= N (e.g. 1/4 for the first of four parts)")
-    return index, count
+    """``"2/4"`` -> ``(2, 4)``: the ``--shard I/N`` of a job array (I counts from 1;
+    :func:`~vitbench.core.option_values.checked_shard`)."""
+    return checked_shard(text)
 
 
 def shard_plan(plan: list[RunSpec], index: int, count: int) -> list[RunSpec]:
@@ -225,7 +219,7 @@ def shard_plan(plan: list[RunSpec], index: int, count: int) -> list[RunSpec]:
     session, so a shard on another machine measures its own (a shard that finds one finished
     in the store, under ``--resume`` or in a sweep, reuses it). The parts' method specs are
     disjoint and together the whole plan."""
-    index, count = parse_shard(f"{index}/{count}")
+    index, count = checked_shard((index, count))
     methods = [s for s in plan if s.method not in REFERENCES]
     mine = {s.spec_id for s in methods[index - 1::count]}
     seeds = {s.seed for s in methods if s.spec_id in mine}
