@@ -33,7 +33,7 @@ from vitbench.host.environment import device_name
 from vitbench.measure import count_gmacs
 from vitbench.measure.speed import machine_load
 from vitbench.host import get_host
-from vitbench.tasks.cls import DEFAULT_MODEL
+from vitbench.tasks.embedded import DEFAULT_MODEL
 from vitbench.tasks.cls.models import load_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

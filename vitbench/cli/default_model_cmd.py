@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from vitbench.tasks.cls import DEFAULT_MODEL, EMBEDDED_MODELS
+from vitbench.tasks.embedded import DEFAULT_MODEL, EMBEDDED_MODELS
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -8,7 +8,7 @@ import textwrap
 from vitbench.catalog import METHOD_KINDS, MethodSpec
 from vitbench.host import get_host
 from vitbench.task import option_flags
-from vitbench.tasks.cls import DEFAULT_MODEL, EMBEDDED_MODELS
+from vitbench.tasks.embedded import DEFAULT_MODEL, EMBEDDED_MODELS
 
 KINDS = ("methods", "scorers", "models", "families", "tasks")
 #: the widest line a listing prints (a terminal's 100 columns)

@@ -22,7 +22,7 @@ from vitbench.core.metrics import METRICS
 from vitbench.core.options import FLAG, FLAG_GROUPS, RunOptions
 from vitbench.run.plan import parse_batch_sizes, parse_param_overrides, parse_seeds
 from vitbench.host import get_host
-from vitbench.tasks.cls import DEFAULT_MODEL, EMBEDDED_TRAIN_LIMIT
+from vitbench.tasks.embedded import DEFAULT_MODEL, EMBEDDED_TRAIN_LIMIT
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -32,7 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from vitbench.errors import ParamError
     from vitbench.run.plan import parse_param_overrides
-    from vitbench.tasks.cls import DEFAULT_MODEL
+    from vitbench.tasks.embedded import DEFAULT_MODEL
     from vitbench.visualize import Choice, visualize
     from vitbench.visualize.inputs import parse_blocks
 
@@ -69,7 +69,7 @@ def _integer(flag: str, text: Optional[str], default: int) -> int:
 def check_run_visualize(args: argparse.Namespace, task: str) -> None:
     """``vitbench run --visualize``: refuse another task or a model that is no ViT/DeiT before the run."""
     from vitbench.errors import UnsupportedError
-    from vitbench.tasks.cls import DEFAULT_MODEL
+    from vitbench.tasks.embedded import DEFAULT_MODEL
     from vitbench.visualize.inputs import check_vit_name
 
     if task != "cls":
@@ -86,7 +86,7 @@ def visualize_run(results: Any) -> Optional[Path]:
 
     from vitbench.errors import VitbenchError
     from vitbench.task import REFERENCES
-    from vitbench.tasks.cls import DEFAULT_MODEL
+    from vitbench.tasks.embedded import DEFAULT_MODEL
     from vitbench.visualize import Choice, visualize
 
     options = results.options

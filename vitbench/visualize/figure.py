@@ -17,7 +17,7 @@ from typing import Any, Optional
 import torch
 
 from vitbench.errors import UnsupportedError
-from vitbench.tasks.cls import DEFAULT_MODEL
+from vitbench.tasks.embedded import DEFAULT_MODEL
 from vitbench.visualize.inputs import (
     check_blocks, check_image_source, check_out, check_vit_name, default_blocks, load_image, load_vit,
 )

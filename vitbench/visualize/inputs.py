@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from vitbench.errors import DataError, ParamError, UnsupportedError
-from vitbench.tasks.cls import DEFAULT_MODEL, EMBEDDED_MODELS
+from vitbench.tasks.embedded import DEFAULT_MODEL, EMBEDDED_MODELS
 
 __all__ = ["check_blocks", "check_image_source", "check_out", "check_vit_name", "default_blocks", "load_image",
            "load_vit", "parse_blocks"]

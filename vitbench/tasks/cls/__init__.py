@@ -8,37 +8,9 @@ Public entry points (imported lazily; the OpenMMLab stack is heavy to import):
 """
 from __future__ import annotations
 
-import os
-import sys
+from vitbench.tasks.embedded import (
+    DEFAULT_MODEL, DEIT_MODEL, EMBEDDED_MODELS, EMBEDDED_TRAIN_LIMIT, ENV_DEFAULT_MODEL, LEGACY_MODEL,
+)
 
 __all__ = ["DEFAULT_MODEL", "DEIT_MODEL", "EMBEDDED_MODELS", "EMBEDDED_TRAIN_LIMIT", "ENV_DEFAULT_MODEL",
            "LEGACY_MODEL"]
-
-#: the embedded model of DeiT's layout (:mod:`vitbench.tasks.cls.default_model`): 197 tokens
-DEIT_MODEL = "vitbench-fmnist-deit"
-#: the first embedded model (65 tokens), still loadable by name so older stores report
-LEGACY_MODEL = "vitbench-fmnist-vit"
-#: the models whose weights ship with vitbench, each in words
-EMBEDDED_MODELS: dict[str, str] = {
-    DEIT_MODEL: "a ViT of DeiT's layout, 197 tokens, trained 19 epochs on Fashion-MNIST",
-    LEGACY_MODEL: "a ViT of 65 tokens at width 64, trained one epoch on Fashion-MNIST (the first default)",
-}
-#: names another embedded model as ``--model``'s default (the test suite's plumbing tests use it)
-ENV_DEFAULT_MODEL = "VITBENCH_DEFAULT_MODEL"
-
-
-def _default_model() -> str:
-    """``$VITBENCH_DEFAULT_MODEL`` when it names an embedded model, else :data:`DEIT_MODEL` (a
-    name it does not know is one warning line, not a failure of every command)."""
-    named = os.environ.get(ENV_DEFAULT_MODEL, "").strip()
-    if named and named not in EMBEDDED_MODELS:
-        print(f"vitbench: warning: ${ENV_DEFAULT_MODEL}={named!r} is not an embedded model (valid: "
-              f"{', '.join(EMBEDDED_MODELS)}); using {DEIT_MODEL}", file=sys.stderr)
-        return DEIT_MODEL
-    return named or DEIT_MODEL
-
-
-#: ``--model``'s default: :data:`DEIT_MODEL` unless ``$VITBENCH_DEFAULT_MODEL`` names another
-DEFAULT_MODEL = _default_model()
-#: ``--train-limit``'s default with each embedded model (docs/architecture.md, "Embedded defaults")
-EMBEDDED_TRAIN_LIMIT: dict[str, int] = {DEIT_MODEL: 1000, LEGACY_MODEL: 10000}

@@ -27,7 +27,7 @@ from vitbench.errors import VitbenchError
 from vitbench.core.options import RunOptions, parse_list
 from vitbench.host import get_host
 from vitbench.task import BASELINE, Progress, Task, option
-from vitbench.tasks.cls import DEFAULT_MODEL
+from vitbench.tasks.embedded import DEFAULT_MODEL
 
 if TYPE_CHECKING:
     import torch
