@@ -131,6 +131,7 @@ def run(options: RunOptions, command: Optional[Sequence[str]] = None) -> Results
     from vitbench.host.allocator import keep_freed_memory
     from vitbench.host.environment import environment
     from vitbench.run.execute import execute_plan
+    from vitbench.run.plan import method_names, plan_for
     from vitbench.run.isolate import Isolation
     from vitbench.host import get_host
     from vitbench.results import ResultStore
@@ -138,7 +139,7 @@ def run(options: RunOptions, command: Optional[Sequence[str]] = None) -> Results
 
     get_host().check_untouched()  # a plugin's change to vitbench that could not be undone: nothing runs
     task = get_host().task(options.task)  # unknown -> error listing the registered tasks
-    methods = _methods(options)
+    methods = method_names(options)
     from vitbench.measure.speed import chosen_repeats
 
     repeats = chosen_repeats(options.quick, options.repeats)  # --quick / --repeats N, checked before anything runs
@@ -146,17 +147,9 @@ def run(options: RunOptions, command: Optional[Sequence[str]] = None) -> Results
         raise VitbenchError(f"--isolate runs each spec in a process of its own, which --launcher {options.launcher}'s "
                             f"process group cannot follow; isolate single-process runs only")
     check_launcher(options.launcher, task.name, methods)
-    budgets = _budgets(options)
-    options = _with_bounded_workers(_with_parsed_params(options, methods, budgets))
+    options = _with_bounded_workers(_with_parsed_params(options, methods))
     setup = task.setup(options)  # its own options checked (task.parse_options)
-    methods = _with_controls(options, methods, setup.model)
-    metrics = _with_gmacs(setup.metrics, budgets)
-    plan = _plan(options, budgets, task=task.name, model=setup.model, methods=methods, data=setup.data,
-                 overrides=options.params, metrics=metrics, batch_size=options.batch_size,
-                 batch_sizes=options.batch_sizes, device=options.device,
-                 seeds=_seeds(options), checkpoint=options.checkpoint, pretrained=options.pretrained,
-                 precision=options.precision, compile=options.compile, cuda_graph=options.cuda_graph, repeats=repeats,
-                 **setup.plan)
+    plan = plan_for(options, setup, repeats)
     out = _out_dir(options, setup.model)
     if _empty_shard(plan, options.shard):
         return Results(options, out, [], [])
@@ -186,14 +179,15 @@ def run(options: RunOptions, command: Optional[Sequence[str]] = None) -> Results
     return _report(options, records, stored, out, env["command"], [c.describe() for c in store.corrupt_lines])
 
 
-def _with_parsed_params(options: RunOptions, methods: list[str], budgets: Optional[tuple[float, ...]]) -> RunOptions:
+def _with_parsed_params(options: RunOptions, methods: list[str]) -> RunOptions:
     """``options`` with each method's parameters parsed, once, into its validated dataclass
     (:func:`~vitbench.host.values.method_values`); the task and the plan take them as they are."""
     import dataclasses
 
     from vitbench.host.values import method_values
 
-    return dataclasses.replace(options, params=method_values(methods, options.params, matched=budgets is not None))
+    return dataclasses.replace(options, params=method_values(methods, options.params,
+                                                                  matched=options.matched_budgets is not None))
 
 
 def _with_bounded_workers(options: RunOptions) -> RunOptions:
@@ -207,67 +201,6 @@ def _with_bounded_workers(options: RunOptions) -> RunOptions:
 
     workers = bounded_workers(options.workers, note)
     return options if workers == options.workers else dataclasses.replace(options, workers=workers)
-
-
-def _methods(options: RunOptions) -> list[str]:
-    methods = [m.strip() for m in options.methods if m.strip()]
-    if not methods:
-        raise VitbenchError("--methods is empty; see `vitbench list methods`")
-    return methods
-
-
-def _with_controls(options: RunOptions, methods: list[str], model: str) -> list[str]:
-    """A sweep's methods and after them the controls (methods of kind ``control``) that apply to
-    ``model``'s family; a model no family names by its timm name (an embedded default) is taken
-    as a ViT."""
-    if not options.is_sweep or not options.controls:
-        return methods
-    from vitbench.host import get_host
-    from vitbench.tasks.model_names import accepted_models
-
-    host = get_host()
-    family = accepted_models().get(model, "vit")
-    controls = [name for name, spec in sorted(host.specs("methods").items())
-                if spec.kind == "control" and family in spec.families and name not in methods]
-    return methods + controls
-
-
-def _seeds(options: RunOptions) -> tuple[int, ...]:
-    """``seeds`` or ``(seed,)`` (default 0) as the plan's seeds; both at once is an error."""
-    from vitbench.run.plan import check_seeds
-
-    if options.seeds is not None and options.seed is not None:
-        raise VitbenchError(f"--seed {options.seed} and --seeds {','.join(map(str, options.seeds))} were both "
-                            f"given; use --seed S for one seed or --seeds S1,S2,... for several")
-    if options.seeds is not None:
-        return check_seeds(options.seeds)
-    return check_seeds([0 if options.seed is None else options.seed])
-
-
-def _budgets(options: RunOptions) -> Optional[tuple[float, ...]]:
-    """The matched budgets: a sweep's, or ``(F,)`` for ``match_gmacs=F``, or ``None`` (every
-    method at its own defaults)."""
-    if options.budgets is not None:
-        return options.budgets
-    if options.match_gmacs is not None:
-        return (options.match_gmacs,)
-    return None
-
-
-def _with_gmacs(metrics: tuple[str, ...], budgets: Optional[tuple[float, ...]]) -> tuple[str, ...]:
-    """Matched compute is checked on the GMACs count: it is measured whenever budgets are given."""
-    if budgets is None or "gmacs" in metrics:
-        return metrics
-    print("vitbench: note: matched compute: measuring gmacs too (where each method landed)", file=sys.stderr)
-    return ("gmacs", *metrics)
-
-
-def _plan(options: RunOptions, budgets: Optional[tuple[float, ...]], **kwargs: Any) -> list:  # type: ignore[type-arg]
-    """The run (or sweep) plan, or its ``shard`` part."""
-    from vitbench.run.plan import build_seeded_plan, build_sweep_plan, shard_plan
-
-    plan = build_seeded_plan(**kwargs) if budgets is None else build_sweep_plan(budgets=budgets, **kwargs)
-    return plan if options.shard is None else shard_plan(plan, *options.shard)
 
 
 def _empty_shard(plan: list, shard: Optional[tuple[int, int]]) -> bool:  # type: ignore[type-arg]

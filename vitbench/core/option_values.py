@@ -8,7 +8,8 @@ from typing import Any, Optional
 
 from vitbench.errors import ParamError
 
-__all__ = ["MAX_BATCH_SIZE", "check_fraction", "checked_budgets", "checked_integer", "checked_seconds", "checked_shard"]
+__all__ = ["MAX_BATCH_SIZE", "check_fraction", "checked_budgets", "checked_integer", "checked_seconds", "checked_seeds",
+           "checked_shard", "MAX_SEED"]
 
 #: the largest batch size a timing accepts
 MAX_BATCH_SIZE = 2**16
@@ -86,3 +87,22 @@ def checked_shard(value: Any) -> tuple[int, int]:
     if not sep or count < 1 or not 1 <= index <= count or (isinstance(value, (tuple, list)) and len(value) != 2):
         raise ParamError(f"--shard {text!r} is not I/N with 1 <= I <= N (e.g. 1/4 for the first of four parts)")
     return index, count
+
+
+#: the largest seed numpy's and torch's generators take (2**32 - 1)
+MAX_SEED = 2**32 - 1
+
+
+def checked_seeds(seeds: Any) -> tuple[int, ...]:
+    """The seeds as a tuple, refusing an empty list, a seed outside 0..2**32-1 (numpy's range)
+    or a repeated one."""
+    seeds = tuple(seeds)
+    if not seeds:
+        raise ParamError("--seeds is empty; give comma-separated integers >= 0, e.g. 0,1,2")
+    for seed in seeds:
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+            raise ParamError(f"seed {seed!r} is out of range; seeds are integers >= 0 and <= {MAX_SEED} (2**32 - 1)")
+        if seeds.count(seed) > 1:
+            raise ParamError(f"--seeds names seed {seed} twice ({','.join(map(str, seeds))}); "
+                             f"each seed runs once")
+    return seeds

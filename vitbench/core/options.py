@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from vitbench.core.option_values import (
-    MAX_BATCH_SIZE, check_fraction, checked_budgets, checked_integer, checked_seconds, checked_shard,
+    MAX_BATCH_SIZE, check_fraction, checked_budgets, checked_integer, checked_seconds, checked_seeds, checked_shard,
 )
 from vitbench.errors import VitbenchError, choices_error
 
@@ -164,6 +164,13 @@ class RunOptions:
         object.__setattr__(self, "run_timeout", checked_seconds("--run-timeout", self.run_timeout))
         if self.shard is not None:
             object.__setattr__(self, "shard", checked_shard(self.shard))
+        if self.seeds is not None:
+            object.__setattr__(self, "seeds", checked_seeds(self.seeds))
+            if self.seed is not None:
+                raise VitbenchError(f"--seed {self.seed} and --seeds {','.join(map(str, self.seeds))} were both "
+                                    f"given; use --seed S for one seed or --seeds S1,S2,... for several")
+        elif self.seed is not None:
+            checked_seeds((self.seed,))
         for name, (what, default) in _TEXT_OPTIONS.items():
             value = getattr(self, name)
             if isinstance(value, str) and not value.strip():
@@ -178,6 +185,19 @@ class RunOptions:
     def isolated(self) -> bool:
         """Each spec in a process of its own: ``--isolate``, or implied by ``--run-timeout``."""
         return self.isolate or self.run_timeout is not None
+
+    @property
+    def plan_seeds(self) -> tuple[int, ...]:
+        """The seeds every spec runs with: ``seeds``, or ``(seed,)`` (default 0)."""
+        return self.seeds if self.seeds is not None else (0 if self.seed is None else self.seed,)
+
+    @property
+    def matched_budgets(self) -> Optional[tuple[float, ...]]:
+        """The matched budgets: a sweep's, or ``(F,)`` for ``match_gmacs=F``, or ``None`` (every
+        method at its own defaults)."""
+        if self.budgets is not None:
+            return self.budgets
+        return None if self.match_gmacs is None else (self.match_gmacs,)
 
     @property
     def is_sweep(self) -> bool:

@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any, Iterable, Mapping, Optional
 
-from vitbench.errors import ParamError, choices_error
-from vitbench.core.option_values import MAX_BATCH_SIZE, checked_shard
+from vitbench.catalog import TaskSetup
+from vitbench.core.options import RunOptions
+from vitbench.errors import ParamError, VitbenchError, choices_error
+from vitbench.core.option_values import MAX_BATCH_SIZE, checked_seeds, checked_shard
 from vitbench.core.params import params_dict, params_json
 from vitbench.host import get_host
 from vitbench.host.spec import RunSpec
@@ -163,23 +166,9 @@ def parse_seeds(text: str) -> tuple[int, ...]:
     return check_seeds(_int_list(text, "--seeds", "comma-separated integers >= 0, e.g. 0,1,2"))
 
 
-#: the largest seed numpy's and torch's generators take (2**32 - 1)
-MAX_SEED = 2**32 - 1
-
-
 def check_seeds(seeds: Iterable[int]) -> tuple[int, ...]:
-    """The seeds as a tuple, refusing an empty list, a seed outside 0..2**32-1 (numpy's range)
-    or a repeated one."""
-    seeds = tuple(seeds)
-    if not seeds:
-        raise ParamError("--seeds is empty; give comma-separated integers >= 0, e.g. 0,1,2")
-    for seed in seeds:
-        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
-            raise ParamError(f"seed {seed!r} is out of range; seeds are integers >= 0 and <= {MAX_SEED} (2**32 - 1)")
-        if seeds.count(seed) > 1:
-            raise ParamError(f"--seeds names seed {seed} twice ({','.join(map(str, seeds))}); "
-                             f"each seed runs once")
-    return seeds
+    """The seeds as a tuple (:func:`~vitbench.core.option_values.checked_seeds`)."""
+    return checked_seeds(seeds)
 
 
 def build_seeded_plan(*, seeds: Iterable[int], **kwargs: Any) -> list[RunSpec]:
@@ -224,3 +213,50 @@ def shard_plan(plan: list[RunSpec], index: int, count: int) -> list[RunSpec]:
     mine = {s.spec_id for s in methods[index - 1::count]}
     seeds = {s.seed for s in methods if s.spec_id in mine}
     return [s for s in plan if s.spec_id in mine or (s.method in REFERENCES and s.seed in seeds)]
+
+
+def plan_for(options: RunOptions, setup: TaskSetup, repeats: Optional[int]) -> list[RunSpec]:
+    """The plan of a run (or a sweep) as ``options`` ask for it, once the task's ``setup`` has named
+    the model, data and metrics (and the keywords of its own, ``setup.plan``): a sweep's controls
+    added, GMACs measured when compute is matched, each seed, each budget, the ``--shard`` part."""
+    budgets = options.matched_budgets
+    kwargs = dict(task=options.task, model=setup.model, methods=with_controls(options, setup.model), data=setup.data,
+                  overrides=options.params, metrics=_with_gmacs(setup.metrics, budgets),
+                  batch_size=options.batch_size, batch_sizes=options.batch_sizes, device=options.device,
+                  seeds=options.plan_seeds, checkpoint=options.checkpoint, pretrained=options.pretrained,
+                  precision=options.precision, compile=options.compile, cuda_graph=options.cuda_graph,
+                  repeats=repeats, **setup.plan)
+    plan = build_seeded_plan(**kwargs) if budgets is None else build_sweep_plan(budgets=budgets, **kwargs)
+    return plan if options.shard is None else shard_plan(plan, *options.shard)
+
+
+def method_names(options: RunOptions) -> list[str]:
+    """The methods ``options`` name, refusing none."""
+    methods = [m.strip() for m in options.methods if m.strip()]
+    if not methods:
+        raise VitbenchError("--methods is empty; see `vitbench list methods`")
+    return methods
+
+
+def with_controls(options: RunOptions, model: str) -> list[str]:
+    """The methods, and for a sweep after them the controls (methods of kind ``control``) that
+    apply to ``model``'s family; a model no family names by its timm name (an embedded default)
+    is taken as a ViT."""
+    methods = method_names(options)
+    if not options.is_sweep or not options.controls:
+        return methods
+    from vitbench.tasks.model_names import accepted_models
+
+    host = get_host()
+    family = accepted_models().get(model, "vit")
+    controls = [name for name, spec in sorted(host.specs("methods").items())
+                if spec.kind == "control" and family in spec.families and name not in methods]
+    return methods + controls
+
+
+def _with_gmacs(metrics: tuple[str, ...], budgets: Optional[tuple[float, ...]]) -> tuple[str, ...]:
+    """Matched compute is checked on the GMACs count: it is measured whenever budgets are given."""
+    if budgets is None or "gmacs" in metrics:
+        return metrics
+    print("vitbench: note: matched compute: measuring gmacs too (where each method landed)", file=sys.stderr)
+    return ("gmacs", *metrics)
