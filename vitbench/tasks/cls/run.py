@@ -230,8 +230,10 @@ def _accuracy(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progr
                            limit=ws.eval_limit, seed=spec.seed, precision=spec.precision_name, workers=ws.workers,
                            work_dir=ws.work_dir / spec.spec_id if ws.work_dir else None,
                            observe=(lambda f, x, y: ib.add(f, x, relabel(y))) if ib is not None else None)
-    return {**{k: acc.get(k) for k in ("top1_pct", "top5_pct", "num_images", "num_classes", "eval_img_s")},
-            "eval_batch_size": ws.eval_batch_size}
+    out = {k: acc.get(k) for k in ("top1_pct", "top5_pct", "num_images", "num_classes")}
+    if any(m in spec.metrics for m in TIMING_METRICS):  # a speed only where timing was asked for
+        out.update(eval_img_s=acc.get("eval_img_s"), eval_batch_size=ws.eval_batch_size)
+    return out
 
 
 def _measure(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progress) -> dict[str, Any]:
