@@ -80,8 +80,10 @@ def run(args: argparse.Namespace) -> int:
         return 0  # an empty shard, or a rank other than 0
     if results.options.is_sweep:
         _print_sweep_summary(results.records, results.report, list(results.plots))  # this plan's: its data, its budgets
+        _print_warnings(results.report)
     else:
         _print_summary(results.records, results.report, list(results.plots))
+        _print_warnings(results.report)
         if getattr(args, "visualize", False):
             from vitbench.cli.visualize_cmd import visualize_run
             visualize_run(results)
@@ -109,6 +111,16 @@ def run_options(args: argparse.Namespace, task: str) -> RunOptions:
 
 def _names(text: str) -> tuple[str, ...]:
     return tuple(item.strip() for item in text.split(",") if item.strip())
+
+
+def _print_warnings(report: Path) -> None:
+    """The report's warnings, last, where a terminal reader sees them (:mod:`vitbench.report.warnings_of`)."""
+    import sys
+
+    from vitbench.report.warnings_of import report_warnings
+
+    for text in report_warnings(report):
+        print(f"vitbench: warning: {text}", file=sys.stderr)
 
 
 def _print_summary(records: list, md: Path, pngs: list) -> None:  # type: ignore[type-arg]
