@@ -170,7 +170,12 @@ def run(options: RunOptions, command: Optional[Sequence[str]] = None) -> Results
     if options.device == "cpu":
         env["cpu_kernels"] = cpu_kernels.describe()
     isolation = Isolation(options, out, options.run_timeout) if options.isolated else None
-    records = execute_plan(plan, ws, store, resume=resume, env=env, progress=say.step, isolation=isolation)
+    try:
+        records = execute_plan(plan, ws, store, resume=resume, env=env, progress=say.step, isolation=isolation)
+    except BaseException as exc:  # Ctrl-C or SIGTERM: the report of what finished, then stop as asked
+        if not isinstance(exc, (Exception, SystemExit)) and is_main():
+            _report_after_stop(options, store, out, env["command"])
+        raise
     main = is_main()
     finish_launcher()  # every rank's part of the last collective evaluation is done
     if not main:
@@ -246,6 +251,20 @@ def _report(options: RunOptions, records: list[Record], stored: list[Record], ou
 
     plots = (png,) if png is not None else ()
     return Results(options, out, records, stored, md, plots + ((batch_plot_path(md),) if has_curves(stored) else ()))
+
+
+def _report_after_stop(options: RunOptions, store: Any, out: Path, command: str) -> None:
+    """The report of the runs a stopped plan finished (none finished: nothing), best effort: a
+    failure to write it is one line, never in the way of stopping."""
+    stored = store.records()
+    if not any(r.get("status") == "ok" for r in stored):
+        return
+    try:
+        results = _report(options, [], stored, out, command)
+    except (VitbenchError, OSError) as exc:
+        print(f"vitbench: the report of the finished runs was not written: {exc}", file=sys.stderr)
+        return
+    print(f"vitbench: stopped; the report of the finished runs: {results.report}", file=sys.stderr)
 
 
 class _Progress:
