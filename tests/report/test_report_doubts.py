@@ -143,3 +143,15 @@ def test_paired_rounds_that_disagree_mark_the_speedup(make_record):
     assert tome["Speed-up (×)"] == "1.20 †"
     assert ("- tome (r=4), speed-up and efficiency: timed in turn with the baseline: spread 25.0 % of the "
             "median (limit 10 %)") in render_markdown(recs)
+
+
+def test_a_speedup_beyond_what_its_gmacs_allow_is_marked(make_record):
+    # tome at half the baseline's GMACs (2.3 of 4.6) can be at most 2x as fast, up to its spread
+    paired = {"speedup_paired": True, "speedup_spread": 0.5, **timing("speedup", 1.0, 0.01)}
+    recs = [rec(make_record, "b", "baseline"), rec(make_record, "t", "tome", {"r": 4}, speedup=2.4, **paired),
+            rec(make_record, "k", "topk", {"keep": 0.5}, speedup=2.6, **paired)]
+    rows = by_method(comparison_table(recs, *CLS))
+    assert rows["tome (r=4)"]["Speed-up (×)"] == "2.40"  # 2.4 - 0.5 is within 2x: noise, not an error
+    assert rows["topk (keep=0.5)"]["Speed-up (×)"] == "2.60 †"
+    assert ("- topk (keep=0.5), speed-up and efficiency: its speed-up 2.60x (spread 0.50) exceeds the 2.00x "
+            "its GMACs allow (baseline GMACs / its GMACs): a measurement error, not the method's") in render_markdown(recs)

@@ -7,8 +7,9 @@ before/after, cores and threads), or, for a record written before those fields e
 spread exceeds :data:`~vitbench.measure.speed.SPREAD_LIMIT` of its median. A speed-up or
 efficiency is doubted when it was derived from a doubted throughput: the row's own, or that of
 the baseline of the same seed; a paired speed-up (:mod:`vitbench.measure.paired`) by its own
-rounds' spread and load. With several seeds a row is marked when any seed's timing is,
-and the note says which seed.
+rounds' spread and load. A speed-up above the ratio of the baseline's GMACs to the row's by more
+than its spread is a measurement error (:func:`beyond_compute`). With several seeds a row is
+marked when any seed's timing is, and the note says which seed.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from typing import Any
 
 from vitbench.measure.speed import timing_doubt
 
-__all__ = ["MARK", "RowDoubts", "drift_reason", "row_doubts", "timing_notes"]
+__all__ = ["MARK", "RowDoubts", "beyond_compute", "drift_reason", "row_doubts", "timing_notes"]
 
 #: appended to a doubted cell
 MARK = "†"
@@ -90,6 +91,29 @@ def drift_reason(control: Record | None, base: Record | None) -> str | None:
             f"baseline's throughput (limit 1 ± {SPREAD_LIMIT:g}): the machine's speed drifted during this run")
 
 
+def beyond_compute(rec: Record, base: Record | None) -> str | None:
+    """Why ``rec``'s speed-up cannot be a measurement of the method: it exceeds, by more than
+    its spread, the ratio of the baseline's GMACs to its own (a forward that does a fraction f of
+    the work cannot take less than f of the time, up to noise); None when it does not, or when a
+    count is missing."""
+    speedup, gmacs, base_gmacs = rec.get("speedup"), rec.get("gmacs"), (base or {}).get("gmacs")
+    if not all(isinstance(v, (int, float)) and v > 0 for v in (speedup, gmacs, base_gmacs)):
+        return None
+    bound, spread = base_gmacs / gmacs, rec.get("speedup_spread")
+    if not isinstance(spread, (int, float)) or spread <= 0:  # a ratio of throughputs: their spreads add up
+        spread = speedup * sum(_relative_spread(r) for r in (rec, base))
+    if speedup - spread <= bound:
+        return None
+    return (f"its speed-up {speedup:.2f}x (spread {spread:.2f}) exceeds the {bound:.2f}x its GMACs allow "
+            f"(baseline GMACs / its GMACs): a measurement error, not the method's")
+
+
+def _relative_spread(rec: Record | None) -> float:
+    tp, spread = (rec or {}).get("throughput_img_s"), (rec or {}).get("throughput_spread_img_s")
+    ok = all(isinstance(v, (int, float)) and v > 0 for v in (tp, spread))
+    return spread / tp if ok else 0.0
+
+
 def row_doubts(row: Record, base: Record | None, control: Record | None = None) -> RowDoubts:
     """The doubts of an (aggregated, :mod:`vitbench.report.seeds`) row; ``base`` is the table's
     baseline row, whose per-seed throughputs the row's speed-ups were derived from; ``control``
@@ -110,6 +134,9 @@ def row_doubts(row: Record, base: Record | None, control: Record | None = None) 
                 getattr(doubts, timing).append(prefix + reason)
         if row is base or rec.get("throughput_img_s") is None:
             continue  # the baseline's speed-up is 1 by definition; no throughput, no speed-up
+        beyond = beyond_compute(rec, base_by_seed.get(rec.get("seed")))
+        if beyond:
+            doubts.derived.append(prefix + beyond)
         if rec.get("speedup_paired"):  # timed in turn with the baseline: judged by its own rounds
             reason = timing_reason(rec, "speedup")
             if reason:
