@@ -20,6 +20,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from vitbench.report._atomic import atomic_write_bytes
+from vitbench.report.doubts import MARK, row_doubts
+from vitbench.report.row_facts import interval_pct
 from vitbench.report.tables import CONTROL, accuracy_key, metric, ok_rows, panels, row_labels
 from vitbench.report.task_shape import accuracy_columns
 
@@ -38,17 +40,33 @@ def _panel(ax: Axes, rows: list[Mapping[str, Any]], labels: list[str], base: Any
         if x is None or y is None:
             continue
         is_base, is_control = rec is base, rec.get("method") == CONTROL
+        doubted = "throughput_img_s" in (x_key, y_key) and bool(row_doubts(rec, base).throughput)
         ax.errorbar(
-            x, y, xerr=metric(rec, xerr_key) or None, yerr=metric(rec, f"{y_key}_seed_std") or None,
+            x, y, xerr=metric(rec, xerr_key) or None, yerr=_accuracy_error(rec, y_key, y),
             fmt="*" if is_base or is_control else "o",
             markersize=12 if is_base or is_control else 7, capsize=3,
-            # a row has one colour in both panels; the det/seg control is the baseline's hollow star
+            # a row has one colour in both panels; the det/seg control is the baseline's hollow star,
+            # a timing not to be trusted a hollow point
             color="black" if is_base or is_control else f"C{i % 10}",
-            markerfacecolor="none" if is_control else None,
+            markerfacecolor="none" if is_control or doubted else None,
+            label=f"{label} {MARK} (timing not to be trusted)" if doubted else label,
         )
-        ax.annotate(label, (x, y), xytext=(5, 5), textcoords="offset points", fontsize=8)
     ax.grid(True, alpha=0.3)
-    ax.margins(x=0.2, y=0.15)  # room for the labels
+    ax.margins(x=0.1, y=0.1)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)  # labels never overlap
+
+
+def _accuracy_error(rec: Mapping[str, Any], y_key: str, y: float) -> Any:
+    """The vertical error bar: the seeds' standard deviation, else for a share of images (top-1
+    in %) of one run its 95 % Wilson interval, as the table gives it; ``None`` otherwise."""
+    std = metric(rec, f"{y_key}_seed_std")
+    if std:
+        return std
+    interval = interval_pct(y, metric(rec, "num_images")) if y_key.endswith("_pct") else None
+    if interval is None:
+        return None
+    lo, hi = interval
+    return [[max(0.0, y - lo)], [max(0.0, hi - y)]]
 
 
 #: one planned panel: ``(task, model, on, note, x key, x error key, y key)``
@@ -98,7 +116,9 @@ def plot_accuracy_vs_gmacs(
     no panel has a point to draw (:func:`planned_panels`: only panels with data are drawn).
     Detection and segmentation plot box mAP; the baseline is the black star (the det/seg control
     a hollow one). Runs over several seeds are one point at their means, with the seeds'
-    standard deviation as the vertical error bar."""
+    standard deviation as the vertical error bar; one run's top-1 has its 95 % Wilson interval.
+    A throughput not to be trusted (:mod:`vitbench.report.doubts`) is a hollow point named in
+    the legend, which holds the labels beside each panel."""
     records = list(records)
     plan = planned_panels(records)
     if not plan:
