@@ -1,5 +1,6 @@
 """Pareto plots of a sweep: accuracy against GMACs, and against throughput, one line per method
-across its budgets, the baseline as a black star (one row of panels per (task, model) and what
+across its budgets in order of the x axis (each point with its interval; a throughput not to be
+trusted hollow, the method's legend entry marked), the baseline as a black star (one row of panels per (task, model) and what
 its runs were measured on, :func:`~vitbench.report.tables.panels`; seg:
 box and mask mAP side by side). matplotlib's object API on the Agg canvas, as
 :mod:`vitbench.report.plot`.
@@ -21,6 +22,8 @@ from matplotlib.figure import Figure
 
 from vitbench.report._atomic import atomic_write_bytes
 from vitbench.report.curves import Curve, accuracy_keys, curves, gmacs_key
+from vitbench.report.doubts import MARK, row_doubts
+from vitbench.report.plot import accuracy_error
 from vitbench.report.tables import metric, ok_rows, panels
 from vitbench.report.task_shape import accuracy_column
 from vitbench.results.store import latest_records
@@ -44,8 +47,12 @@ def _panel(ax: Axes, cs: list[Curve], base: Any, x_key: str, y_key: str) -> int:
         if not pts:
             continue
         xs, ys = [p[0] for p in pts], [p[1] for p in pts]
-        ax.plot(xs, ys, marker="o", color=f"C{i % 10}", label=c.name)
-        for x, y, b in pts:
+        color = f"C{i % 10}"
+        doubted = [x_key == "throughput_img_s" and bool(row_doubts(c.rows[b], base).throughput) for _, _, b in pts]
+        ax.plot(xs, ys, color=color, label=c.name + (f" ({MARK}: timing not to be trusted)" if any(doubted) else ""))
+        for (x, y, b), hollow in zip(pts, doubted):  # each budget's point, its interval, hollow when doubted
+            yerr = None if y_key == "match_gmacs" else accuracy_error(c.rows[b], y_key, y)
+            ax.errorbar(x, y, yerr=yerr, fmt="o", color=color, capsize=2, markerfacecolor="none" if hollow else None)
             ax.annotate(f"{b:g}", (x, y), xytext=(4, 4), textcoords="offset points", fontsize=7)
         drawn += 1
     bx = metric(base, x_key)

@@ -25,7 +25,7 @@ from vitbench.report.row_facts import interval_pct
 from vitbench.report.tables import CONTROL, accuracy_key, metric, ok_rows, panels, row_labels
 from vitbench.report.task_shape import accuracy_columns
 
-__all__ = ["plot_accuracy_vs_gmacs", "planned_panels"]
+__all__ = ["accuracy_error", "plot_accuracy_vs_gmacs", "planned_panels"]
 
 _AXES = (
     ("gmacs", "gmacs_std", "GMACs (batch 1)"),
@@ -42,7 +42,7 @@ def _panel(ax: Axes, rows: list[Mapping[str, Any]], labels: list[str], base: Any
         is_base, is_control = rec is base, rec.get("method") == CONTROL
         doubted = "throughput_img_s" in (x_key, y_key) and bool(row_doubts(rec, base).throughput)
         ax.errorbar(
-            x, y, xerr=metric(rec, xerr_key) or None, yerr=_accuracy_error(rec, y_key, y),
+            x, y, xerr=metric(rec, xerr_key) or None, yerr=accuracy_error(rec, y_key, y),
             fmt="*" if is_base or is_control else "o",
             markersize=12 if is_base or is_control else 7, capsize=3,
             # a row has one colour in both panels; the det/seg control is the baseline's hollow star,
@@ -56,7 +56,7 @@ def _panel(ax: Axes, rows: list[Mapping[str, Any]], labels: list[str], base: Any
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)  # labels never overlap
 
 
-def _accuracy_error(rec: Mapping[str, Any], y_key: str, y: float) -> Any:
+def accuracy_error(rec: Mapping[str, Any], y_key: str, y: float) -> Any:
     """The vertical error bar: the seeds' standard deviation, else for a share of images (top-1
     in %) of one run its 95 % Wilson interval, as the table gives it; ``None`` otherwise."""
     std = metric(rec, f"{y_key}_seed_std")
