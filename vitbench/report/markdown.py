@@ -14,6 +14,7 @@ from typing import Any
 from vitbench.host.environment import DIRTY
 from vitbench.report.batches import batch_lines
 from vitbench.report.below_control import below_control_lines
+from vitbench.report.data_words import data_words
 from vitbench.report.doubts import row_doubts, timing_notes
 from vitbench.report.measured_on import describe
 from vitbench.report.methodology import PARAGRAPHS, methodology
@@ -235,8 +236,8 @@ def group_section(records: list[Mapping[str, Any]], task: str, model: str,
     """The markdown of one (task, model): its table, the notes under it, failed and skipped
     runs; ``heading`` replaces the ``## task · model`` title (a sweep's per-budget sections)."""
     recs = group_records(records, task, model)
-    data = _distinct(r.get("data") for r in recs)
-    head = heading or f"## {task} · {model}" + (f" (data: {', '.join(data)})" if data else "")
+    data = data_words(recs)
+    head = heading or f"## {task} · {model}" + (f" (data: {data})" if data else "")
     lines = [head, ""]
     keys = measured_groups(records, task, model)
     if len(keys) == 1:

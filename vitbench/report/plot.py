@@ -20,6 +20,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from vitbench.report._atomic import atomic_write_bytes
+from vitbench.report.data_words import data_words
 from vitbench.report.doubts import MARK, row_doubts
 from vitbench.report.row_facts import interval_pct
 from vitbench.report.tables import CONTROL, accuracy_key, metric, ok_rows, panels, row_labels
@@ -106,7 +107,9 @@ def _draw(ax: Axes, records: list[Mapping[str, Any]], planned: _Planned) -> None
     ax.set_xlabel(x_label)
     ax.set_ylabel(y_label)
     what = "accuracy" if y_key != "throughput_img_s" else "throughput"
-    ax.set_title(f"{task} · {model}: {what} vs {'GMACs' if x_key == 'gmacs' else 'throughput'}{note}")
+    data = data_words(rows)
+    ax.set_title(f"{task} · {model}: {what} vs {'GMACs' if x_key == 'gmacs' else 'throughput'}{note}"
+                 + (f"\n{data}" if data else ""), fontsize=10)
 
 
 def plot_accuracy_vs_gmacs(

@@ -306,6 +306,7 @@ def run_cls_spec(spec: RunSpec, ws: ClsWorkspace, values: Any, progress: Progres
         check_token_rules(model, _gmacs_images(spec, ws))
     from vitbench.report.measured_on import derive_measured_on
 
+    out["input_size"] = list(ws.input_size)  # the image size the reports name beside the data
     out["measured_on"] = derive_measured_on({"data": spec.data, "head": ws.head, "num_images": out.get("num_images")},
                                             limit=spec.limit, weights=spec.weights, data_id=spec.data_id)
     out["weights_from"] = weights_from(spec, default_model_weights(spec.model) if spec.model in EMBEDDED_MODELS else None)
