@@ -8,6 +8,7 @@ Both write the store and report.md under ``out`` and return :class:`Results`. Th
 """
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -130,6 +131,7 @@ def run(options: RunOptions, command: Optional[Sequence[str]] = None) -> Results
     from vitbench.engine import cpu_kernels
     from vitbench.host.allocator import keep_freed_memory
     from vitbench.host.environment import environment
+    from vitbench.measure.load import waiting
     from vitbench.run.execute import execute_plan
     from vitbench.run.plan import method_names, plan_for
     from vitbench.run.isolate import Isolation
@@ -171,7 +173,8 @@ def run(options: RunOptions, command: Optional[Sequence[str]] = None) -> Results
         env["cpu_kernels"] = cpu_kernels.describe()
     isolation = Isolation(options, out, options.run_timeout) if options.isolated else None
     try:
-        records = execute_plan(plan, ws, store, resume=resume, env=env, progress=say.step, isolation=isolation)
+        with waiting(options.wait and not os.environ.get("VITBENCH_NO_WAIT")):  # each timing on a quiet machine
+            records = execute_plan(plan, ws, store, resume=resume, env=env, progress=say.step, isolation=isolation)
     except BaseException as exc:  # Ctrl-C or SIGTERM: the report of what finished, then stop as asked
         if not isinstance(exc, (Exception, SystemExit)) and is_main():
             _report_after_stop(options, store, out, env["command"])

@@ -118,11 +118,11 @@ def test_cuda_without_cuda_is_a_clear_error() -> None:
 def test_timings_record_load_before_and_after_cores_and_threads(monkeypatch) -> None:
     import os
 
-    import vitbench.measure.speed as speed
+    import vitbench.measure.load as load
 
     loads = iter([(3.0, 1.0, 1.0), (5.0, 2.0, 1.0), (0.2, 0.1, 0.1), (0.3, 0.1, 0.1)])
     monkeypatch.setattr(os, "getloadavg", lambda: next(loads))
-    monkeypatch.setattr(speed, "usable_cores", lambda: 2)
+    monkeypatch.setattr(load, "usable_cores", lambda: 2)
     probe = Probe()
     busy = measure_throughput(probe, batch_size=2, input_size=(1, 2, 2), warmup=0, repeats=3)
     assert (busy.load_before, busy.load_after, busy.cores) == (3.0, 5.0, 2)

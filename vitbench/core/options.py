@@ -130,6 +130,10 @@ class RunOptions:
                                     "without one, with the reason recorded", group="measure", action="store_true")
     quick: bool = _flag(False, "a fast look: time throughput and latency with 3 repeats each (the report says so; "
                                "not for publication)", group="measure", action="store_true")
+    wait: bool = _flag(True, "do not wait for a quiet machine before each timing (by default a timing waits, at most "
+                             "60 s, until the load average is at most the cores + 0.5, and is taken again once "
+                             "when its spread is too wide; VITBENCH_NO_WAIT=1 does the same)", group="measure",
+                       name="--no-wait", action="store_false")
     repeats: Optional[int] = _flag(None, "repeats of each timing, throughput, latency and the paired speed-up "
                                          "(1 to 10000; default 10, 20 and 30 rounds)", group="measure", metavar="N")
     train_backbone: bool = _flag(False, "learnable methods: train the backbone too (default: only the method's "

@@ -17,7 +17,7 @@ from torch import nn
 from vitbench.core import progress
 from vitbench.measure._common import eval_mode, median_and_iqr
 from vitbench.measure.precision import DEFAULT_PRECISION, autocast
-from vitbench.measure.speed import _TimingFacts, machine_load, timed_forward, timing_input
+from vitbench.measure.speed import _TimingFacts, machine_load, quiet_timing, timed_forward, timing_input
 
 __all__ = ["PairedSpeedup", "measure_paired_speedup"]
 
@@ -58,26 +58,30 @@ def measure_paired_speedup(
     x, dev, warmup = timing_input((model, baseline), batch_size, input_size, device, warmup, rounds, "rounds",
                                   images)
 
-    ratios: list[float] = []
-    before = machine_load()
-    with eval_mode(model), eval_mode(baseline), torch.inference_mode(), autocast(precision, dev), \
-            progress.steps(f"timing against the baseline (batch {batch_size})", warmup + rounds, "rounds",
-                           timing=True) as step:
-        for _ in range(warmup):
-            baseline(x)
-            model(x)
-            step.advance()
-        for i in range(rounds):
-            if i % 2 == 0:
-                base_s = timed_forward(baseline, x, dev)
-                method_s = timed_forward(model, x, dev)
-            else:
-                method_s = timed_forward(model, x, dev)
-                base_s = timed_forward(baseline, x, dev)
-            ratios.append(base_s / method_s)
-            step.advance()
-    after = machine_load()
-    median, spread = median_and_iqr(ratios)
-    return PairedSpeedup(speedup=median, spread=spread, batch_size=batch_size, rounds=rounds, warmup=warmup,
-                         load_before=before.load_1min, load_after=after.load_1min, cores=before.cores,
-                         threads=before.threads)
+    what = f"timing against the baseline (batch {batch_size})"
+
+    def once() -> PairedSpeedup:
+        ratios: list[float] = []
+        before = machine_load()
+        with eval_mode(model), eval_mode(baseline), torch.inference_mode(), autocast(precision, dev), \
+                progress.steps(what, warmup + rounds, "rounds", timing=True) as step:
+            for _ in range(warmup):
+                baseline(x)
+                model(x)
+                step.advance()
+            for i in range(rounds):
+                if i % 2 == 0:
+                    base_s = timed_forward(baseline, x, dev)
+                    method_s = timed_forward(model, x, dev)
+                else:
+                    method_s = timed_forward(model, x, dev)
+                    base_s = timed_forward(baseline, x, dev)
+                ratios.append(base_s / method_s)
+                step.advance()
+        after = machine_load()
+        median, spread = median_and_iqr(ratios)
+        return PairedSpeedup(speedup=median, spread=spread, batch_size=batch_size, rounds=rounds, warmup=warmup,
+                             load_before=before.load_1min, load_after=after.load_1min, cores=before.cores,
+                             threads=before.threads)
+
+    return quiet_timing(once, what)

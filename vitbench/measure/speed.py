@@ -9,17 +9,19 @@ the load average exceeded the cores plus :data:`LOAD_MARGIN`. docs/measuring.md,
 and latency" and "Honest timings"."""
 from __future__ import annotations
 
+import dataclasses
 import math
-import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, TypeVar
 
 import torch
 from torch import nn
 
 from vitbench.core import progress
 from vitbench.errors import ParamError
+from vitbench.measure.load import LOAD_MARGIN, MachineLoad, machine_load, wait_for_quiet, waiting_on
 from vitbench.measure.precision import DEFAULT_PRECISION, autocast
 from vitbench.measure._common import (
     check_input_size,
@@ -37,17 +39,16 @@ from vitbench.measure._common import (
 __all__ = [
     "LOAD_MARGIN", "MAX_REPEATS", "QUICK_REPEATS", "SPREAD_LIMIT", "LatencyResult", "MachineLoad",
     "ThroughputResult", "chosen_repeats", "default_warmup", "machine_load", "measure_latency",
-    "measure_throughput", "timing_doubt",
+    "measure_throughput", "quiet_timing", "timing_doubt",
 ]
 
 #: a timing whose interquartile spread exceeds this fraction of its median is marked
 SPREAD_LIMIT = 0.10
-#: a timing taken while the load average exceeded the usable cores plus this margin is marked
-LOAD_MARGIN = 0.5
 #: the repeats of every timing under ``--quick``: a fast look, not for publication
 QUICK_REPEATS = 3
 #: the most repeats ``--repeats`` takes
 MAX_REPEATS = 10_000
+T = TypeVar("T", bound="_TimingFacts")
 
 
 def chosen_repeats(quick: bool, repeats: Any) -> Optional[int]:
@@ -66,32 +67,6 @@ def chosen_repeats(quick: bool, repeats: Any) -> Optional[int]:
     if not 1 <= number <= MAX_REPEATS:
         raise ParamError(f"--repeats {number} is out of range; give {valid}")
     return number
-
-
-def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity mask where the OS has one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        return os.cpu_count() or 1
-
-
-@dataclass(frozen=True)
-class MachineLoad:
-    """The 1-minute load average (None where the OS has none), usable cores and torch threads."""
-
-    load_1min: Optional[float]
-    cores: int
-    threads: int
-
-
-def machine_load() -> MachineLoad:
-    """Read the load average, cores and torch threads now."""
-    try:
-        load: Optional[float] = float(os.getloadavg()[0])
-    except (AttributeError, OSError):  # Windows; an unreadable /proc/loadavg
-        load = None
-    return MachineLoad(load, usable_cores(), torch.get_num_threads())
 
 
 def timing_doubt(median: Optional[float], spread: Optional[float], load_before: Optional[float],
@@ -119,6 +94,10 @@ class _TimingFacts:
     load_after: Optional[float] = None
     cores: int = 0
     threads: int = 0
+    #: seconds waited for a quiet machine before it (:func:`~vitbench.measure.load.wait_for_quiet`)
+    waited_s: float = 0.0
+    #: timed a second time because the first spread exceeded :data:`SPREAD_LIMIT` (this is the second)
+    retimed: bool = False
 
     def _median_spread(self) -> tuple[float, float]:
         raise NotImplementedError
@@ -136,6 +115,8 @@ class _TimingFacts:
             f"{prefix}_cores": self.cores, f"{prefix}_threads": self.threads,
             f"{prefix}_spread_ratio": spread / median if median else None,
             f"{prefix}_flagged": doubt is not None, f"{prefix}_flag_reason": doubt,
+            **({f"{prefix}_waited_s": round(self.waited_s, 1)} if self.waited_s else {}),
+            **({f"{prefix}_retimed": True} if self.retimed else {}),
         }
 
 
@@ -247,6 +228,20 @@ def _time_forwards(
     return seconds, warmup, before, machine_load()
 
 
+def quiet_timing(time_it: Callable[[], T], what: str) -> T:
+    """``time_it()`` once the machine is quiet (:func:`~vitbench.measure.load.wait_for_quiet`); in a
+    run that waits, timed once more (after another wait) when its spread exceeded
+    :data:`SPREAD_LIMIT`, the second result kept. The result says how long it waited and whether
+    it was timed again."""
+    waited = wait_for_quiet(what)
+    result = time_it()
+    median, spread = result._median_spread()
+    if waiting_on() and median and spread / median > SPREAD_LIMIT:
+        waited += wait_for_quiet(what)
+        result = dataclasses.replace(time_it(), retimed=True)
+    return dataclasses.replace(result, waited_s=waited) if waited else result
+
+
 def _facts(before: MachineLoad, after: MachineLoad) -> dict[str, Any]:
     return {"load_before": before.load_1min, "load_after": after.load_1min, "cores": before.cores,
             "threads": before.threads}
@@ -264,15 +259,18 @@ def measure_throughput(
     else seeded noise. Raises ParamError for ``batch_size < 1``, ``repeats < 1``, ``warmup < 0``,
     a bad ``input_size`` or ``images``, or a model on another device.
     """
-    seconds, used_warmup, before, after = _time_forwards(model, batch_size, input_size, device, warmup, repeats,
-                                                         precision, f"timing throughput (batch {batch_size})",
-                                                         images)
-    img_s = [batch_size / s for s in seconds]
-    median, spread = median_and_iqr(img_s)
-    median_ms, spread_ms = median_and_iqr([s * 1e3 for s in seconds])
-    return ThroughputResult(median_img_s=median, spread_img_s=spread, batch_size=batch_size,
-                            repeats=repeats, warmup=used_warmup, median_ms=median_ms, spread_ms=spread_ms,
-                            **_facts(before, after))
+    what = f"timing throughput (batch {batch_size})"
+
+    def once() -> ThroughputResult:
+        seconds, used_warmup, before, after = _time_forwards(model, batch_size, input_size, device, warmup, repeats,
+                                                             precision, what, images)
+        median, spread = median_and_iqr([batch_size / s for s in seconds])
+        median_ms, spread_ms = median_and_iqr([s * 1e3 for s in seconds])
+        return ThroughputResult(median_img_s=median, spread_img_s=spread, batch_size=batch_size,
+                                repeats=repeats, warmup=used_warmup, median_ms=median_ms, spread_ms=spread_ms,
+                                **_facts(before, after))
+
+    return quiet_timing(once, what)
 
 
 def measure_latency(
@@ -282,8 +280,13 @@ def measure_latency(
 ) -> LatencyResult:
     """Forward latency at batch 1 in milliseconds (median and IQR over repeats), in ``precision``,
     on the first of ``images`` when given (:func:`measure_throughput`)."""
-    seconds, used_warmup, before, after = _time_forwards(model, 1, input_size, device, warmup, repeats, precision,
-                                                         "timing latency (batch 1)", images)
-    median, spread = median_and_iqr([s * 1e3 for s in seconds])
-    return LatencyResult(median_ms=median, spread_ms=spread, repeats=repeats, warmup=used_warmup,
-                         **_facts(before, after))
+    what = "timing latency (batch 1)"
+
+    def once() -> LatencyResult:
+        seconds, used_warmup, before, after = _time_forwards(model, 1, input_size, device, warmup, repeats, precision,
+                                                             what, images)
+        median, spread = median_and_iqr([s * 1e3 for s in seconds])
+        return LatencyResult(median_ms=median, spread_ms=spread, repeats=repeats, warmup=used_warmup,
+                             **_facts(before, after))
+
+    return quiet_timing(once, what)

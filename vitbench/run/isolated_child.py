@@ -4,6 +4,7 @@ runs the one spec of JOB and writes its record to RECORD whole."""
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import sys
 from pathlib import Path
@@ -41,7 +42,10 @@ def main(job_path: str, out_path: str) -> None:
         record = failed_record(spec, f"the run's process could not rebuild the workspace: {type(exc).__name__}: {exc}",
                          0.0, job["env"])
     else:
-        record = run_spec(spec, ws, job["baseline"], job["env"], progress)
+        from vitbench.measure.load import waiting
+
+        with waiting(options.wait and not os.environ.get("VITBENCH_NO_WAIT")):  # as the parent's runs do
+            record = run_spec(spec, ws, job["baseline"], job["env"], progress)
     text = json.dumps(to_jsonable(record), ensure_ascii=True, allow_nan=False)
     atomic_write(out_path, lambda tmp: tmp.write_text(text))
 
