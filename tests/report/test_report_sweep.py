@@ -139,3 +139,14 @@ def test_a_sweep_timed_at_several_batch_sizes_draws_speed_up_against_batch_a_pan
 def test_a_sweep_without_batch_curves_draws_no_batch_plot(sweep, tmp_path):
     _, pngs = write_sweep_report(sweep, tmp_path / "report.md")
     assert not (tmp_path / "report-speedup-vs-batch.png").exists() and len(pngs) == 2
+
+
+def test_the_summary_says_what_each_method_trained(sweep):
+    trained = [dict(r) for r in sweep]
+    for r in trained:
+        if r.get("method") == "topk":
+            r.update(trained="fine-tuned", train_images=1000, train_stages=[{"iters": 32}])
+    df = summary_table(trained, "cls", "vitbench-fmnist-vit")
+    rows = {r["Method"]: r for r in df.to_dict("records")}
+    assert list(df.columns)[:2] == ["Method", "Trained"]
+    assert (rows["tome"]["Trained"], rows["topk"]["Trained"]) == ("none", "32 steps on 1,000 images")

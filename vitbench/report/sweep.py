@@ -24,7 +24,10 @@ from vitbench.report.curves import (
 )
 from vitbench.report.markdown import group_section, header_lines
 from vitbench.report.measured_on import describe, in_group
-from vitbench.report.tables import NA, drop_unmeasured, gmacs_spec, groups, measured_groups, metric, ok_rows
+from vitbench.report.tables import (
+    NA, drop_unmeasured, gmacs_spec, groups, measured_groups, metric, ok_rows, trained_cell,
+)
+from vitbench.report.words import distinct
 from vitbench.report.task_shape import accuracy_column, accuracy_columns, compute_name
 from vitbench.results.store import latest_records
 
@@ -79,7 +82,7 @@ def summary_table(records: Iterable[Record], task: str, model: str, y_key: Optio
     by_name = {c.name: c for c in cs}
     for m in methods:
         c = by_name.get(m, Curve(name=m))
-        row: dict[str, str] = {"Method": m}
+        row: dict[str, str] = {"Method": m, "Trained": "; ".join(distinct(trained_cell(r) for r in c.rows.values()))}
         for b in budgets(records, task, model):
             r = c.rows.get(b)
             col = f"F = {b:g}"
@@ -96,7 +99,8 @@ def summary_table(records: Iterable[Record], task: str, model: str, y_key: Optio
         if has_acc:
             row[area_col] = _fmt(curve_area(c, y_key, base_x, span), spec) if span and base_x else NA
         table.append(row)
-    df = pd.DataFrame(table, columns=["Method"] + [f"F = {b:g}" for b in budgets(records, task, model)]
+    trained = ["Trained"] if any(r.get("trained") for c in cs for r in c.rows.values()) else []
+    df = pd.DataFrame(table, columns=["Method", *trained] + [f"F = {b:g}" for b in budgets(records, task, model)]
                       + ([area_col] if has_acc else []))
     # the area column stays when accuracy was measured: n/a there means no common range
     return drop_unmeasured(df, keep=("Method", area_col)) if not df.empty else df
