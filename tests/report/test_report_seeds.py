@@ -131,7 +131,7 @@ def test_runs_trained_on_different_images_are_two_rows_not_two_seeds(make_record
 def test_the_spread_is_over_the_tasks_own_accuracy_columns() -> None:
     from vitbench.report.seeds import spread_keys
 
-    assert spread_keys("cls") == ("top1_pct", "top5_pct", "ib_loss", "ib_bound")
+    assert spread_keys("cls") == ("top1_pct", "top5_pct", "agreement_pct", "ib_loss", "ib_bound")
     assert spread_keys("seg")[:6] == ("box_map", "box_ap50", "box_ap75", "mask_map", "mask_ap50", "mask_ap75")
 
 

@@ -60,6 +60,11 @@ PARAGRAPHS: tuple[tuple[tuple[str, ...] | None, str], ...] = (
      "interval, `85.50 [80.0, 89.6]` (k correct of n images; asymmetric near 0 and 100 %, where a "
      "± would leave the range): two rows whose intervals overlap may not differ. Over several "
      "seeds the cell is the mean ± standard deviation instead."),
+    (("agreement_pct",),
+     "**Agreement** is the share of the evaluation images whose top-1 class is the baseline's (the "
+     "unreduced model of the same seed, weights and images): two methods at equal top-1 can keep "
+     "different images' answers, and a method that changes many answers without losing accuracy "
+     "no longer computes what the model computed."),
     (("top5_pct",),
      f"Top-5 is shown only for data of at least {TOP5_MIN_CLASSES} classes: with fewer, five "
      f"guesses cover more than a tenth of the classes (half of a 10-class set) and it says little."),

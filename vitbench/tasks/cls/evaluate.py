@@ -40,14 +40,18 @@ def _positive(name: str, value: Any, *, allow_none: bool = False) -> None:
 
 
 class _FiniteLogits:
-    """A forward hook on the evaluated model: each batch's logits must be finite."""
+    """A forward hook on the evaluated model: each batch's logits must be finite; with ``keep``,
+    each image's top-1 class is kept, in the data's order."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep: bool = False) -> None:
         self.batch = 0
+        self.top1: Optional[list[torch.Tensor]] = [] if keep else None
 
     def __call__(self, module: nn.Module, args: Any, output: Any) -> None:
         self.batch += 1
         check_finite(output, "evaluation: the logits", f"in batch {self.batch}")
+        if self.top1 is not None:
+            self.top1.append(output.detach().argmax(dim=-1).reshape(-1).cpu())
 
 
 def check_class_count(model: nn.Module, data: ClsData) -> None:
@@ -110,7 +114,7 @@ class _Observe:
 def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, device: str = "cpu",
                  limit: int | None = None, work_dir: str | Path | None = None,
                  seed: int = 0, precision: str = "fp32", workers: int | None = None,
-                 observe: Optional[BatchObserver] = None) -> dict[str, Any]:
+                 observe: Optional[BatchObserver] = None, predictions: bool = False) -> dict[str, Any]:
     """Evaluate ``model`` on ``data`` (from :func:`resolve_cls_data`); returns the metrics.
 
     Returns ``top1_pct``, ``top5_pct`` (``None`` when the model scores 5 classes or fewer:
@@ -131,7 +135,8 @@ def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, devi
     running) every rank must call this with the same model: mmengine's ``DefaultSampler`` gives
     each rank its part of the images and the metrics are gathered over all of them, each image
     counted once (:mod:`vitbench.host.distributed`); an error on one rank (non-finite logits in its
-    shard) is raised on every rank, naming that rank.
+    shard) is raised on every rank, naming that rank. ``predictions``: also ``top1_predictions``,
+    each image's top-1 class in the data's order (a tuple; outside a process group only).
     """
     from vitbench.measure.precision import autocast_method
     from mmengine.runner import Runner
@@ -171,7 +176,8 @@ def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, devi
             test_cfg={"type": "TestLoop"},
             custom_hooks=[counted := TestProgressHook(step)] + ([watcher.hook()] if watcher is not None else []),
         ))
-        guard = model.register_forward_hook(_FiniteLogits())
+        logits = _FiniteLogits(keep=predictions and not is_distributed())
+        guard = model.register_forward_hook(logits)
         try:
             if watcher is not None:
                 features = final_features_during(model, watcher.seen)
@@ -191,7 +197,9 @@ def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, devi
         finally:
             guard.remove()
             release(runner)
+    kept = {"top1_predictions": tuple(torch.cat(logits.top1).tolist())} if logits.top1 is not None else {}
     return {
+        **kept,
         "top1_pct": float(metrics["accuracy/top1"]),
         "top5_pct": float(metrics["accuracy/top5"]) if 5 in topk else None,
         "num_images": int(num_images),

@@ -67,6 +67,8 @@ class ClsWorkspace:
     workers: Optional[int] = None
     #: images decoded into the decoded-image cache for this plan, not yet told in a record
     decoded_untold: int = 0
+    #: each seed's baseline top-1 predictions, in the data's order, once its run evaluated them
+    baseline_top1: dict = field(default_factory=dict)
 
 
 def _eval_batches(ws: ClsWorkspace, model: nn.Module, device: str, limit: Optional[int] = None):  # type: ignore[no-untyped-def]
@@ -229,11 +231,53 @@ def _accuracy(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progr
         acc = evaluate_cls(model, ws.data, batch_size=ws.eval_batch_size, device=spec.device,
                            limit=ws.eval_limit, seed=spec.seed, precision=spec.precision_name, workers=ws.workers,
                            work_dir=ws.work_dir / spec.spec_id if ws.work_dir else None,
-                           observe=(lambda f, x, y: ib.add(f, x, relabel(y))) if ib is not None else None)
+                           observe=(lambda f, x, y: ib.add(f, x, relabel(y))) if ib is not None else None,
+                           predictions=True)
     out = {k: acc.get(k) for k in ("top1_pct", "top5_pct", "num_images", "num_classes")}
+    out.update(_agreement(spec, ws, acc.get("top1_predictions")))
     if any(m in spec.metrics for m in TIMING_METRICS):  # a speed only where timing was asked for
         out.update(eval_img_s=acc.get("eval_img_s"), eval_batch_size=ws.eval_batch_size)
     return out
+
+
+def _baseline_top1_file(spec: RunSpec, ws: ClsWorkspace) -> Optional[Path]:
+    """Where the baseline of ``spec``'s seed keeps its predictions: named by what decides them
+    (the model, seed, precision and what the workspace measures on), so that an ``--isolate``
+    child and a ``--resume`` find them."""
+    import hashlib
+    import json
+
+    if ws.work_dir is None:
+        return None
+    key = json.dumps([spec.model, spec.seed, spec.precision_name, ws.measured_on], sort_keys=True, default=str)
+    return ws.work_dir / "baseline-top1" / f"{hashlib.sha1(key.encode()).hexdigest()[:16]}.json"
+
+
+def _agreement(spec: RunSpec, ws: ClsWorkspace, top1: Optional[tuple[int, ...]]) -> dict[str, Any]:
+    """Agreement with the unreduced model ("loyalty"): the share of evaluation images whose top-1
+    class equals the baseline's of the same seed (same weights, same images), in %. The baseline's
+    run keeps its predictions (in the workspace and, for ``--resume`` and ``--isolate``, in the work
+    folder); a row without them (a process group, a baseline that never evaluated) has none."""
+    import json
+
+    path = _baseline_top1_file(spec, ws)
+    if top1 is None:
+        return {}
+    if spec.method == BASELINE:
+        ws.baseline_top1[spec.seed] = top1
+        if path is not None:
+            from vitbench.core.cache import atomic_write
+
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, lambda tmp: tmp.write_text(json.dumps(top1)))
+        return {}
+    base = ws.baseline_top1.get(spec.seed)
+    if base is None and path is not None and path.is_file():
+        base = ws.baseline_top1[spec.seed] = tuple(json.loads(path.read_text()))
+    if base is None or len(base) != len(top1):
+        return {}
+    same = sum(a == b for a, b in zip(top1, base))
+    return {"agreement_pct": 100.0 * same / len(top1)}
 
 
 def _measure(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progress) -> dict[str, Any]:

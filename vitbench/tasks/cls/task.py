@@ -26,8 +26,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["CLS_ACCURACY", "ClsTask"]
 
-#: what the reports show as accuracy: top-1 (with top-5 beside it)
-CLS_ACCURACY = (ReportColumn("top1_pct", "Top-1 (%)", "ΔTop-1 (pp)", ".2f", before=(("Top-5 (%)", "top5_pct"),)),)
+#: what the reports show as accuracy: top-1 (with top-5 beside it, and the agreement with the baseline after)
+CLS_ACCURACY = (ReportColumn("top1_pct", "Top-1 (%)", "ΔTop-1 (pp)", ".2f", before=(("Top-5 (%)", "top5_pct"),),
+                             after=(("Agreement (%)", "agreement_pct"),)),)
 
 
 def _learnable(options: "RunOptions") -> list[str]:
