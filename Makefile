@@ -21,10 +21,13 @@ install-example:  ## the example plugin (examples/vitbench-example-plugin), whic
 # F = 0.735: the GMACs fraction IBTM's default ratio 0.7 keeps on the default model (0.25788 of
 # 0.35093 GMACs; its IB step in training only), so ToMe and the random control run at IBTM's cost.
 DEMO_MATCH_GMACS ?= 0.735
+# the speed-up against batch size: where each method starts to pay (the report's batch plot)
+DEMO_BATCH_SIZES ?= 1,8,32,128
 
 demo: install  ## the main job on the embedded default: IBTM (shipped 1-epoch weights), ToMe and random vs the baseline, at IBTM's compute
 	rm -rf reports/flagship  # the kept report is regenerated whole, not appended to
-	$(PYTHON) -m vitbench run --methods ibtm,tome,random --task cls --match-gmacs $(DEMO_MATCH_GMACS) --out reports/flagship
+	$(PYTHON) -m vitbench run --methods ibtm,tome,random --task cls --match-gmacs $(DEMO_MATCH_GMACS) \
+		--batch-sizes $(DEMO_BATCH_SIZES) --out reports/flagship
 
 demo-training-free: install  ## ToMe, PPT and top-k at 0.7x the baseline's GMACs on the embedded default (reports/demo)
 	rm -rf reports/demo  # the kept report is regenerated whole, not appended to
