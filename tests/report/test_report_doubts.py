@@ -155,3 +155,15 @@ def test_a_speedup_beyond_what_its_gmacs_allow_is_marked(make_record):
     assert rows["topk (keep=0.5)"]["Speed-up (×)"] == "2.60 †"
     assert ("- topk (keep=0.5), speed-up and efficiency: its speed-up 2.60x (spread 0.50) exceeds the 2.00x "
             "its GMACs allow (baseline GMACs / its GMACs): a measurement error, not the method's") in render_markdown(recs)
+
+
+def test_an_end_to_end_speed_started_on_a_busy_machine_is_marked(make_record):
+    recs = [rec(make_record, "b", "baseline", eval_img_s=190.0, eval_batch_size=128, eval_load_before=0.4,
+                eval_cores=2, eval_flag_reason=None),
+            rec(make_record, "t", "tome", {"r": 4}, eval_img_s=240.0, eval_batch_size=128, eval_load_before=4.2,
+                eval_cores=2, eval_flag_reason=timing_doubt(None, None, 4.2, None, 2))]
+    rows = by_method(comparison_table(recs, *CLS))
+    col = "End to end (img/s, bs=128)"
+    assert (rows["baseline"][col], rows["tome (r=4)"][col]) == ("190.0", "240.0 †")
+    assert ("- tome (r=4), end to end: load average 4.20/n/a before/after above 2 cores + 0.5"
+            in render_markdown(recs))

@@ -35,9 +35,10 @@ class RowDoubts:
     throughput: list[str] = field(default_factory=list)
     latency: list[str] = field(default_factory=list)
     derived: list[str] = field(default_factory=list)  # speed-up / efficiency
+    end_to_end: list[str] = field(default_factory=list)  # the evaluation's images per second
 
     def __bool__(self) -> bool:
-        return bool(self.throughput or self.latency or self.derived)
+        return bool(self.throughput or self.latency or self.derived or self.end_to_end)
 
 
 def _fmt_load(v: Any) -> str:
@@ -132,6 +133,8 @@ def row_doubts(row: Record, base: Record | None, control: Record | None = None) 
             reason = timing_reason(rec, timing)
             if reason:
                 getattr(doubts, timing).append(prefix + reason)
+        if rec.get("eval_img_s") is not None and rec.get("eval_flag_reason"):
+            doubts.end_to_end.append(prefix + str(rec["eval_flag_reason"]))
         if row is base or rec.get("throughput_img_s") is None:
             continue  # the baseline's speed-up is 1 by definition; no throughput, no speed-up
         beyond = beyond_compute(rec, base_by_seed.get(rec.get("seed")))
@@ -160,6 +163,7 @@ def timing_notes(labels: Sequence[str], doubts: Sequence[RowDoubts]) -> list[str
         items += [f"- {label}, throughput: {why}" for why in d.throughput]
         items += [f"- {label}, latency: {why}" for why in d.latency]
         items += [f"- {label}, speed-up and efficiency: {why}" for why in d.derived]
+        items += [f"- {label}, end to end: {why}" for why in d.end_to_end]
     if not items:
         return []
     head = (f"{MARK} Timing not to be trusted: its spread over repeats exceeded "

@@ -314,7 +314,7 @@ def _rows(rows: list[Record], base: Record | None, task: str, spec: Any, tp_col:
         if not one_bs and tp is not None and bs is not None:
             cell += f" (bs={int(bs)})"
         row[tp_col] = _marked(cell, doubts.throughput)
-        row[e2e_col] = _fmt(metric(rec, "eval_img_s"), ".1f")  # the evaluation: loading + model
+        row[e2e_col] = _marked(_fmt(metric(rec, "eval_img_s"), ".1f"), doubts.end_to_end)  # loading + model
 
         speedup = metric(rec, "speedup")
         if speedup is None and tp is not None and b_tp:

@@ -224,6 +224,8 @@ def _accuracy(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progr
     from vitbench.engine.token_rules import token_rules_traced
     from vitbench.tasks.cls.evaluate import evaluate_cls
 
+    timed = any(m in spec.metrics for m in TIMING_METRICS)  # its end-to-end speed is then a timing too
+    load = _quiet_load("the timed evaluation") if timed else None
     progress("evaluating accuracy" + (" (and the IB metric's features)" if ib is not None else ""))
     relabel = _ib_labels(ws) if ib is not None else None
     traced = token_rules_traced(model, spec.method) if reduction_context(model) is not None else nullcontext()
@@ -235,9 +237,23 @@ def _accuracy(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progr
                            predictions=True)
     out = {k: acc.get(k) for k in ("top1_pct", "top5_pct", "num_images", "num_classes")}
     out.update(_agreement(spec, ws, acc.get("top1_predictions")))
-    if any(m in spec.metrics for m in TIMING_METRICS):  # a speed only where timing was asked for
-        out.update(eval_img_s=acc.get("eval_img_s"), eval_batch_size=ws.eval_batch_size)
+    if load is not None:  # a speed only where timing was asked for, with the load it started under
+        out.update(eval_img_s=acc.get("eval_img_s"), eval_batch_size=ws.eval_batch_size, **load)
     return out
+
+
+def _quiet_load(what: str) -> dict[str, Any]:
+    """Wait for a quiet machine (inside a run), then the load the evaluation starts under and why
+    its end-to-end speed is not to be trusted: the load before only (the evaluation's own loader
+    workers raise the load after it)."""
+    from vitbench.measure.load import machine_load, wait_for_quiet
+    from vitbench.measure.speed import timing_doubt
+
+    waited = wait_for_quiet(what)
+    before = machine_load()
+    return {"eval_load_before": before.load_1min, "eval_cores": before.cores,
+            "eval_flag_reason": timing_doubt(None, None, before.load_1min, None, before.cores),
+            **({"eval_waited_s": round(waited, 1)} if waited else {})}
 
 
 def _baseline_top1_file(spec: RunSpec, ws: ClsWorkspace) -> Optional[Path]:
