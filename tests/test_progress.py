@@ -143,3 +143,16 @@ def test_a_resumed_training_counts_the_iterations_left(monkeypatch):
     hook.before_train(SimpleNamespace(iter=0, max_iters=938))
     assert started == [("training the default model (resumed after 469 of 938 iterations)", 469, "iterations"),
                        ("training the default model", 938, "iterations")]
+
+
+def test_a_step_told_its_time_left_shows_that_estimate_not_the_mean_pace():
+    out = io.StringIO()
+    sink = progress.LineSink(out, interval=0)
+    with progress.reporting(sink):
+        with progress.steps("runs of the plan", 3, "runs") as runs:
+            runs.expect(600.0)  # the runs left cost more than the first one did
+            runs.advance()
+            assert 590.0 < runs.left() <= 600.0
+            runs.expect(None)
+            assert runs.left() < 60.0  # the mean pace again: one quick item of three
+    assert "about 10 min 00 s left" in out.getvalue() or "about 9 min 59 s left" in out.getvalue()

@@ -142,3 +142,40 @@ def test_the_same_relative_data_from_two_directories_is_two_data_sets(tmp_path, 
     assert [r["data"] for r in records] == [str(tmp_path / w / "data") for w in "aabb"]
     groups = [line for line in (out / "report.md").read_text().splitlines() if line.startswith("### Measured on")]
     assert [g.split(" of ")[1].split(";")[0] for g in groups] == [str(tmp_path / w / "data") for w in "ab"]
+
+
+def test_a_run_with_limit_pairs_its_speed_up_over_fewer_rounds_and_says_so(tmp_path, capsys):
+    """``--limit``: a cheap look, its paired speed-up timed over the throughput's 10 rounds, not 30."""
+    data = _split_folder(_folder(tmp_path / "data"), "train", per_class=2, seed=1)
+    out = tmp_path / "out"
+    rc = main(["run", "--methods", "tome", "--param", "tome.r=8", "--model", "test_vit", "--data", str(data),
+               "--num-classes", "2", "--limit", "4", "--metrics", "accuracy,throughput", "--batch-size", "2",
+               "--out", str(out)])
+    assert rc == 0
+    base, tome = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    assert tome["speedup_paired"] and tome["speedup_rounds"] == tome["throughput_repeats"] == 10
+    assert "timing_repeats" not in tome  # the throughput and latency keep their repeats
+    assert "Speed-ups timed in turn over 10 rounds instead of 30 (`--limit`" in (out / "report.md").read_text()
+
+
+def test_a_flat_folder_of_ten_classes_runs_with_num_classes_and_the_report_names_its_layout(tmp_path):
+    """``meta/val.txt`` naming 10 classes over a flat val/, ``--num-classes 10``: a 10-class set,
+    not ImageNet, its head fitted on train/<class>/; the heading says how the folder was read."""
+    rng = np.random.default_rng(0)
+    root = tmp_path / "flat"
+    (root / "val").mkdir(parents=True)
+    (root / "meta").mkdir()
+    lines = []
+    for i in range(20):
+        Image.fromarray(rng.integers(0, 255, (48, 64, 3), dtype=np.uint8)).save(root / "val" / f"{i:03d}.png")
+        lines.append(f"{i:03d}.png {i % 10}\n")
+        (root / "train" / f"c{i % 10}").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 255, (48, 64, 3), dtype=np.uint8)).save(root / "train" / f"c{i % 10}" / f"{i}.png")
+    (root / "meta" / "val.txt").write_text("".join(lines))
+    out = tmp_path / "out"
+    assert main(["run", "--methods", "tome", "--model", "test_vit", "--data", str(root), "--num-classes", "10",
+                 "--metrics", "accuracy", "--out", str(out)]) == 0
+    records = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    assert all(r["num_classes"] == 10 and r["num_images"] == 20 for r in records)
+    assert all(r["data_layout"] == "flat folder, meta/val.txt, labels 0-9" for r in records)
+    assert f"{root} (flat folder, meta/val.txt, labels 0-9), 10 classes" in (out / "report.md").read_text()

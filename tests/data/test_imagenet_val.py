@@ -200,3 +200,67 @@ def test_a_corrupt_or_hdf5_meta_mat_is_one_error(content: bytes, tmp_path: Path,
     (root / "ILSVRC2012_devkit_t12" / "data" / "meta.mat").write_bytes(content)
     with pytest.raises(DataError, match=r"meta.mat is not the devkit's meta.mat \(a MATLAB v5 file"):
         resolve_cls_data(str(root), model).build()
+
+
+def numbered_layout(root: Path, truth=(0, 1, 2, 0, 1, 2)) -> Path:
+    """``meta/val.txt`` of a set of one's own 3 classes, labels 0..2."""
+    paths = _images(root / "val")
+    (root / "meta").mkdir()
+    (root / "meta" / "val.txt").write_text("".join(f"{p.name} {t}\n" for p, t in zip(paths, truth)))
+    return root
+
+
+def test_an_annotation_file_read_by_a_model_of_fewer_classes_is_a_set_of_that_many(tmp_path: Path) -> None:
+    root = numbered_layout(tmp_path / "mine")
+    three = timm.create_model("test_vit", pretrained=False, num_classes=3).eval()
+    data = resolve_cls_data(str(root), three)
+    assert data.num_classes == 3 and data.classes == ("0", "1", "2")
+    assert data.layout == "flat folder, meta/val.txt, labels 0-2"
+    dataset = data.build()
+    assert sorted(dataset.get_data_info(i)["gt_label"] for i in range(len(dataset))) == [0, 0, 1, 1, 2, 2]
+    assert evaluate_cls(three, data, batch_size=3)["num_classes"] == 3
+
+
+def test_the_same_file_read_by_a_1000_way_model_is_imagenet_labels(tmp_path: Path, model) -> None:
+    data = resolve_cls_data(str(numbered_layout(tmp_path / "mine")), model)
+    assert data.num_classes == 1000 and data.layout == "flat folder, meta/val.txt, ImageNet labels"
+
+
+def test_a_label_outside_the_models_classes_is_one_line(tmp_path: Path) -> None:
+    root = numbered_layout(tmp_path / "mine", truth=(0, 1, 2, 0, 1, 3))
+    three = timm.create_model("test_vit", pretrained=False, num_classes=3)
+    with pytest.raises(DataError, match=r"val.txt:6: label 3 is outside the 3 classes 0-2"):
+        resolve_cls_data(str(root), three).build()
+
+
+def _train_folders(root: Path, classes: int) -> None:
+    rng = np.random.default_rng(1)
+    for c in range(classes):
+        (root / "train" / f"class{c}").mkdir(parents=True)
+        for i in range(2):
+            Image.fromarray(rng.integers(0, 256, (40, 50, 3), dtype=np.uint8)).save(root / "train" / f"class{c}" / f"{i}.png")
+
+
+def test_its_training_split_is_meta_train_txt_or_as_many_sorted_class_folders(tmp_path: Path) -> None:
+    three = timm.create_model("test_vit", pretrained=False, num_classes=3)
+    root = numbered_layout(tmp_path / "folders")
+    _train_folders(root, 3)
+    assert resolve_cls_data(str(root), three).train_cfg()["type"] == "vitbench.ClsImageFolder"
+    listed = numbered_layout(tmp_path / "listed")
+    (listed / "train").mkdir()
+    names = []
+    for i, label in enumerate((2, 1, 0)):
+        Image.new("RGB", (40, 50)).save(listed / "train" / f"t{i}.png")
+        names.append(f"t{i}.png {label}\n")
+    (listed / "meta" / "train.txt").write_text("".join(names))
+    cfg = resolve_cls_data(str(listed), three).train_cfg()
+    assert cfg["type"] == "vitbench.ImageNetVal" and cfg["split"] == "train" and cfg["num_classes"] == 3
+    from mmengine.registry import DATASETS, DefaultScope
+
+    with DefaultScope.overwrite_default_scope("mmpretrain"):
+        train = DATASETS.build(cfg)
+    assert sorted(train.get_data_info(i)["gt_label"] for i in range(len(train))) == [0, 1, 2]
+    wrong = numbered_layout(tmp_path / "wrong")
+    _train_folders(wrong, 2)
+    with pytest.raises(DataError, match=r"has 2 class folders but the evaluation labels \(meta/val.txt\) name 3"):
+        resolve_cls_data(str(wrong), three).train_cfg()

@@ -107,7 +107,8 @@ class RunOptions:
     num_classes: Optional[int] = _flag(
         None, "re-head the model for the data's N classes: the head of a --checkpoint with N classes, else a new "
               "head fitted once on the data's train/ split (linear probe)", group="data")
-    limit: Optional[int] = _flag(None, "evaluate only the first N images (default: all)", group="data")
+    limit: Optional[int] = _flag(None, "evaluate only the first N images (default: all); a cheap run, so a "
+                                       "speed-up is paired over 10 rounds, not 30", group="data")
     workers: Optional[int] = _flag(
         None, "loader worker processes for images that are decoded (the folder's first decoding, fine-tuning; "
               "default: half the usable cores, at most 8; 0: in the main process)", group="data", metavar="N")

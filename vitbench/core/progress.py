@@ -52,14 +52,19 @@ class Step:
         self.started = self.at = time.perf_counter()  # ``at``: the last advance
         self.closed = False
         self.key: Any = None  # the sink's handle
+        self.expected: Optional[tuple[float, float]] = None  # (seconds left, when said): :meth:`expect`
 
     @property
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
 
     def left(self) -> Optional[float]:
-        """Seconds left at the mean pace of the items done, less the time spent since the last one;
-        None before the first item or without a total."""
+        """Seconds left: the caller's estimate (:meth:`expect`) less the time since it was given,
+        else the mean pace of the items done less the time spent since the last one; None before
+        the first item or without a total."""
+        if self.expected is not None:
+            seconds, said = self.expected
+            return max(0.0, seconds - (time.perf_counter() - said))
         if not self.total or not self.done:
             return None
         per_item = (self.at - self.started) / self.done
@@ -69,6 +74,11 @@ class Step:
         self.done += n
         self.at = time.perf_counter()
         self.sink.advanced(self, moved=True)
+
+    def expect(self, seconds: Optional[float]) -> None:
+        """The time left as the caller estimates it now, where items differ in cost (None: the mean
+        pace again)."""
+        self.expected = None if seconds is None else (seconds, time.perf_counter())
 
     def set_total(self, total: Optional[int]) -> None:
         """The number of items, once known (a runner's iterations)."""
@@ -307,6 +317,9 @@ class _NoStep(Step):
         self.done, self.total, self.closed = 0, None, True
 
     def advance(self, n: int = 1) -> None:
+        pass
+
+    def expect(self, seconds: Optional[float]) -> None:
         pass
 
     def set_total(self, total: Optional[int]) -> None:

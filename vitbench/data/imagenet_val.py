@@ -11,12 +11,16 @@ Three layouts are recognised under ``--data ROOT`` (besides ``ROOT/val/<synset>/
   (one ILSVRC2012_ID per image, in file-name order) with its ``meta.mat`` (ID -> synset) over
   ``ROOT/val/`` or ``ROOT/ILSVRC2012_img_val/``.
 
-Labels are indices into the 1000 ImageNet classes in synset order (timm's and mmpretrain's).
+Labels are indices into the 1000 ImageNet classes in synset order (timm's and mmpretrain's), except
+that ``meta/val.txt`` read for a model of N < 1,000 classes (a set of one's own classes, or
+``--num-classes N``) holds labels 0..N-1 of those N classes; its training split is then
+``ROOT/meta/train.txt`` over ``ROOT/train/`` or class folders ``ROOT/train/<class>/`` in sorted order.
 Every reader checks each line (:func:`labelled_images`); a fault names the file and line.
 """
 from __future__ import annotations
 
 import csv
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +33,8 @@ from vitbench.core.files import special_file
 from vitbench.errors import DataError
 from vitbench.mm.registry import DATASETS
 
-__all__ = ["FlatVal", "ImageNetVal", "find_flat_val", "imagenet_synsets"]
+__all__ = ["FlatVal", "ImageNetVal", "find_flat_val", "flat_val_dataset", "imagenet_synsets", "labelled_images",
+           "numbered_classes"]
 
 DEVKIT = Path("ILSVRC2012_devkit_t12") / "data"
 CSV = "LOC_val_solution.csv"
@@ -44,6 +49,13 @@ class FlatVal:
     layout: str
     images: Path
     labels: Path
+    #: the classes its labels index: ImageNet's 1000, or N for an annotation file of N classes
+    num_classes: int = 1000
+
+    def describe(self) -> str:
+        """The label file and what its labels index, for a report: ``meta/val.txt, ImageNet labels``."""
+        labels = "ImageNet labels" if self.num_classes == 1000 else f"labels 0-{self.num_classes - 1}"
+        return f"{self.labels.relative_to(self.root)}, {labels}"
 
 
 def imagenet_synsets() -> tuple[str, ...]:
@@ -57,11 +69,14 @@ def _first_dir(*candidates: Path) -> Optional[Path]:
     return next((c for c in candidates if c.is_dir()), None)
 
 
-def find_flat_val(root: str | Path) -> Optional[FlatVal]:
-    """The flat validation layout under ``root``, or None when it has none of them."""
+def find_flat_val(root: str | Path, split: str = "val") -> Optional[FlatVal]:
+    """The flat layout of ``split`` under ``root``, or None when it has none of them (a training
+    split only as an annotation file, ``meta/train.txt`` over ``train/``)."""
     root = Path(root).expanduser()
-    if (root / "meta" / "val.txt").is_file() and (root / "val").is_dir():
-        return FlatVal(root, "annotation file", root / "val", root / "meta" / "val.txt")
+    if (root / "meta" / f"{split}.txt").is_file() and (root / split).is_dir():
+        return FlatVal(root, "annotation file", root / split, root / "meta" / f"{split}.txt")
+    if split != "val":
+        return None
     if (root / CSV).is_file():
         images = _first_dir(root / "ILSVRC" / "Data" / "CLS-LOC" / "val", root / "val")
         if images is None:
@@ -122,10 +137,11 @@ def _unlisted(images: list[Path], listed: set[Path], split: FlatVal) -> None:
 
 
 def _annotation_labels(split: FlatVal) -> list[tuple[Path, int]]:
-    """``meta/val.txt``: ``<image> <label 0-999>`` per line, every image of the folder once."""
+    """``meta/val.txt``: ``<image> <label 0..N-1>`` per line, every image of the folder once."""
     seen: dict[Path, int] = {}
     out = []
-    classes = len(imagenet_synsets())
+    classes = split.num_classes
+    named = "ImageNet's classes" if classes == 1000 else f"the {classes} classes"
     for n, line in enumerate(_lines(split.labels), start=1):
         if not line.strip():
             continue
@@ -139,7 +155,7 @@ def _annotation_labels(split: FlatVal) -> list[tuple[Path, int]]:
         except ValueError:
             raise DataError(f"{where}: label {text!r} is not an integer 0-{classes - 1}") from None
         if not 0 <= label < classes:
-            raise DataError(f"{where}: label {label} is outside ImageNet's classes 0-{classes - 1}")
+            raise DataError(f"{where}: label {label} is outside {named} 0-{classes - 1}")
         path = _listed_image(split.images, name.strip(), where)
         if path in seen:
             raise DataError(f"{where}: {name.strip()} is listed again (first on line {seen[path]})")
@@ -242,24 +258,35 @@ def labelled_images(split: FlatVal) -> list[tuple[Path, int]]:
     return [(path, index[wnid]) for path, wnid in named]
 
 
+def numbered_classes(n: int) -> tuple[str, ...]:
+    """The names of an annotation file's N classes, which it gives by number only: ``0`` .. ``N-1``."""
+    return tuple(str(i) for i in range(n))
+
+
 def flat_val_dataset(split: FlatVal, pipeline: Sequence[Any]) -> dict[str, Any]:
     """The mm data-set config of a located flat validation set."""
-    return {"type": "vitbench.ImageNetVal", "data_root": str(split.root), "pipeline": list(pipeline)}
+    cfg = {"type": "vitbench.ImageNetVal", "data_root": str(split.root), "pipeline": list(pipeline)}
+    return cfg if split.num_classes == 1000 else {**cfg, "num_classes": split.num_classes}
 
 
 @DATASETS.register_module()
 class ImageNetVal(CustomDataset):
-    """A flat validation folder labelled by ``LOC_val_solution.csv`` or the devkit's ground truth,
-    as an mmpretrain data set; labels index the 1000 synsets (:func:`imagenet_synsets`)."""
+    """A flat folder labelled by ``meta/<split>.txt``, ``LOC_val_solution.csv`` or the devkit's ground
+    truth, as an mmpretrain data set; labels index the 1000 synsets (:func:`imagenet_synsets`), or
+    the ``num_classes`` numbered classes of an annotation file of fewer."""
 
     def __init__(self, data_root: str, pipeline: Sequence[Any] = (), indices: int | Sequence[int] | None = None,
-                 **kwargs: Any) -> None:
-        split = find_flat_val(data_root)
-        if split is None:
-            raise DataError(f"{data_root} has no meta/val.txt, {CSV} or devkit ground truth")
-        self.split = split
-        super().__init__(data_root=data_root, data_prefix=str(split.images), pipeline=pipeline, indices=indices,
-                         test_mode=True, metainfo={"classes": imagenet_synsets()}, **kwargs)
+                 split: str = "val", num_classes: int = 1000, **kwargs: Any) -> None:
+        found = find_flat_val(data_root, split)
+        if found is None:
+            raise DataError(f"{data_root} has no meta/{split}.txt" + (f", {CSV} or devkit ground truth"
+                                                                       if split == "val" else f" over {split}/"))
+        if num_classes != 1000 and found.layout != "annotation file":
+            raise DataError(f"{found.labels} labels ImageNet's 1000 synsets; only meta/val.txt can name fewer classes")
+        self.split = dataclasses.replace(found, num_classes=num_classes)
+        classes = imagenet_synsets() if num_classes == 1000 else numbered_classes(num_classes)
+        super().__init__(data_root=data_root, data_prefix=str(found.images), pipeline=pipeline, indices=indices,
+                         test_mode=split == "val", metainfo={"classes": classes}, **kwargs)
 
     def load_data_list(self) -> list[dict]:
         """One dict per image: its path and its synset's index."""

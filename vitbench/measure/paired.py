@@ -19,7 +19,10 @@ from vitbench.measure._common import eval_mode, median_and_iqr
 from vitbench.measure.precision import DEFAULT_PRECISION, autocast
 from vitbench.measure.speed import _TimingFacts, machine_load, quiet_timing, timed_forward, timing_input
 
-__all__ = ["PairedSpeedup", "measure_paired_speedup"]
+__all__ = ["PAIRED_ROUNDS", "PairedSpeedup", "measure_paired_speedup"]
+
+#: rounds of a speed-up timed in turn with the baseline (the report's speed-up column) by default
+PAIRED_ROUNDS = 30
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """What a report's rows were evaluated on, in words for headings and plot titles: the data's name,
-its classes and the image size the model reads (``fashion-mnist, 10 classes, 28x28 images``)."""
+how a folder was read, its classes and the image size the model reads (``fashion-mnist, 10 classes,
+28x28 images``; ``DIR (flat folder, meta/val.txt, labels 0-9), 10 classes, 224x224 images``)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
@@ -21,7 +22,8 @@ def data_words(records: Iterable[Mapping[str, Any]]) -> str:
     """The data names, class counts and image sizes the records hold, each distinct, joined with
     commas; empty when they hold none."""
     records = list(records)
-    parts = distinct(r.get("data") for r in records)
+    parts = distinct(f"{r.get('data')} ({r['data_layout']})" if r.get("data_layout") else r.get("data")
+                     for r in records)
     parts += [f"{n} classes" for n in distinct(r.get("num_classes") for r in records)]
     parts += distinct(_size(r.get("input_size")) for r in records)
     return ", ".join(parts)

@@ -4,12 +4,15 @@ a method whose shapes depend on the data, or a CPU run), and the record says why
 (``compile_fallback``, ``cuda_graph_fallback``; :mod:`vitbench.measure.compiled`,
 :mod:`vitbench.measure.cuda_graph`). A table whose rows were timed differently compares unlike
 with unlike, so the note under it names every row that fell back, and why; and it says when
-the timings ran with ``--quick`` or ``--repeats N`` instead of the default repeats.
+the timings ran with ``--quick`` or ``--repeats N`` instead of the default repeats, or paired a
+speed-up over fewer rounds (``--limit``: a cheap run).
 """
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from vitbench.measure.paired import PAIRED_ROUNDS
 
 __all__ = ["repeats_notes", "timed_how_notes"]
 
@@ -28,7 +31,7 @@ def timed_how_notes(labels: Sequence[str], rows: Sequence[Mapping[str, Any]]) ->
                     items.append(f"- {label}: {what}: {rec[key]}")
     items = list(dict.fromkeys(items))  # several seeds usually fall back for the same reason
     lines = ["Rows timed differently from the rest:", ""] + items + [""] if items else []
-    return lines + repeats_notes(labels, rows)
+    return lines + repeats_notes(labels, rows) + _rounds_notes(rows)
 
 
 #: the repeats of ``--quick`` (:data:`vitbench.measure.speed.QUICK_REPEATS`) and the fewest the defaults use
@@ -53,3 +56,16 @@ def repeats_notes(labels: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> l
         return [f"Timed with {how(counts[0])}.", ""]
     return (["Timed with fewer or more repeats than the defaults (10 throughput, 20 latency, 30 paired rounds):", ""]
             + [f"- {label}: {how(n)}" for label, ns in asked.items() for n in sorted(ns)] + [""])
+
+
+def _rounds_notes(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """A sentence when speed-ups were paired over fewer rounds than the default without
+    ``--quick``/``--repeats`` (a run evaluated with ``--limit``)."""
+    counts = sorted({rec["speedup_rounds"] for row in rows for rec in row.get("per_seed") or [row]
+                     if rec.get("speedup_rounds") and rec["speedup_rounds"] < PAIRED_ROUNDS
+                     and rec.get("timing_repeats") is None})
+    if not counts:
+        return []
+    rounds = " or ".join(str(n) for n in counts)
+    return [f"Speed-ups timed in turn over {rounds} rounds instead of {PAIRED_ROUNDS} (`--limit`: a cheap run, "
+            f"its speed-ups noisier).", ""]

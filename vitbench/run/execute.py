@@ -29,12 +29,13 @@ from vitbench.host.distributed import failure_on_any_rank, is_main
 from vitbench.errors import BudgetError, VitbenchError, failure_text
 from vitbench.core.interrupts import is_ctrl_c
 from vitbench.run.isolate import Isolation, run_isolated
+from vitbench.run.estimate import seconds_left
 from vitbench.run.plan import BASELINE, REFERENCES, RunSpec
 from vitbench.host import get_host
 from vitbench.core.progress import steps
 from vitbench.results import ResultStore
 from vitbench.results.writable import rescue_record
-from vitbench.task import Task, compute_key
+from vitbench.task import CONTROL, Task, compute_key
 
 Progress = Callable[[str], None]
 
@@ -170,13 +171,18 @@ def execute_plan(plan: list[RunSpec], ws: Any, store: ResultStore, *, resume: bo
     for spec in plan:
         if spec.method == BASELINE and spec.spec_id in finished and latest[spec.spec_id]["status"] == "ok":
             baselines[spec.seed] = latest[spec.spec_id]
-    records = []
+    records: list[dict] = []
+
+    def trains(spec: RunSpec) -> bool:
+        return spec.method == CONTROL or (spec.method != BASELINE and host.method(spec.method).trains(spec.values))
+
     with steps("runs of the plan", len(plan), "runs") as runs:  # the plan's bar (vitbench.core.progress)
         for i, spec in enumerate(plan, start=1):
             runs.note(spec.label)
             if spec.spec_id in finished:
                 progress(i, len(plan), spec.label, "already finished (resume): skipped")
                 records.append(latest[spec.spec_id])
+                runs.expect(seconds_left(plan[i:], list(zip(plan, records)), trains))
                 runs.advance()
                 continue
             main = is_main()  # --launcher pytorch: rank 0 alone records (every rank runs every spec)
@@ -200,5 +206,6 @@ def execute_plan(plan: list[RunSpec], ws: Any, store: ResultStore, *, resume: bo
             outcome = "done" if record["status"] == "ok" else f"FAILED: {record['error']}"
             progress(i, len(plan), spec.label, f"{outcome} ({record['wall_s']:.1f} s)")
             records.append(record)
+            runs.expect(seconds_left(plan[i:], list(zip(plan, records)), trains))
             runs.advance()  # also ends a step of the run that a failure left open
     return records

@@ -109,8 +109,8 @@ def measure_timings(spec: Any, model: Any, input_size: tuple[int, int, int], pro
     precision; the record fields of each, and how the model was timed. A spec's ``repeats``
     (``--repeats N``, ``--quick``) replaces both repeat counts, and the record says so
     (``timing_repeats``). Given the ``baseline`` model and timed eagerly, the speed-up at the batch
-    size is also timed in turn with it (:mod:`vitbench.measure.paired`, ``paired_rounds`` rounds; None:
-    ``throughput_repeats``).
+    size is also timed in turn with it (:mod:`vitbench.measure.paired`, ``paired_rounds`` rounds; None,
+    or a spec evaluated with ``--limit``, a cheap run: ``throughput_repeats``).
     Every timing runs on ``images`` ``[m, C, H, W]`` taken in turn when given (the first evaluation
     images, so that an input-dependent method chooses as it does on data), else on seeded noise;
     ``timed_on`` says which."""
@@ -120,6 +120,8 @@ def measure_timings(spec: Any, model: Any, input_size: tuple[int, int, int], pro
     asked = getattr(spec, "repeats", None)  # --repeats N / --quick: every timing with N repeats
     if asked is not None:
         throughput_repeats = latency_repeats = paired_rounds = asked
+    elif getattr(spec, "limit", None) is not None:
+        paired_rounds = throughput_repeats
     timed = timed_model(spec, model, input_size, progress)
     out = timed.record()
     if asked is not None and ("throughput" in spec.metrics or "latency" in spec.metrics):

@@ -10,6 +10,7 @@ inside the runner, so every evaluation reads it fresh.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +21,7 @@ from vitbench.data.fashion_mnist import CLASSES as FMNIST_CLASSES
 from vitbench.data.fashion_mnist import IMAGE_SIZE as FMNIST_SIZE
 from vitbench.data.fashion_mnist import fashion_mnist_files
 from vitbench.data.image_folder import eval_pipeline, find_split
-from vitbench.data.imagenet_val import FlatVal, find_flat_val, flat_val_dataset, imagenet_synsets
+from vitbench.data.imagenet_val import FlatVal, find_flat_val, flat_val_dataset, imagenet_synsets, numbered_classes
 from vitbench.data.input_config import input_config
 from vitbench.errors import DataError
 
@@ -45,6 +46,8 @@ class ClsData:
     bgr: bool = False
     #: the same evaluation images read from the decoded-image cache (:mod:`vitbench.data.decoded`)
     decoded: dict[str, Any] | None = field(default=None, compare=False, repr=False)
+    #: how a folder was read (``flat folder, meta/val.txt, labels 0-9``); None: Fashion-MNIST
+    layout: str | None = None
 
     def dataset_cfg(self, *, limit: int | None = None) -> dict[str, Any]:
         """A copy of the evaluation data-set config (the decoded cache's when there is one);
@@ -62,14 +65,21 @@ class ClsData:
         ``ROOT/train`` (a missing one raises :class:`DataError` naming the path).
         """
         cfg = copy.deepcopy(self.dataset)
-        if cfg["type"] == "vitbench.ImageNetVal":  # a flat val/: train/<synset>/
-            synsets = imagenet_synsets()
+        numbered = cfg.pop("num_classes", None) if cfg["type"] == "vitbench.ImageNetVal" else None
+        if numbered is not None and find_flat_val(cfg["data_root"], "train") is not None:
+            cfg["num_classes"] = numbered  # meta/train.txt over train/, labels 0..N-1
+        elif cfg["type"] == "vitbench.ImageNetVal":  # a flat val/: train/<class>/, by synset or in sorted order
+            names = imagenet_synsets() if numbered is None else None
             cfg = {"type": "vitbench.ClsImageFolder", "data_root": cfg["data_root"], "pipeline": cfg["pipeline"],
-                   "label_map": {w: i for i, w in enumerate(synsets)}, "classes": synsets}
+                   **({"label_map": {w: i for i, w in enumerate(names)}, "classes": names} if names else {})}
         if limit is not None:
             cfg["indices"] = int(limit)
         if cfg["type"] == "vitbench.ClsImageFolder":
-            find_split(cfg["data_root"], "train")  # a clear error when ROOT/train is missing
+            train = find_split(cfg["data_root"], "train")  # a clear error when ROOT/train is missing
+            if numbered is not None and len(train.classes) != numbered:
+                raise DataError(f"{train.split_dir} has {len(train.classes)} class folders but the evaluation "
+                                f"labels (meta/val.txt) name {numbered} classes, which train/ gives in sorted "
+                                f"folder order; give as many folders, or meta/train.txt over train/")
         cfg["split"] = "train"
         return cfg
 
@@ -129,17 +139,21 @@ def _imagenet_labels(classes: tuple[str, ...], n_out: int | None) -> tuple[dict[
 
 
 def _flat_val(split: FlatVal, model: nn.Module) -> ClsData:
-    """A flat ImageNet validation folder (:mod:`vitbench.data.imagenet_val`): 1000 classes."""
+    """A flat validation folder (:mod:`vitbench.data.imagenet_val`): ImageNet's 1000 classes, or,
+    read by a model of N < 1,000 classes from ``meta/val.txt``, those N classes (labels 0..N-1)."""
     cfg = input_config(model)
     n_out = _model_classes(model)
-    synsets = imagenet_synsets()
-    if n_out is not None and n_out != len(synsets):
+    if split.layout == "annotation file" and n_out is not None and n_out < 1000:
+        split = dataclasses.replace(split, num_classes=n_out)
+    elif n_out is not None and n_out != 1000:
         raise DataError(f"{split.root} is ImageNet's validation set ({split.layout}), 1000 classes, but the model "
-                        f"predicts {n_out}; use a 1000-class ImageNet model or an image folder of your classes")
+                        f"predicts {n_out}; use a 1000-class ImageNet model or an image folder of your classes"
+                        + ("" if split.layout == "annotation file" else " (meta/val.txt over val/ may name fewer)"))
+    classes = imagenet_synsets() if split.num_classes == 1000 else numbered_classes(split.num_classes)
     pipeline = eval_pipeline(input_size=cfg.input_size, crop_pct=cfg.crop_pct, interpolation=cfg.interpolation,
                              in_chans=cfg.in_chans)
-    return ClsData(name=str(split.root), dataset=flat_val_dataset(split, pipeline), num_classes=len(synsets),
-                   classes=synsets, bgr=cfg.in_chans == 3)
+    return ClsData(name=str(split.root), dataset=flat_val_dataset(split, pipeline), num_classes=len(classes),
+                   classes=classes, bgr=cfg.in_chans == 3, layout=f"flat folder, {split.describe()}")
 
 
 def _folder(path: str, model: nn.Module) -> ClsData:
@@ -164,8 +178,9 @@ def _folder(path: str, model: nn.Module) -> ClsData:
                "label_map": label_map, "classes": classes,
                "pipeline": eval_pipeline(input_size=cfg.input_size, crop_pct=cfg.crop_pct,
                                          interpolation=cfg.interpolation, in_chans=cfg.in_chans)}
+    layout = "synset folders, ImageNet labels" if imagenet is not None else "class folders"
     return ClsData(name=str(split.root), dataset=dataset, num_classes=len(split.classes),
-                   classes=tuple(classes), bgr=cfg.in_chans == 3)
+                   classes=tuple(classes), bgr=cfg.in_chans == 3, layout=layout)
 
 
 def is_fashion_mnist(arg: str | None) -> bool:

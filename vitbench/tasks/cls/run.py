@@ -15,6 +15,7 @@ from torch import nn
 
 from vitbench import measure
 from vitbench.measure.calibrate import GmacsCounter, prepared_as_trained
+from vitbench.measure.paired import PAIRED_ROUNDS
 from vitbench.catalog import WorkspaceRequest
 from vitbench.engine import reduction_context
 from vitbench.host.apply import apply
@@ -52,7 +53,7 @@ class ClsWorkspace:
     throughput_repeats: int = 10
     latency_repeats: int = 20
     #: rounds of a method's speed-up timed in turn with the baseline (the report's speed-up column)
-    paired_rounds: int = 30
+    paired_rounds: int = PAIRED_ROUNDS
     #: fine-tuned models are saved here (``<spec_id>.pth``) and reloaded on ``--resume``
     checkpoint_dir: Optional[Path] = None
     resume: bool = False
@@ -367,6 +368,8 @@ def run_cls_spec(spec: RunSpec, ws: ClsWorkspace, values: Any, progress: Progres
     from vitbench.report.measured_on import derive_measured_on
 
     out["input_size"] = list(ws.input_size)  # the image size the reports name beside the data
+    if ws.data is not None and ws.data.layout:  # how a folder was read: its layout and class count
+        out["data_layout"] = ws.data.layout
     out["measured_on"] = derive_measured_on({"data": spec.data, "head": ws.head, "num_images": out.get("num_images")},
                                             limit=spec.limit, weights=spec.weights, data_id=spec.data_id)
     out["weights_from"] = weights_from(spec, default_model_weights(spec.model) if spec.model in EMBEDDED_MODELS else None)
