@@ -38,6 +38,9 @@ def test_run_writes_store_report_and_plot(tmp_path, capsys):
     # each method's speed-up timed in turn with the baseline, its efficiency taken from it
     assert "speedup_paired" not in base and tome["speedup_paired"] and ppt["speedup_paired"]
     assert tome["speedup_rounds"] == 30 and tome["throughput_repeats"] == 10  # the speed-up column: more rounds
+    # the method's own time: timed in turn with its token counts' limit, as many rounds as the throughput
+    assert tome["overhead_rounds"] == 10 and len(tome["overhead_counts"]) == 6 and "overhead_pct" not in base
+    assert tome["overhead_ms"] == pytest.approx(tome["overhead_pct"] / 100 * 1000 * 2 / tome["throughput_img_s"])
     assert tome["efficiency"] == pytest.approx(tome["speedup"] * tome["gmacs"] / base["gmacs"])
     assert base["params_m"] == tome["params_m"]
     for key in ("task", "model", "params", "seed", "env", "throughput_img_s", "batch_size"):
@@ -45,7 +48,7 @@ def test_run_writes_store_report_and_plot(tmp_path, capsys):
     assert tome["env"]["versions"]["torch"] == torch.__version__.split("+")[0] or tome["env"]["versions"]["torch"]
     report = (out / "report.md").read_text()
     assert "tome (r=4" in report and "baseline" in report
-    assert "**Paired speed-ups**" in report
+    assert "**Paired speed-ups**" in report and "Overhead (% of fwd)" in report and "**Overhead**" in report
     assert (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     err = capsys.readouterr().err
     assert "[1/3] baseline" in err and "[3/3] ppt" in err

@@ -55,3 +55,18 @@ def test_bad_counts(vit, counts, message):
 def test_token_counts_needs_a_reduced_model(vit):
     with pytest.raises(ParamError, match="reduced with vitbench.apply"):
         token_counts(vit, torch.randn(1, 3, 160, 160))
+
+
+def test_the_overhead_is_timed_against_the_limit_of_the_methods_own_counts(vit):
+    """:func:`vitbench.measure.overhead.measure_overhead`: the limit runs ToMe's counts, and the share
+    and milliseconds agree with each other."""
+    from vitbench.measure.overhead import has_limit, measure_overhead
+
+    images = torch.randn(2, 3, 160, 160)
+    tome = vitbench.apply(copy.deepcopy(vit), "tome", r=4)
+    fields = measure_overhead(tome, vit, 2, (3, 160, 160), method_ms=40.0, rounds=3, images=images)
+    assert fields["overhead_counts"] == token_counts(tome, images) and fields["overhead_rounds"] == 3
+    assert -100.0 < fields["overhead_pct"] < 100.0 and fields["overhead_spread_pct"] >= 0
+    assert fields["overhead_ms"] == pytest.approx(fields["overhead_pct"] / 100 * 40.0)
+    assert "overhead_flagged" in fields and "overhead_load_before" in fields
+    assert has_limit(vit) and not has_limit(torch.nn.Linear(2, 2))

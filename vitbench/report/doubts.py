@@ -25,7 +25,8 @@ __all__ = ["MARK", "RowDoubts", "beyond_compute", "drift_reason", "row_doubts", 
 MARK = "†"
 Record = Mapping[str, Any]
 _TIMINGS = {"throughput": ("throughput_img_s", "throughput_spread_img_s"),
-            "latency": ("latency_ms", "latency_spread_ms"), "speedup": ("speedup", "speedup_spread")}
+            "latency": ("latency_ms", "latency_spread_ms"), "speedup": ("speedup", "speedup_spread"),
+            "overhead": ("overhead_pct", "overhead_spread_pct")}
 
 
 @dataclass
@@ -36,9 +37,10 @@ class RowDoubts:
     latency: list[str] = field(default_factory=list)
     derived: list[str] = field(default_factory=list)  # speed-up / efficiency
     end_to_end: list[str] = field(default_factory=list)  # the evaluation's images per second
+    overhead: list[str] = field(default_factory=list)  # the method's own time, timed in turn with its limit
 
     def __bool__(self) -> bool:
-        return bool(self.throughput or self.latency or self.derived or self.end_to_end)
+        return bool(self.throughput or self.latency or self.derived or self.end_to_end or self.overhead)
 
 
 def _fmt_load(v: Any) -> str:
@@ -129,7 +131,7 @@ def row_doubts(row: Record, base: Record | None, control: Record | None = None) 
     base_by_seed = {r.get("seed"): r for r in _per_seed(base)} if base is not None else {}
     for rec in _per_seed(row):
         prefix = f"seed {rec.get('seed')}: " if several else ""
-        for timing in ("throughput", "latency"):
+        for timing in ("throughput", "latency", "overhead"):
             reason = timing_reason(rec, timing)
             if reason:
                 getattr(doubts, timing).append(prefix + reason)
@@ -164,6 +166,7 @@ def timing_notes(labels: Sequence[str], doubts: Sequence[RowDoubts]) -> list[str
         items += [f"- {label}, latency: {why}" for why in d.latency]
         items += [f"- {label}, speed-up and efficiency: {why}" for why in d.derived]
         items += [f"- {label}, end to end: {why}" for why in d.end_to_end]
+        items += [f"- {label}, overhead: {why}" for why in d.overhead]
     if not items:
         return []
     head = (f"{MARK} Timing not to be trusted: its spread over repeats exceeded "

@@ -290,7 +290,7 @@ def _table_lines(records: list[Mapping[str, Any]], task: str, model: str, key: s
         lines += [SEEDS_NOTE, ""]
     lines += _head_lines(rows, base)
     lines += _task_notes(task, rows)
-    kernels = [(lab, r.get("attention_kernel")) for lab, r in zip(row_labels(rows), rows)]
+    kernels = [(lab, _kernel(r)) for lab, r in zip(row_labels(rows), rows)]
     known = [(lab, k) for lab, k in kernels if k]
     if known and len({k for _, k in known}) == 1 and len(known) == len(kernels):
         lines += [f"Attention kernel: {known[0][1]} in every row.", ""]
@@ -301,6 +301,12 @@ def _table_lines(records: list[Mapping[str, Any]], task: str, model: str, key: s
         lines += ["Fine-tuning (learnable methods and the det/seg control, before measuring):"]
         lines += [f"- {lab}: {_training_line(r)}" for lab, r in trained] + [""]
     return lines
+
+
+def _kernel(rec: Mapping[str, Any]) -> str | None:
+    """A row's attention kernel, with the fused kernel PyTorch chose where the run recorded it."""
+    kernel, backend = rec.get("attention_kernel"), rec.get("sdpa_backend")
+    return f"{kernel}: {backend}" if kernel and backend else kernel
 
 
 def header_lines(records: list[Mapping[str, Any]], *, title: str | None = None,

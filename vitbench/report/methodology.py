@@ -51,6 +51,13 @@ PARAGRAPHS: tuple[tuple[tuple[str, ...] | None, str], ...] = (
      "it is the median over rounds of baseline seconds / method seconds (`speedup_paired` in "
      "runs.jsonl). A drift of the machine's speed between rows cancels in it, so it may differ from "
      "the ratio of the two throughput columns, which were timed minutes apart."),
+    (("overhead_pct",),
+     "**Overhead** is a token method's own time (scoring, matching, merging, gathering) as a share of "
+     "its forward: the method's model is timed in turn with its limit, the unpatched blocks run on the "
+     "method's own token counts (tokens dropped by slicing), for as many rounds as the throughput's "
+     "repeats, and the cell is 1 - limit seconds / method seconds at the median round, ± its spread "
+     "(`overhead_ms` in runs.jsonl: the same in milliseconds per forward at the batch size). A method "
+     "whose overhead is near 0 keeps every speed-up its token counts allow."),
     (("top1_pct", "box_map", "mask_map", "gmacs"),
      "Deltas (accuracy in percentage points or mAP, GMACs ↓ in %) are against the baseline of the "
      "same task and model measured on the same evaluation images, classifier head and weights."),

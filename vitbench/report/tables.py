@@ -268,7 +268,7 @@ def comparison_table(records: Iterable[Record], task: str, model: str, on: str |
         columns += ([col.title] + [title for title, _ in col.before] + [col.delta]
                     + ([f"{col.delta} vs +ft"] if control else []) + [title for title, _ in col.after])
     columns += ["GMACs", "GMACs ↓ (%)", "Backbone GMACs"]
-    columns += [tp_col, e2e_col, "Speed-up (×)", "Efficiency", "Latency bs=1 (ms)"]
+    columns += [tp_col, e2e_col, "Speed-up (×)", "Efficiency", "Overhead (% of fwd)", "Latency bs=1 (ms)"]
     columns += ["IB loss", "IB bound"]
     if len({weights_from(r) for r in rows}) > 1:  # shared weights are one line under the table
         columns.append("Weights")
@@ -325,6 +325,8 @@ def _rows(rows: list[Record], base: Record | None, task: str, spec: Any, tp_col:
             eff = speedup / ratio
         row["Efficiency"] = _marked(_fmt(eff, ".2f"), doubts.derived)
 
+        overhead = _spread(metric(rec, "overhead_pct"), metric(rec, "overhead_spread_pct"), ".1f")
+        row["Overhead (% of fwd)"] = _marked(overhead, doubts.overhead)  # its own time beyond its counts' limit
         row["Latency bs=1 (ms)"] = _marked(_fmt(metric(rec, "latency_ms"), ".2f"), doubts.latency)
         row["IB loss"] = _spread(metric(rec, "ib_loss"), metric(rec, "ib_loss_seed_std"), ".4f")
         row["IB bound"] = _spread(metric(rec, "ib_bound"), metric(rec, "ib_bound_seed_std"), ".4f")

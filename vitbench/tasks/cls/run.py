@@ -15,12 +15,14 @@ from torch import nn
 
 from vitbench import measure
 from vitbench.measure.calibrate import GmacsCounter, prepared_as_trained
+from vitbench.measure.overhead import has_limit, measure_overhead
 from vitbench.measure.paired import PAIRED_ROUNDS
+from vitbench.measure.sdpa_backend import sdpa_backends
 from vitbench.catalog import WorkspaceRequest
 from vitbench.engine import reduction_context
 from vitbench.host.apply import apply
 from vitbench.host.apply import check_applies
-from vitbench.errors import VitbenchError
+from vitbench.errors import ParamError, VitbenchError
 from vitbench.measure.precision import autocast, trains_in
 from vitbench.task import BASELINE
 from vitbench.tasks.cls import EMBEDDED_MODELS
@@ -330,11 +332,32 @@ def _measure(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progre
                    ib_input_constant=float(ib.input_constant))
     # eager, --compile's or --cuda-graph's; a method's speed-up timed in turn with the unreduced model
     paired = spec.method != BASELINE and "throughput" in spec.metrics
+    unreduced = copy.deepcopy(ws.model).to(device) if paired else None
+    images = _timing_images(spec, ws)
+    if any(m in spec.metrics for m in TIMING_METRICS):  # which fused kernel the timed forwards run
+        probe = images[:spec.batch_size] if images is not None else torch.randn(spec.batch_size, *ws.input_size)
+        out["sdpa_backend"] = sdpa_backends(model, probe, precision)
     out.update(measure_timings(spec, model, ws.input_size, progress, throughput_repeats=ws.throughput_repeats,
                                latency_repeats=ws.latency_repeats, paired_rounds=ws.paired_rounds,
-                               baseline=copy.deepcopy(ws.model).to(device) if paired else None,
-                               images=_timing_images(spec, ws)))
+                               baseline=unreduced, images=images))
+    if out.get("speedup_paired") and _reduces_tokens(spec) and has_limit(ws.model):
+        progress(f"timing the method against its token counts' limit (batch {spec.batch_size})")
+        try:
+            out.update(measure_overhead(model, unreduced, spec.batch_size, ws.input_size, device=device,
+                                        method_ms=1000.0 * spec.batch_size / out["throughput_img_s"],
+                                        rounds=spec.repeats or ws.throughput_repeats, precision=precision,
+                                        images=images))
+        except ParamError as exc:  # counts the limit cannot run (a plugin's own block layout): no column
+            out["overhead_skipped"] = str(exc)
     return out
+
+
+def _reduces_tokens(spec: RunSpec) -> bool:
+    """Whether ``spec``'s method reduces tokens (merging, pruning, both, or a control that drops
+    them), so that its own time is its forward's beyond the token-count limit's."""
+    from vitbench.host import get_host
+
+    return get_host().method(spec.method).kind in ("merging", "pruning", "hybrid", "control")
 
 
 def _shared_ib_samples(spec: RunSpec, ws: ClsWorkspace, model: nn.Module) -> Optional[IBSamples]:
