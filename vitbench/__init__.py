@@ -30,6 +30,7 @@ def __getattr__(name: str):  # type: ignore[no-untyped-def]
 def apply(model, method: str, params=None, /, **overrides):  # type: ignore[no-untyped-def]
     """Reduce ``model`` in place with ``method`` and return it: ``params`` the method's parameter
     dataclass, or keywords (see :func:`vitbench.host.apply.apply`)."""
+    # torch: on first use; `import vitbench` stays light
     from vitbench.host.apply import apply as _apply
 
     return _apply(model, method, params, **overrides)

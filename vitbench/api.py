@@ -17,7 +17,18 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 
 from vitbench.errors import VitbenchError
 from vitbench.core.option_types import check_option_types, split_numbers
+from vitbench.core.option_values import chosen_repeats
 from vitbench.core.options import RunOptions, option_names
+from vitbench.catalog import WorkspaceRequest
+from vitbench.core import progress
+from vitbench.data.workers import bounded_workers
+from vitbench.host import distributed, get_host
+from vitbench.host.allocator import keep_freed_memory
+from vitbench.host.values import method_values
+from vitbench.results import ResultStore
+from vitbench.results.writable import OutputError, check_writable
+from vitbench.run.isolate import Isolation
+from vitbench.run.plan import method_names, plan_for
 
 if TYPE_CHECKING:  # pandas comes with the report
     import pandas as pd
@@ -59,9 +70,11 @@ class Results:
             return pd.DataFrame()
         task, model = self.records[0]["task"], self.records[0]["model"]
         if self.options.is_sweep:
+            # the measuring stack: when a run starts; the command line starts light
             from vitbench.report.sweep import summary_table
 
             return summary_table(self.records, task, model)
+        # the measuring stack: when a run starts; the command line starts light
         from vitbench.report.tables import comparison_table
 
         return comparison_table(self.records, task, model)
@@ -125,30 +138,20 @@ def run(options: RunOptions, command: Optional[Sequence[str]] = None) -> Results
     names: the task resolves its model and data and builds the workspace; the plan, the
     executor, the store and the report are the same for every task. ``command`` is the report's
     (default: ``vitbench`` and this process's arguments)."""
-    from vitbench.catalog import WorkspaceRequest
-    from vitbench.host.distributed import (check_launcher, finish_launcher, init_launcher, is_main, launcher_rank,
-                                      one_rank_at_a_time)
+    # the measuring stack: when a run starts; the command line starts light
     from vitbench.engine import cpu_kernels
-    from vitbench.host.allocator import keep_freed_memory
     from vitbench.host.environment import environment
     from vitbench.measure.load import waiting
     from vitbench.run.execute import execute_plan
-    from vitbench.run.plan import method_names, plan_for
-    from vitbench.run.isolate import Isolation
-    from vitbench.host import get_host
-    from vitbench.results import ResultStore
-    from vitbench.results.writable import check_writable
 
     get_host().check_untouched()  # a plugin's change to vitbench that could not be undone: nothing runs
     task = get_host().task(options.task)  # unknown -> error listing the registered tasks
     methods = method_names(options)
-    from vitbench.measure.speed import chosen_repeats
-
     repeats = chosen_repeats(options.quick, options.repeats)  # --quick / --repeats N, checked before anything runs
     if options.isolated and options.launcher != "none":
         raise VitbenchError(f"--isolate runs each spec in a process of its own, which --launcher {options.launcher}'s "
                             f"process group cannot follow; isolate single-process runs only")
-    check_launcher(options.launcher, task.name, methods)
+    distributed.check_launcher(options.launcher, task.name, methods)
     options = _with_bounded_workers(_with_parsed_params(options, methods))
     setup = task.setup(options)  # its own options checked (task.parse_options)
     plan = plan_for(options, setup, repeats)
@@ -159,13 +162,13 @@ def run(options: RunOptions, command: Optional[Sequence[str]] = None) -> Results
     store = ResultStore(out, shard=options.shard)  # --shard I/N: its own file, merged on read
     check_writable(out, store.path, shared=options.launcher != "none")  # before anything is loaded or measured
 
-    say = _Progress(quiet=launcher_rank(options.launcher) != 0)
+    say = _Progress(quiet=distributed.launcher_rank(options.launcher) != 0)
     allocator = keep_freed_memory()  # before the workspace: its evaluations and timings run with it
     resume = options.resume or options.is_sweep  # a sweep always resumes: re-running skips done runs
-    with one_rank_at_a_time(options.launcher, out):  # single-process work (caches) before the process group starts
+    with distributed.one_rank_at_a_time(options.launcher, out):  # single-process work (caches) before the process group starts
         ws = task.workspace(WorkspaceRequest(options=options, setup=setup, plan=plan, out=out, resume=resume,
                                              note=say.note))
-    init_launcher(options.launcher, options.device)
+    distributed.init_launcher(options.launcher, options.device)
     env = environment(options.device, command=None if command is None else list(command),
                       precision=options.precision, compiled=options.compile, cuda_graph=options.cuda_graph)
     env["allocator"] = allocator
@@ -176,11 +179,11 @@ def run(options: RunOptions, command: Optional[Sequence[str]] = None) -> Results
         with waiting(options.wait and not os.environ.get("VITBENCH_NO_WAIT")):  # each timing on a quiet machine
             records = execute_plan(plan, ws, store, resume=resume, env=env, progress=say.step, isolation=isolation)
     except BaseException as exc:  # Ctrl-C or SIGTERM: the report of what finished, then stop as asked
-        if not isinstance(exc, (Exception, SystemExit)) and is_main():
+        if not isinstance(exc, (Exception, SystemExit)) and distributed.is_main():
             _report_after_stop(options, store, out, env["command"])
         raise
-    main = is_main()
-    finish_launcher()  # every rank's part of the last collective evaluation is done
+    main = distributed.is_main()
+    distributed.finish_launcher()  # every rank's part of the last collective evaluation is done
     if not main:
         return Results(options, out, records, [])  # rank 0 writes the report (and the records)
     stored = store.records()
@@ -192,8 +195,6 @@ def _with_parsed_params(options: RunOptions, methods: list[str]) -> RunOptions:
     (:func:`~vitbench.host.values.method_values`); the task and the plan take them as they are."""
     import dataclasses
 
-    from vitbench.host.values import method_values
-
     return dataclasses.replace(options, params=method_values(methods, options.params,
                                                                   matched=options.matched_budgets is not None))
 
@@ -201,8 +202,6 @@ def _with_parsed_params(options: RunOptions, methods: list[str]) -> RunOptions:
 def _with_bounded_workers(options: RunOptions) -> RunOptions:
     """``--workers`` at most the usable cores (one line when lowered), before anything starts."""
     import dataclasses
-
-    from vitbench.data.workers import bounded_workers
 
     def note(text: str) -> None:
         print(f"vitbench: note: {text}", file=sys.stderr)
@@ -239,8 +238,8 @@ def _report(options: RunOptions, records: list[Record], stored: list[Record], ou
     store's lines that are no record, named on stderr and in the report."""
     for line in skipped:
         print(f"vitbench: warning: skipped {line}", file=sys.stderr)
+    # the measuring stack: when a run starts; the command line starts light
     from vitbench.report import write_report, write_sweep_report
-    from vitbench.results.writable import OutputError
 
     try:
         if options.is_sweep:
@@ -250,6 +249,7 @@ def _report(options: RunOptions, records: list[Record], stored: list[Record], ou
     except OSError as exc:
         raise OutputError(f"could not write the report in {str(out)!r} ({exc.strerror or type(exc).__name__}); "
                           f"the records are in the store: render them later with `vitbench report {out}`") from None
+    # the measuring stack: when a run starts; the command line starts light
     from vitbench.report.batches import batch_plot_path, has_curves
 
     plots = (png,) if png is not None else ()
@@ -290,7 +290,5 @@ class _Progress:
 
     def _print(self, markup: str) -> None:
         """Through the command line's progress sink (above its bars) where one is installed."""
-        from vitbench.core import progress
-
         if not progress.say(markup):
             self.console.print(markup)

@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover
 from vitbench.core.params import (  # noqa: F401 (re-exported: what a plugin declares its parameters with)
     CHOICES, HELP, RANGE, Range, above, at_least, limits_text, param)
 from vitbench.core.contract import BlockInfo, ModelInfo, Reduction, StatsCallback, TrainStage  # noqa: F401 (re-exported)
+from vitbench.errors import choices_error
 
 
 #: ``"package.module:name"`` (``name`` may be dotted): what a spec's field may hold instead of the object
@@ -167,8 +168,6 @@ class MethodSpec:
     def __post_init__(self) -> None:
         _check_references(self, self._references)
         if self.kind not in METHOD_KINDS:
-            from vitbench.errors import choices_error
-
             raise choices_error(f"method kind (of method {self.name!r})", self.kind, METHOD_KINDS)
         if self.trains_when and (self.needs_training or self.trains_when not in
                                  {f.name for f in dataclasses.fields(self.params)}):

@@ -554,6 +554,7 @@ def swin_cost_model(model: nn.Module, reducing: Sequence[bool], image: Optional[
     (default: a zero image of the model's input size), less the terms of the tokens that forward
     kept; ``tests/plugins/test_ltmp_swin.py`` (V1) and ``tests/engine/families/test_swinv2.py``
     (V2) check it against ``count_gmacs``."""
+    # torch: when the method is built; registering the plugin stays light
     from vitbench.kit import tile_of
 
     tokens, mlp, match = [], [], []

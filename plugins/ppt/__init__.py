@@ -22,6 +22,7 @@ from vitbench.kit import HELP, BudgetKnob, MethodSpec, Range, hookimpl, param, p
 def check_order(method: str, order: str) -> None:
     """Raise a ParamError naming ``METHOD.order`` and the valid layouts of the tokens a pruning
     step keeps (:data:`vitbench.kit.TOKEN_ORDERS`, module docstring)."""
+    # torch: when the method is built; registering the plugin stays light
     from vitbench.kit import TOKEN_ORDERS
 
     if order not in TOKEN_ORDERS:

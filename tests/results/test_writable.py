@@ -28,7 +28,7 @@ def test_an_unwritable_out_exits_2_before_anything_runs(out, capsys, monkeypatch
     if not Path("/sys").is_dir():
         pytest.skip("no /sys on this platform")
     loaded = []
-    monkeypatch.setattr("vitbench.tasks.cls.models.load_model", lambda *a, **k: loaded.append(1))
+    monkeypatch.setattr("vitbench.tasks.cls.run.load_model", lambda *a, **k: loaded.append(1))
     assert main([*QUICK, "--out", out]) == 2
     line = _one_line(capsys.readouterr().err)
     assert line.startswith("vitbench: error: --out ") and out in line

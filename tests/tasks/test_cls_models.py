@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from vitbench.errors import CheckpointError, ParamError, UnknownNameError
-from vitbench.tasks.cls.models import (
+from vitbench.tasks.models import (
     load_model,
     read_state_dict,
 )
@@ -91,13 +91,13 @@ def test_mismatched_checkpoint_hints_num_classes(tmp_path: Path, make_model) -> 
     path = _save(tmp_path, make_model(num_classes=4).state_dict())
     with pytest.raises(CheckpointError, match=r"only the classifier head differs \(head.weight is \[4, 32\].*"
                                               r"the checkpoint is for 4 classes, the model predicts 6; pass --num-classes 4$"):
-        from vitbench.tasks.cls.models import load_checkpoint
+        from vitbench.tasks.models import load_checkpoint
 
         load_checkpoint(make_model(num_classes=6), path)
 
 
 def test_a_checkpoint_of_another_architecture_says_what_differs(tmp_path: Path, make_model) -> None:
-    from vitbench.tasks.cls.models import load_checkpoint
+    from vitbench.tasks.models import load_checkpoint
 
     deeper = _save(tmp_path, make_model(num_classes=6).state_dict(), "deeper.pth")
     with pytest.raises(CheckpointError) as caught:

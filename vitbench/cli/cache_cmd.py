@@ -14,6 +14,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # torch/pandas: when this command runs; `vitbench --help` stays light
     from vitbench.data.decoded import cache_limit_bytes, clear_entries, decoded_root, list_entries
 
     if args.action == "clear":

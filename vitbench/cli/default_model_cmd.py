@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from vitbench.core import progress
 from vitbench.tasks.embedded import DEFAULT_MODEL, EMBEDDED_MODELS
 
 
@@ -21,14 +22,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # torch/pandas: when this command runs; `vitbench --help` stays light
     from vitbench.tasks.cls import default_model as dm
 
     name = args.model
     cfg = dm.train_config(model=name)
     cached, shipped = dm.cache_paths(cfg, model=name)[0], dm.shipped_paths(cfg, name)[0]
     if args.retrain:
-        from vitbench.core import progress
-
         with progress.reporting(progress.sink_for()):  # a bar with the time left on a terminal
             _, meta = dm.train_default_model(model=name)
         shipped_top1 = _top1(dm.shipped_paths(cfg, name)[1])
@@ -82,6 +82,7 @@ def _parents(meta: dict[str, Any]) -> str:
     """A line per shipped entry the training continued from (``Recipe.start_from``), nearest first."""
     import json
 
+    # torch/pandas: when this command runs; `vitbench --help` stays light
     from vitbench.tasks.cls.default_model import SHIPPED_DIR
 
     lines, stem = [], (meta.get("recipe") or {}).get("start_from")

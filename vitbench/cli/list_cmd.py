@@ -69,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
             print(fit(f"{name}  [plugin: {host.owner('tasks', name)}; metrics: {', '.join(spec.metrics)}; budgets "
                       f"matched on the {spec.counts}'s GMACs{control}{options}]  {spec.description}"))
     else:
+        # torch/pandas: when this command runs; `vitbench --help` stays light
         from vitbench.tasks.model_names import accepted_models
 
         accepted = accepted_models()

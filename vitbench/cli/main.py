@@ -13,6 +13,7 @@ from vitbench.cli import describe_cmd
 from vitbench.cli import cache_cmd
 from vitbench.cli.signals import Terminated, signals_as_exceptions
 from vitbench.errors import VitbenchError
+from vitbench.data.workers import without_worker_traceback
 
 COMMANDS = (run_cmd, sweep_cmd, list_cmd, describe_cmd, plugins_cmd, report_cmd, default_model_cmd,
             visualize_cmd, reproduce_cmd, cache_cmd)
@@ -45,8 +46,6 @@ def main(argv: Optional[list[str]] = None) -> int:
             args = build_parser().parse_args(argv)
             return int(args.handler(args) or 0)
     except VitbenchError as exc:
-        from vitbench.data.workers import without_worker_traceback
-
         print(f"vitbench: error: {without_worker_traceback(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

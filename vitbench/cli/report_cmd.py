@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     output = _output(args.output if args.output is not None else str(folder / f"report{SUFFIXES[fmt]}"))
     _not_the_store(output, store, args.output)
     command = " ".join(["vitbench", *sys.argv[1:]])
+    # torch/pandas: when this command runs; `vitbench --help` stays light
     from vitbench.report.export import is_sweep, write_table
 
     sweep = is_sweep(records)
@@ -57,16 +58,19 @@ def run(args: argparse.Namespace) -> int:
             print(f"wrote {write_table(records, output, fmt, sweep)}")
             return 0
         if sweep:
+            # torch/pandas: when this command runs; `vitbench --help` stays light
             from vitbench.report import write_sweep_report
 
             md, pngs = write_sweep_report(records, output, command=command, skipped=skipped)
             print(f"wrote {md} and {', '.join(map(str, pngs))}")
             return 0
+        # torch/pandas: when this command runs; `vitbench --help` stays light
         from vitbench.report import write_report
 
         md, png = write_report(records, output, command=command, skipped=skipped, folder=folder)
     except OSError as exc:
         raise DataError(f"cannot write the report {str(output)!r}: {exc.strerror or exc}") from None
+    # torch/pandas: when this command runs; `vitbench --help` stays light
     from vitbench.report.batches import batch_plot_path, has_curves
 
     pngs = ([png] if png is not None else []) + ([batch_plot_path(md)] if has_curves(records) else [])

@@ -14,6 +14,8 @@ import time
 from typing import Optional
 
 from vitbench.errors import VitbenchError
+from vitbench.reproduce.check import IMAGES, TOLERANCE, check_gmacs
+from vitbench.reproduce.recipes import RECIPES, recipe
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -40,8 +42,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Dispatch ``--list``, ``--check-gmacs`` or one row's run; bad input is one line, exit 2."""
-    from vitbench.reproduce.recipes import RECIPES, recipe
-
     rows = [recipe(row) for row in args.rows]  # an unknown id -> one line listing the valid ones
     if args.list and args.check_gmacs:
         raise VitbenchError("--list and --check-gmacs were both given; give one")
@@ -82,8 +82,8 @@ def _num(value: Optional[float], fmt: str) -> str:
 
 def _check(rows: list) -> int:  # type: ignore[type-arg]
     """Count every row and print measured against paper; 1 when a row is off."""
+    # torch/pandas: when this command runs; `vitbench --help` stays light
     from vitbench.host.environment import device_name
-    from vitbench.reproduce.check import IMAGES, TOLERANCE, check_gmacs
 
     print(f"GMACs on random weights (timm, pretrained=False), mean over {IMAGES} seeded random images of "
           f"each model's input size; {device_name('cpu')}; tolerance {TOLERANCE:.0%}")
@@ -115,6 +115,7 @@ def _check(rows: list) -> int:  # type: ignore[type-arg]
 
 def _run_row(args: argparse.Namespace, rows: list) -> int:  # type: ignore[type-arg]
     """Run one row through the normal run path; print the report's path and the published line."""
+    # torch/pandas: when this command runs; `vitbench --help` stays light
     from vitbench.report.reproduced import check_row
     from vitbench.reproduce.run import default_metrics, published_fields, recipe_options, run_recipe
 

@@ -19,10 +19,14 @@ from typing import Any
 from vitbench.cli.task_options import OwnedOption, add_task_options, check_task_options
 from vitbench.errors import VitbenchError
 from vitbench.core.metrics import METRICS
+from vitbench.core.option_values import chosen_repeats
 from vitbench.core.options import FLAG, FLAG_GROUPS, RunOptions
 from vitbench.run.plan import parse_batch_sizes, parse_param_overrides, parse_seeds
-from vitbench.host import get_host
+from vitbench.host import distributed, get_host
 from vitbench.tasks.embedded import DEFAULT_MODEL, EMBEDDED_TRAIN_LIMIT
+from vitbench.api import run as run_benchmark
+from vitbench.cli.visualize_cmd import check_run_visualize, visualize_run
+from vitbench.core import progress
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -62,18 +66,12 @@ def add_run_options(parser: argparse.ArgumentParser, command: str) -> dict[str, 
 def run(args: argparse.Namespace) -> int:
     """``vitbench run`` (and ``vitbench sweep``): the options as :class:`~vitbench.core.options.RunOptions`,
     run by :func:`vitbench.api.run`; print the summary table and the report's paths."""
-    from vitbench.api import run as run_benchmark
-
-    from vitbench.core import progress
-    from vitbench.host.distributed import launcher_rank
-
     task = get_host().task(args.task)  # unknown -> error listing the registered tasks
     check_task_options(args, task.name)  # another task's option (--detector-epochs with cls) is refused
     options = run_options(args, task.name)
     if getattr(args, "visualize", False):
-        from vitbench.cli.visualize_cmd import check_run_visualize
         check_run_visualize(args, task.name)  # another task or a non-ViT model: refused before the run
-    quiet = launcher_rank(options.launcher) != 0  # ranks > 0 stay silent; rank 0 reports for all
+    quiet = distributed.launcher_rank(options.launcher) != 0  # ranks > 0 stay silent; rank 0 reports for all
     with progress.reporting(progress.sink_for(quiet=quiet)):  # bars on a terminal, else plain lines
         results = run_benchmark(options)
     if results.report is None:
@@ -85,7 +83,6 @@ def run(args: argparse.Namespace) -> int:
         _print_summary(results.records, results.report, list(results.plots))
         _print_warnings(results.report)
         if getattr(args, "visualize", False):
-            from vitbench.cli.visualize_cmd import visualize_run
             visualize_run(results)
     return 0 if results.ok else 1
 
@@ -93,8 +90,6 @@ def run(args: argparse.Namespace) -> int:
 def run_options(args: argparse.Namespace, task: str) -> RunOptions:
     """The parsed command line as typed options: each :class:`~vitbench.core.options.RunOptions`
     field from its flag (the lists' text parsed: methods, metrics, ``--param``, seeds, batch sizes), the options of ``task`` alone as its ``task_options``."""
-    from vitbench.measure.speed import chosen_repeats
-
     if args.metrics is not None and not _names(args.metrics):
         raise VitbenchError(f"--metrics {args.metrics!r} names no metric; valid metrics of --task {task}: "
                             f"{', '.join(get_host().task(task).metrics)} (or leave --metrics out for all)")
@@ -117,6 +112,7 @@ def _print_warnings(report: Path) -> None:
     """The report's warnings, last, where a terminal reader sees them (:mod:`vitbench.report.warnings_of`)."""
     import sys
 
+    # torch/pandas: when this command runs; `vitbench --help` stays light
     from vitbench.report.warnings_of import report_warnings
 
     for text in report_warnings(report):
@@ -124,6 +120,7 @@ def _print_warnings(report: Path) -> None:
 
 
 def _print_summary(records: list, md: Path, pngs: list) -> None:  # type: ignore[type-arg]
+    # torch/pandas: when this command runs; `vitbench --help` stays light
     from vitbench.report.tables import comparison_table
 
     first = records[0]
@@ -139,6 +136,7 @@ def _print_summary(records: list, md: Path, pngs: list) -> None:  # type: ignore
 
 
 def _print_sweep_summary(records: list, md: Path, pngs: list) -> None:  # type: ignore[type-arg]
+    # torch/pandas: when this command runs; `vitbench --help` stays light
     from vitbench.report.sweep import summary_table
     from vitbench.report.tables import groups
 

@@ -8,6 +8,11 @@ import argparse
 import sys
 from pathlib import Path
 from typing import Any, Optional
+from vitbench.core.cache import atomic_write
+from vitbench.errors import ParamError, UnsupportedError, VitbenchError
+from vitbench.run.plan import parse_param_overrides
+from vitbench.task import REFERENCES
+from vitbench.tasks.embedded import DEFAULT_MODEL
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -30,11 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vitbench.errors import ParamError
-    from vitbench.run.plan import parse_param_overrides
-    from vitbench.tasks.embedded import DEFAULT_MODEL
-    from vitbench.visualize import Choice, visualize
-    from vitbench.visualize.inputs import parse_blocks
+    from vitbench.visualize import Choice, parse_blocks, visualize  # matplotlib and torch: when it draws
 
     if args.model is not None and not args.model.strip():
         raise ParamError(f"--model '' is empty; give a timm ViT/DeiT name or leave --model out for {DEFAULT_MODEL}")
@@ -53,8 +54,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _integer(flag: str, text: Optional[str], default: int) -> int:
     """An integer option (kept as text by argparse so that a bad one is this one-line error)."""
-    from vitbench.errors import ParamError
-
     if text is None:
         return default
     try:
@@ -68,8 +67,7 @@ def _integer(flag: str, text: Optional[str], default: int) -> int:
 
 def check_run_visualize(args: argparse.Namespace, task: str) -> None:
     """``vitbench run --visualize``: refuse another task or a model that is no ViT/DeiT before the run."""
-    from vitbench.errors import UnsupportedError
-    from vitbench.tasks.embedded import DEFAULT_MODEL
+    # torch/pandas: when this command runs; `vitbench --help` stays light
     from vitbench.visualize.inputs import check_vit_name
 
     if task != "cls":
@@ -84,9 +82,7 @@ def visualize_run(results: Any) -> Optional[Path]:
     warning (the run's records are kept), returned as ``None``."""
     import json
 
-    from vitbench.errors import VitbenchError
-    from vitbench.task import REFERENCES
-    from vitbench.tasks.embedded import DEFAULT_MODEL
+    # torch/pandas: when this command runs; `vitbench --help` stays light
     from vitbench.visualize import Choice, visualize
 
     options = results.options
@@ -113,7 +109,7 @@ def visualize_run(results: Any) -> Optional[Path]:
 def link_in_report(md: Path, png: Path) -> None:
     """Add one image line for ``png`` under report.md's "## Plot" section (a new section if none);
     ``vitbench report`` adds it again from the file (:mod:`vitbench.report.attached`)."""
-    from vitbench.core.cache import atomic_write
+    # torch/pandas: when this command runs; `vitbench --help` stays light
     from vitbench.report.attached import with_figure
 
     text = with_figure(md.read_text(encoding="utf-8"), png.name)

@@ -23,6 +23,7 @@ MOVED = {
     "vitbench.plan": "vitbench.run.plan",
     "vitbench.execute": "vitbench.run.execute",
     "vitbench.calibrate": "vitbench.measure.calibrate",
+    "vitbench.tasks.cls.models": "vitbench.tasks.models",
     **{f"vitbench.{name}": f"vitbench.core.{name}"
        for name in ("files", "cache", "params", "guards", "options", "metrics", "progress", "interrupts")},
     **{f"vitbench.tasks.det.{name}": f"vitbench.tasks.dense.{name}"

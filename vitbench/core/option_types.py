@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from vitbench.errors import VitbenchError
+from vitbench.core.options import RunOptions
 
 __all__ = ["check_option_types", "split_numbers"]
 
@@ -64,8 +65,6 @@ def _words(hint: Any) -> str:
 def check_option_types(function: str, values: Mapping[str, Any]) -> None:
     """Raise a one-line :class:`VitbenchError` for the first of ``values`` (RunOptions keywords,
     lists already tuples) whose type is not the one RunOptions declares."""
-    from vitbench.core.options import RunOptions
-
     hints = typing.get_type_hints(RunOptions)
     for name, value in values.items():
         if name in hints and not _is(value, hints[name]):

@@ -6,13 +6,46 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-from vitbench.errors import ParamError
+from vitbench.errors import ParamError, choices_error
 
-__all__ = ["MAX_BATCH_SIZE", "check_fraction", "checked_budgets", "checked_integer", "checked_seconds", "checked_seeds",
-           "checked_shard", "MAX_SEED"]
+__all__ = ["DEFAULT_PRECISION", "MAX_BATCH_SIZE", "MAX_REPEATS", "MAX_SEED", "PRECISIONS", "QUICK_REPEATS",
+           "check_fraction", "check_precision", "checked_budgets", "checked_integer", "checked_seconds", "checked_seeds",
+           "checked_shard", "chosen_repeats"]
 
 #: the largest batch size a timing accepts
 MAX_BATCH_SIZE = 2**16
+#: ``--precision``: the autocast dtypes of the measured forward (:mod:`vitbench.measure.precision`)
+PRECISIONS = ("fp32", "fp16", "bf16")
+DEFAULT_PRECISION = "fp32"
+#: the repeats of every timing under ``--quick``: a fast look, not for publication
+QUICK_REPEATS = 3
+#: the most repeats ``--repeats`` takes
+MAX_REPEATS = 10_000
+
+
+def check_precision(name: str) -> str:
+    """``name`` when it is a precision, else a clear error listing the valid ones."""
+    if name not in PRECISIONS:
+        raise choices_error("precision", name, PRECISIONS)
+    return name
+
+
+def chosen_repeats(quick: bool, repeats: Any) -> Optional[int]:
+    """The repeats of every timing that ``--quick`` or ``--repeats N`` asks for (1 to
+    :data:`MAX_REPEATS`), or None for the task's own; both at once, or a bad N, is a ParamError."""
+    if repeats is None:
+        return QUICK_REPEATS if quick else None
+    if quick:
+        raise ParamError(f"--quick and --repeats {repeats} were both given; --quick times with {QUICK_REPEATS} "
+                         f"repeats, --repeats N with N: give one of them")
+    valid = f"an integer from 1 to {MAX_REPEATS}"
+    try:
+        number = repeats if isinstance(repeats, int) and not isinstance(repeats, bool) else int(str(repeats).strip())
+    except ValueError:
+        raise ParamError(f"--repeats {repeats!r} is not an integer; give {valid}") from None
+    if not 1 <= number <= MAX_REPEATS:
+        raise ParamError(f"--repeats {number} is out of range; give {valid}")
+    return number
 
 
 def checked_integer(flag: str, value: Any, minimum: Optional[int] = None,

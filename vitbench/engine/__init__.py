@@ -12,6 +12,7 @@ from vitbench.engine.ordering import descending_order
 from vitbench.engine.reducer import Reducer
 from vitbench.engine.token_state import PrefixTokenError, TokenState
 from vitbench.engine.unmerge import enable_source_tracing, last_state, unmerge
+from vitbench.core.moved import moved_attribute
 
 __all__ = [
     "AttnInfo", "ReducingBlock", "reduction_context", "Matching", "bipartite_soft_matching", "max_merge",
@@ -22,7 +23,6 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "apply":  # apply's old home: it looks the method up in the plugin host, a layer above
-        from vitbench.core.moved import moved_attribute
 
         globals()["apply"] = moved_attribute("vitbench.engine", "apply", "vitbench.host.apply")  # warned once
         return globals()["apply"]

@@ -37,6 +37,7 @@ def _load() -> bool:
         _why_off = "" if _ON else "VITBENCH_CPU_KERNELS=0"
         if _ON:
             try:
+                # cycle: vitbench.engine imports this module
                 from vitbench.engine import _numba_kernels
             except ImportError as e:  # numba missing or broken for this Python: the tensor path
                 _ON, _why_off = False, f"numba does not import: {e}"

@@ -25,7 +25,7 @@ import pluggy
 
 from vitbench import hookspecs
 from vitbench.catalog import FamilySpec, MethodSpec, ScorerSpec, resolved
-from vitbench.errors import PLUGIN_FAILURES, PluginError, choices_error, failure_text
+from vitbench.errors import PLUGIN_FAILURES, PluginError, UnsupportedError, choices_error, failure_text
 from vitbench.core.interrupts import is_ctrl_c
 from vitbench.core.metrics import METRICS
 from vitbench.host.plugin_guard import Snapshot, import_survives, package_of, patched_by
@@ -366,7 +366,6 @@ class PluginHost:
                 continue
             if spec.matches(model):
                 return spec
-        from vitbench.errors import UnsupportedError
         families = ", ".join(sorted(self.catalogs["families"])) or "(none registered)"
         raise UnsupportedError(f"no model-family adapter recognises {type(model).__name__}; "
                                f"supported families: {families}")

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from vitbench.core.options import LAUNCHERS
 from vitbench.errors import VitbenchError
+from vitbench.host import get_host
 
 if TYPE_CHECKING:  # mmengine and torch are imported when a run starts
     import torch
@@ -50,7 +51,6 @@ def check_launcher(launcher: str, task: str, methods: Sequence[str]) -> None:
         raise VitbenchError(f"--launcher {launcher!r} is unknown; valid launchers: {', '.join(LAUNCHERS)}")
     if launcher == "none":
         return
-    from vitbench.host import get_host
 
     host = get_host()
     able = [name for name, spec in sorted(host.specs("tasks").items()) if spec.distributed]

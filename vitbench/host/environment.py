@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from vitbench.host import get_host
 
 CPUINFO = Path("/proc/cpuinfo")
 PACKAGES = ("torch", "torchvision", "timm", "mmengine", "mmcv", "mmdet", "mmpretrain", "vitbench")
@@ -80,8 +81,6 @@ def environment(device: str, command: list[str] | None = None, precision: str = 
     """Versions, device, threads, precision (``--precision``), whether timings ran the
     ``torch.compile``d model (``--compile``) and a CUDA graph (``--cuda-graph``), git revision,
     loaded plugins and the command."""
-    from vitbench.host import get_host
-
     host = get_host()
     return {
         "versions": {name: _version(name) for name in PACKAGES},

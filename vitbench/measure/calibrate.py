@@ -30,6 +30,7 @@ from vitbench.catalog import BudgetKnob, MethodSpec, ModelInfo
 from vitbench.core.option_values import check_fraction
 from vitbench.core.params import checked, params_json
 from vitbench.errors import BudgetError
+from vitbench.engine import reduction_context
 
 __all__ = ["TOLERANCE", "Calibration", "GmacsCounter", "calibrate", "check_fraction",
            "not_matchable", "prepared_as_trained", "search_knob"]
@@ -49,8 +50,6 @@ def prepared_as_trained(model: nn.Module, images: torch.Tensor) -> nn.Module:
     they build (LTM: class centroids sized by the class count, which its IB step runs against)
     depends on shapes, not on which images or labels; a model without training stages is
     returned as it is."""
-    from vitbench.engine import reduction_context
-
     ctx = reduction_context(model)
     if ctx is None or ctx.reduction is None or not ctx.reduction.train:
         return model

@@ -19,6 +19,8 @@ from torch import nn
 
 from vitbench.engine.features import block_output, features_during, module_features, pooled_features, token_features
 from vitbench.core.guards import check_finite, check_metrics
+from vitbench.errors import UnsupportedError
+from vitbench.host import get_host
 
 __all__ = [
     "ClassSums", "IBSamples", "IBTerms", "block_output", "class_centroids", "ib_terms", "input_vectors", "log_q_from_sums",
@@ -170,9 +172,6 @@ def final_features(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
 
 def _family_of(model: nn.Module) -> Any:
     """The family adapter that recognises ``model``, or ``None``."""
-    from vitbench.errors import UnsupportedError
-    from vitbench.host import get_host
-
     try:
         return get_host().family_of(model)
     except UnsupportedError:

@@ -30,6 +30,8 @@ from vitbench.measure._common import (
     resolve_device,
     synchronize,
 )
+from vitbench.host.allocator import glibc
+from vitbench.measure.precision import autocast
 
 __all__ = ["measure_peak_memory"]
 
@@ -58,8 +60,6 @@ def measure_peak_memory(
     check_model_on(model, dev)
     _, dtype = model_device_dtype(model)
     x = batch_of(images, batch_size, size, dtype=dtype, device=dev)
-
-    from vitbench.measure.precision import autocast
 
     with eval_mode(model), torch.inference_mode(), autocast(precision, dev):
         for _ in range(warmup):
@@ -94,8 +94,6 @@ def cpu_rss_growth_bytes(fn: Callable[[], object]) -> int:
 
 def _release_freed_memory() -> None:
     """Collect garbage and ask glibc to return free heap pages to the OS (no-op elsewhere)."""
-    from vitbench.host.allocator import glibc
-
     gc.collect()
     libc = glibc()
     if libc is not None:

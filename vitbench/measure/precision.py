@@ -13,21 +13,12 @@ from typing import Any, ContextManager
 
 import torch
 
-from vitbench.errors import choices_error
+from vitbench.core.option_values import DEFAULT_PRECISION, PRECISIONS, check_precision  # noqa: F401 (re-exported)
 
 __all__ = ["DEFAULT_PRECISION", "PRECISIONS", "autocast", "autocast_method", "check_precision", "dtype_of",
            "trains_in"]
 
-PRECISIONS = ("fp32", "fp16", "bf16")
-DEFAULT_PRECISION = "fp32"
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-def check_precision(name: str) -> str:
-    """``name`` when it is a precision, else a clear error listing the valid ones."""
-    if name not in PRECISIONS:
-        raise choices_error("precision", name, PRECISIONS)
-    return name
 
 
 def dtype_of(precision: str) -> torch.dtype:

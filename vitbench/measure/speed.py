@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from vitbench.core import progress
-from vitbench.errors import ParamError
+from vitbench.core.option_values import MAX_REPEATS, QUICK_REPEATS, chosen_repeats  # noqa: F401 (re-exported)
 from vitbench.measure.load import LOAD_MARGIN, MachineLoad, machine_load, wait_for_quiet, waiting_on
 from vitbench.measure.precision import DEFAULT_PRECISION, autocast
 from vitbench.measure._common import (
@@ -44,29 +44,7 @@ __all__ = [
 
 #: a timing whose interquartile spread exceeds this fraction of its median is marked
 SPREAD_LIMIT = 0.10
-#: the repeats of every timing under ``--quick``: a fast look, not for publication
-QUICK_REPEATS = 3
-#: the most repeats ``--repeats`` takes
-MAX_REPEATS = 10_000
 T = TypeVar("T", bound="_TimingFacts")
-
-
-def chosen_repeats(quick: bool, repeats: Any) -> Optional[int]:
-    """The repeats of every timing that ``--quick`` or ``--repeats N`` asks for (1 to
-    :data:`MAX_REPEATS`), or None for the task's own; both at once, or a bad N, is a ParamError."""
-    if repeats is None:
-        return QUICK_REPEATS if quick else None
-    if quick:
-        raise ParamError(f"--quick and --repeats {repeats} were both given; --quick times with {QUICK_REPEATS} "
-                         f"repeats, --repeats N with N: give one of them")
-    valid = f"an integer from 1 to {MAX_REPEATS}"
-    try:
-        number = repeats if isinstance(repeats, int) and not isinstance(repeats, bool) else int(str(repeats).strip())
-    except ValueError:
-        raise ParamError(f"--repeats {repeats!r} is not an integer; give {valid}") from None
-    if not 1 <= number <= MAX_REPEATS:
-        raise ParamError(f"--repeats {number} is out of range; give {valid}")
-    return number
 
 
 def timing_doubt(median: Optional[float], spread: Optional[float], load_before: Optional[float],

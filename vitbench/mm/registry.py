@@ -20,7 +20,7 @@ SCOPE = "vitbench"
 
 #: Backbone wrappers (the timm model inside an mm classifier/detector).
 MODELS = Registry("model", parent=MMENGINE_MODELS, scope=SCOPE,
-                  locations=["vitbench.mm.classifier", "vitbench.tasks.cls.models",
+                  locations=["vitbench.mm.classifier", "vitbench.tasks.models",
                              "vitbench.tasks.dense.backbone"])
 #: The embedded data sets and the image-folder data set.
 DATASETS = Registry("dataset", parent=MMENGINE_DATASETS, scope=SCOPE,

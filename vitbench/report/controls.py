@@ -18,6 +18,7 @@ from typing import Any, Optional
 from vitbench.report.row_facts import images
 from vitbench.report.tables import accuracy_key, metric
 from vitbench.report.task_shape import accuracy_column
+from vitbench.host import get_host
 
 __all__ = ["control_lines", "difference_interval", "is_control"]
 
@@ -28,8 +29,6 @@ _Z95 = NormalDist().inv_cdf(0.975)
 
 def is_control(method: Any) -> bool:
     """Whether ``method`` is registered as a control (``MethodSpec.kind == "control"``)."""
-    from vitbench.host import get_host
-
     spec = get_host().catalogs["methods"].get(str(method))
     return getattr(spec, "kind", None) == "control"
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vitbench.measure.speed import timing_doubt
+from vitbench.measure.speed import LOAD_MARGIN, SPREAD_LIMIT
 
 __all__ = ["MARK", "RowDoubts", "beyond_compute", "drift_reason", "row_doubts", "timing_notes"]
 
@@ -80,8 +81,6 @@ def drift_reason(control: Record | None, base: Record | None) -> str | None:
     :data:`~vitbench.measure.speed.SPREAD_LIMIT`, the machine's speed drifted between the
     measurements of this run (a shared VM's neighbours, frequency scaling: a drift the per-timing
     spread and load average cannot see), and every speed-up of the table is in doubt."""
-    from vitbench.measure.speed import SPREAD_LIMIT
-
     if control is None or base is None:
         return None
     c, b = control.get("throughput_img_s"), base.get("throughput_img_s")
@@ -158,8 +157,6 @@ def row_doubts(row: Record, base: Record | None, control: Record | None = None) 
 def timing_notes(labels: Sequence[str], doubts: Sequence[RowDoubts]) -> list[str]:
     """Markdown lines under a table saying, per marked row, which timing and why (empty when
     nothing is marked)."""
-    from vitbench.measure.speed import LOAD_MARGIN, SPREAD_LIMIT
-
     items = []
     for label, d in zip(labels, doubts):
         items += [f"- {label}, throughput: {why}" for why in d.throughput]

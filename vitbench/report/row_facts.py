@@ -13,6 +13,7 @@ import math
 from collections.abc import Mapping
 from statistics import NormalDist
 from typing import Any, Optional
+from vitbench.host import get_host
 
 __all__ = ["TOP5_MIN_CLASSES", "images", "interval_pct", "row_label", "shows_top5", "weights_from", "wilson"]
 
@@ -101,8 +102,6 @@ def row_label(rec: Record) -> Optional[str]:
 
 def _knob(method: str) -> Optional[str]:
     """The budget parameter of ``method`` when a loaded plugin registers it."""
-    from vitbench.host import get_host
-
     spec = get_host().catalogs["methods"].get(method)
     budget = getattr(spec, "budget", None)
     return budget.param if budget is not None else None

@@ -30,6 +30,7 @@ from vitbench.report.tables import (
 from vitbench.report.words import distinct
 from vitbench.report.task_shape import accuracy_column, accuracy_columns, compute_name
 from vitbench.results.store import latest_records
+from vitbench.report.pareto import plot_pareto
 
 __all__ = ["budget_parts", "budget_records", "budgets", "summary_table", "render_sweep_markdown", "write_sweep_report"]
 
@@ -192,8 +193,6 @@ def write_sweep_report(records: Iterable[Record], out_md_path: str | os.PathLike
     where runs were timed at several batch sizes the speed-up against batch size, a panel per
     budget (:func:`~vitbench.report.batches.batch_plot_path`), each atomically; returns
     ``(md_path, [png paths])``."""
-    from vitbench.report.pareto import plot_pareto
-
     records = list(records)
     md_path = Path(out_md_path)
     pngs = [md_path.with_name(name) for name in PARETO_FILES]

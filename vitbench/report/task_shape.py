@@ -11,6 +11,7 @@ from typing import Optional
 from vitbench.catalog import ReportColumn
 from vitbench import task as task_contract
 from vitbench.task import Task
+from vitbench.host import get_host
 
 __all__ = ["accuracy_column", "accuracy_columns", "compute_key", "compute_name", "task_spec"]
 
@@ -20,8 +21,6 @@ _UNKNOWN = (ReportColumn("accuracy", "Accuracy", "ΔAccuracy"),)
 
 def task_spec(task: str) -> Optional[Task]:
     """The registered task ``task``, or ``None`` when no loaded plugin registers it."""
-    from vitbench.host import get_host
-
     return get_host().catalogs["tasks"].get(task)
 
 

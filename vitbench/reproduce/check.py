@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from vitbench.reproduce.recipes import Recipe
+from vitbench.host.values import values_of
 
 __all__ = ["TOLERANCE", "GmacsCheck", "check_gmacs", "validated_params"]
 
@@ -56,8 +57,6 @@ class GmacsCheck:
 def validated_params(r: Recipe) -> Any:
     """The recipe's parameters as its method's validated parameter dataclass (a bad one raises
     :class:`~vitbench.errors.ParamError` naming it)."""
-    from vitbench.host.values import values_of
-
     return values_of(r.method, dict(r.params))
 
 
@@ -69,8 +68,9 @@ def check_gmacs(r: Recipe, images: int = IMAGES, seed: int = 0) -> GmacsCheck:
     import torch
 
     import vitbench
+    # torch: when a GMACs check runs; `reproduce --list` stays light
     from vitbench.measure import count_gmacs
-    from vitbench.tasks.cls.models import load_model
+    from vitbench.tasks.models import load_model
     from vitbench.tasks.common import input_size_of
 
     model = load_model(r.model, num_classes=r.num_classes, seed=seed)

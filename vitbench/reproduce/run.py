@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from vitbench.core.options import RunOptions
-from vitbench.report.attached import PUBLISHED
 from vitbench.reproduce.recipes import Recipe
+from vitbench.api import run
+from vitbench.core.cache import atomic_write
+from vitbench.report.attached import PUBLISHED, published_section as section, with_published
 
 if TYPE_CHECKING:
     from vitbench.api import Results
@@ -48,8 +50,6 @@ def run_recipe(r: Recipe, options: RunOptions, command: Optional[Sequence[str]] 
     """Run ``r`` with ``options`` (:func:`recipe_options`), leave the row's published numbers in
     the run's folder (``published.json``) and add them to its report, as ``vitbench report``
     would (:mod:`vitbench.report.attached`)."""
-    from vitbench.api import run
-
     results = run(options, command=command)
     write_published(results.out, r)
     if results.report is not None:
@@ -70,8 +70,6 @@ def published_fields(r: Recipe) -> dict[str, Any]:
 
 def write_published(folder: Path, r: Recipe) -> Path:
     """Write ``folder/published.json`` (whole or not at all), for the report to find again."""
-    from vitbench.core.cache import atomic_write
-
     path = Path(folder) / PUBLISHED
     text = json.dumps(published_fields(r), indent=1) + "\n"
     atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8", errors="backslashreplace"))
@@ -81,15 +79,10 @@ def write_published(folder: Path, r: Recipe) -> Path:
 def published_section(r: Recipe, records: Sequence[Mapping[str, Any]]) -> str:
     """The markdown section: the source's and the measured top-1 and GMACs, baseline and method
     (the newest ok records of ``records``)."""
-    from vitbench.report.attached import published_section as section
-
     return section(published_fields(r), records)
 
 
 def add_published(report: Path, section: str) -> None:
     """Append ``section`` to the report, replacing one an earlier reproduction left there."""
-    from vitbench.core.cache import atomic_write
-    from vitbench.report.attached import with_published
-
     body = with_published(report.read_text(encoding="utf-8"), section)
     atomic_write(report, lambda tmp: tmp.write_text(body, encoding="utf-8", errors="backslashreplace"))

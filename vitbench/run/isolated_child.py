@@ -10,19 +10,19 @@ import sys
 from pathlib import Path
 
 from vitbench.run.isolate import failed_record
+from vitbench.catalog import WorkspaceRequest
+from vitbench.core.cache import atomic_write
+from vitbench.host import get_host
+from vitbench.host.allocator import keep_freed_memory
+from vitbench.results import to_jsonable
+from vitbench.measure.load import waiting
+from vitbench.run.execute import run_spec
 
 __all__ = ["main"]
 
 
 def main(job_path: str, out_path: str) -> None:
     """The child's side: rebuild the workspace, run the spec, write its record whole."""
-    from vitbench.catalog import WorkspaceRequest
-    from vitbench.core.cache import atomic_write
-    from vitbench.host import get_host
-    from vitbench.host.allocator import keep_freed_memory
-    from vitbench.results import to_jsonable
-    from vitbench.run.execute import run_spec
-
     with open(job_path, "rb") as f:
         job = pickle.load(f)  # noqa: S301 - written by the parent process a moment ago
     options, spec, (i, n) = job["options"], job["spec"], job["step"]
@@ -42,8 +42,6 @@ def main(job_path: str, out_path: str) -> None:
         record = failed_record(spec, f"the run's process could not rebuild the workspace: {type(exc).__name__}: {exc}",
                          0.0, job["env"])
     else:
-        from vitbench.measure.load import waiting
-
         with waiting(options.wait and not os.environ.get("VITBENCH_NO_WAIT")):  # as the parent's runs do
             record = run_spec(spec, ws, job["baseline"], job["env"], progress)
     text = json.dumps(to_jsonable(record), ensure_ascii=True, allow_nan=False)

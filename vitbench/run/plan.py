@@ -10,7 +10,7 @@ from typing import Any, Iterable, Mapping, Optional
 from vitbench.catalog import TaskSetup
 from vitbench.core.options import RunOptions
 from vitbench.errors import ParamError, VitbenchError, choices_error
-from vitbench.core.option_values import MAX_BATCH_SIZE, checked_seeds, checked_shard
+from vitbench.core.option_values import MAX_BATCH_SIZE, check_precision, checked_seeds, checked_shard
 from vitbench.core.params import params_dict, params_json
 from vitbench.host import get_host
 from vitbench.host.spec import RunSpec
@@ -86,8 +86,6 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
     methods = list(methods)
     typed = {host.method(name).name: name for name in reversed(methods)}  # the first name given for each
     chosen = method_values(methods, overrides, matched=match_gmacs is not None)  # instances the API parsed pass
-    from vitbench.measure.precision import check_precision
-
     common = dict(task=task, model=model, data=data, metrics=tuple(metrics), batch_size=batch_size,
                   device=device, seed=seed, checkpoint=checkpoint, pretrained=pretrained,
                   precision=None if check_precision(precision) == "fp32" else precision, compile=compile,
@@ -245,6 +243,7 @@ def with_controls(options: RunOptions, model: str) -> list[str]:
     methods = method_names(options)
     if not options.is_sweep or not options.controls:
         return methods
+    # timm: only for a sweep's controls; planning stays light
     from vitbench.tasks.model_names import accepted_models
 
     host = get_host()

@@ -9,6 +9,11 @@ from typing import Any, Callable, Optional
 from torch import nn
 
 from vitbench.engine import reduction_context
+from vitbench import measure
+from vitbench.engine.block import ReducingBlock
+from vitbench.measure.compiled import CompiledForTiming, compile_for_timing
+from vitbench.measure.cuda_graph import graph_for_timing
+from vitbench.measure.paired import measure_paired_speedup
 
 Progress = Callable[[str], None]
 
@@ -30,7 +35,6 @@ def input_size_of(model: nn.Module) -> tuple[int, int, int]:
 def attention_kernel(model: nn.Module) -> str:
     """Which attention kernel each block ran (docs/measuring.md: baseline and method must match)."""
     if not hasattr(model, "blocks"):  # hybrids: conv stages around their attention blocks
-        from vitbench.engine.block import ReducingBlock
 
         reducing = [m for m in model.modules() if isinstance(m, ReducingBlock)]
         if not reducing:
@@ -73,9 +77,6 @@ def timed_model(spec: Any, model: nn.Module, input_size: tuple[int, int, int], p
     model's forward captured as a CUDA graph for throughput and latency (a forward whose shapes
     depend on the data, or a CPU run, is timed without one, the reason recorded:
     :mod:`vitbench.measure.cuda_graph`)."""
-    from vitbench.measure.compiled import CompiledForTiming, compile_for_timing
-    from vitbench.measure.cuda_graph import graph_for_timing
-
     timings = [m for m in TIMING_METRICS if m in spec.metrics]
     curve = tuple(getattr(spec, "batch_sizes", None) or ())
     batches = tuple(1 if m == "latency" else spec.batch_size for m in timings) + curve
@@ -114,8 +115,6 @@ def measure_timings(spec: Any, model: Any, input_size: tuple[int, int, int], pro
     Every timing runs on ``images`` ``[m, C, H, W]`` taken in turn when given (the first evaluation
     images, so that an input-dependent method chooses as it does on data), else on seeded noise;
     ``timed_on`` says which."""
-    from vitbench import measure
-
     device, precision = spec.device, spec.precision_name
     asked = getattr(spec, "repeats", None)  # --repeats N / --quick: every timing with N repeats
     if asked is not None:
@@ -143,7 +142,6 @@ def measure_timings(spec: Any, model: Any, input_size: tuple[int, int, int], pro
                                             repeats=throughput_repeats, precision=precision, images=images)
         out.update(tp.fields())  # median, spread and the load/cores/threads it ran under
         if baseline is not None and timed.module is model:  # --compile/--cuda-graph: the throughputs' ratio
-            from vitbench.measure.paired import measure_paired_speedup
 
             progress(f"timing the forward in turn with the baseline's (batch {spec.batch_size})")
             paired = measure_paired_speedup(model, baseline, spec.batch_size, input_size, device=device,

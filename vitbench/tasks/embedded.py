@@ -4,11 +4,13 @@
 """
 from __future__ import annotations
 
+import importlib
 import os
 import sys
+from typing import Any
 
-__all__ = ["DEFAULT_MODEL", "DEIT_MODEL", "EMBEDDED_MODELS", "EMBEDDED_TRAIN_LIMIT", "ENV_DEFAULT_MODEL",
-           "LEGACY_MODEL"]
+__all__ = ["DEFAULT_MODEL", "DEIT_MODEL", "EMBEDDED_MODELS", "EMBEDDED_NUM_CLASSES", "EMBEDDED_TRAIN_LIMIT",
+           "ENV_DEFAULT_MODEL", "LEGACY_MODEL", "load_embedded_model"]
 
 #: the embedded model of DeiT's layout (:mod:`vitbench.tasks.cls.default_model`): 197 tokens
 DEIT_MODEL = "vitbench-fmnist-deit"
@@ -38,3 +40,14 @@ def _default_model() -> str:
 DEFAULT_MODEL = _default_model()
 #: ``--train-limit``'s default with each embedded model (docs/architecture.md, "Embedded defaults")
 EMBEDDED_TRAIN_LIMIT: dict[str, int] = {DEIT_MODEL: 1000, LEGACY_MODEL: 10000}
+#: the classes of every embedded model's head (Fashion-MNIST's)
+EMBEDDED_NUM_CLASSES = 10
+#: where the embedded models are loaded (and trained on a first use without shipped weights): the
+#: cls task's code, named by reference so that this module and its importers stay light
+_LOADER = "vitbench.tasks.cls.default_model:load_default_model"
+
+
+def load_embedded_model(name: str) -> Any:
+    """The embedded model ``name`` with its weights (shipped, cached, or trained now), in eval mode."""
+    module, _, function = _LOADER.partition(":")
+    return getattr(importlib.import_module(module), function)(model=name)[0]

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from vitbench.errors import CheckpointError
+from vitbench.data.fingerprint import folder_fingerprint
 
 if TYPE_CHECKING:  # pragma: no cover
     from vitbench.core.options import RunOptions
@@ -60,8 +61,6 @@ def identity_fields(options: "RunOptions", *, evaluates_data: bool, random_init:
     if evaluates_data and options.limit is not None:
         out["limit"] = options.limit
     if data_folder is not None:
-        from vitbench.data.fingerprint import folder_fingerprint
-
         out["data_id"] = folder_fingerprint(data_folder)
     if head is not None:
         out["head"] = head

@@ -14,6 +14,7 @@ import timm
 
 from vitbench.catalog import FamilySpec
 from vitbench.errors import UnknownNameError
+from vitbench.host import get_host
 
 __all__ = ["accepted_models", "family_models", "suggest_models", "supported_models", "unknown_model"]
 
@@ -35,8 +36,6 @@ def family_models(family: FamilySpec) -> list[str]:
 
 def accepted_models() -> dict[str, str]:
     """Each timm name a registered family accepts (:func:`family_models`), mapped to that family."""
-    from vitbench.host import get_host
-
     host = get_host()
     found: dict[str, str] = {}
     for family in sorted(host.names("families")):

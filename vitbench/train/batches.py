@@ -13,6 +13,9 @@ from typing import Any, Optional
 import torch
 from torch import nn
 from torch.utils.data import Sampler
+from vitbench.data.input_config import input_config
+from vitbench.data.workers import loader_settings, workers_for
+from vitbench.mm.classifier import classifier_cfg
 
 Batches = Callable[[], Iterator[tuple[torch.Tensor, torch.Tensor]]]
 
@@ -23,8 +26,6 @@ def data_preprocessor(model: nn.Module, bgr: bool) -> nn.Module:
     """The ``ClsDataPreprocessor`` of ``model``'s input config (mean/std, BGR->RGB)."""
     from mmengine.registry import MODELS, DefaultScope
 
-    from vitbench.mm.classifier import classifier_cfg
-    from vitbench.data.input_config import input_config
 
     cfg = input_config(model)
     pre = classifier_cfg(model, mean=cfg.mean, std=cfg.std, to_rgb=bgr and cfg.in_chans == 3)
@@ -40,7 +41,6 @@ class LocalSampler(Sampler):  # type: ignore[type-arg]
     """Every index of the data set in order, on every rank: what :func:`cls_batches` feeds
     (GMACs images, IB, statistics passes) is rank 0's own work under ``--launcher pytorch``,
     not a part of the data as ``DefaultSampler`` would give each rank."""
-
     def __init__(self, dataset: Sized, seed: Optional[int] = None) -> None:
         self.dataset = dataset
 
@@ -65,8 +65,6 @@ def loader_cfg(dataset: dict[str, Any], batch_size: int, shuffle: bool, *, local
     set, :func:`vitbench.data.workers.workers_for`), kept alive across epochs when ``persistent``
     (a training stage); pinned memory on CUDA. ``local``: the whole data set in order on every
     rank (:class:`LocalSampler`; no shuffle)."""
-    from vitbench.data.workers import loader_settings, workers_for
-
     sampler = {"type": LOCAL_SAMPLER} if local else {"type": "DefaultSampler", "shuffle": shuffle}
     if local:
         _register_local_sampler()

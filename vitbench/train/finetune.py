@@ -18,13 +18,15 @@ from vitbench.engine.block import ReductionContext, reduction_context
 from vitbench.errors import VitbenchError
 from vitbench.train.batches import Batches
 from vitbench.train.stages import FinetuneResult, StageSource, StageTrainer, run_stages, trainable_parameters
+from vitbench.host import distributed
+from vitbench.train import stages
+from vitbench.train.batches import cls_batches, data_preprocessor, loader_cfg
 
 __all__ = ["ClsStages", "FinetuneResult", "MethodTrainer", "finetune", "trainable_parameters"]
 
 
 class MethodTrainer(StageTrainer):
     """The model the Runner trains on cls: normalisation, the reduced timm model, CE + method loss."""
-
     def __init__(self, model: nn.Module, stage: TrainStage, data_preprocessor: nn.Module,
                  precision: str = "fp32") -> None:
         super().__init__(stage, data_preprocessor, precision)
@@ -80,7 +82,6 @@ class MethodTrainer(StageTrainer):
 class ClsStages(StageSource):
     """The cls task's part of the stage loop: the method's parameters (and the backbone's with
     ``train_backbone``), :class:`MethodTrainer`, the training split in each rank's batch."""
-
     def __init__(self, model: nn.Module, dataset: dict[str, Any], preprocessor: nn.Module, batches: Batches, *,
                  train_backbone: bool, precision: str, workers: Optional[int], device: torch.device) -> None:
         ctx = reduction_context(model)
@@ -99,11 +100,9 @@ class ClsStages(StageSource):
                ) -> tuple[dict[str, Any], dict[str, int]]:
         from mmengine.dist import get_world_size
 
-        from vitbench.host.distributed import rank_batch_size
-        from vitbench.train.batches import loader_cfg
 
         world = get_world_size()
-        per_rank = rank_batch_size(stage.batch_size, world)
+        per_rank = distributed.rank_batch_size(stage.batch_size, world)
         if progress and per_rank * world != stage.batch_size:
             progress(f"stage {stage.name!r}: batch {stage.batch_size} does not divide over {world} ranks: "
                      f"{per_rank} per rank, an effective batch of {per_rank * world}")
@@ -130,7 +129,6 @@ def finetune(model: nn.Module, data: Any, *, train_backbone: bool = False, limit
     mode with ``requires_grad`` as it was. ``workers``: loader worker processes (``--workers``;
     None: :func:`vitbench.data.workers.workers_for`'s default).
     """
-    from vitbench.train.batches import cls_batches, data_preprocessor
 
     ctx = reduction_context(model)
     if ctx is None or ctx.reduction is None:
@@ -158,7 +156,6 @@ def __getattr__(name: str) -> Any:
     if name in _MOVED:
         import warnings
 
-        from vitbench.train import stages
 
         warnings.warn(f"vitbench.train.finetune.{name} moved to vitbench.train.stages.{name}",
                       DeprecationWarning, stacklevel=2)

@@ -36,6 +36,8 @@ from vitbench.measure.precision import autocast
 from vitbench.task import CONTROL
 from vitbench.train.batches import Batches
 from vitbench.train.ema import ParameterEMA
+from vitbench.host import distributed
+from vitbench.mm.runner import release, runner_kwargs, work_dir_or_temp
 
 __all__ = ["DDP_WRAPPER", "FiniteLossHook", "FinetuneResult", "MethodDDP", "PositionHook", "StageHook",
            "StageSource", "StageTrainer", "broadcast_buffers", "check_losses_on_every_rank", "check_stage",
@@ -48,7 +50,6 @@ SCHEDULES = ("cosine", "constant")
 @dataclass
 class FinetuneResult:
     """What the loop did: per stage its settings, images, iterations, time and last losses."""
-
     stages: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
     train_images: int = 0
@@ -218,7 +219,6 @@ class MethodDDP(MMDistributedDataParallel):
     backward averages the gradients over the ranks (mmengine's documented way for a model with
     its own optimisation step: "a custom model wrapper inherit from MMDistributedDataParallel
     ... override the train_step method")."""
-
     def train_step(self, data: Any, optim_wrapper: OptimWrapper) -> dict[str, torch.Tensor]:
         return self.module.train_step(data, optim_wrapper, forward=self)
 
@@ -262,7 +262,6 @@ class FiniteLossHook(Hook):
     non-finite. It sees the losses after that step's update, so it costs nothing per step but
     the one check; vitbench's own trainers check before the update
     (:func:`~vitbench.core.guards.check_losses`)."""
-
     priority = "VERY_HIGH"
 
     def __init__(self, who: str, stage: str) -> None:
@@ -279,7 +278,6 @@ class FiniteLossHook(Hook):
 class PositionHook(Hook):
     """Tells the trainer the epoch and the iteration within it (both from 1) before each step,
     so a guard's error says where training diverged, as mmengine's log would."""
-
     priority = "VERY_HIGH"
 
     def __init__(self, trainer: BaseModel) -> None:
@@ -308,10 +306,8 @@ def train_stage(trainer: BaseModel, stage: TrainStage, params: dict[str, nn.Para
     (:func:`vitbench.host.distributed.raise_if_any_rank_failed`)."""
     from mmengine.runner import Runner
 
-    from vitbench.host.distributed import raise_if_any_rank_failed
-    from vitbench.mm.runner import release, runner_kwargs
 
-    raise_if_any_rank_failed(None)
+    distributed.raise_if_any_rank_failed(None)
 
     schedulers = None if stage.schedule == "constant" else [{
         "type": "CosineAnnealingLR", "by_epoch": True, "T_max": stage.epochs,
@@ -347,7 +343,6 @@ def _eval_no_grad(model: nn.Module) -> Iterator[None]:
 class StageHook(Hook):
     """Calls a stage's ``before`` / ``epoch_end`` / ``after`` callbacks (LTM's statistics
     passes, DCS's temperature schedule and shrink) with the training-data iterator."""
-
     priority = "HIGH"
 
     def __init__(self, stage: TrainStage, model: nn.Module, batches: Batches) -> None:
@@ -376,7 +371,6 @@ class StageTrainer(BaseModel):
     the (collective) loss guard, backward, the gradient guard, the update of this step's
     optimiser (:func:`step_wrapper`) and the stage's ``after_step`` callbacks. A task subclasses
     it for its batches and losses; under a launcher the Runner wraps it in :class:`MethodDDP`."""
-
     def __init__(self, stage: TrainStage, data_preprocessor: Any, precision: str = "fp32") -> None:
         super().__init__(data_preprocessor=data_preprocessor)
         self.stage = stage
@@ -403,7 +397,6 @@ class StageTrainer(BaseModel):
 
     def init_weights(self) -> None:
         """Keep the weights (``Runner.train()`` would re-initialise them)."""
-
     def split(self, data: dict[str, Any]) -> tuple[torch.Tensor, Any, torch.Tensor]:
         """A preprocessed batch as (inputs, data samples, the images' class labels)."""
         raise NotImplementedError
@@ -443,7 +436,6 @@ class StageSource:
     """What a task gives :func:`run_stages`: the method's name, the module whose parameters the
     stages may train, the model the method reduced, the training data of the stage callbacks,
     and per stage its trainable parameters, trainer and data loader."""
-
     #: the Runner's default registry scope (the task's data pipeline names its transforms)
     scope = "mmpretrain"
     #: iterations between progress lines
@@ -489,9 +481,6 @@ def run_stages(stages: Sequence[TrainStage], source: StageSource, *, device: tor
     and ``after`` callbacks. After each stage every rank holds rank 0's buffers and is checked to
     hold the same weights (:func:`~vitbench.host.distributed.same_on_every_rank`); after the last the
     weights are checked finite. ``requires_grad`` is restored and the module left in eval mode."""
-    from vitbench.host.distributed import same_on_every_rank
-    from vitbench.mm.runner import work_dir_or_temp
-
     for stage in stages:
         check_stage(source.method, stage)
     last = max((i for i, s in enumerate(stages) if s.epochs > 0), default=-1)
@@ -534,7 +523,7 @@ def run_stages(stages: Sequence[TrainStage], source: StageSource, *, device: tor
                             "what": f"fine-tuning {method} (stage {stage.name!r})"}],
                     work_dir=wd / stage.name, seed=seed, device=device, default_scope=source.scope)
             broadcast_buffers(module)  # under a launcher: rank 0's buffers (BatchNorm statistics) everywhere
-            same_on_every_rank(module, f"{method}: stage {stage.name!r}")
+            distributed.same_on_every_rank(module, f"{method}: stage {stage.name!r}")
             losses = _mean_over_ranks(trainer.last)  # the last step's losses over the whole batch
             result.train_images = max(result.train_images, images)
             seconds = time.perf_counter() - stage_start

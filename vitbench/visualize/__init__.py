@@ -6,6 +6,7 @@
 """
 from vitbench.visualize.figure import Choice, check_choices, figure_name, visualize
 from vitbench.visualize.groups import DROPPED, BlockGroups, group_map, trace_groups
+from vitbench.visualize.inputs import parse_blocks
 
-__all__ = ["DROPPED", "BlockGroups", "Choice", "check_choices", "figure_name", "group_map", "trace_groups",
-           "visualize"]
+__all__ = ["DROPPED", "BlockGroups", "Choice", "check_choices", "figure_name", "group_map", "parse_blocks",
+           "trace_groups", "visualize"]

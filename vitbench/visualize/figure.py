@@ -21,6 +21,11 @@ from vitbench.tasks.embedded import DEFAULT_MODEL
 from vitbench.visualize.inputs import (
     check_blocks, check_image_source, check_out, check_vit_name, default_blocks, load_image, load_vit,
 )
+from vitbench.host import get_host
+from vitbench.host.apply import apply
+from vitbench.host.values import values_of
+from vitbench.visualize.draw import Row, draw_figure
+from vitbench.visualize.groups import trace_groups
 
 __all__ = ["Choice", "check_choices", "figure_name", "visualize"]
 
@@ -43,9 +48,6 @@ class Choice:
 def check_choices(choices: Sequence[Choice]) -> list[Any]:
     """Unknown methods, methods without the ViT family and bad parameters fail here, model-free;
     each choice's parameters parsed into its method's dataclass, in order."""
-    from vitbench.host import get_host
-    from vitbench.host.values import values_of
-
     if not choices:
         raise UnsupportedError("--method names no method; give one or more, e.g. tome,topk "
                                "(see `vitbench list methods`)")
@@ -80,10 +82,6 @@ def visualize(choices: Sequence[Choice], out: str | Path, *, model: str = DEFAUL
               checkpoint: Optional[str] = None, pretrained: bool = False, seed: int = 0,
               filename: Optional[str] = None) -> Path:
     """Draw ``choices`` on ``model`` for one image into ``out``; returns the PNG's path."""
-    from vitbench.host.apply import apply
-    from vitbench.visualize.draw import Row, draw_figure
-    from vitbench.visualize.groups import trace_groups
-
     values = check_choices(choices)
     check_image_source(image, index)
     check_vit_name(model)

@@ -16,6 +16,13 @@ from torch import nn
 
 from vitbench.errors import DataError, ParamError, UnsupportedError
 from vitbench.tasks.embedded import DEFAULT_MODEL, EMBEDDED_MODELS
+from vitbench.data.fashion_mnist import CLASSES, load_fashion_mnist, pad_images
+from vitbench.data.input_config import input_config
+from vitbench.data.read_image import open_image
+from vitbench.host import get_host
+from vitbench.results.writable import check_writable
+from vitbench.tasks.models import load_model
+from vitbench.tasks.model_names import unknown_model
 
 __all__ = ["check_blocks", "check_image_source", "check_out", "check_vit_name", "default_blocks", "load_image",
            "load_vit", "parse_blocks"]
@@ -30,9 +37,6 @@ def check_vit_name(name: str) -> None:
     if name in EMBEDDED_MODELS:
         return
     import timm
-
-    from vitbench.host import get_host
-    from vitbench.tasks.model_names import unknown_model
 
     if not timm.is_model(name):
         raise unknown_model(name, DEFAULT_MODEL)
@@ -92,8 +96,6 @@ def check_blocks(blocks: list[int], depth: int, model: str) -> None:
 def load_vit(name: str, checkpoint: Optional[str] = None, seed: int = 0, pretrained: bool = False) -> nn.Module:
     """The model in eval mode: the default one, or timm's ``name`` with random weights drawn from
     ``seed`` (or a local ``checkpoint``; ``pretrained``: timm's, from the hub, as a run asked)."""
-    from vitbench.tasks.cls.models import load_model
-
     check_vit_name(name)
     return load_model(name, checkpoint=checkpoint, seed=seed, pretrained=pretrained)
 
@@ -101,9 +103,6 @@ def load_vit(name: str, checkpoint: Optional[str] = None, seed: int = 0, pretrai
 def load_image(model: nn.Module, image: Optional[str], index: int) -> tuple[torch.Tensor, np.ndarray, str]:
     """``(input [1, C, H, W] normalised, picture [H, W, 3] in 0..1, caption)`` for ``model``."""
     from PIL import Image
-
-    from vitbench.data.input_config import input_config
-    from vitbench.data.read_image import open_image
 
     cfg = input_config(model)
     h, w = cfg.input_size
@@ -115,8 +114,6 @@ def load_image(model: nn.Module, image: Optional[str], index: int) -> tuple[torc
             raise DataError(f"--image {image!r}: {exc}") from None
         caption = Path(image).name
     else:
-        from vitbench.data.fashion_mnist import CLASSES, load_fashion_mnist, pad_images
-
         images, labels = load_fashion_mnist("test")
         side = h if h == w and images.shape[1] <= h <= 32 else 32  # as the evaluation pads it
         padded = pad_images(images[index:index + 1], side)[0]
@@ -134,8 +131,6 @@ def load_image(model: nn.Module, image: Optional[str], index: int) -> tuple[torc
 
 def check_out(out: str) -> Path:
     """The output folder, proven writable (created and removed again if new) before anything runs."""
-    from vitbench.results.writable import check_writable
-
     if not out.strip():
         raise ParamError("--out '' is empty; name a folder for the figure")
     path = Path(out).expanduser()

@@ -1,7 +1,7 @@
 """The ``cls`` task: ImageNet-style classification with the mmengine/mmpretrain runners.
 
 Public entry points (imported lazily; the OpenMMLab stack is heavy to import):
-:func:`~vitbench.tasks.cls.models.load_model`,
+:func:`~vitbench.tasks.models.load_model` (any timm model or an embedded one),
 :func:`~vitbench.tasks.cls.default_model.load_default_model`,
 :func:`~vitbench.tasks.cls.data.resolve_cls_data`,
 :func:`~vitbench.tasks.cls.evaluate.evaluate_cls`.

@@ -34,6 +34,10 @@ from vitbench.core.cache import ENV_CACHE, atomic_write, cache_dir, cache_lock
 from vitbench.data.fashion_mnist import CLASSES, load_fashion_mnist, pad_images
 from vitbench.errors import choices_error
 from vitbench.tasks.cls import DEFAULT_MODEL, DEIT_MODEL, LEGACY_MODEL
+from vitbench.tasks.embedded import EMBEDDED_NUM_CLASSES
+from vitbench.mm.classifier import classifier_cfg
+from vitbench.mm.hooks import ProgressHook
+from vitbench.mm.runner import release, runner_kwargs
 
 
 @dataclass(frozen=True)
@@ -83,7 +87,7 @@ class EmbeddedModel:
         return (self.img_size // int(self.arch["patch_size"])) ** 2 + 1
 
 
-NUM_CLASSES = 10
+NUM_CLASSES = EMBEDDED_NUM_CLASSES
 #: the first stage's recipe: vitbench-fmnist-deit-5977878523d7 (only its metadata still ships)
 DEIT_FIRST_STAGE = Recipe(epochs=9, batch_size=128, lr=2e-3, patch_drop=(0.75,) * 6 + (0.0,) * 3)
 #: the recipes of the shipped entries the default continues, oldest first (each the next one's ``start_from``)
@@ -173,8 +177,6 @@ def train_config(*, model: str | EmbeddedModel = DEFAULT_MODEL, epochs: int | No
     set: its top-1 is the number recorded in the cache metadata (``max_test_images`` cuts it
     short, for tests).
     """
-    from vitbench.mm.classifier import classifier_cfg
-
     m = embedded(model)
     recipe = m.recipe
     epochs = recipe.epochs if epochs is None else epochs
@@ -315,8 +317,6 @@ def _runner_config(cfg: dict[str, Any], work_dir: Path, seed: int, verbose: bool
     """``cfg`` with vitbench's quiet runner settings, progress lines and a checkpoint per epoch."""
     from mmengine.config import Config
 
-    from vitbench.mm.runner import runner_kwargs
-
     progress_hook = {"type": "vitbench.ProgressHook", "verbose": verbose, "interval": 50,
                      "prefix": "vitbench: ", "what": "training the default model"}
     kwargs = runner_kwargs(work_dir=work_dir, seed=seed, deterministic=True,
@@ -340,9 +340,6 @@ def train_default_model(*, model: str | EmbeddedModel = DEFAULT_MODEL, epochs: i
     interrupted. Returns ``(model in eval mode, metadata)``.
     """
     from mmengine.runner import Runner
-
-    from vitbench.mm.hooks import ProgressHook
-    from vitbench.mm.runner import release
 
     m = embedded(model)
     cfg = train_config(model=m, epochs=epochs, max_train_images=max_train_images, batch_size=batch_size,

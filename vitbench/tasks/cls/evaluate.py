@@ -28,6 +28,14 @@ from vitbench.errors import DataError, ParamError, UnsupportedError
 from vitbench.core.guards import check_finite
 from vitbench.tasks.cls.data import ClsData, resolve_cls_data
 from vitbench.data.input_config import input_config
+from vitbench.core import progress
+from vitbench.host import distributed
+from vitbench.measure.ib import final_features_during
+from vitbench.measure.precision import autocast_method
+from vitbench.mm.classifier import build_classifier
+from vitbench.mm.hooks import TestProgressHook, steady_rate
+from vitbench.mm.runner import release, runner_kwargs, work_dir_or_temp
+from vitbench.train.batches import loader_cfg
 
 __all__ = ["ClsData", "evaluate_cls", "resolve_cls_data"]
 
@@ -42,7 +50,6 @@ def _positive(name: str, value: Any, *, allow_none: bool = False) -> None:
 class _FiniteLogits:
     """A forward hook on the evaluated model: each batch's logits must be finite; with ``keep``,
     each image's top-1 class is kept, in the data's order."""
-
     def __init__(self, keep: bool = False) -> None:
         self.batch = 0
         self.top1: Optional[list[torch.Tensor]] = [] if keep else None
@@ -72,9 +79,8 @@ def _accuracy_metric(topk: tuple[int, ...], work_dir: Path | None) -> Any:
     (kept when there is no ``work_dir``: each rank's temporary folder would differ)."""
     from mmpretrain.evaluation import Accuracy
 
-    from vitbench.host.distributed import collect_in
 
-    return collect_in(Accuracy(topk=topk), work_dir)
+    return distributed.collect_in(Accuracy(topk=topk), work_dir)
 
 
 #: what :func:`evaluate_cls` hands an observer per batch: final features, normalised images, labels
@@ -84,7 +90,6 @@ BatchObserver = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
 class _Observe:
     """Hands ``observe`` each test batch's final features and images (captured in the forward)
     with its labels (from the batch's outputs, after the step)."""
-
     def __init__(self, observe: BatchObserver) -> None:
         self.observe = observe
         self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -138,16 +143,8 @@ def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, devi
     shard) is raised on every rank, naming that rank. ``predictions``: also ``top1_predictions``,
     each image's top-1 class in the data's order (a tuple; outside a process group only).
     """
-    from vitbench.measure.precision import autocast_method
     from mmengine.runner import Runner
 
-    from vitbench.core import progress
-    from vitbench.host.distributed import collective_test, is_distributed, raise_if_any_rank_failed
-    from vitbench.measure.ib import final_features_during
-    from vitbench.mm.classifier import build_classifier
-    from vitbench.mm.hooks import TestProgressHook, steady_rate
-    from vitbench.mm.runner import release, runner_kwargs, work_dir_or_temp
-    from vitbench.train.batches import loader_cfg
 
     _positive("batch_size", batch_size)
     _positive("limit", limit, allow_none=True)
@@ -164,7 +161,7 @@ def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, devi
                                   to_rgb=data.bgr and cfg.in_chans == 3)
     n_out = getattr(model, "num_classes", None)
     topk = (1, 5) if not isinstance(n_out, int) or n_out > 5 else (1,)
-    raise_if_any_rank_failed(None)  # meets a rank that failed earlier in the run (the Runner broadcasts)
+    distributed.raise_if_any_rank_failed(None)  # meets a rank that failed earlier in the run (the Runner broadcasts)
     watcher = _Observe(observe) if observe is not None else None
     with work_dir_or_temp(work_dir) as wd, progress.steps("evaluating accuracy", unit="batches") as step, \
             contextlib.ExitStack() as stack:
@@ -176,7 +173,7 @@ def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, devi
             test_cfg={"type": "TestLoop"},
             custom_hooks=[counted := TestProgressHook(step)] + ([watcher.hook()] if watcher is not None else []),
         ))
-        logits = _FiniteLogits(keep=predictions and not is_distributed())
+        logits = _FiniteLogits(keep=predictions and not distributed.is_distributed())
         guard = model.register_forward_hook(logits)
         try:
             if watcher is not None:
@@ -188,10 +185,10 @@ def evaluate_cls(model: nn.Module, data: ClsData, *, batch_size: int = 128, devi
             runner.model.to(target)  # the Runner puts the model on its own choice (cuda if any)
             with autocast_method(runner.model, "test_step", precision, target):  # the loop resets an outer one
                 start = time.perf_counter()
-                metrics = collective_test(runner)  # a rank's error is every rank's
+                metrics = distributed.collective_test(runner)  # a rank's error is every rank's
                 seconds = time.perf_counter() - start
             num_images = len(runner.test_dataloader.dataset)
-            if not is_distributed() and counted.scored != num_images:  # a rank scores its shard only
+            if not distributed.is_distributed() and counted.scored != num_images:  # a rank scores its shard only
                 raise DataError(f"the evaluation scored {counted.scored} predictions for its {num_images} images: "
                                 f"the model's forward changed the batch; no accuracy is reported for it")
         finally:

@@ -29,7 +29,10 @@ from torch import nn
 
 from vitbench.errors import DataError, UnsupportedError
 from vitbench.core.guards import check_finite
-from vitbench.tasks.cls.models import classifier_keys, load_checkpoint
+from vitbench.tasks.models import classifier_keys, load_checkpoint
+from vitbench.data.image_folder import MissingSplitError
+from vitbench.train.batches import cls_batches, data_preprocessor
+from vitbench.train.checkpoint import save_trained
 
 __all__ = ["HeadFit", "classifier_layers", "fit_linear_head", "fitted_head", "probe_features"]
 
@@ -43,7 +46,6 @@ FEATURE_BATCH = 128
 @dataclass
 class HeadFit:
     """How a head was fitted: what the record's ``head`` field holds."""
-
     num_classes: int
     method: str
     train_images: int
@@ -153,12 +155,8 @@ def fitted_head(model: nn.Module, data: Any, out_dir: Path, *, model_name: str, 
     """Fit ``model``'s new head on ``data``'s training split (a
     :class:`~vitbench.tasks.cls.data.ClsData`; ``limit``: its first N images), in place, or load
     the fit a previous command saved under ``out_dir`` for the same backbone weights and data."""
-    from vitbench.train.batches import cls_batches, data_preprocessor
-    from vitbench.train.checkpoint import save_trained
-
     n = len(data.classes)
     classifier_layers(model)  # unsupported heads fail before the data is read
-    from vitbench.data.image_folder import MissingSplitError
 
     try:
         train = data.train_cfg(limit=limit)

@@ -29,9 +29,27 @@ from vitbench.tasks.cls import EMBEDDED_MODELS
 from vitbench.tasks.common import TIMING_METRICS, Progress, attention_kernel, input_size_of, measure_timings
 from vitbench.tasks.cls.weights_from import default_model_weights
 from vitbench.tasks.identity import first_seed, weights_from
+from vitbench.core.cache import atomic_write
+from vitbench.core.params import params_dict, training_params
+from vitbench.data.decoded import decode_once
+from vitbench.data.workers import usable_cores
+from vitbench.engine import token_rules
+from vitbench.host import get_host
+from vitbench.host.distributed import all_ranks, is_distributed, is_main
+from vitbench.measure.ib import IBSamples, feature_source, measure_ib
+from vitbench.measure.load import machine_load, wait_for_quiet
+from vitbench.measure.speed import timing_doubt
+from vitbench.report.measured_on import derive_measured_on
+from vitbench.tasks.cls.data import resolve_cls_data
+from vitbench.tasks.cls.evaluate import evaluate_cls
+from vitbench.tasks.cls.head import fitted_head
+from vitbench.tasks.models import load_model
+from vitbench.tasks.cls.weights_from import default_model_sha256
+from vitbench.train import finetune, load_trained, save_trained
+from vitbench.train.batches import cls_batches, data_preprocessor, first_images
+from vitbench.train.shipped import find_shipped, load_shipped
 
 if TYPE_CHECKING:  # pragma: no cover
-    from vitbench.measure.ib import IBSamples
     from vitbench.host.spec import RunSpec
 
 __all__ = ["ClsWorkspace", "cls_gmacs_counter", "cls_workspace", "run_cls_spec"]
@@ -75,8 +93,6 @@ class ClsWorkspace:
 
 
 def _eval_batches(ws: ClsWorkspace, model: nn.Module, device: str, limit: Optional[int] = None):  # type: ignore[no-untyped-def]
-    from vitbench.train.batches import cls_batches, data_preprocessor
-
     n = ws.eval_limit if limit is None else (limit if ws.eval_limit is None else min(limit, ws.eval_limit))
     return cls_batches(ws.data.dataset_cfg(limit=n), data_preprocessor(model, ws.data.bgr),
                        device=device, batch_size=ws.eval_batch_size, workers=ws.workers)
@@ -104,7 +120,6 @@ def _first_eval_images(ws: ClsWorkspace, n: int) -> Optional[torch.Tensor]:
     """The first ``n`` evaluation images as the model takes them (None without data)."""
     if ws.data is None:
         return None
-    from vitbench.train.batches import first_images
 
     return first_images(_eval_batches(ws, ws.model, "cpu", n), n)
 
@@ -151,10 +166,6 @@ def cls_gmacs_counter(spec: RunSpec, ws: ClsWorkspace, progress: Progress) -> Gm
 def shipped_settings(spec: RunSpec, values: Any) -> dict[str, Any]:
     """What a run's fine-tuning depends on, as shipped weights record it (:mod:`vitbench.train.shipped`);
     ``values`` the run's parameter dataclass (a matched knob set)."""
-    from vitbench.core.params import params_dict, training_params
-    from vitbench.host import get_host
-    from vitbench.tasks.cls.weights_from import default_model_sha256
-
     method = get_host().method(spec.method)
     return {"model": spec.model,
             "model_sha256": default_model_sha256(spec.model) if spec.model in EMBEDDED_MODELS and not spec.weights
@@ -167,9 +178,6 @@ def shipped_settings(spec: RunSpec, values: Any) -> dict[str, Any]:
 def _load_shipped(spec: RunSpec, model: nn.Module, values: Any, progress: Progress) -> Optional[dict[str, Any]]:
     """Load the method's shipped weights when the run's settings equal theirs; what the record
     says of them, or ``None`` (the run fine-tunes)."""
-    from vitbench.host import get_host
-    from vitbench.train.shipped import find_shipped, load_shipped
-
     entry = find_shipped(get_host().method(spec.method).weights, shipped_settings(spec, values))
     if entry is None:
         return None
@@ -188,9 +196,6 @@ def _train(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progress
     every rank fine-tunes (DDP, :mod:`vitbench.train.finetune`), the ranks reload a checkpoint
     only when every one of them finds it (a decision they take together), and rank 0 alone
     writes it."""
-    from vitbench.host.distributed import all_ranks, is_main
-    from vitbench.train import finetune, load_trained, save_trained
-
     path = ws.checkpoint_dir / f"{spec.spec_id}.pth" if ws.checkpoint_dir else None
     if all_ranks(ws.resume and path is not None and path.is_file()):
         progress(f"loading the fine-tuned checkpoint {path}")
@@ -224,14 +229,13 @@ def _accuracy(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progr
     gathers the IB metric's samples from the same forwards."""
     if "accuracy" not in spec.metrics:
         return {}
-    from vitbench.engine.token_rules import token_rules_traced
-    from vitbench.tasks.cls.evaluate import evaluate_cls
 
     timed = any(m in spec.metrics for m in TIMING_METRICS)  # its end-to-end speed is then a timing too
     load = _quiet_load("the timed evaluation") if timed else None
     progress("evaluating accuracy" + (" (and the IB metric's features)" if ib is not None else ""))
     relabel = _ib_labels(ws) if ib is not None else None
-    traced = token_rules_traced(model, spec.method) if reduction_context(model) is not None else nullcontext()
+    reduced = reduction_context(model) is not None
+    traced = token_rules.token_rules_traced(model, spec.method) if reduced else nullcontext()
     with traced:  # every scored step keeps the token rules (docs/measuring.md); a broken one is the run's error
         acc = evaluate_cls(model, ws.data, batch_size=ws.eval_batch_size, device=spec.device,
                            limit=ws.eval_limit, seed=spec.seed, precision=spec.precision_name, workers=ws.workers,
@@ -249,9 +253,6 @@ def _quiet_load(what: str) -> dict[str, Any]:
     """Wait for a quiet machine (inside a run), then the load the evaluation starts under and why
     its end-to-end speed is not to be trusted: the load before only (the evaluation's own loader
     workers raise the load after it)."""
-    from vitbench.measure.load import machine_load, wait_for_quiet
-    from vitbench.measure.speed import timing_doubt
-
     waited = wait_for_quiet(what)
     before = machine_load()
     return {"eval_load_before": before.load_1min, "eval_cores": before.cores,
@@ -285,8 +286,6 @@ def _agreement(spec: RunSpec, ws: ClsWorkspace, top1: Optional[tuple[int, ...]])
     if spec.method == BASELINE:
         ws.baseline_top1[spec.seed] = top1
         if path is not None:
-            from vitbench.core.cache import atomic_write
-
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(path, lambda tmp: tmp.write_text(json.dumps(top1)))
         return {}
@@ -300,7 +299,6 @@ def _agreement(spec: RunSpec, ws: ClsWorkspace, top1: Optional[tuple[int, ...]])
 
 
 def _measure(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progress) -> dict[str, Any]:
-    from vitbench.host.distributed import is_main
 
     if not is_main():  # --launcher pytorch: the other ranks take part in the evaluation only
         return _accuracy(spec, ws, model.to(spec.device), progress)
@@ -324,7 +322,6 @@ def _measure(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progre
             ib = samples.terms(ws.data.num_classes)  # from the accuracy pass's forwards
         else:
             progress("measuring IB loss and bound")
-            from vitbench.measure.ib import measure_ib
 
             with autocast(precision, device):
                 ib = measure_ib(model, _ib_batches(ws, model, device), ws.data.num_classes, device=device)
@@ -355,17 +352,12 @@ def _measure(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progre
 def _reduces_tokens(spec: RunSpec) -> bool:
     """Whether ``spec``'s method reduces tokens (merging, pruning, both, or a control that drops
     them), so that its own time is its forward's beyond the token-count limit's."""
-    from vitbench.host import get_host
-
     return get_host().method(spec.method).kind in ("merging", "pruning", "hybrid", "control")
 
 
 def _shared_ib_samples(spec: RunSpec, ws: ClsWorkspace, model: nn.Module) -> Optional[IBSamples]:
     """Where the IB metric can read the accuracy pass's own forwards (one process, accuracy
     measured, a model whose family names its feature module): an empty :class:`IBSamples` for it."""
-    from vitbench.host.distributed import is_distributed
-    from vitbench.measure.ib import IBSamples, feature_source
-
     shared = ("ib" in spec.metrics and "accuracy" in spec.metrics and ws.data is not None
               and not is_distributed() and feature_source(model) is not None)
     return IBSamples() if shared else None
@@ -382,13 +374,12 @@ def run_cls_spec(spec: RunSpec, ws: ClsWorkspace, values: Any, progress: Progres
         context = reduction_context(model)
         if context is not None and context.reduction is not None and context.reduction.train:
             out.update(_train(spec, ws, model, progress, values))
-        from vitbench.engine.token_rules import check_token_rules  # a broken rule: an error, not a row
 
-        check_token_rules(model, _gmacs_images(spec, ws))  # one forward of 4 images; the model kept as it was
+        # a broken rule is an error, not a row: one forward of 4 images, the model kept as it was
+        token_rules.check_token_rules(model, _gmacs_images(spec, ws))
     out.update(_measure(spec, ws, model.eval(), progress))
     if spec.method != BASELINE:  # and again after every timed forward: a step that changes as it runs
-        check_token_rules(model, _gmacs_images(spec, ws))
-    from vitbench.report.measured_on import derive_measured_on
+        token_rules.check_token_rules(model, _gmacs_images(spec, ws))
 
     out["input_size"] = list(ws.input_size)  # the image size the reports name beside the data
     if ws.data is not None and ws.data.layout:  # how a folder was read: its layout and class count
@@ -405,8 +396,6 @@ def cls_workspace(request: WorkspaceRequest, reads_data: bool) -> ClsWorkspace:
     """What the runs of a cls plan share (:meth:`vitbench.tasks.cls.task.ClsTask.workspace`): the model
     (the default one is trained once and cached), every method checked to apply, the data when the
     plan ``reads_data`` (accuracy is measured or a method trains), a new head fitted when asked."""
-    from vitbench.tasks.cls.models import load_model
-
     options, setup, plan = request.options, request.setup, request.plan
     request.note(f"loading model {setup.model}")
     model = load_model(setup.model, pretrained=options.pretrained, checkpoint=options.checkpoint,
@@ -414,8 +403,6 @@ def cls_workspace(request: WorkspaceRequest, reads_data: bool) -> ClsWorkspace:
     check_applies(plan, model, isolated=options.isolated)
     cls_data, decoded = None, 0
     if reads_data:
-        from vitbench.tasks.cls.data import resolve_cls_data
-
         cls_data = resolve_cls_data(setup.data, model)  # a head of another class count is refused here
         if setup.plan.get("data_id"):  # a folder: decoded once, read by every run of the plan
             cls_data, decoded = _decoded(cls_data, setup.plan["data_id"], options, request.note)
@@ -423,12 +410,9 @@ def cls_workspace(request: WorkspaceRequest, reads_data: bool) -> ClsWorkspace:
     out.mkdir(parents=True, exist_ok=True)
     head = None
     if cls_data is not None and getattr(model, "vitbench_new_head", False):
-        from vitbench.tasks.cls.head import fitted_head  # --num-classes N: a new head, fitted once
-
         head = fitted_head(model, cls_data, out / "checkpoints", model_name=setup.model,
                            limit=setup.plan.get("train_limit"), device=options.device,
                            progress=request.note).record()
-    from vitbench.report.measured_on import derive_measured_on
 
     measured_on = derive_measured_on({"data": setup.data, "head": head}, limit=setup.plan.get("limit"),
                                      data_id=setup.plan.get("data_id"),
@@ -444,9 +428,6 @@ def _decoded(data: Any, data_id: str, options: Any, note: Callable[[str], None])
     """``data`` reading its evaluation images from the decoded-image cache (filled now unless an
     entry exists; :mod:`vitbench.data.decoded`), and how many images were decoded now."""
     import dataclasses
-
-    from vitbench.data.decoded import decode_once
-    from vitbench.data.workers import usable_cores
 
     workers = options.workers if options.workers is not None else min(8, usable_cores())  # nothing else runs yet
     cfg, decoded = decode_once(data.dataset_cfg(limit=options.limit), data_id, workers=workers, note=note)

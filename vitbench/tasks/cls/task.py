@@ -17,6 +17,8 @@ from vitbench.host import get_host
 from vitbench.task import Progress, Task
 from vitbench.tasks.cls import DEFAULT_MODEL, EMBEDDED_MODELS, EMBEDDED_TRAIN_LIMIT, ENV_DEFAULT_MODEL
 from vitbench.tasks.identity import data_path, identity_fields
+from vitbench.core.params import params_dict, training_params
+from vitbench.host.values import method_values
 
 if TYPE_CHECKING:  # pragma: no cover
     from vitbench.measure.calibrate import GmacsCounter
@@ -34,8 +36,6 @@ CLS_ACCURACY = (ReportColumn("top1_pct", "Top-1 (%)", "ΔTop-1 (pp)", ".2f", bef
 def _learnable(options: "RunOptions") -> list[str]:
     """The methods of ``options`` that fine-tune with their ``--param`` values (ALGM only with
     ``epochs`` above 0)."""
-    from vitbench.host.values import method_values
-
     host = get_host()
     return [name for name, values in method_values(options.methods, options.params).items()
             if host.method(name).trains(values)]
@@ -69,8 +69,7 @@ def _shipped_train_limits(options: "RunOptions", methods: Sequence[str], model: 
     knob as the F it will be): without
     ``--train-limit`` such a run trains on the entry's budget and so loads it; another setting
     trains on the default images. None in a sweep (its budgets set the knob)."""
-    from vitbench.core.params import params_dict, training_params
-    from vitbench.host.values import method_values
+    # torch/mm: when a run starts; registering the task stays light
     from vitbench.train.shipped import shipped_entries
 
     if options.is_sweep:
@@ -131,6 +130,7 @@ class ClsTask(Task):
         if options.num_classes is not None and model_name not in EMBEDDED_MODELS:  # a new head: fitted when data is read
             head = f"num_classes={options.num_classes}" + (
                 f",fit_limit={'all' if train_limit is None else train_limit}" if reads_data else "")
+        # torch/mm: when a run starts; registering the task stays light
         from vitbench.tasks.cls.data import is_fashion_mnist
 
         if not is_fashion_mnist(data):
@@ -147,18 +147,21 @@ class ClsTask(Task):
         """Load the model (the default one is trained once and cached), check every method applies,
         resolve the data when accuracy is measured or a method trains, fit a new head when asked
         (:func:`~vitbench.tasks.cls.run.cls_workspace`)."""
+        # torch/mm: when a run starts; registering the task stays light
         from vitbench.tasks.cls.run import cls_workspace
 
         return cls_workspace(request, reads_data=_reads_data(request.setup.metrics, request.options))
 
     def run(self, spec: "RunSpec", ws: "ClsWorkspace", values: Any, progress: Progress) -> dict[str, Any]:
         """:func:`~vitbench.tasks.cls.run.run_cls_spec`."""
+        # torch/mm: when a run starts; registering the task stays light
         from vitbench.tasks.cls.run import run_cls_spec
 
         return run_cls_spec(spec, ws, values, progress)
 
     def gmacs_counter(self, spec: "RunSpec", ws: "ClsWorkspace", progress: Progress) -> "GmacsCounter":
         """:func:`~vitbench.tasks.cls.run.cls_gmacs_counter`."""
+        # torch/mm: when a run starts; registering the task stays light
         from vitbench.tasks.cls.run import cls_gmacs_counter
 
         return cls_gmacs_counter(spec, ws, progress)

@@ -22,6 +22,7 @@ def default_model_sha256(name: str = DEFAULT_MODEL) -> Optional[str]:
     """The sha256 of the embedded model's weights that
     :func:`~vitbench.tasks.cls.default_model.load_default_model` reads (the cache first, then
     the shipped entry); ``None`` when neither metadata file says."""
+    # torch: the default model's module, when its weights are named
     from vitbench.tasks.cls import default_model as dm
 
     cfg = dm.train_config(model=name)
@@ -35,6 +36,7 @@ def default_model_weights(name: str = DEFAULT_MODEL) -> str:
     :func:`~vitbench.tasks.cls.default_model.load_default_model` reads (the cache first, then the
     shipped one): ``embedded default vitbench-fmnist-deit (sha256 fe042ea1786f)``, or ``retrained
     here`` when the cache holds other weights than the shipped ones."""
+    # torch: the default model's module, when its weights are named
     from vitbench.tasks.cls import default_model as dm
 
     cfg = dm.train_config(model=name)

@@ -20,6 +20,7 @@ from torch import nn
 from vitbench.engine.block import reduction_context
 from vitbench.errors import UnsupportedError
 from vitbench.mm.registry import MODELS
+from vitbench.engine.unmerge import unmerge
 
 __all__ = ["FeatureMaps", "SimplePyramid", "out_channels_of", "is_plain_vit"]
 
@@ -153,8 +154,6 @@ class FeatureMaps(nn.Module):
 
     def _vit_map(self, images: torch.Tensor) -> torch.Tensor:
         """The stride-16 patch-token map ``[B, C, H/16, W/16]``, unmerged when reduced."""
-        from vitbench.engine.unmerge import unmerge
-
         model = self.model
         tokens = model.forward_features(images)
         context = reduction_context(model)

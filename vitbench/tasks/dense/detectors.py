@@ -16,6 +16,7 @@ from torch import nn
 from vitbench.errors import choices_error
 from vitbench.host import get_host
 from vitbench.tasks.dense.backbone import out_channels_of
+from vitbench.mm.compat import ssd_head_predict_fix
 
 WIDTHS = ("full", "light")
 #: ImageNet mean/std in 0..255 RGB, as timm's and mmdet's configs use
@@ -44,8 +45,6 @@ def build_detector(task: str, backbone: nn.Module, num_classes: int, *, width: s
     from mmdet.utils import register_all_modules
     from mmengine.config import ConfigDict
     from mmengine.registry import DefaultScope
-
-    from vitbench.mm.compat import ssd_head_predict_fix
 
     dense = dense_task(task)
     if width not in WIDTHS:

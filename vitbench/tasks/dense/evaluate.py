@@ -27,6 +27,11 @@ from vitbench.errors import DataError
 from vitbench.core.guards import check_finite, check_metrics
 from vitbench.tasks.dense.data import DetData
 from vitbench.tasks.dense.train import _loader, quiet_stdout
+from vitbench.core import progress
+from vitbench.host import distributed
+from vitbench.measure.precision import autocast_method
+from vitbench.mm.hooks import TestProgressHook
+from vitbench.mm.runner import release, runner_kwargs, work_dir_or_temp
 
 #: record field <- CocoMetric key (COCO's 0..1 scale, as mmdet and the papers' tables report it)
 _KEYS = {"box_map": "coco/bbox_mAP", "box_ap50": "coco/bbox_mAP_50", "box_ap75": "coco/bbox_mAP_75",
@@ -39,7 +44,6 @@ _CHECKED = ("backbone", "neck", "bbox_head", "rpn_head", "roi_head.bbox_head", "
 
 class _FiniteOutputs:
     """Forward hooks on the detector's parts and a test-loop check of its predictions."""
-
     def __init__(self, detector: nn.Module) -> None:
         self.batch = 1
         self.handles = [module.register_forward_hook(self._hook(name))
@@ -77,11 +81,10 @@ def coco_metric(data: DetData, *, masks: bool, work_dir: str | Path | None = Non
     from mmdet.registry import METRICS
     from mmengine.registry import DefaultScope
 
-    from vitbench.host.distributed import collect_in
 
     with DefaultScope.overwrite_default_scope("mmdet"), quiet_stdout():  # pycocotools reads the annotations
         metric = METRICS.build(data.metric_cfg(masks=masks))
-    return collect_in(metric, None if work_dir is None else Path(work_dir))
+    return distributed.collect_in(metric, None if work_dir is None else Path(work_dir))
 
 
 def evaluate_detector(detector: nn.Module, data: DetData, *, masks: bool, batch_size: int = 8,
@@ -97,13 +100,8 @@ def evaluate_detector(detector: nn.Module, data: DetData, *, masks: bool, batch_
     raised on every rank, naming that rank)."""
     from mmengine.runner import Runner
 
-    from vitbench.core import progress
-    from vitbench.host.distributed import collective_test, is_distributed, raise_if_any_rank_failed
-    from vitbench.measure.precision import autocast_method
-    from vitbench.mm.hooks import TestProgressHook
-    from vitbench.mm.runner import release, runner_kwargs, work_dir_or_temp
 
-    raise_if_any_rank_failed(None)  # meets a rank that failed earlier in the run (the Runner broadcasts)
+    distributed.raise_if_any_rank_failed(None)  # meets a rank that failed earlier in the run (the Runner broadcasts)
     guard = _FiniteOutputs(detector)
     with work_dir_or_temp(work_dir) as wd, progress.steps("evaluating mAP", unit="batches") as step:
         counted = TestProgressHook(step)
@@ -118,9 +116,9 @@ def evaluate_detector(detector: nn.Module, data: DetData, *, masks: bool, batch_
             runner.model.to(torch.device(device))
             # backbone and neck in ``precision``; heads and NMS in fp32 (mmcv's NMS has no half kernel)
             with quiet_stdout(), autocast_method(runner.model, "extract_feat", precision, device, to_float=True):
-                metrics = collective_test(runner)  # a rank's error is every rank's
+                metrics = distributed.collective_test(runner)  # a rank's error is every rank's
             num_images = len(runner.test_dataloader.dataset)
-            if not is_distributed() and counted.scored != num_images:  # a rank scores its shard only
+            if not distributed.is_distributed() and counted.scored != num_images:  # a rank scores its shard only
                 raise DataError(f"the evaluation scored {counted.scored} predictions for its {num_images} images: "
                                 f"the model's forward changed the batch; no mAP is reported for it")
         finally:

@@ -30,6 +30,17 @@ from vitbench.errors import VitbenchError
 from vitbench.tasks.common import measure_timings
 from vitbench.tasks.dense.data import DetData
 from vitbench.tasks.dense.detectors import build_detector
+from vitbench.engine import token_rules
+from vitbench.host import distributed
+from vitbench.measure.calibrate import GmacsCounter, prepared_as_trained
+from vitbench.task import CONTROL, REFERENCES
+from vitbench.tasks.models import load_checkpoint
+from vitbench.tasks.dense.backbone import is_plain_vit
+from vitbench.tasks.dense.evaluate import evaluate_detector, first_val_images
+from vitbench.tasks.dense.protocol import DEFAULT_PROTOCOL, dense_finetune_for
+from vitbench.tasks.dense.train import finetune_control, finetune_method, train_detector
+from vitbench.tasks.identity import weights_from
+from vitbench.tasks.model_names import unknown_model
 
 Progress = Callable[[str], None]
 #: default training of the baseline detector on the embedded shapes set (measured: docs/results.md)
@@ -120,14 +131,12 @@ def trained_weights(ws: DenseWorkspace, seed: int, progress: Progress) -> dict[s
     has its own cache key (:meth:`DenseWorkspace.weights_key`): it is not the single-process one.
     Training holds the cache file's lock (:func:`_training_lock`): another vitbench process
     that needs the same detector meanwhile waits, then loads it instead of training it again."""
-    from vitbench.host.distributed import is_main
-
     if seed in ws._weights:
         return ws._weights[seed]
     path = ws.cache_dir / f"{ws.task}-{ws.model_name}-{ws.weights_key(seed)}.pth" if ws.cache_dir else None
     if _load_cached(ws, seed, path, progress):
         return ws._weights[seed]
-    with _training_lock(ws, path, is_main()):
+    with _training_lock(ws, path, distributed.is_main()):
         if _load_cached(ws, seed, path, progress):  # trained meanwhile by another vitbench process
             return ws._weights[seed]
         detector = build_detector(ws.task, copy.deepcopy(ws.model), ws.data.num_classes, width=ws.width)
@@ -140,7 +149,7 @@ def trained_weights(ws: DenseWorkspace, seed: int, progress: Progress) -> dict[s
         ws._weights[seed] = weights
         ws.training_infos[seed] = info
         if path is not None:
-            _save_on_rank_0(weights, info, path, is_main())
+            _save_on_rank_0(weights, info, path, distributed.is_main())
     progress(f"detector trained in {info['seconds']:.0f} s ({info['iters']} iterations"
              + (f"; {ranks} ranks x {info['rank_batch_size']} images a step" if "rank_batch_size" in info else "")
              + ")")
@@ -150,9 +159,7 @@ def trained_weights(ws: DenseWorkspace, seed: int, progress: Progress) -> dict[s
 def _load_cached(ws: DenseWorkspace, seed: int, path: Optional[Path], progress: Progress) -> bool:
     """Load ``seed``'s trained detector from the cache file ``path`` into ``ws`` when every rank
     finds it (a collective under a launcher: the ranks load or train together)."""
-    from vitbench.host.distributed import all_ranks
-
-    if not all_ranks(path is not None and path.is_file()):
+    if not distributed.all_ranks(path is not None and path.is_file()):
         return False
     assert path is not None
     progress(f"loading the trained {ws.task} detector {path}")
@@ -181,8 +188,6 @@ def _save_on_rank_0(weights: dict[str, torch.Tensor], info: dict[str, Any], path
     """Rank 0 (or the one process) writes the trained detector to ``path``, atomically, and its
     training facts beside it; under a launcher the others wait until it has (the outcome is
     shared, :func:`~vitbench.host.distributed.all_ranks`, so a failed write fails every rank)."""
-    from vitbench.host.distributed import all_ranks
-
     failure: Optional[BaseException] = None
     if main:
         try:
@@ -190,7 +195,7 @@ def _save_on_rank_0(weights: dict[str, torch.Tensor], info: dict[str, Any], path
             atomic_write(path.with_suffix(".json"), lambda tmp: tmp.write_text(json.dumps(info, indent=1)))
         except Exception as exc:  # noqa: BLE001 - re-raised below, after the other ranks know
             failure = exc
-    written = all_ranks(failure is None)  # the barrier after rank 0's write (a collective under a launcher)
+    written = distributed.all_ranks(failure is None)  # the barrier after rank 0's write (a collective under a launcher)
     if failure is not None:
         raise failure
     if not written:
@@ -198,7 +203,6 @@ def _save_on_rank_0(weights: dict[str, torch.Tensor], info: dict[str, Any], path
 
 
 def train_detector_weights(ws: DenseWorkspace, detector: nn.Module, seed: int) -> dict[str, Any]:
-    from vitbench.tasks.dense.train import train_detector
 
     return train_detector(detector, ws.data, masks=ws.masks, epochs=ws.epochs, batch_size=TRAIN_BATCH,
                           limit=ws.train_limit, seed=seed, verbose=ws.verbose_training,
@@ -239,9 +243,6 @@ class DetectorForward(nn.Module):
 def dense_gmacs_counter(ws: DenseWorkspace, seed: int, progress: Progress) -> Any:
     """A cached counter of the backbone's GMACs inside the trained detector, on the images
     :func:`run_dense_spec` counts on (matched compute, :mod:`vitbench.measure.calibrate`)."""
-    from vitbench.measure.calibrate import GmacsCounter, prepared_as_trained
-    from vitbench.tasks.dense.evaluate import first_val_images
-
     weights = trained_weights(ws, seed, progress)
 
     def detector_of(backbone: nn.Module) -> nn.Module:
@@ -266,12 +267,7 @@ def run_dense_spec(spec: Any, ws: DenseWorkspace, progress: Progress, values: An
     Under a launcher every rank builds the detector, fine-tunes it with the others (DDP, a
     learnable method or the control) and takes part in the mAP evaluation (a collective); rank 0
     alone counts and times it (:func:`_measure`)."""
-    from vitbench.task import CONTROL, REFERENCES
-    from vitbench.tasks.dense.protocol import DEFAULT_PROTOCOL, dense_finetune_for
-    from vitbench.tasks.dense.train import finetune_control, finetune_method
-
     weights = trained_weights(ws, spec.seed, progress)
-    from vitbench.tasks.identity import weights_from
 
     out: dict[str, Any] = {"batch_size": spec.batch_size, "detector": _detector_name(ws),
                            "detector_training": ws.training_infos[spec.seed], "weights_from": weights_from(spec)}
@@ -295,10 +291,8 @@ def run_dense_spec(spec: Any, ws: DenseWorkspace, progress: Progress, values: An
         out.update(finetune_method(detector, backbone, ws.data, **training), train_precision=train_precision)
     detector.eval()
     if ctx is not None:  # a broken token rule is an error, not a row (one forward of 4 images, model kept)
-        from vitbench.engine.token_rules import check_token_rules
-        from vitbench.tasks.dense.evaluate import first_val_images
 
-        check_token_rules(backbone, first_val_images(detector, ws.data, 4))
+        token_rules.check_token_rules(backbone, first_val_images(detector, ws.data, 4))
     out.update(_measure(spec, ws, detector, backbone, progress))
     return out
 
@@ -310,11 +304,9 @@ def _accuracy(spec: Any, ws: DenseWorkspace, detector: nn.Module, backbone: nn.M
     of a reduced ``backbone`` is checked as it runs (docs/reliability.md, "Token rules are checked")."""
     if "accuracy" not in spec.metrics:
         return {}
-    from vitbench.engine.token_rules import token_rules_traced
-    from vitbench.tasks.dense.evaluate import evaluate_detector
 
     progress("evaluating mAP")
-    traced = token_rules_traced(backbone, spec.method) if reduction_context(backbone) is not None else contextlib.nullcontext()
+    traced = token_rules.token_rules_traced(backbone, spec.method) if reduction_context(backbone) is not None else contextlib.nullcontext()
     with traced:
         return evaluate_detector(detector, ws.data, masks=ws.masks, limit=ws.eval_limit, device=spec.device,
                                  seed=spec.seed, precision=spec.precision_name,
@@ -327,10 +319,7 @@ def _measure(spec: Any, ws: DenseWorkspace, detector: nn.Module, backbone: nn.Mo
     a launcher the ranks other than 0 take part in the mAP evaluation only, then wait at the
     executor's barrier while rank 0 times (the pattern of ``cls``,
     :func:`vitbench.tasks.cls.run._measure`)."""
-    from vitbench.host.distributed import is_main
-    from vitbench.tasks.dense.evaluate import first_val_images
-
-    if not is_main():
+    if not distributed.is_main():
         return _accuracy(spec, ws, detector.to(spec.device), backbone, progress)
     detector.to(spec.device)
     # the collective evaluation first: whatever fails in rank 0's own measurements below then
@@ -372,7 +361,6 @@ def check_model_name(name: str) -> None:
     """A clear error for a name timm does not know (with the closest names)."""
     import timm
 
-    from vitbench.tasks.model_names import unknown_model
 
     if not timm.is_model(name):
         raise unknown_model(name)
@@ -388,8 +376,6 @@ def load_backbone(name: str, num_classes: int, input_size: int, *, pretrained: b
     """
     import timm
 
-    from vitbench.tasks.cls.models import load_checkpoint
-    from vitbench.tasks.dense.backbone import is_plain_vit
 
     check_model_name(name)
     kwargs: dict[str, Any] = {}

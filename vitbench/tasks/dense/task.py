@@ -15,6 +15,9 @@ from vitbench.core.options import parse_list
 from vitbench.task import Progress, Task, TaskReport
 from vitbench.tasks.dense.options import DenseOptions
 from vitbench.tasks.identity import data_path, first_seed, identity_fields
+from vitbench.core.cache import cache_dir
+from vitbench.tasks.dense.protocol import DEFAULT_PROTOCOL, check_finetune_epochs, check_protocol, describe
+from vitbench.tasks.dense.requires import check_dense_stack
 
 if TYPE_CHECKING:  # the mm stack is imported when a dense run starts, not when the plugin loads
     from vitbench.core.options import RunOptions
@@ -53,15 +56,14 @@ class DenseTask(Task, TaskReport):
     def setup(self, options: "RunOptions") -> TaskSetup:
         """The backbone (default :data:`DEFAULT_DENSE_MODEL`), data (default: the embedded shapes
         set), metrics and dense fine-tuning protocol."""
+        # torch/mm: when a run starts; registering the task stays light
         from vitbench.tasks.dense.data import SHAPES
-        from vitbench.tasks.dense.requires import check_dense_stack
 
         check_dense_stack(self.name)  # mmdet and mmcv's ops: the dense extra, not the cls install
         own = self.parse_options(options.task_options)
         metrics = (parse_list("metric", ",".join(options.metrics), DENSE_METRICS) if options.metrics is not None
                    else DENSE_METRICS)
         protocol = _dense_protocol(own, options.train_backbone)
-        from vitbench.tasks.dense.protocol import check_finetune_epochs
 
         finetune_epochs = check_finetune_epochs(own.finetune_epochs)
         if finetune_epochs is not None and protocol == "method":
@@ -78,6 +80,7 @@ class DenseTask(Task, TaskReport):
                                "control": not own.no_control, **identity})
 
     def _epochs(self, own: DenseOptions) -> int:
+        # torch/mm: when a run starts; registering the task stays light
         from vitbench.tasks.dense.run import DEFAULT_EPOCHS
 
         return DEFAULT_EPOCHS[self.name] if own.detector_epochs is None else own.detector_epochs
@@ -88,7 +91,7 @@ class DenseTask(Task, TaskReport):
         that seed needs it (:func:`~vitbench.tasks.dense.run.trained_weights`) -- under
         ``--launcher pytorch|slurm`` by every rank together, with DDP, once the process group runs --
         so a ``--resume`` with every run finished trains nothing."""
-        from vitbench.core.cache import cache_dir
+        # torch/mm: when a run starts; registering the task stays light
         from vitbench.host.apply import check_applies
         from vitbench.tasks.dense.data import resolve_det_data
         from vitbench.tasks.dense.run import DenseWorkspace, check_model_name, load_backbone
@@ -111,12 +114,14 @@ class DenseTask(Task, TaskReport):
 
     def run(self, spec: Any, ws: "DenseWorkspace", values: Any, progress: Progress) -> dict[str, Any]:
         """One det/seg spec (:func:`vitbench.tasks.dense.run.run_dense_spec`)."""
+        # torch/mm: when a run starts; registering the task stays light
         from vitbench.tasks.dense.run import run_dense_spec
 
         return run_dense_spec(spec, ws, progress, values=values)
 
     def gmacs_counter(self, spec: Any, ws: "DenseWorkspace", progress: Progress) -> Any:
         """The backbone's GMACs inside the trained detector (matched compute)."""
+        # torch/mm: when a run starts; registering the task stays light
         from vitbench.tasks.dense.run import dense_gmacs_counter
 
         return dense_gmacs_counter(ws, spec.seed, progress)
@@ -124,8 +129,6 @@ class DenseTask(Task, TaskReport):
     def control_fields(self, fields: Mapping[str, Any]) -> Optional[dict[str, Any]]:
         """The control row when detector weights train (protocol ``all`` or ``heads``), under the
         plan's protocol and fine-tuning epochs."""
-        from vitbench.tasks.dense.protocol import DEFAULT_PROTOCOL, check_protocol
-
         protocol = fields.get("dense_finetune") or DEFAULT_PROTOCOL
         if check_protocol(protocol) == "method":
             return None
@@ -133,6 +136,7 @@ class DenseTask(Task, TaskReport):
 
     def compared_with_control(self, record: Mapping[str, Any]) -> bool:
         """Rows that fine-tuned detector weights, as the control did."""
+        # torch/mm: when a run starts; registering the task stays light
         from vitbench.tasks.dense.report import finetunes_detector
 
         return finetunes_detector(record)
@@ -140,22 +144,19 @@ class DenseTask(Task, TaskReport):
     def label_notes(self, fields: Mapping[str, Any]) -> list[str]:
         """``fine-tuned: heads``: a protocol other than the default; ``fine-tuned 16 epochs``:
         ``--finetune-epochs``."""
-        from vitbench.tasks.dense.protocol import DEFAULT_PROTOCOL
-
         protocol, epochs = fields.get("dense_finetune"), fields.get("finetune_epochs")
         notes = [f"fine-tuned: {protocol}"] if protocol not in (None, DEFAULT_PROTOCOL) else []
         return notes + ([f"fine-tuned {epochs} epochs"] if epochs is not None else [])
 
     def training_words(self, record: Mapping[str, Any], with_method: bool = True) -> Optional[str]:
         """The recorded dense fine-tuning protocol in words."""
-        from vitbench.tasks.dense.protocol import describe
-
         settings = record.get("dense_finetune")
         return describe(settings, with_method) if settings else None
 
     def report_notes(self, rows: Sequence[Mapping[str, Any]]) -> list[str]:
         """The detector, its training, what GMACs cover, the protocol and the control
         (:func:`vitbench.tasks.dense.report.detector_notes`)."""
+        # torch/mm: when a run starts; registering the task stays light
         from vitbench.tasks.dense.report import detector_notes
 
         return detector_notes(rows)
@@ -163,8 +164,6 @@ class DenseTask(Task, TaskReport):
 
 def _dense_protocol(own: DenseOptions, train_backbone: bool) -> str:
     """``--dense-finetune`` checked (``--train-backbone`` on det/seg is ``all``)."""
-    from vitbench.tasks.dense.protocol import DEFAULT_PROTOCOL, check_protocol
-
     protocol = check_protocol(own.dense_finetune) if own.dense_finetune is not None else None
     if train_backbone:
         if protocol not in (None, "all"):

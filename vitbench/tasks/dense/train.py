@@ -32,6 +32,12 @@ from vitbench.tasks.dense.backbone import is_plain_vit
 from vitbench.tasks.dense.data import DetData
 from vitbench.tasks.dense.protocol import CONTROL, DenseFinetune, detector_parameters, stage_for
 from vitbench.train.stages import FinetuneResult, StageSource, StageTrainer, run_stages, trainable_parameters
+from vitbench.catalog import TrainStage
+from vitbench.core.guards import train_position
+from vitbench.host import distributed
+from vitbench.mm.runner import release, runner_kwargs, work_dir_or_temp
+from vitbench.train.batches import loader_cfg
+from vitbench.train import stages
 
 __all__ = ["MIN_RANK_BATCH", "ControlStages", "DetMethodTrainer", "DetStages", "DetectorTrainer", "dominant_labels",
            "finetune_control", "patch_labels", "finetune_method", "rank_share", "train_detector"]
@@ -95,8 +101,6 @@ def _loader(dataset: dict[str, Any], batch_size: int, shuffle: bool, *, local: b
     agreed on by every rank when the Runner gives none -- a collective). ``local``: every index
     in order on every rank, with no collective (:class:`~vitbench.train.batches.LocalSampler`;
     no shuffle): for what one rank reads alone or every rank reads whole."""
-    from vitbench.train.batches import loader_cfg
-
     cfg = loader_cfg(dataset, batch_size, shuffle, local=local, workers=0)
     cfg["collate_fn"] = {"type": "pseudo_collate"}  # mmdet's detectors take lists of samples, not stacked tensors
     return cfg
@@ -115,12 +119,11 @@ def rank_share(batch_size: int, stage: str, progress: Optional[Callable[[str], N
     effective batch differs from ``batch_size``)."""
     from mmengine.dist import get_world_size
 
-    from vitbench.host.distributed import rank_batch_size
 
     world = get_world_size()
     if world <= 1:
         return batch_size, {}
-    per_rank = max(MIN_RANK_BATCH, rank_batch_size(batch_size, world))
+    per_rank = max(MIN_RANK_BATCH, distributed.rank_batch_size(batch_size, world))
     if progress and per_rank * world != batch_size:
         progress(f"stage {stage!r}: batch {batch_size} over {world} ranks: {per_rank} per rank, an effective "
                  f"batch of {per_rank * world}")
@@ -148,29 +151,24 @@ def train_detector(detector: nn.Module, data: DetData, *, masks: bool, epochs: i
     ``train_step`` on the detector, with :class:`~vitbench.train.stages.FiniteLossHook`."""
     from mmengine.runner import Runner
 
-    from vitbench.host.distributed import is_distributed, is_main
-    from vitbench.mm.runner import release, runner_kwargs, work_dir_or_temp
-    from vitbench.train.stages import FiniteLossHook, PositionHook, _distributed_runner, broadcast_buffers
 
     if epochs < 1 or batch_size < 2:
         raise VitbenchError(f"detector training needs epochs >= 1 and batch size >= 2 (BatchNorm in the "
                             f"SSDLite head); got epochs={epochs}, batch size={batch_size}")
     start = time.perf_counter()
     target = torch.device(device)
-    distributed = is_distributed()
+    sharded = distributed.is_distributed()
     per_rank, ranks = rank_share(batch_size, DEFAULT_STAGE, progress)
-    if distributed:  # every rank trains its shard; the losses go through DDP's forward
-        from vitbench.host.distributed import raise_if_any_rank_failed
-
-        raise_if_any_rank_failed(None)  # the agreement point before a Runner, as train_stage's
+    if sharded:  # every rank trains its shard; the losses go through DDP's forward
+        distributed.raise_if_any_rank_failed(None)  # the agreement point before a Runner, as train_stage's
         model: nn.Module = DetectorTrainer(detector)
-        hooks: list[Any] = [_progress_hook("vitbench: detector training: ", verbose and is_main()),
-                            PositionHook(model)]  # the loss guard is the trainer's (collective)
-        extra = _distributed_runner(model, target)
+        hooks: list[Any] = [_progress_hook("vitbench: detector training: ", verbose and distributed.is_main()),
+                            stages.PositionHook(model)]  # the loss guard is the trainer's (collective)
+        extra = stages._distributed_runner(model, target)
     else:  # one process: exactly the training of vitbench before launchers trained detectors
         model = detector
         hooks = [_progress_hook("vitbench: detector training: ", verbose),
-                 FiniteLossHook(DETECTOR_TRAINING, DEFAULT_STAGE)]
+                 stages.FiniteLossHook(DETECTOR_TRAINING, DEFAULT_STAGE)]
         extra = {}
     with work_dir_or_temp(work_dir) as wd:
         with warnings.catch_warnings():  # a distributed Runner's note that it sets OMP/MKL_NUM_THREADS
@@ -192,8 +190,8 @@ def train_detector(detector: nn.Module, data: DetData, *, masks: bool, epochs: i
             images, iters = len(runner.train_dataloader.dataset), runner.iter
         finally:
             release(runner)
-    if distributed:
-        broadcast_buffers(detector)  # rank 0's BatchNorm statistics on every rank
+    if sharded:
+        stages.broadcast_buffers(detector)  # rank 0's BatchNorm statistics on every rank
         same_on_every_rank(detector, "the detector's default training")
     detector.eval()
     return {"epochs": epochs, "iters": iters, "images": images, "batch_size": batch_size, "lr": lr, **ranks,
@@ -213,7 +211,6 @@ class DetectorTrainer(BaseModel):
     gradients over the ranks) and the collective loss guard
     (:func:`~vitbench.train.stages.check_losses_on_every_rank`) before the update, so that a
     non-finite loss stops every rank at the same step."""
-
     def __init__(self, detector: nn.Module) -> None:
         super().__init__(data_preprocessor=detector.data_preprocessor)
         self.detector = detector
@@ -232,16 +229,13 @@ class DetectorTrainer(BaseModel):
                    forward: Optional[nn.Module] = None) -> dict[str, torch.Tensor]:
         """One step: the losses through ``forward`` (the DDP wrapper; ``None``: this trainer),
         the collective loss guard, the update."""
-        from vitbench.core.guards import train_position
-        from vitbench.train.stages import check_losses_on_every_rank
-
         run = self if forward is None else forward
         with optim_wrapper.optim_context(run):
             data = self.data_preprocessor(data, True)
             losses = run(data["inputs"], data["data_samples"], mode="loss")
         loss, log_vars = self.detector.parse_losses(losses)
         epoch, iteration = self.position or (None, self.steps + 1)
-        check_losses_on_every_rank({k: v for k, v in log_vars.items() if "loss" in k}, DETECTOR_TRAINING,
+        stages.check_losses_on_every_rank({k: v for k, v in log_vars.items() if "loss" in k}, DETECTOR_TRAINING,
                                    train_position(DEFAULT_STAGE, epoch, iteration))
         optim_wrapper.update_params(loss)
         self.steps += 1
@@ -253,7 +247,6 @@ class DetMethodTrainer(StageTrainer):
     losses plus the method's ``extra_loss``; the step is the stage loop's
     (:class:`~vitbench.train.stages.StageTrainer`). A method that needs image labels gets the
     class of each image's largest object."""
-
     def __init__(self, detector: nn.Module, backbone: nn.Module, stage: Any, precision: str = "fp32") -> None:
         super().__init__(stage, detector.data_preprocessor, precision)
         self.detector = detector
@@ -364,7 +357,6 @@ class DetStages(StageSource):
     of the dense fine-tuning protocol, each stage as the protocol runs it
     (:func:`~vitbench.tasks.dense.protocol.stage_for`), :class:`DetMethodTrainer`, the training
     split at each rank's share of the stage's batch (at most 8 images)."""
-
     scope = "mmdet"
     interval = 10
 
@@ -401,7 +393,6 @@ class DetStages(StageSource):
 class ControlStages(DetStages):
     """The control's one stage (:func:`control_stage`, already as the protocol runs it): the
     detector weights alone, no method."""
-
     def prepare(self, stage: Any, last: bool) -> Any:
         return stage
 
@@ -446,8 +437,6 @@ def control_stage(settings: DenseFinetune) -> Any:
     last dense stage (:func:`~vitbench.tasks.dense.protocol.stage_for`) -- AdamW without weight
     decay, cosine to 1 %, ``settings.epochs`` epochs, detector weights at ``settings.detector_lr``,
     batch 8 (what the methods' stages of batch >= 8 run at, :class:`DetStages`)."""
-    from vitbench.catalog import TrainStage
-
     base = TrainStage(name="control", epochs=settings.epochs, optimizer="AdamW", lr=settings.detector_lr,
                       batch_size=CONTROL_BATCH)
     return stage_for(base, settings, last=True)

@@ -20,6 +20,7 @@ class DetTask(DenseTask):
     def detector_config(self, in_channels: Sequence[int], num_classes: int, *, width: str,
                         mean: Sequence[float], std: Sequence[float]) -> dict[str, Any]:
         """SSDLite-320 (:func:`~vitbench.tasks.det.ssdlite.ssdlite_cfg`)."""
+        # torch/mm: when a run starts; registering the task stays light
         from vitbench.tasks.det.ssdlite import ssdlite_cfg
 
         return ssdlite_cfg(in_channels, num_classes, width=width, mean=mean, std=std)

@@ -26,6 +26,7 @@ class SegTask(DenseTask):
     def detector_config(self, in_channels: Sequence[int], num_classes: int, *, width: str,
                         mean: Sequence[float], std: Sequence[float]) -> dict[str, Any]:
         """Mask R-CNN + FPN (:func:`~vitbench.tasks.seg.mask_rcnn.mask_rcnn_cfg`)."""
+        # torch/mm: when a run starts; registering the task stays light
         from vitbench.tasks.seg.mask_rcnn import mask_rcnn_cfg
 
         return mask_rcnn_cfg(in_channels, num_classes, width=width, mean=mean, std=std)

@@ -113,7 +113,7 @@ class AgreementTask(Task):
         import torch
 
         from vitbench.host.apply import check_applies
-        from vitbench.tasks.cls.models import load_model
+        from vitbench.tasks.models import load_model
         from vitbench.tasks.common import input_size_of
 
         options, plan = request.options, request.plan

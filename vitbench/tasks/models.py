@@ -19,8 +19,8 @@ from torch import nn
 from vitbench.errors import CheckpointError, ParamError
 from vitbench.mm.compat import apply_compat
 from vitbench.mm.registry import MODELS
-from vitbench.tasks.cls import DEFAULT_MODEL as DEFAULT_MODEL_NAME
-from vitbench.tasks.cls import EMBEDDED_MODELS
+from vitbench.tasks.embedded import DEFAULT_MODEL as DEFAULT_MODEL_NAME
+from vitbench.tasks.embedded import EMBEDDED_MODELS, EMBEDDED_NUM_CLASSES, load_embedded_model
 from vitbench.tasks.model_names import unknown_model
 
 # Prefixes that wrappers put before the timm model's own keys, longest first: mmengine
@@ -175,11 +175,9 @@ def load_model(name: str, *, pretrained: bool = False, checkpoint: str | Path | 
     if num_classes is not None and (not isinstance(num_classes, int) or num_classes < 1):
         raise ParamError(f"num_classes must be a positive integer, got {num_classes!r}")
     if name in EMBEDDED_MODELS:
-        from vitbench.tasks.cls.default_model import NUM_CLASSES, load_default_model
-
-        if num_classes not in (None, NUM_CLASSES):
-            raise ParamError(f"{name} has {NUM_CLASSES} classes, got num_classes={num_classes}")
-        model: nn.Module = load_default_model(model=name)[0]
+        if num_classes not in (None, EMBEDDED_NUM_CLASSES):
+            raise ParamError(f"{name} has {EMBEDDED_NUM_CLASSES} classes, got num_classes={num_classes}")
+        model: nn.Module = load_embedded_model(name)
     else:
         if not timm.is_model(name):
             raise unknown_model(name, DEFAULT_MODEL_NAME)
