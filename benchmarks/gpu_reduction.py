@@ -20,6 +20,8 @@ images (speed does not depend on them); ToMe's logits are checked against the in
 reference computation (vitbench.testing.reference_tome) in fp32 and in each half precision.
 ``--reference PATH`` adds the official ToMe code (a clone of facebookresearch/ToMe, imported from
 PATH at run time) as a ``tome official`` row beside ``tome vitbench`` at the same integer ``r``.
+A method given twice is labelled by the parameters that differ: ``"tome:r=16;tome:r=16,prop_attn=False"``
+times ToMe with and without proportional attention, each against its own limit.
 Runs on a CPU too (slowly: use a small model and batch), which is how the tests smoke it.
 """
 from __future__ import annotations
@@ -56,6 +58,18 @@ def parse_methods(text: str) -> list[tuple[str, dict[str, Any]]]:
             key, _, value = pair.partition("=")
             params[key.strip()] = value.strip()
         out.append((name.strip(), params))
+    return out
+
+
+def labelled(methods: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any], str]]:
+    """Each method with its row label: its name, or where the name comes twice (ToMe with and
+    without proportional attention) the name with the parameters that differ, ``tome prop_attn=False``."""
+    out = []
+    for name, params in methods:
+        others = [p for n, p in methods if n == name and p is not params]
+        differ = {k: v for k, v in params.items() if any(o.get(k) != v for o in others)}
+        shown = " ".join([name, *(f"{k}={v}" for k, v in differ.items())])
+        out.append((name, params, shown))
     return out
 
 
@@ -165,12 +179,12 @@ def _benchmark(args: argparse.Namespace, precisions: list[str]) -> pd.DataFrame:
                 continue
             rows.append({"row": "baseline", "precision": precision, "timed": variant, "img/s": b["img_s"],
                          "speed-up": 1.0, **({"latency ms": b["latency_ms"]} if args.latency else {})})
-            for name, params in parse_methods(args.methods):
+            for name, params, shown in labelled(parse_methods(args.methods)):
                 method = vitbench.apply(copy.deepcopy(base), name, **params).to(args.device)
                 with autocast(precision, args.device):
                     counts = token_counts(method, images)
-                models = [(f"{name} limit", TokenCountLimit(base, counts)), (f"{name} vitbench", method)]
-                if name == "tome" and args.reference and str(params.get("r", "")).isdigit():
+                models = [(f"{shown} limit", TokenCountLimit(base, counts)), (f"{shown} vitbench", method)]
+                if name == "tome" and shown == name and args.reference and str(params.get("r", "")).isdigit():
                     official = official_tome(base, args.reference, int(params["r"])).to(args.device)
                     models.append(("tome official", official))
                 for label, model in models:
@@ -182,11 +196,12 @@ def _benchmark(args: argparse.Namespace, precisions: list[str]) -> pd.DataFrame:
                     rows.append({"row": label, "precision": precision, "timed": variant, "img/s": t["img_s"],
                                  "speed-up": t["img_s"] / b["img_s"],
                                  **({"latency ms": t["latency_ms"]} if args.latency else {})})
-                limit = next((row for row in reversed(rows) if row["row"] == f"{name} limit"
+                limit = next((row for row in reversed(rows) if row["row"] == f"{shown} limit"
                               and row["precision"] == precision and row["timed"] == variant), None)
+                mine = {f"{shown} vitbench"} | ({"tome official"} if shown == name == "tome" else set())
                 for row in rows:
-                    if limit is not None and row["row"] != limit["row"] and row["row"].startswith(f"{name} ") \
-                            and row["precision"] == precision and row["timed"] == variant:
+                    if limit is not None and row["row"] in mine and row["precision"] == precision \
+                            and row["timed"] == variant:
                         row["of limit"] = row["speed-up"] / limit["speed-up"]
     df = pd.DataFrame(rows)
     device = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu"

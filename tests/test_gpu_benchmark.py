@@ -21,6 +21,21 @@ def test_parse_methods():
         ("tome", {"r": "16"}), ("topk", {"keep": "0.7", "layers": "(1,3)"})]
 
 
+def test_a_method_given_twice_is_labelled_by_the_parameters_that_differ():
+    bench = _load()
+    methods = bench.parse_methods("tome:r=16;tome:r=16,prop_attn=False;topk:keep=0.7")
+    assert [shown for _, _, shown in bench.labelled(methods)] == ["tome", "tome prop_attn=False", "topk"]
+
+
+def test_tome_with_and_without_proportional_attention_side_by_side(capsys):
+    bench = _load()
+    df = bench.main(["--model", "test_vit", "--batch-size", "2", "--repeats", "1", "--precisions", "fp32",
+                     "--methods", "tome:r=4;tome:r=4,prop_attn=False", "--device", "cpu"])
+    assert list(df["row"]) == ["baseline", "tome limit", "tome vitbench", "tome prop_attn=False limit",
+                               "tome prop_attn=False vitbench"]
+    assert df["of limit"].notna().sum() == 2  # each against its own limit
+
+
 def test_benchmark_smoke_on_cpu(capsys):
     bench = _load()
     df = bench.main(["--model", "test_vit", "--batch-size", "2", "--repeats", "1", "--precisions", "fp32,bf16",
