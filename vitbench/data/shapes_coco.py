@@ -13,9 +13,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +20,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 
-from vitbench.core.cache import cache_dir
+from vitbench.data.generated import STAMP_FILE, generated_once, stamped, write_stamp  # noqa: F401 (STAMP_FILE re-exported)
 from vitbench.errors import DataError
 
 #: Bump when the drawing or the file layout changes: the cache stamp then no longer matches.
@@ -33,7 +30,6 @@ SPLITS: tuple[str, ...] = ("train", "val")
 #: File and folder names of the standard COCO 2017 layout.
 ANN_FILE = "annotations/instances_{split}2017.json"
 IMG_DIR = "{split}2017"
-STAMP_FILE = "stamp.json"
 CACHE_NAME = "shapes_coco"
 EXPECTED_LAYOUT = ("ROOT/annotations/instances_train2017.json, ROOT/annotations/instances_val2017.json, "
                    "ROOT/train2017/ and ROOT/val2017/ (image folders)")
@@ -112,9 +108,7 @@ def generate_shapes_coco(root: str | Path, settings: ShapesSettings | None = Non
                          "settings": dataclasses.asdict(settings)},
                 "licenses": [], "images": images, "annotations": annotations, "categories": categories}
         (root / ANN_FILE.format(split=split)).write_text(json.dumps(coco, separators=(",", ":")) + "\n")
-    stamp = {"generator": __name__, "version": GENERATOR_VERSION, "settings": dataclasses.asdict(settings),
-             "settings_hash": settings.digest()}
-    (root / STAMP_FILE).write_text(json.dumps(stamp, indent=2) + "\n")
+    write_stamp(root, __name__, GENERATOR_VERSION, dataclasses.asdict(settings), settings.digest())
     return root
 
 
@@ -122,48 +116,20 @@ def is_complete(root: str | Path, settings: ShapesSettings | None = None) -> boo
     """Whether ``root`` holds a finished set generated with ``settings`` by this generator version."""
     settings = settings or ShapesSettings()
     try:
-        stamp = json.loads((Path(root) / STAMP_FILE).read_text())
         find_coco(root)
-    except (OSError, ValueError, DataError):
+    except DataError:
         return False
-    return isinstance(stamp, dict) and stamp.get("settings_hash") == settings.digest()
+    return stamped(root, settings.digest())
 
 
 def default_shapes_coco(cache: str | Path | None = None, settings: ShapesSettings | None = None,
                         **overrides: Any) -> Path:
-    """The default set's root, ``CACHE/shapes_coco``, generated on first use.
-
-    ``cache`` defaults to vitbench's cache folder (``$VITBENCH_CACHE`` or ``~/.cache/vitbench``).
-    The set is written to a temporary sibling folder and renamed into place when complete, so
-    an interrupted run never leaves a folder that looks finished; a missing or foreign stamp
-    (other settings, older generator) regenerates it. If another process finishes first, its
-    copy is kept and ours discarded.
-    """
+    """The default set's root, ``CACHE/shapes_coco``, generated on first use
+    (:func:`~vitbench.data.generated.generated_once`: a missing or foreign stamp, other settings or
+    an older generator, regenerates it)."""
     settings = dataclasses.replace(settings or ShapesSettings(), **overrides)
-    parent = cache_dir(cache)
-    target = parent / CACHE_NAME
-    if is_complete(target, settings):
-        return target
-    parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{CACHE_NAME}.tmp-", dir=parent))
-    try:
-        generate_shapes_coco(tmp, settings)
-        os.chmod(tmp, 0o755)  # mkdtemp makes 0700; a cache folder is an ordinary folder
-        if target.exists():  # stale or half-written: move it aside, then drop it
-            old = Path(tempfile.mkdtemp(prefix=f".{CACHE_NAME}.old-", dir=parent))
-            try:
-                os.replace(target, old / CACHE_NAME)
-            except FileNotFoundError:  # another process moved it first
-                pass
-            shutil.rmtree(old, ignore_errors=True)
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not is_complete(target, settings):
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return generated_once(CACHE_NAME, lambda root: is_complete(root, settings),
+                          lambda root: generate_shapes_coco(root, settings), cache)
 
 
 def find_coco(root: str | Path) -> tuple[Path, Path, Path, Path]:

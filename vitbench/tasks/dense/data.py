@@ -2,7 +2,8 @@
 
 ``--data ROOT`` is a COCO root (``annotations/instances_{train,val}2017.json`` and the
 ``train2017``/``val2017`` image folders, checked by :func:`vitbench.data.shapes_coco.find_coco`);
-without it, the embedded generated shapes set (:func:`~vitbench.data.shapes_coco.default_shapes_coco`).
+without it, the embedded generated shapes set (:func:`~vitbench.data.shapes_coco.default_shapes_coco`);
+``--data fmnist-scenes`` the Fashion-MNIST scenes (:func:`~vitbench.data.fmnist_scenes.default_fmnist_scenes`).
 :class:`DetData` holds mmdet ``CocoDataset`` configs and the ``CocoMetric`` config; the data
 sets are built inside the runners.
 """
@@ -14,11 +15,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from vitbench.data.fmnist_scenes import default_fmnist_scenes
 from vitbench.data.shapes_coco import default_shapes_coco, find_coco
 from vitbench.errors import DataError
 
 #: the name ``--data`` may use for the embedded set (and what ``spec.data`` records)
 SHAPES = "shapes-coco"
+#: the name of the embedded Fashion-MNIST scenes (real garments, overlapping, 10 classes)
+SCENES = "fmnist-scenes"
+#: the sets vitbench generates itself, by the name ``--data`` gives them
+EMBEDDED_DATA = (SHAPES, SCENES)
 #: the detectors' input size (SSDLite's 320x320, the seeds' setting; Mask R-CNN uses it too)
 INPUT_SIZE = 320
 
@@ -87,11 +93,16 @@ def _classes(ann_file: Path) -> tuple[str, ...]:
 
 
 def resolve_det_data(data: Optional[str], *, cache: Optional[str] = None) -> DetData:
-    """``--data`` for det/seg: ``None``/``"shapes-coco"`` is the embedded generated set (made on
-    first use), anything else a COCO root; a missing file raises :class:`DataError`."""
-    embedded = data is None or data == SHAPES
-    root = default_shapes_coco(cache) if embedded else Path(data).expanduser()  # type: ignore[arg-type]
+    """``--data`` for det/seg: ``None``/``"shapes-coco"`` or ``"fmnist-scenes"`` is an embedded
+    generated set (made on first use), anything else a COCO root; a missing file raises
+    :class:`DataError`."""
+    name = SHAPES if data is None else data
+    embedded = name in EMBEDDED_DATA
+    if embedded:
+        root = default_shapes_coco(cache) if name == SHAPES else default_fmnist_scenes(cache)
+    else:
+        root = Path(name).expanduser()
     train_ann, train_img, val_ann, val_img = find_coco(root)
-    return DetData(name=SHAPES if embedded else str(root), root=root, train_ann=train_ann,
+    return DetData(name=name if embedded else str(root), root=root, train_ann=train_ann,
                    train_img=train_img, val_ann=val_ann, val_img=val_img, classes=_classes(val_ann),
                    embedded=embedded)

@@ -57,7 +57,7 @@ class DenseTask(Task, TaskReport):
         """The backbone (default :data:`DEFAULT_DENSE_MODEL`), data (default: the embedded shapes
         set), metrics and dense fine-tuning protocol."""
         # torch/mm: when a run starts; registering the task stays light
-        from vitbench.tasks.dense.data import SHAPES
+        from vitbench.tasks.dense.data import EMBEDDED_DATA, SHAPES
 
         check_dense_stack(self.name)  # mmdet and mmcv's ops: the dense extra, not the cls install
         own = self.parse_options(options.task_options)
@@ -73,7 +73,7 @@ class DenseTask(Task, TaskReport):
         if epochs < 1:
             raise VitbenchError(f"--detector-epochs {epochs} is out of range; it must be >= 1")
         identity = identity_fields(options, evaluates_data=True, random_init=not options.pretrained)
-        data = data_path(options.data) if options.data and options.data != SHAPES else SHAPES
+        data = data_path(options.data) if options.data and options.data not in EMBEDDED_DATA else options.data or SHAPES
         return TaskSetup(model=options.model or DEFAULT_DENSE_MODEL, data=data, metrics=metrics,
                          plan={"train_limit": options.train_limit, "dense_finetune": protocol,
                                "finetune_epochs": finetune_epochs,

@@ -1,0 +1,177 @@
+"""Fashion-MNIST scenes: a COCO-format det/seg set of real images, made from the Fashion-MNIST package.
+
+Each canvas (192x192, grey) holds 2 to 6 garments drawn from Fashion-MNIST (its train split for
+``train2017``, its test split for ``val2017``), each scaled 1.5x to 4x (42 to 112 px) and placed
+at random; later items lie in front, and an item keeps at least half of its pixels visible. An
+item's pixels are those of its garment above :data:`INK` (a quarter of full brightness); its mask
+is the visible part of them (uncompressed RLE), its box that mask's extent, its class the
+garment's. The background is a dark grey ramp with pixel noise. Everything comes from generators
+seeded by ``(seed, split, index)``, so the same settings give the same bytes; :func:`default_fmnist_scenes`
+writes the default set once into the cache (:mod:`vitbench.data.generated`). docs/architecture.md,
+"Embedded defaults".
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+from PIL import Image
+
+from vitbench.data.fashion_mnist import CLASSES, load_fashion_mnist
+from vitbench.data.generated import generated_once, stamped, write_stamp
+from vitbench.data.shapes_coco import ANN_FILE, IMG_DIR, SPLITS, find_coco
+from vitbench.errors import DataError
+
+__all__ = ["CACHE_NAME", "INK", "ScenesSettings", "default_fmnist_scenes", "generate_fmnist_scenes",
+           "is_complete"]
+
+#: Bump when the drawing or the file layout changes: the cache stamp then no longer matches.
+GENERATOR_VERSION = 1
+CACHE_NAME = "fmnist_scenes"
+#: a garment's pixel belongs to it above this share of full brightness
+INK = 0.25
+#: the least share of an item's pixels that must stay visible in front of the items after it
+MIN_VISIBLE = 0.5
+PLACEMENT_TRIES = 20
+#: Fashion-MNIST's split each COCO split draws its garments from
+SOURCE = {"train": "train", "val": "test"}
+
+
+@dataclass(frozen=True)
+class ScenesSettings:
+    """What the generated set depends on; the cache stamp hashes all of it."""
+
+    seed: int = 0
+    train_images: int = 3000
+    val_images: int = 500
+    size: int = 192
+    min_items: int = 2
+    max_items: int = 6
+    min_scale: float = 1.5
+    max_scale: float = 4.0
+
+    def __post_init__(self) -> None:
+        if self.train_images < 1 or self.val_images < 1:
+            raise ValueError("train_images and val_images must be at least 1")
+        if not 1 <= self.min_items <= self.max_items:
+            raise ValueError(f"need 1 <= min_items <= max_items; got {self.min_items}, {self.max_items}")
+        if not 1.0 <= self.min_scale <= self.max_scale or 28 * self.max_scale > self.size:
+            raise ValueError(f"need 1 <= min_scale <= max_scale and 28 * max_scale <= size; got {self.min_scale}, "
+                             f"{self.max_scale}, size {self.size}")
+
+    def images(self, split: str) -> int:
+        """Number of images in ``split``."""
+        return self.train_images if split == "train" else self.val_images
+
+    def digest(self) -> str:
+        """SHA-256 of the generator version and these settings (the cache stamp's key)."""
+        blob = json.dumps({"version": GENERATOR_VERSION, **dataclasses.asdict(self)}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def generate_fmnist_scenes(root: str | Path, settings: Optional[ScenesSettings] = None, *,
+                           data_dir: Optional[str | Path] = None, **overrides: Any) -> Path:
+    """Write the scenes under ``root`` in COCO layout (images, both annotation files, the stamp
+    last) and return ``root``; ``overrides`` replace fields of ``settings``."""
+    settings = dataclasses.replace(settings or ScenesSettings(), **overrides)
+    root = Path(root)
+    (root / "annotations").mkdir(parents=True, exist_ok=True)
+    categories = [{"id": i + 1, "name": name, "supercategory": "garment"} for i, name in enumerate(CLASSES)]
+    for split_index, split in enumerate(SPLITS):
+        garments, labels = load_fashion_mnist(SOURCE[split], data_dir)
+        img_dir = root / IMG_DIR.format(split=split)
+        img_dir.mkdir(exist_ok=True)
+        images: list[dict[str, Any]] = []
+        annotations: list[dict[str, Any]] = []
+        for index in range(settings.images(split)):
+            rng = np.random.default_rng([settings.seed, split_index, index])
+            pixels, items = _scene(rng, settings, garments, labels)
+            image_id = index + 1
+            file_name = f"{image_id:012d}.png"
+            Image.fromarray(pixels, mode="L").save(img_dir / file_name, compress_level=1)
+            images.append({"id": image_id, "file_name": file_name, "width": settings.size, "height": settings.size})
+            for label, mask in items:
+                annotations.append(_annotation(len(annotations) + 1, image_id, label + 1, mask))
+        coco = {"info": {"description": "vitbench Fashion-MNIST scenes", "version": str(GENERATOR_VERSION),
+                         "settings": dataclasses.asdict(settings)},
+                "licenses": [], "images": images, "annotations": annotations, "categories": categories}
+        (root / ANN_FILE.format(split=split)).write_text(json.dumps(coco, separators=(",", ":")) + "\n")
+    write_stamp(root, __name__, GENERATOR_VERSION, dataclasses.asdict(settings), settings.digest())
+    return root
+
+
+def is_complete(root: str | Path, settings: Optional[ScenesSettings] = None) -> bool:
+    """Whether ``root`` holds a finished set made with ``settings`` by this generator version."""
+    try:
+        find_coco(root)
+    except DataError:
+        return False
+    return stamped(root, (settings or ScenesSettings()).digest())
+
+
+def default_fmnist_scenes(cache: Optional[str | Path] = None, settings: Optional[ScenesSettings] = None,
+                          **overrides: Any) -> Path:
+    """The default scenes' root, ``CACHE/fmnist_scenes``, generated on first use."""
+    settings = dataclasses.replace(settings or ScenesSettings(), **overrides)
+    return generated_once(CACHE_NAME, lambda root: is_complete(root, settings),
+                          lambda root: generate_fmnist_scenes(root, settings), cache)
+
+
+def _scene(rng: np.random.Generator, settings: ScenesSettings, garments: np.ndarray,
+           labels: np.ndarray) -> tuple[np.ndarray, list[tuple[int, np.ndarray]]]:
+    """One canvas (``size x size`` uint8) and its visible items as ``(label, mask)``."""
+    size = settings.size
+    yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) / size
+    slope = rng.uniform(-20, 20, size=2).astype(np.float32)
+    canvas = rng.uniform(10, 60) + slope[0] * xx + slope[1] * yy
+    owner = np.full((size, size), -1, dtype=np.int64)  # which item each pixel shows
+    placed: list[tuple[int, int]] = []  # (label, pixel count) of each item drawn
+    for _ in range(int(rng.integers(settings.min_items, settings.max_items + 1))):
+        pick = int(rng.integers(len(garments)))
+        side = int(round(28 * rng.uniform(settings.min_scale, settings.max_scale)))
+        alpha = np.asarray(Image.fromarray(garments[pick]).resize((side, side), Image.Resampling.BILINEAR),
+                           dtype=np.float32) / 255.0
+        ink = alpha > INK
+        if not ink.any():
+            continue
+        visible = np.bincount(owner[owner >= 0], minlength=len(placed))
+        for _ in range(PLACEMENT_TRIES):
+            y, x = (int(v) for v in rng.integers(0, size - side + 1, size=2))
+            region = owner[y:y + side, x:x + side]
+            hidden = region[ink]
+            covered = np.bincount(hidden[hidden >= 0], minlength=len(placed))
+            if all(visible[i] - covered[i] >= MIN_VISIBLE * n for i, (_, n) in enumerate(placed)):
+                break
+        else:
+            continue  # no place leaves every earlier item half visible
+        brightness = rng.uniform(0.7, 1.0) * 255.0
+        window = canvas[y:y + side, x:x + side]
+        window[...] = window * (1 - alpha) + brightness * alpha
+        region[ink] = len(placed)
+        placed.append((int(labels[pick]), int(np.count_nonzero(ink))))
+    canvas += rng.normal(0, 3.0, size=canvas.shape).astype(np.float32)
+    pixels = np.clip(np.rint(canvas), 0, 255).astype(np.uint8)
+    items = [(label, owner == i) for i, (label, _) in enumerate(placed) if np.any(owner == i)]
+    return pixels, items
+
+
+def _rle(mask: np.ndarray) -> dict[str, Any]:
+    """COCO's uncompressed RLE of a binary mask: run lengths in column-major order, zeros first."""
+    flat = mask.reshape(-1, order="F").astype(np.uint8)
+    edges = np.flatnonzero(np.diff(flat)) + 1
+    runs = np.diff(np.concatenate([[0], edges, [flat.size]]))
+    counts = ([0] if flat[0] else []) + runs.tolist()
+    return {"size": [int(mask.shape[0]), int(mask.shape[1])], "counts": counts}
+
+
+def _annotation(ann_id: int, image_id: int, category_id: int, mask: np.ndarray) -> dict[str, Any]:
+    """A COCO instance annotation: the visible mask as RLE, its extent as bbox, its pixel count as area."""
+    rows, cols = np.nonzero(mask)
+    x0, y0, x1, y1 = int(cols.min()), int(rows.min()), int(cols.max()) + 1, int(rows.max()) + 1
+    return {"id": ann_id, "image_id": image_id, "category_id": category_id, "segmentation": _rle(mask),
+            "bbox": [x0, y0, x1 - x0, y1 - y0], "area": int(mask.sum()), "iscrowd": 0}
