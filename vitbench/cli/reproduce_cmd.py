@@ -15,7 +15,7 @@ from typing import Optional
 
 from vitbench.errors import VitbenchError
 from vitbench.reproduce.check import IMAGES, TOLERANCE, check_gmacs
-from vitbench.reproduce.recipes import RECIPES, recipe
+from vitbench.reproduce import recipes
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -42,17 +42,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Dispatch ``--list``, ``--check-gmacs`` or one row's run; bad input is one line, exit 2."""
-    rows = [recipe(row) for row in args.rows]  # an unknown id -> one line listing the valid ones
+    rows = [recipes.recipe(row) for row in args.rows]  # an unknown id -> one line listing the valid ones
     if args.list and args.check_gmacs:
         raise VitbenchError("--list and --check-gmacs were both given; give one")
     if args.list:
-        _print_list(rows or list(RECIPES))
+        _print_list(rows or list(recipes.RECIPES))
         for r in rows:  # rows named: their details too
             print(f"\n{r.id}: data: {r.data}" + (f"\n  GMACs: {r.gmacs_reason}" if r.gmacs_reason else "")
                   + (f"\n  note: {r.note}" if r.note else ""))
         return 0
     if args.check_gmacs:
-        return _check(rows or list(RECIPES))
+        return _check(rows or list(recipes.RECIPES))
     return _run_row(args, rows)
 
 
