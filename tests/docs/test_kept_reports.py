@@ -1,6 +1,7 @@
 """docs/results.md names each kept report's code revision, machine and dates as the report's own
-header says them: its table is benchmarks/kept_reports.py's output, so a report re-made without
-the page (or the page edited without the report) fails here."""
+header says them, and the README quotes reports/sweep's top-1s: both tables are
+benchmarks/kept_reports.py's output, so a report re-made without the page (or the page edited
+without the report) fails here."""
 from __future__ import annotations
 
 import importlib.util
@@ -31,3 +32,8 @@ def test_a_report_header_is_read_field_by_field(tmp_path):
         "- Measured: 2026-12-06T03:07:04+00:00 to 2026-12-06T03:11:16+00:00\n")
     assert kept.table(tmp_path).splitlines()[-1] == (
         "| `reports/x/report.md` | abc1234 | cpu (AMD EPYC, 2 cores) | 2026-12-06 03:07:04 to 2026-12-06 03:11:16 |")
+
+
+def test_the_readmes_sweep_table_is_the_kept_sweeps():
+    readme = (ROOT / "README.md").read_text()
+    assert _script().sweep_table() in readme, "re-make it: python benchmarks/kept_reports.py --sweep (README, 'A sweep')"
