@@ -89,6 +89,7 @@ def test_a_doubted_point_is_marked_in_its_cell_and_explained():
     row = next(x for x in lines if x.startswith("| tome"))
     assert row == "| tome | 0.50x, 20.0 ms | 0.75x, 26.7 ms † | 2.00x, 40.0 ms |"
     assert any(x.startswith("† At this batch size") for x in lines)
+    assert "- baseline, batch 4: spread 30 % of the median" in lines  # the reason, point by point
 
 
 def test_without_curves_the_report_has_no_batch_section_and_no_batch_plot(tmp_path, records):

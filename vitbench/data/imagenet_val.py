@@ -11,11 +11,8 @@ Three layouts are recognised under ``--data ROOT`` (besides ``ROOT/val/<synset>/
   (one ILSVRC2012_ID per image, in file-name order) with its ``meta.mat`` (ID -> synset) over
   ``ROOT/val/`` or ``ROOT/ILSVRC2012_img_val/``.
 
-Labels are indices into the 1000 ImageNet classes in synset order (timm's and mmpretrain's), except
-that ``meta/val.txt`` read for a model of N < 1,000 classes (a set of one's own classes, or
-``--num-classes N``) holds labels 0..N-1 of those N classes; its training split is then
-``ROOT/meta/train.txt`` over ``ROOT/train/`` or class folders ``ROOT/train/<class>/`` in sorted order.
-Every reader checks each line (:func:`labelled_images`); a fault names the file and line.
+Labels index the 1000 synsets, or 0..N-1 for ``meta/val.txt`` read by a model of N < 1,000 classes
+(docs/guide/run.md). Each reader checks every line (:func:`labelled_images`), naming file and line.
 """
 from __future__ import annotations
 

@@ -132,9 +132,12 @@ def batch_lines(labels: Sequence[str], rows: Sequence[Record], base: Optional[Re
     lines += ["| " + lab.replace("|", "\\|") + " | " + " | ".join(_cell(r, base, b, speedups[id(r)]) for b in sizes)
               + " |" for lab, r in curved]
     lines.append("")
-    if any(_doubted(r, b) for _, r in curved for b in sizes):
-        lines += [f"{MARK} At this batch size the row's or the baseline's timing is not to be trusted: its spread "
-                  f"over repeats or the machine's load was too high (the record's `batch_curve` says which).", ""]
+    reasons = [f"- {lab}, batch {b}: {why}" for lab, r in curved for b in sizes
+               for why in dict.fromkeys(str(_points(rec).get(b, {}).get("flag_reason"))
+                                        for rec in _per_seed(r) if _points(rec).get(b, {}).get("flag_reason"))]
+    if reasons:
+        lines += [f"{MARK} At this batch size the row's or the baseline's timing is not to be trusted (a baseline's "
+                  f"mark goes to every row at its batch size):", "", *reasons, ""]
     methods = [(lab, speedups[id(r)]) for lab, r in curved if r.get("method") not in (BASELINE, CONTROL)]
     if base is None and methods:
         lines += ["No baseline was timed at these batch sizes: no speed-up to show.", ""]

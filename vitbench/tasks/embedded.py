@@ -42,8 +42,7 @@ DEFAULT_MODEL = _default_model()
 EMBEDDED_TRAIN_LIMIT: dict[str, int] = {DEIT_MODEL: 1000, LEGACY_MODEL: 10000}
 #: the classes of every embedded model's head (Fashion-MNIST's)
 EMBEDDED_NUM_CLASSES = 10
-#: where the embedded models are loaded (and trained on a first use without shipped weights): the
-#: cls task's code, named by reference so that this module and its importers stay light
+#: the cls task's loader of the embedded models, by reference: this module and its importers stay light
 _LOADER = "vitbench.tasks.cls.default_model:load_default_model"
 
 
