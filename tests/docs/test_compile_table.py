@@ -3,17 +3,15 @@ method, each with its graphs and breaks or in words why it has none (a method th
 apply, a compile that fell back)."""
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
+
+from scripts_support import load_script  # tests/scripts_support.py
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("compile_table", ROOT / "benchmarks" / "compile_table.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("compile_table")
 
 
 def test_the_page_lists_every_builtin_method():

@@ -4,17 +4,15 @@ benchmarks/kept_reports.py's output, so a report re-made without the page (or th
 without the report) fails here."""
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
+
+from scripts_support import load_script  # tests/scripts_support.py
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("kept_reports", ROOT / "benchmarks" / "kept_reports.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("kept_reports")
 
 
 def test_the_results_page_names_each_kept_reports_revision():

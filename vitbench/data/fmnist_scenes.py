@@ -13,17 +13,16 @@ writes the default set once into the cache (:mod:`vitbench.data.generated`). doc
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 import numpy as np
 from PIL import Image
 
 from vitbench.data.fashion_mnist import CLASSES, load_fashion_mnist
-from vitbench.data.generated import generated_once, stamped, write_stamp
+from vitbench.data.generated import SplitSettings, generated_once, stamped, write_stamp
 from vitbench.data.shapes_coco import ANN_FILE, IMG_DIR, SPLITS, find_coco
 from vitbench.errors import DataError
 
@@ -43,9 +42,10 @@ SOURCE = {"train": "train", "val": "test"}
 
 
 @dataclass(frozen=True)
-class ScenesSettings:
+class ScenesSettings(SplitSettings):
     """What the generated set depends on; the cache stamp hashes all of it."""
 
+    version: ClassVar[int] = GENERATOR_VERSION
     seed: int = 0
     train_images: int = 3000
     val_images: int = 500
@@ -64,14 +64,6 @@ class ScenesSettings:
             raise ValueError(f"need 1 <= min_scale <= max_scale and 28 * max_scale <= size; got {self.min_scale}, "
                              f"{self.max_scale}, size {self.size}")
 
-    def images(self, split: str) -> int:
-        """Number of images in ``split``."""
-        return self.train_images if split == "train" else self.val_images
-
-    def digest(self) -> str:
-        """SHA-256 of the generator version and these settings (the cache stamp's key)."""
-        blob = json.dumps({"version": GENERATOR_VERSION, **dataclasses.asdict(self)}, sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def generate_fmnist_scenes(root: str | Path, settings: Optional[ScenesSettings] = None, *,

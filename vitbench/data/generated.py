@@ -5,19 +5,40 @@ finished (the shapes COCO set, :mod:`vitbench.data.shapes_coco`; the Fashion-MNI
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import os
 import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 from vitbench.core.cache import cache_dir
 
-__all__ = ["STAMP_FILE", "generated_once", "stamped", "write_stamp"]
+__all__ = ["STAMP_FILE", "SplitSettings", "generated_once", "stamped", "write_stamp"]
 
 STAMP_FILE = "stamp.json"
+
+
+class SplitSettings:
+    """What a generated COCO set's settings (a frozen dataclass) share: the images of each split
+    and the digest its cache stamp keeps (generator version and every field)."""
+
+    version: ClassVar[int]
+    train_images: int
+    val_images: int
+
+    def images(self, split: str) -> int:
+        """Number of images in ``split``."""
+        return self.train_images if split == "train" else self.val_images
+
+    def digest(self) -> str:
+        """SHA-256 of the generator version and these settings (the cache stamp's key)."""
+        fields = dataclasses.asdict(self)  # type: ignore[call-overload]
+        blob = json.dumps({"version": self.version, **fields}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def write_stamp(root: Path, generator: str, version: int, settings: dict[str, Any], digest: str) -> None:

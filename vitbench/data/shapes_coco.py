@@ -10,17 +10,16 @@ cache. docs/architecture.md, "Embedded defaults", gives each choice and why."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from PIL import Image, ImageDraw
 
-from vitbench.data.generated import STAMP_FILE, generated_once, stamped, write_stamp  # noqa: F401 (STAMP_FILE re-exported)
+from vitbench.data.generated import SplitSettings, STAMP_FILE, generated_once, stamped, write_stamp  # noqa: F401 (STAMP_FILE re-exported)
 from vitbench.errors import DataError
 
 #: Bump when the drawing or the file layout changes: the cache stamp then no longer matches.
@@ -49,9 +48,10 @@ PNG_COMPRESS_LEVEL = 1
 
 
 @dataclass(frozen=True)
-class ShapesSettings:
+class ShapesSettings(SplitSettings):
     """What the generated data set depends on; the cache stamp hashes all of it."""
 
+    version: ClassVar[int] = GENERATOR_VERSION
     seed: int = 0
     train_images: int = 200
     val_images: int = 50
@@ -67,14 +67,6 @@ class ShapesSettings:
         if self.size < 64:
             raise ValueError(f"size must be at least 64 px; got {self.size}")
 
-    def images(self, split: str) -> int:
-        """Number of images in ``split``."""
-        return self.train_images if split == "train" else self.val_images
-
-    def digest(self) -> str:
-        """SHA-256 of the generator version and these settings (the cache stamp's key)."""
-        blob = json.dumps({"version": GENERATOR_VERSION, **dataclasses.asdict(self)}, sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def generate_shapes_coco(root: str | Path, settings: ShapesSettings | None = None, **overrides: Any) -> Path:
