@@ -13,7 +13,6 @@ writes the default set once into the cache (:mod:`vitbench.data.generated`). doc
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Optional
@@ -22,8 +21,8 @@ import numpy as np
 from PIL import Image
 
 from vitbench.data.fashion_mnist import CLASSES, load_fashion_mnist
-from vitbench.data.generated import SplitSettings, generated_once, stamped, write_stamp
-from vitbench.data.shapes_coco import ANN_FILE, IMG_DIR, SPLITS, find_coco
+from vitbench.data.generated import SPLITS, SplitSettings, generated_once, stamped, write_coco
+from vitbench.data.shapes_coco import find_coco
 from vitbench.errors import DataError
 
 __all__ = ["CACHE_NAME", "INK", "ScenesSettings", "default_fmnist_scenes", "generate_fmnist_scenes",
@@ -71,30 +70,14 @@ def generate_fmnist_scenes(root: str | Path, settings: Optional[ScenesSettings] 
     """Write the scenes under ``root`` in COCO layout (images, both annotation files, the stamp
     last) and return ``root``; ``overrides`` replace fields of ``settings``."""
     settings = dataclasses.replace(settings or ScenesSettings(), **overrides)
-    root = Path(root)
-    (root / "annotations").mkdir(parents=True, exist_ok=True)
-    categories = [{"id": i + 1, "name": name, "supercategory": "garment"} for i, name in enumerate(CLASSES)]
-    for split_index, split in enumerate(SPLITS):
-        garments, labels = load_fashion_mnist(SOURCE[split], data_dir)
-        img_dir = root / IMG_DIR.format(split=split)
-        img_dir.mkdir(exist_ok=True)
-        images: list[dict[str, Any]] = []
-        annotations: list[dict[str, Any]] = []
-        for index in range(settings.images(split)):
-            rng = np.random.default_rng([settings.seed, split_index, index])
-            pixels, items = _scene(rng, settings, garments, labels)
-            image_id = index + 1
-            file_name = f"{image_id:012d}.png"
-            Image.fromarray(pixels, mode="L").save(img_dir / file_name, compress_level=1)
-            images.append({"id": image_id, "file_name": file_name, "width": settings.size, "height": settings.size})
-            for label, mask in items:
-                annotations.append(_annotation(len(annotations) + 1, image_id, label + 1, mask))
-        coco = {"info": {"description": "vitbench Fashion-MNIST scenes", "version": str(GENERATOR_VERSION),
-                         "settings": dataclasses.asdict(settings)},
-                "licenses": [], "images": images, "annotations": annotations, "categories": categories}
-        (root / ANN_FILE.format(split=split)).write_text(json.dumps(coco, separators=(",", ":")) + "\n")
-    write_stamp(root, __name__, GENERATOR_VERSION, dataclasses.asdict(settings), settings.digest())
-    return root
+    sources = {split: load_fashion_mnist(SOURCE[split], data_dir) for split in SPLITS}
+
+    def draw(split: str, rng: np.random.Generator) -> tuple[np.ndarray, list[tuple[int, dict[str, Any]]]]:
+        pixels, items = _scene(rng, settings, *sources[split])
+        return pixels, [(label, _annotation(mask)) for label, mask in items]
+
+    return write_coco(root, settings, draw, classes=CLASSES, supercategory="garment",
+                      description="vitbench Fashion-MNIST scenes", generator=__name__)
 
 
 def is_complete(root: str | Path, settings: Optional[ScenesSettings] = None) -> bool:
@@ -161,9 +144,8 @@ def _rle(mask: np.ndarray) -> dict[str, Any]:
     return {"size": [int(mask.shape[0]), int(mask.shape[1])], "counts": counts}
 
 
-def _annotation(ann_id: int, image_id: int, category_id: int, mask: np.ndarray) -> dict[str, Any]:
-    """A COCO instance annotation: the visible mask as RLE, its extent as bbox, its pixel count as area."""
+def _annotation(mask: np.ndarray) -> dict[str, Any]:
+    """A COCO instance's visible mask as RLE, its extent as bbox, its pixel count as area."""
     rows, cols = np.nonzero(mask)
     x0, y0, x1, y1 = int(cols.min()), int(rows.min()), int(cols.max()) + 1, int(rows.max()) + 1
-    return {"id": ann_id, "image_id": image_id, "category_id": category_id, "segmentation": _rle(mask),
-            "bbox": [x0, y0, x1 - x0, y1 - y0], "area": int(mask.sum()), "iscrowd": 0}
+    return {"segmentation": _rle(mask), "bbox": [x0, y0, x1 - x0, y1 - y0], "area": int(mask.sum())}

@@ -10,7 +10,6 @@ cache. docs/architecture.md, "Embedded defaults", gives each choice and why."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,16 +18,14 @@ from typing import Any, ClassVar
 import numpy as np
 from PIL import Image, ImageDraw
 
-from vitbench.data.generated import SplitSettings, STAMP_FILE, generated_once, stamped, write_stamp  # noqa: F401 (STAMP_FILE re-exported)
+from vitbench.data.generated import (  # noqa: F401 (STAMP_FILE re-exported)
+    ANN_FILE, IMG_DIR, PNG_COMPRESS_LEVEL, SPLITS, STAMP_FILE, SplitSettings, generated_once, stamped, write_coco,
+)
 from vitbench.errors import DataError
 
 #: Bump when the drawing or the file layout changes: the cache stamp then no longer matches.
 GENERATOR_VERSION = 1
 SHAPES: tuple[str, ...] = ("circle", "square", "triangle")
-SPLITS: tuple[str, ...] = ("train", "val")
-#: File and folder names of the standard COCO 2017 layout.
-ANN_FILE = "annotations/instances_{split}2017.json"
-IMG_DIR = "{split}2017"
 CACHE_NAME = "shapes_coco"
 EXPECTED_LAYOUT = ("ROOT/annotations/instances_train2017.json, ROOT/annotations/instances_val2017.json, "
                    "ROOT/train2017/ and ROOT/val2017/ (image folders)")
@@ -43,8 +40,6 @@ PLACEMENT_TRIES = 50
 #: Minimum RGB distance between an object's colour and the background's base colour.
 MIN_CONTRAST = 100.0
 PIXEL_NOISE = 3.0
-#: zlib level of the PNGs (see "Counts" above).
-PNG_COMPRESS_LEVEL = 1
 
 
 @dataclass(frozen=True)
@@ -78,30 +73,12 @@ def generate_shapes_coco(root: str | Path, settings: ShapesSettings | None = Non
     means the writing finished.
     """
     settings = dataclasses.replace(settings or ShapesSettings(), **overrides)
-    root = Path(root)
-    (root / "annotations").mkdir(parents=True, exist_ok=True)
-    categories = [{"id": i + 1, "name": name, "supercategory": "shape"} for i, name in enumerate(settings.classes)]
-    for split_index, split in enumerate(SPLITS):
-        img_dir = root / IMG_DIR.format(split=split)
-        img_dir.mkdir(exist_ok=True)
-        images: list[dict[str, Any]] = []
-        annotations: list[dict[str, Any]] = []
-        for index in range(settings.images(split)):
-            rng = np.random.default_rng([settings.seed, split_index, index])
-            pixels, objects = _draw_image(rng, settings)
-            image_id = index + 1
-            file_name = f"{image_id:012d}.png"
-            Image.fromarray(pixels).save(img_dir / file_name, compress_level=PNG_COMPRESS_LEVEL)
-            images.append({"id": image_id, "file_name": file_name, "width": settings.size,
-                           "height": settings.size})
-            for class_index, polygon in objects:
-                annotations.append(_annotation(len(annotations) + 1, image_id, class_index + 1, polygon))
-        coco = {"info": {"description": "vitbench generated shapes", "version": str(GENERATOR_VERSION),
-                         "settings": dataclasses.asdict(settings)},
-                "licenses": [], "images": images, "annotations": annotations, "categories": categories}
-        (root / ANN_FILE.format(split=split)).write_text(json.dumps(coco, separators=(",", ":")) + "\n")
-    write_stamp(root, __name__, GENERATOR_VERSION, dataclasses.asdict(settings), settings.digest())
-    return root
+    def draw(split: str, rng: np.random.Generator) -> tuple[np.ndarray, list[tuple[int, dict[str, Any]]]]:
+        pixels, objects = _draw_image(rng, settings)
+        return pixels, [(class_index, _annotation(polygon)) for class_index, polygon in objects]
+
+    return write_coco(root, settings, draw, classes=settings.classes, supercategory="shape",
+                      description="vitbench generated shapes", generator=__name__)
 
 
 def is_complete(root: str | Path, settings: ShapesSettings | None = None) -> bool:
@@ -234,12 +211,11 @@ def _extent(polygon: np.ndarray) -> np.ndarray:
     return np.concatenate([polygon.min(axis=0), polygon.max(axis=0)])
 
 
-def _annotation(ann_id: int, image_id: int, category_id: int, polygon: np.ndarray) -> dict[str, Any]:
-    """A COCO instance annotation: polygon segmentation, its extent as bbox, its shoelace area."""
+def _annotation(polygon: np.ndarray) -> dict[str, Any]:
+    """A COCO instance's polygon segmentation, its extent as bbox, its shoelace area."""
     x0, y0, x1, y1 = _extent(polygon)
     x, y = polygon[:, 0], polygon[:, 1]
     area = 0.5 * abs(float(np.dot(x, np.roll(y, -1)) - np.dot(y, np.roll(x, -1))))
-    return {"id": ann_id, "image_id": image_id, "category_id": category_id,
-            "segmentation": [[round(float(v), 2) for v in polygon.reshape(-1)]],
+    return {"segmentation": [[round(float(v), 2) for v in polygon.reshape(-1)]],
             "bbox": [round(float(x0), 2), round(float(y0), 2), round(float(x1 - x0), 2), round(float(y1 - y0), 2)],
-            "area": round(area, 2), "iscrowd": 0}
+            "area": round(area, 2)}
