@@ -1,7 +1,7 @@
 """A COCO set vitbench generates (:func:`write_coco`) into its cache once: written to a temporary
-sibling folder, stamped last, and renamed into place when complete, so an interrupted run never leaves a folder that looks
-finished (the shapes COCO set, :mod:`vitbench.data.shapes_coco`; the Fashion-MNIST scenes,
-:mod:`vitbench.data.fmnist_scenes`).
+sibling folder, stamped last, and renamed into place when complete, so an interrupted run never
+leaves a folder that looks finished (the shapes COCO set, :mod:`vitbench.data.shapes_coco`; the
+Fashion-MNIST scenes, :mod:`vitbench.data.fmnist_scenes`).
 """
 from __future__ import annotations
 
