@@ -18,6 +18,7 @@ def vitbench_register_families(register):  # type: ignore[no-untyped-def]
         sequence_grids="vitbench.engine.families.efficientvit_tokens:sequence_grids",
         model_patterns=("efficientvit_b*",),
         model_modules=("efficientvit_mit",),
+        provides=frozenset({"grid_merges", "channels"}),
         description="timm EfficientVit (MIT EfficientViT-B): channel methods on its LiteMLA blocks, "
                     "grid merges (LTM) between each block's LiteMLA and MBConv",
     ))

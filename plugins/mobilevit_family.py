@@ -16,6 +16,8 @@ def vitbench_register_families(register):  # type: ignore[no-untyped-def]
         sequence_grids=f"{_CODE}:sequence_grids",
         model_patterns=("mobilevit_*",),
         model_modules=("mobilevit",),
+        provides=frozenset({"token_steps", "grid_merges", "channels", "before_attention", "keys", "attn", "values",
+                            "input", "tokens"}),
         description="timm MobileViT (ByobNet with MobileVitBlocks: mobilevit_xxs/xs/s); "
                     "token methods per MobileViT block, unmerged or grid-folded back to a map",
     ))

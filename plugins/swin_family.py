@@ -17,6 +17,7 @@ def vitbench_register_families(register):  # type: ignore[no-untyped-def]
         reduces_tiles=True,
         model_patterns=("swin_*", "swinv2_*_window*"),
         model_modules=("swin_transformer", "swin_transformer_v2"),
+        provides=frozenset({"token_steps", "grid_merges", "channels", "smaller_input", "keys", "received_attn"}),
         description="timm Swin Transformer V1 and V2; token methods per map tile for the MLP (merged, then "
                     "unmerged after it), channel methods in the window attention and the MLP",
     ))

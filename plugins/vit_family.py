@@ -18,5 +18,7 @@ def vitbench_register_families(register):  # type: ignore[no-untyped-def]
         model_modules=("vision_transformer", "vision_transformer_hybrid", "deit"),  # not Eva, RelPos
         # describe refuses attention pooling (siglip map heads) and blocks other than timm Block
         model_excludes=("*_siglip_[0-9]*", "*_map_*", "*_xp_*", "*_18x2_*", "*_rpn_*", "*pwee_*"),
+        provides=frozenset({"token_steps", "grid_merges", "channels", "one_width", "patch_grid", "smaller_input",
+                            "before_attention", "restores", "keys", "cls_attn", "attn", "values", "input", "tokens"}),
         description="timm VisionTransformer: ViT, DeiT (incl. distilled), DeiT-III, register tokens",
     ))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import re
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 from vitbench.core.params import (  # noqa: F401 (re-exported: what a plugin declares its parameters with)
     CHOICES, HELP, RANGE, Range, above, at_least, limits_text, param)
+from vitbench.core.capabilities import CAPABILITIES, capability_set  # noqa: F401 (re-exported)
 from vitbench.core.contract import BlockInfo, ModelInfo, Reduction, StatsCallback, TrainStage  # noqa: F401 (re-exported)
 from vitbench.errors import choices_error
 
@@ -125,6 +127,8 @@ def patch_count(info: ModelInfo) -> int:
 
 #: what a method reduces (``MethodSpec.kind``; a ``control`` is what a method must beat), as listed
 METHOD_KINDS = ("merging", "pruning", "hybrid", "channel", "control", "other")
+#: what a method of each kind needs of a family unless its spec says (``MethodSpec.needs``)
+KIND_NEEDS = {kind: frozenset({"channels" if kind == "channel" else "token_steps"}) for kind in METHOD_KINDS}
 
 
 @dataclass(frozen=True)
@@ -136,7 +140,9 @@ class MethodSpec:
     plugin imports no torch when it registers. ``params`` is a dataclass type (torch-free: the
     listings read it) whose fields all have defaults and whose ``__post_init__`` raises
     :class:`vitbench.errors.ParamError` on out-of-range values. ``budget`` names the parameter
-    that sets its compute (:class:`BudgetKnob`).
+    that sets its compute (:class:`BudgetKnob`). ``needs`` says what the method needs of a model
+    family (:data:`~vitbench.core.capabilities.CAPABILITIES`; by default what its kind needs,
+    :data:`KIND_NEEDS`): it runs on every family that provides all of it.
     """
 
     _references: ClassVar[tuple[str, ...]] = ("build",)
@@ -146,10 +152,10 @@ class MethodSpec:
     build: Union[str, Callable[[Any, ModelInfo], Reduction]]
     #: what the method reduces, one of :data:`METHOD_KINDS` (``vitbench list methods``)
     kind: str = "other"
-    families: tuple[str, ...] = ("vit",)
+    #: the capabilities a family must provide (:data:`~vitbench.core.capabilities.CAPABILITIES`); ``None``: its kind's
+    needs: Optional[frozenset[str]] = None
     aliases: tuple[str, ...] = ()
     needs_training: bool = False
-    needs_attention_probs: bool = False
     description: str = ""
     #: the knob that sets the method's compute (a :class:`BudgetKnob` or its kwargs); ``None``: not matchable
     budget: Optional[BudgetKnob] = None
@@ -157,6 +163,10 @@ class MethodSpec:
     trains_when: str = ""
     #: ``"package:folder"`` of the plugin's shipped fine-tuned weights (:mod:`vitbench.train.shipped`)
     weights: str = ""
+    #: deprecated (say what the method needs in ``needs``): the only families it runs on, besides its needs
+    families: tuple[str, ...] = ()
+    #: deprecated, read by nothing: say ``attn`` or ``cls_attn`` in ``needs``
+    needs_attention_probs: bool = False
 
     def trains(self, values: Any = None) -> bool:
         """Whether a run with parameters ``values`` (an instance of ``params``; ``None``: the
@@ -169,6 +179,13 @@ class MethodSpec:
         _check_references(self, self._references)
         if self.kind not in METHOD_KINDS:
             raise choices_error(f"method kind (of method {self.name!r})", self.kind, METHOD_KINDS)
+        needs = KIND_NEEDS[self.kind] if self.needs is None else self.needs
+        object.__setattr__(self, "needs", capability_set(needs, f"method {self.name!r}"))
+        for old in ("families", "needs_attention_probs"):
+            if getattr(self, old):
+                warnings.warn(f"MethodSpec.{old} of {self.name!r} is deprecated: say what the method needs of a "
+                              f"family in MethodSpec.needs (docs/guide/backbones.md, \"Capabilities\")",
+                              DeprecationWarning, stacklevel=3)
         if self.trains_when and (self.needs_training or self.trains_when not in
                                  {f.name for f in dataclasses.fields(self.params)}):
             raise TypeError(f"MethodSpec.trains_when of {self.name!r} names {self.trains_when!r}: it must be a "
@@ -227,6 +244,8 @@ class FamilySpec:
     #: wildcards of names the patterns match that the adapter refuses (e.g. attention pooling)
     model_excludes: tuple[str, ...] = ()
     description: str = ""
+    #: the capabilities it gives methods: a method runs on it when it provides all it needs
+    provides: frozenset[str] = frozenset()
     # what methods may ask of the family; a method that needs a member the family leaves at its
     # default refuses the family with an UnsupportedError
     #: ``model -> module``: the last block or stage, whose pooled output an IB bound trains on
@@ -246,6 +265,15 @@ class FamilySpec:
 
     def __post_init__(self) -> None:
         _check_references(self, self._references)
+        object.__setattr__(self, "provides", capability_set(self.provides, f"family {self.name!r}"))
+
+
+def missing_capabilities(method: MethodSpec, family: FamilySpec) -> frozenset[str]:
+    """What ``method`` needs that ``family`` does not provide (empty: the method runs on it); a
+    method that still lists its families (deprecated) misses ``family`` itself when it is not listed."""
+    if method.families and family.name not in method.families:
+        return frozenset({f"the {family.name} family (MethodSpec.families)"})
+    return method.needs - family.provides
 
 
 #: what a task's GMACs count (:attr:`vitbench.task.Task.counts`): the model (cls) or its backbone (det/seg)

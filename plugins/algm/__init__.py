@@ -57,7 +57,7 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
         kind="merging",
         params=ALGMParams,
         build="vitbench_plugins.algm.reduction:build",
-        families=("vit",),
+        needs=frozenset({"token_steps", "patch_grid"}),
         trains_when="epochs",
         # a higher similarity threshold merges fewer tokens: more GMACs
         budget=BudgetKnob("threshold", larger_means="more", low=-1.0, high=1.0),

@@ -40,7 +40,6 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
         kind="merging",
         params=ATCParams,
         build="vitbench_plugins.atc.reduction:build",
-        families=("vit",),
         # the fraction of patch tokens kept (as clusters) at each listed block
         budget=BudgetKnob("keep", larger_means="more", low=0.001, high=1.0),
         description="ATC: agglomerative (hierarchical) clustering merge of the patch tokens' keys at listed "

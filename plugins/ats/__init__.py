@@ -42,8 +42,7 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
         kind="pruning",
         params=ATSParams,
         build="vitbench_plugins.ats.reduction:build",
-        families=("vit",),
-        needs_attention_probs=True,
+        needs=frozenset({"token_steps", "cls_attn"}),
         # sample points per original patch: more points, fewer duplicates, more tokens kept
         budget=BudgetKnob("keep", larger_means="more", low=0.001, high=MAX_KEEP),
         description="ATS: adaptive token sampling, inverse-transform sampling of the cls-attn CDF; "

@@ -54,7 +54,7 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
         kind="control",
         params=DownsampleParams,
         build="vitbench_plugins.controls.reduction:build_downsample",
-        families=("vit", "swin"),
+        needs=frozenset({"smaller_input"}),
         # whole patches: where no grid lands within the tolerance, the nearest under the budget
         budget=BudgetKnob("keep", larger_means="more", low=0.001, high=1.0, coarse="below"),
         description="control: a smaller image, the position embedding resampled to it",

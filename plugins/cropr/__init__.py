@@ -54,7 +54,7 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
         kind="pruning",
         params=CroprParams,
         build="vitbench_plugins.cropr.reduction:build",
-        families=("vit",),
+        needs=frozenset({"token_steps", "one_width", "before_attention"}),
         needs_training=True,
         # rate tokens pruned per module: counts (and GMACs) follow from it, trained or not
         budget=BudgetKnob("rate", larger_means="less", low=0, high=patch_count, integer=True),

@@ -100,7 +100,6 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
         kind="channel",
         params=DCSParams,
         build="vitbench_plugins.dcs.reduction:build",
-        families=("vit", "efficientvit", "mobilevit", "swin"),
         needs_training=True,
         # the fraction of the baseline's GMACs to keep (enforced when the search ends): set to F
         budget=BudgetKnob("budget", larger_means="more", mode="fraction"),

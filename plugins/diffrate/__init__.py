@@ -111,8 +111,7 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
         kind="hybrid",
         params=DiffRateParams,
         build="vitbench_plugins.diffrate.reduction:build",
-        families=("vit",),
-        needs_attention_probs=True,
+        needs=frozenset({"token_steps", "cls_attn"}),
         # the fraction of patch tokens left after the last block: more keep, more GMACs
         budget=BudgetKnob("keep", larger_means="more", low=0.001, high=1.0),
         description="DiffRate: prune then merge by class attention to given per-block kept counts "
@@ -123,9 +122,8 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
         kind="hybrid",
         params=DiffRateSearchParams,
         build="vitbench_plugins.diffrate.reduction:build_search",
-        families=("vit",),
+        needs=frozenset({"token_steps", "cls_attn"}),
         needs_training=True,
-        needs_attention_probs=True,
         budget=BudgetKnob("gmacs_fraction", larger_means="more", mode="fraction"),
         description="DiffRate search: learns the per-block prune/merge kept counts to a GMACs fraction "
                     "(differentiable discrete proxy; backbone frozen)",

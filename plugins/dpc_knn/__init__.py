@@ -36,7 +36,6 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
         kind="merging",
         params=DPCKNNParams,
         build="vitbench_plugins.dpc_knn.reduction:build",
-        families=("vit",),
         # the fraction of patch tokens kept (as clusters) at each listed block
         budget=BudgetKnob("keep", larger_means="more", low=0.001, high=1.0),
         description="DPC-KNN: density-peaks clustering merge of the patch tokens at listed blocks (TCFormer's CTM, "

@@ -69,7 +69,7 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
         kind="merging",
         params=DTEMParams,
         build="vitbench_plugins.dtem.reduction:build",
-        families=("vit",),
+        needs=frozenset({"token_steps", "one_width", "input"}),
         needs_training=True,
         # r tokens merged per block, as ToMe's: the counts (and GMACs) do not depend on training
         budget=BudgetKnob("r", larger_means="less", low=0, high=patch_count, integer=True, per_block=True),

@@ -52,7 +52,7 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
         kind="pruning",
         params=DynamicViTParams,
         build="vitbench_plugins.dynamicvit.reduction:build",
-        families=("vit",),
+        needs=frozenset({"token_steps", "one_width"}),
         needs_training=True,
         # rho: the fraction of patch tokens kept per stage; counts (and GMACs) are fixed by it,
         # trained or not, so the knob can be searched on the untrained model

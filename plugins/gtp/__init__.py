@@ -50,7 +50,7 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
         kind="pruning",
         params=GTPParams,
         build="vitbench_plugins.gtp.reduction:build",
-        families=("vit",),
+        needs=frozenset({"token_steps", "patch_grid", "attn"}),
         # r tokens eliminated per block: more r, fewer GMACs; a per-block list lands between integers
         budget=BudgetKnob("r", larger_means="less", low=0, high=patch_count, integer=True, per_block=True),
         description="GTP-ViT: eliminate r tokens per block, propagating them along a token graph (training-free)",

@@ -36,7 +36,6 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
         kind="merging",
         params=KMedoidsParams,
         build="vitbench_plugins.kmedoids.reduction:build",
-        families=("vit",),
         budget=BudgetKnob("keep", larger_means="more", low=0.001, high=1.0),
         description="K-Medoids: clustering merge of the patch tokens at listed blocks (Voronoi iteration, "
                     "size-weighted cluster means; training-free)",

@@ -120,7 +120,7 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
         kind="merging",
         params=LTMParams,
         build="vitbench_plugins.ltm.reduction:build",
-        families=("vit", "mobilevit", "swin", "efficientvit"),
+        needs=frozenset({"grid_merges"}),
         aliases=("ibtm",),
         needs_training=True,
         weights="vitbench_plugins.ltm:weights",  # fine-tuned 1 epoch on the default model's 60,000 images

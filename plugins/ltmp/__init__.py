@@ -79,9 +79,8 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
         kind="hybrid",
         params=LTMPParams,
         build="vitbench_plugins.ltmp.reduction:build",
-        families=("vit", "swin"),
+        needs=frozenset({"token_steps", "keys"}),
         needs_training=True,
-        needs_attention_probs=True,
         # matched compute sets gmacs_fraction = F: the penalty then measures the counted cost
         # (CostModel), not the paper's ratio, whose target lands off F (flops_penalty_of)
         budget=BudgetKnob("gmacs_fraction", larger_means="more", mode="fraction"),

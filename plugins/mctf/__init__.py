@@ -69,8 +69,7 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
         kind="merging",
         params=MCTFParams,
         build="vitbench_plugins.mctf.reduction:build",
-        families=("vit",),
-        needs_attention_probs=True,
+        needs=frozenset({"token_steps", "attn"}),
         # r tokens fused per block: more r, fewer GMACs; a per-block list lands between integers
         budget=BudgetKnob("r", larger_means="less", low=0, high=patch_count, integer=True, per_block=True),
         description="MCTF: multi-criteria (similarity, informativeness, size) bidirectional token fusion, "

@@ -50,7 +50,7 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
         kind="merging",
         params=PatchMergerParams,
         build="vitbench_plugins.patchmerger.reduction:build",
-        families=("vit",),
+        needs=frozenset({"token_steps", "one_width"}),
         needs_training=True,
         # M output tokens: the counts (and GMACs) are fixed by M, trained or not
         budget=BudgetKnob("tokens", larger_means="more", low=1, high=patch_count, integer=True),

@@ -63,7 +63,6 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
         kind="merging",
         params=PiToMeParams,
         build="vitbench_plugins.pitome.reduction:build",
-        families=("vit", "swin"),
         # r tokens merged per block: more r, fewer GMACs; a per-block list lands between integers
         budget=BudgetKnob("r", larger_means="less", low=0, high=patch_count, integer=True, per_block=True),
         description="PiToMe: energy-protected bipartite merging, r tokens merged per block (training-free)",

@@ -60,16 +60,15 @@ class AverageParams(PPTParams):
 
 @hookimpl
 def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
-    for name, params, what in (("ppt", PPTParams, "the scorer given by ppt.score (cls-attn)"),
-                               ("entropy", EntropyParams, "the entropy scorer"),
-                               ("average", AverageParams, "the average-attention scorer")):
+    for name, params, what, scores_on in (("ppt", PPTParams, "the scorer given by ppt.score (cls-attn)", "cls_attn"),
+                                          ("entropy", EntropyParams, "the entropy scorer", "attn"),
+                                          ("average", AverageParams, "the average-attention scorer", "cls_attn")):
         register(MethodSpec(
             name=name,
             kind="hybrid",
             params=params,
             build="vitbench_plugins.ppt.reduction:build",
-            families=("vit",),
-            needs_attention_probs=True,
+            needs=frozenset({"token_steps", scores_on}),
             # r tokens pooled or pruned at each listed block: more r, fewer GMACs
             budget=BudgetKnob("r", larger_means="less", low=0, high=patch_count, integer=True),
             description=f"PPT: adaptive pruning or pooling per image, with {what} (training-free)",

@@ -49,7 +49,7 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
         kind="merging",
         params=SinkhornParams,
         build="vitbench_plugins.sinkhorn.reduction:build",
-        families=("vit",),
+        needs=frozenset({"token_steps", "one_width"}),
         needs_training=True,
         # the fraction of patch tokens kept (as centres) per listed block: the counts (and GMACs)
         # are fixed by it, trained or not, so the knob can be searched on the untrained model

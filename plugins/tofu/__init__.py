@@ -64,7 +64,6 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
         kind="hybrid",
         params=ToFuParams,
         build="vitbench_plugins.tofu.reduction:build",
-        families=("vit", "swin"),
         # r tokens removed per block, as ToMe: more r, fewer GMACs (same counts as ToMe)
         budget=BudgetKnob("r", larger_means="less", low=0, high=patch_count, integer=True, per_block=True),
         description="ToFu: ToMe matching; prune-by-merge in the first blocks, norm-preserving MLERP "

@@ -8,7 +8,7 @@ Choices: ``r`` per layer is capped at ``(N - prefix) // 2``; prefix tokens (cls,
 registers) are neither sources nor destinations; ``(r, inflect)`` schedules ``int`` values
 linearly from ``r*(1-inflect)`` to ``2r - r*(1-inflect)``.
 
-Hybrids (MobileViT, ``families`` below): the schedule runs over all ``info.depth`` blocks, the
+Hybrids (MobileViT): the schedule runs over all ``info.depth`` blocks, the
 token state restarts with every token sequence (one per MobileViT block), so the cap applies
 per sequence (a 16-token sequence merges at most 8, then 4, 2; a 1-token one not at all), and
 the family adapter unmerges each sequence back to its full map (docs/methods.md, "The hook point", "Unmerge").
@@ -49,7 +49,6 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
         kind="merging",
         params=ToMeParams,
         build="vitbench_plugins.tome.reduction:build",
-        families=("vit", "mobilevit", "swin"),
         # r tokens merged per block: more r, fewer GMACs; a per-block list lands between integers
         budget=BudgetKnob("r", larger_means="less", low=0, high=patch_count, integer=True, per_block=True),
         description="ToMe: bipartite soft matching, r tokens merged per block (training-free)",

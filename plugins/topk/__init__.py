@@ -54,8 +54,7 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
             kind="pruning",
             params=params,
             build="vitbench_plugins.topk.reduction:build",
-            families=("vit",),
-            needs_attention_probs=True,
+            needs=frozenset({"token_steps", "cls_attn"}),  # the default scorer: the class token's attention
             # the fraction of patch tokens kept at each listed block: more keep, more GMACs
             budget=BudgetKnob("keep", larger_means="more", low=0.001, high=1.0),
             description=description,

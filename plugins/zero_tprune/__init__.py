@@ -58,8 +58,7 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
         kind="pruning",
         params=ZeroTPruneParams,
         build="vitbench_plugins.zero_tprune.reduction:build",
-        families=("vit",),
-        needs_attention_probs=True,
+        needs=frozenset({"token_steps", "attn"}),
         # r tokens pruned per block: more r, fewer GMACs; a per-block list lands between integers
         budget=BudgetKnob("r", larger_means="less", low=0, high=patch_count, integer=True, per_block=True),
         description="Zero-TPrune: prune r tokens per block, first by key similarity to more important "

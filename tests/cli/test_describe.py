@@ -17,7 +17,7 @@ def test_describe_tome_shows_r_with_its_type_default_and_meaning(capsys):
     assert out.startswith("tome\n")
     assert "    r: int | list[int] | (int, float) = 16\n" in out
     assert "tokens merged per block" in out
-    for fact in ("kind:      merging", "training-free", "budget:    r", "families:  vit, mobilevit, swin",
+    for fact in ("kind:      merging", "training-free", "budget:    r", "runs on:   mobilevit, swin, vit (needs token_steps)",
                  "Bolya et al."):
         assert fact in out, fact
     assert all(len(line) <= 100 for line in out.splitlines())

@@ -47,18 +47,56 @@ class _KeepAll(Reducer):
         return x
 
 
+#: each small model's input side
+FAMILY_SIDES = {"vit": 32, "swin": 56, "mobilevit": 256, "efficientvit": 224}
+
+
 @pytest.mark.parametrize("family", list(FAMILY_MODELS))
-def test_every_builtin_methods_reducers_are_reducers(family: str) -> None:
+def test_every_method_a_family_provides_for_runs_on_it(family: str) -> None:
+    """Every built-in method whose needs the family provides builds reducers on it and runs a
+    forward of the model's output shape with finite values; the others are refused in one line."""
     host = get_host()
-    methods = [name for name in host.names("methods") if family in host.method(name).families]
+    methods = [name for name in host.names("methods") if family in host.families_for(host.method(name))]
     assert methods, f"no built-in method supports {family}"
     base = FAMILY_MODELS[family]()
     assert host.family_of(base).name == family
+    x = torch.randn(1, 3, FAMILY_SIDES[family], FAMILY_SIDES[family], generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        expected = base(x).shape
     for name in methods:
-        reduction = reduction_context(vitbench.apply(copy.deepcopy(base), name)).reduction
+        reduced = vitbench.apply(copy.deepcopy(base), name)
+        reduction = reduction_context(reduced).reduction
         built = [r for r in reduction.reducers if r is not None]
         assert built or reduction.input_grid is not None, f"{name} built no reducer on {family}"  # downsample: none
         assert all(isinstance(r, vitbench.engine.Reducer) for r in built), (name, family, built)
+        with torch.inference_mode():
+            y = reduced(x)
+        assert y.shape == expected and torch.isfinite(y).all(), (name, family)
+    for name in sorted(set(host.names("methods")) - set(methods)):
+        missing = ", ".join(sorted(host.method(name).needs - host.family(family).provides))
+        with pytest.raises(UnsupportedError, match=f"method '{name}' needs {missing}, which the '{family}' family"):
+            vitbench.apply(copy.deepcopy(base), name)
+
+
+def test_a_reduction_asking_for_what_the_family_lacks_is_refused_in_one_line() -> None:
+    """A method whose declared needs the family provides, but whose built reducers ask for more
+    (here: the full attention on Swin), is refused before the model is patched."""
+    base = _tiny_swin()
+    spec = get_host().method("tome")
+    reduction = Reduction(reducers=[_AsksForAttention()] * 4)
+    spec_build = spec.build
+    try:
+        object.__setattr__(spec, "build", lambda values, info: reduction)
+        with pytest.raises(UnsupportedError, match=r"^method 'tome' needs attn, which the 'swin' family "
+                                                   r"\(SwinTransformer\) does not provide; tome runs on: "):
+            vitbench.apply(base, "tome")
+    finally:
+        object.__setattr__(spec, "build", spec_build)
+    assert reduction_context(base) is None
+
+
+class _AsksForAttention(_KeepAll):
+    needs = frozenset({"attn"})
 
 
 def test_the_defaults_change_nothing() -> None:

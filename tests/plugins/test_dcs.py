@@ -104,7 +104,8 @@ def _sgd_steps(model, stage, data, steps: int, lr: float = 0.5) -> None:  # type
 
 def test_resolves_through_the_plugin_host_and_conforms():
     spec = get_host().method("dcs")
-    assert spec.name == "dcs" and spec.needs_training and spec.families == ("vit", "efficientvit", "mobilevit", "swin")
+    assert spec.name == "dcs" and spec.needs_training and spec.needs == {"channels"}
+    assert get_host().families_for(spec) == ["efficientvit", "mobilevit", "swin", "vit"]
     check_method("dcs", model_factory=lambda: tiny_vit(depth=DEPTH), reduces_tokens=False)
 
 

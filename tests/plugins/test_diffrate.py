@@ -213,7 +213,7 @@ def test_conforms(params, counts):
 def test_registration():
     host = get_host()
     spec = host.method("diffrate")
-    assert (spec.kind, spec.needs_training, spec.needs_attention_probs) == ("hybrid", False, True)
+    assert (spec.kind, spec.needs_training, spec.needs) == ("hybrid", False, {"token_steps", "cls_attn"})
     assert (spec.budget.param, spec.budget.larger_means, spec.budget.mode) == ("keep", "more", "search")
     search = host.method("diffrate-search")
     assert (search.kind, search.needs_training) == ("hybrid", True)

@@ -53,8 +53,8 @@ def _stage_masks(model):
 
 def test_registers_as_a_learnable_pruning_method():
     spec = get_host().method("dynamicvit")
-    assert spec.kind == "pruning" and spec.needs_training and not spec.needs_attention_probs
-    assert spec.families == ("vit",)
+    assert spec.kind == "pruning" and spec.needs_training and spec.needs == {"token_steps", "one_width"}
+    assert get_host().families_for(spec) == ["vit"]
     assert spec.budget.param == "keep" and spec.budget.larger_means == "more"
     model = vitbench.apply(tiny_vit(), "dynamicvit")
     assert [r.stage for r in _reducers(model)] == [1, 2, 3]

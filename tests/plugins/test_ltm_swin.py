@@ -181,8 +181,10 @@ def test_another_input_size_is_a_clear_error():
             model(torch.randn(1, 3, 64, 64))
 
 
-def test_swin_is_listed_among_the_families():
-    assert vitbench.host.get_host().method("ltm").families == ("vit", "mobilevit", "swin", "efficientvit")
+def test_ltm_runs_on_every_family_it_merges_grids_on():
+    host = vitbench.host.get_host()
+    assert host.method("ltm").needs == {"grid_merges"}
+    assert host.families_for(host.method("ltm")) == ["efficientvit", "mobilevit", "swin", "vit"]
 
 
 @pytest.mark.slow

@@ -283,8 +283,8 @@ def test_gradients_flow_through_the_fusion(vit):
 
 def test_registration():
     spec = get_host().method("mctf")
-    assert (spec.kind, spec.families, spec.needs_attention_probs, spec.needs_training) == (
-        "merging", ("vit",), True, False)
+    assert (spec.kind, spec.needs, spec.needs_training) == ("merging", {"token_steps", "attn"}, False)
+    assert get_host().families_for(spec) == ["mobilevit", "vit"]
     assert (spec.budget.param, spec.budget.larger_means, spec.budget.per_block) == ("r", "less", True)
     defaults = spec.params()
     assert (defaults.r, defaults.tau_sim, defaults.tau_info, defaults.tau_size) == (16, 1.0, 20.0, 40.0)

@@ -26,7 +26,7 @@ def _mergers(model):
 
 def test_registers_as_a_learnable_merging_method():
     spec = get_host().method("patchmerger")
-    assert spec.kind == "merging" and spec.needs_training and spec.families == ("vit",)
+    assert spec.kind == "merging" and spec.needs_training and get_host().families_for(spec) == ["vit"]
     assert spec.budget.param == "tokens" and spec.budget.larger_means == "more" and spec.budget.integer
     model = vitbench.apply(tiny_vit(), "patchmerger")
     assert [b.index for b in model.blocks if b.reducer is not None] == [5]  # 12 blocks: the middle

@@ -266,4 +266,4 @@ def test_tofu_is_registered_as_a_hybrid_with_a_budget_knob():
 
     spec = get_host().method("tofu")
     assert spec.kind == "hybrid" and spec.budget.param == "r" and spec.budget.per_block
-    assert not spec.needs_attention_probs and not spec.needs_training
+    assert spec.needs == {"token_steps"} and not spec.needs_training

@@ -51,7 +51,7 @@ def card(spec: MethodSpec) -> list[str]:
     source = source_line(spec)
     if source:
         lines.append(f"  source:    {source}")
-    lines.append(f"  families:  {', '.join(spec.families)}")
+    lines.append(f"  runs on:   {', '.join(get_host().families_for(spec))} (needs {', '.join(sorted(spec.needs))})")
     lines.append("  training:  " + trains_in_words(spec))
     if spec.budget is None:
         lines.append("  budget:    none (not matchable with --match-gmacs)")

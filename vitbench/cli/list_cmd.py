@@ -52,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
                 trains = trains_in_words(spec)
                 knob = (f"; budget knob: {spec.budget.param} ({spec.budget.mode})" if spec.budget is not None
                         else "; not matchable (no budget knob)")
-                print(fit(f"{spec.name}{extra}  [{trains}; families: {', '.join(spec.families)}; plugin: "
+                print(fit(f"{spec.name}{extra}  [{trains}; runs on: {', '.join(host.families_for(spec))}; needs: "
+                          f"{', '.join(sorted(spec.needs))}; plugin: "
                           f"{host.owner('methods', spec.name)}{knob}]  {spec.description}", indent=2))
     elif args.kind == "scorers":
         for name, spec in sorted(host.specs("scorers").items()):
@@ -60,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
     elif args.kind == "families":
         for name, spec in sorted(host.specs("families").items()):
             print(fit(f"{name}  [plugin: {host.owner('families', name)}; models: "
-                      f"{', '.join(spec.model_patterns)}]  {spec.description}"))
+                      f"{', '.join(spec.model_patterns)}; provides: {', '.join(sorted(spec.provides))}]  "
+                      f"{spec.description}"))
     elif args.kind == "tasks":
         for name, spec in sorted(host.specs("tasks").items()):
             control = "; control row" if spec.control else ""

@@ -7,11 +7,12 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from vitbench.core.contract import Reduction
 from vitbench.engine.attention import AttnInfo
 from vitbench.engine.token_state import TokenState
 from vitbench.errors import PluginError
 
-__all__ = ["Reducer", "check_reducers"]
+__all__ = ["Reducer", "check_reducers", "reduction_needs"]
 
 
 class Reducer:
@@ -87,3 +88,19 @@ def check_reducers(reducers: Sequence[Optional[object]], method: str) -> None:
                               f"vitbench.engine.Reducer; subclass it (class MyReducer(vitbench.engine.Reducer), "
                               f"or (nn.Module, vitbench.engine.Reducer) for a learnable one; "
                               f"docs/token-state.md, \"The reducer contract\")")
+
+
+def reduction_needs(reduction: Reduction) -> frozenset[str]:
+    """What a built ``reduction`` asks of the model family
+    (:data:`~vitbench.core.capabilities.CAPABILITIES`): per reducer channels, a grid merge or a
+    token step, its attention hand-overs, a step before the attention and taking tokens back;
+    a smaller input."""
+    needs: set[str] = {"smaller_input"} if reduction.input_grid is not None else set()
+    for reducer in reduction.reducers:
+        if reducer is None:
+            continue
+        needs |= set(reducer.needs)
+        needs.add("channels" if reducer.selects_channels else
+                  "grid_merges" if reducer.records_grid_merge else "token_steps")
+        needs |= {flag for flag in ("before_attention", "restores") if getattr(reducer, flag)}
+    return frozenset(needs)

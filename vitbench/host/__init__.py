@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable
 import pluggy
 
 from vitbench import hookspecs
-from vitbench.catalog import FamilySpec, MethodSpec, ScorerSpec, resolved
+from vitbench.catalog import FamilySpec, MethodSpec, ScorerSpec, missing_capabilities, resolved
 from vitbench.errors import PLUGIN_FAILURES, PluginError, UnsupportedError, choices_error, failure_text
 from vitbench.core.interrupts import is_ctrl_c
 from vitbench.core.metrics import METRICS
@@ -369,6 +369,11 @@ class PluginHost:
         families = ", ".join(sorted(self.catalogs["families"])) or "(none registered)"
         raise UnsupportedError(f"no model-family adapter recognises {type(model).__name__}; "
                                f"supported families: {families}")
+
+    def families_for(self, method: MethodSpec) -> list[str]:
+        """The registered families that provide all ``method`` needs, sorted."""
+        return [name for name, family in sorted(self.catalogs["families"].items())
+                if not missing_capabilities(method, family)]
 
     def specs(self, kind: str) -> dict[str, Any]:
         """Every kept registration of ``kind`` by name, clashed names included (listings, not

@@ -9,7 +9,9 @@ from torch import nn
 
 from vitbench.errors import PLUGIN_FAILURES, ParamError, UnsupportedError, VitbenchError
 from vitbench.core.interrupts import is_ctrl_c
+from vitbench.catalog import FamilySpec, MethodSpec, missing_capabilities
 from vitbench.core.params import checked
+from vitbench.engine.reducer import reduction_needs
 from vitbench.host import get_host
 from vitbench.host.values import values_of
 from vitbench.task import REFERENCES
@@ -32,14 +34,21 @@ def apply(model: nn.Module, method: str, params: Any = None, /, **overrides: Any
     host = get_host()
     spec = host.method(method)
     family = host.family_of(model)
-    if family.name not in spec.families:
-        raise UnsupportedError(
-            f"method {spec.name!r} does not support the {family.name!r} family "
-            f"({type(model).__name__}); {spec.name} supports: {', '.join(spec.families)}")
+    _refuse_missing(spec, family, missing_capabilities(spec, family), type(model).__name__)
     values = _values(spec, params, overrides)
     info = family.describe(model)
     reduction = spec.build(values, info)
+    _refuse_missing(spec, family, reduction_needs(reduction) - family.provides, type(model).__name__)
     return family.patch(model, reduction, method=spec.name, params=values)
+
+
+def _refuse_missing(spec: MethodSpec, family: FamilySpec, missing: frozenset[str], model: str) -> None:
+    """Refuse, in one line, a method that needs what the model's family does not provide."""
+    if missing:
+        runs_on = ", ".join(get_host().families_for(spec)) or "(no registered family)"
+        raise UnsupportedError(
+            f"method {spec.name!r} needs {', '.join(sorted(missing))}, which the {family.name!r} family ({model}) does "
+            f"not provide; {spec.name} runs on: {runs_on} (`vitbench list families` says what each provides)")
 
 
 def _values(spec: Any, params: Any, overrides: dict[str, Any]) -> Any:

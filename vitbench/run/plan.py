@@ -249,7 +249,7 @@ def with_controls(options: RunOptions, model: str) -> list[str]:
     host = get_host()
     family = accepted_models().get(model, "vit")
     controls = [name for name, spec in sorted(host.specs("methods").items())
-                if spec.kind == "control" and family in spec.families and name not in methods]
+                if spec.kind == "control" and family in host.families_for(spec) and name not in methods]
     return methods + controls
 
 

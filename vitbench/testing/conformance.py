@@ -28,6 +28,7 @@ from vitbench.engine.attention import NEEDS
 from vitbench.engine.token_rules import token_rules_traced
 from vitbench.engine.token_state import PrefixTokenError
 from vitbench.errors import ParamError, TokenRuleError
+from vitbench.catalog import missing_capabilities
 from vitbench.core.params import make_params
 from vitbench.host import get_host
 
@@ -124,8 +125,8 @@ def check_method(name: str, params: Optional[dict[str, Any]] = None,
     if reduces_tokens:  # the least count: a method with last-layer fusion ends on every token again
         assert min(counts) < n0, f"{name}: tokens did not shrink ({n0} -> {counts})"
     for factory in prefix_models:
-        _check_prefix_rule(name, params, factory, spec.families)
-    if "vit" in spec.families:
+        _check_prefix_rule(name, params, factory)
+    if "vit" in get_host().families_for(spec):
         _check_defaults_fit_depths(name)
     return ConformanceReport(spec.name, counts, tuple(first.shape))
 
@@ -149,7 +150,7 @@ def _check_reducer_types(name: str, params: dict[str, Any], model: nn.Module) ->
     (built aside, with the random state restored, so the checked model is built as usual)."""
     host = get_host()
     spec, family = host.method(name), host.family_of(model)
-    if family.name not in spec.families:
+    if missing_capabilities(spec, family):
         return  # apply() says so
     with torch.random.fork_rng(devices=[]):
         reduction = spec.build(make_params(spec.name, spec.params, params), family.describe(model))
@@ -168,11 +169,11 @@ def _forward(name: str, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         raise AssertionError(f"{name}: {exc}") from exc
 
 
-def _check_prefix_rule(name: str, params: dict[str, Any], factory: Callable[[], nn.Module],
-                       families: Sequence[str]) -> None:
+def _check_prefix_rule(name: str, params: dict[str, Any], factory: Callable[[], nn.Module]) -> None:
     """Trace the prefix tokens of ``factory()`` through every reduction step of ``name``."""
     base = factory()
-    if get_host().family_of(base).name not in families:
+    host = get_host()
+    if missing_capabilities(host.method(name), host.family_of(base)):
         return
     x = torch.randn(2, *_input_size(base), generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():

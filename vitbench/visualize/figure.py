@@ -54,9 +54,9 @@ def check_choices(choices: Sequence[Choice]) -> list[Any]:
     host = get_host()
     for choice in choices:
         spec = host.method(choice.method)
-        if "vit" not in spec.families:
+        if "vit" not in host.families_for(spec):
             raise UnsupportedError(f"method {spec.name!r} does not support ViT/DeiT models; "
-                                   f"{spec.name} supports: {', '.join(spec.families)}")
+                                   f"{spec.name} runs on: {', '.join(host.families_for(spec))}")
     return [values_of(c.method, c.params) for c in choices]
 
 

@@ -50,7 +50,6 @@ def vitbench_register_methods(register):  # type: ignore[no-untyped-def]
         kind="pruning",
         params=RandomDropParams,
         build="vitbench_example_plugin.random_drop:build",  # imported when a run asks for the method
-        families=("vit",),
         # the fraction of patch tokens kept at each listed block: --match-gmacs searches it
         budget=BudgetKnob("keep", larger_means="more", low=0.001, high=1.0),
         description="keep a seeded random subset of the patch tokens at listed blocks (baseline)",
