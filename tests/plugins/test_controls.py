@@ -117,7 +117,8 @@ def test_the_controls_refuse_bad_values_and_other_families():
     import timm
 
     mobilevit = timm.create_model("mobilevit_xxs", pretrained=False, num_classes=10)
-    with pytest.raises(UnsupportedError, match="downsample supports: vit, swin"):
+    with pytest.raises(UnsupportedError, match="needs smaller_input, which the 'mobilevit' family .* downsample runs "
+                                               "on: swin, vit"):
         vitbench.apply(mobilevit, "downsample")
 
 

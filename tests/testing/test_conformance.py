@@ -180,7 +180,7 @@ BROKEN = {  # name: (params, reducer at block 3, the reason check_method must gi
     "noisy": (NoParams, _reducer(lambda x: _halve(x) + _patch_noise(_halve(x))), "noisy: two eval forwards on CPU differ"),
     "no-op": (NoParams, _reducer(lambda x: x), r"no-op: tokens did not shrink \(65 -> \[65, 65,"),
     "greedy": (NoParams, _reducer(_halve, frozenset({"keys", "queries"})),
-               r"greedy: block 3 asks for \['queries'\]; available: \['attn', 'cls_attn', 'input', 'keys', 'tokens', 'values'\]"),
+               r"greedy: method 'greedy' needs queries, which the 'vit' family \(VisionTransformer\) does not provide"),
     "required": (RequiredParams, _reducer(_halve), r"required: the default parameters are not valid: .*amount"),
     "bad-default": (BadDefaultParams, _reducer(_halve),
                     r"bad-default: the default parameters are not valid: bad-default\.amount=-1 is out of range"),

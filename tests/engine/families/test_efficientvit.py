@@ -168,8 +168,8 @@ def test_heads_used_runs_only_those_heads():
 
 @pytest.mark.parametrize("method", ["tome", "topk", "ppt", "ltmp"])
 def test_token_methods_are_refused(method):
-    with pytest.raises(UnsupportedError, match=f"method '{method}' does not support the 'efficientvit' "
-                                               f"family \\(EfficientVit\\)"):
+    with pytest.raises(UnsupportedError, match=f"method '{method}' needs .*token_steps.*, which the 'efficientvit' "
+                                               f"family \\(EfficientVit\\) does not provide"):
         vitbench.apply(_model(), method)
 
 

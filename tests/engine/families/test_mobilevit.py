@@ -127,9 +127,11 @@ def test_inputs_are_remembered(xs):
     assert reduction_context(reduced).inputs is x
 
 
-@pytest.mark.parametrize("method", ["topk", "ppt", "ltmp"])
-def test_vit_only_methods_are_refused(xs, method):
-    with pytest.raises(UnsupportedError, match=rf"method '{method}' does not support the 'mobilevit' family"):
+@pytest.mark.parametrize("method, missing", [("topk", "cls_attn"), ("ppt", "cls_attn"), ("sinkhorn", "one_width"),
+                                             ("algm", "patch_grid")])
+def test_vit_only_methods_are_refused(xs, method, missing):
+    with pytest.raises(UnsupportedError, match=rf"method '{method}' needs {missing}, which the 'mobilevit' family "
+                                               rf"\(ByobNet\) does not provide; {method} runs on: vit"):
         vitbench.apply(copy.deepcopy(xs), method)
 
 

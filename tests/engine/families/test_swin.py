@@ -93,7 +93,7 @@ def test_checkpoints_keep_timm_keys():
 
 
 def test_refusals():
-    with pytest.raises(UnsupportedError, match="does not support the 'swin' family"):
+    with pytest.raises(UnsupportedError, match="needs cls_attn, which the 'swin' family"):
         vitbench.apply(_small(), "topk")  # needs the class token's attention
     from timm.models.swin_transformer_v2_cr import SwinTransformerV2Cr
 
