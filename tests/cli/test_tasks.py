@@ -31,7 +31,7 @@ def test_plugins_json_lists_the_tasks_and_their_plugins(capsys):
     options = {t["name"]: t["options"] for t in info["tasks"]}
     assert options["det"] == options["seg"] == ["--detector-epochs", "--dense-finetune",
                                                 "--finetune-epochs", "--no-control", "--detector-width"]
-    assert options["cls"] == [] and options["agreement"] == ["--agreement-top"]
+    assert options["cls"] == ["--img-size"] and options["agreement"] == ["--agreement-top"]
     registered = {p["name"]: p["registered"]["tasks"] for p in info["plugins"]}
     assert registered["cls_task"] == ["cls"] and registered["dense_tasks"] == ["det", "seg"]
     assert registered["tome"] == []
@@ -48,7 +48,7 @@ def test_list_tasks_names_each_task_with_its_plugin(capsys):
     assert "plugin: cls_task" in lines["cls"] and "plugin: dense_tasks" in lines["seg"]
     assert "control row" in lines["det"] and "control row" not in lines["cls"]
     assert "backbone's GMACs" in lines["det"] and "model's GMACs" in lines["cls"]
-    assert "options: --detector-epochs, --dense-finetune" in lines["seg"] and "options:" not in lines["cls"]
+    assert "options: --detector-epochs, --dense-finetune" in lines["seg"] and "options: --img-size" in lines["cls"]
 
 
 def test_an_unknown_task_lists_the_registered_ones():

@@ -113,7 +113,7 @@ class RunOptions:
         None, "loader worker processes for images that are decoded (the folder's first decoding, fine-tuning; "
               "default: half the usable cores, at most 8; 0: in the main process)", group="data", metavar="N")
     metrics: Optional[tuple[str, ...]] = _flag(
-        None, "comma-separated subset of {metrics} (default: all; accuracy needs data)", group="measure")
+        None, "comma-separated subset of {metrics} (default: all but train_throughput; accuracy needs data)", group="measure")
     batch_size: int = _flag(32, "throughput batch size (default 32)", group="measure")
     batch_sizes: Optional[tuple[int, ...]] = _flag(
         None, "also time throughput and latency at each batch size, e.g. 1,4,16,64: the report plots speed-up "

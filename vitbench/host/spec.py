@@ -54,6 +54,8 @@ class RunSpec:
     data_id: Optional[str] = None
     #: ``--batch-sizes 1,4,16``: throughput and latency timed at each (the speed-up curve); ``None``: not
     batch_sizes: Optional[tuple[int, ...]] = None
+    #: ``--img-size``: the input side the model was resized to (cls, timm ViT); ``None``: the model's own
+    img_size: Optional[int] = None
     #: the name the user gave the method (an alias: ``ibtm`` for ``ltm``), shown in the label; not hashed
     shown_as: Optional[str] = None
     #: the method's parameter dataclass, parsed once by the plan (``None``: its defaults); not hashed
@@ -150,4 +152,4 @@ def _written_tuple(value: Any) -> bool:
 
 #: fields added after the first stores, hashed only when set (docs/measuring.md, "What a run's identity holds")
 _LATER_FIELDS = ("train_backbone", "train_limit", "match_gmacs", "precision", "compile",
-                 "cuda_graph", "limit", "head", "weights", "repeats", "data_id", "batch_sizes")
+                 "cuda_graph", "limit", "head", "weights", "repeats", "data_id", "batch_sizes", "img_size")

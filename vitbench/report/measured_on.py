@@ -24,11 +24,12 @@ def _count(v: Any) -> Optional[int]:
 
 
 def derive_measured_on(rec: Record, *, limit: Optional[int] = None, weights: Optional[str] = None,
-                       data_id: Optional[str] = None) -> dict[str, Any]:
+                       data_id: Optional[str] = None, img_size: Optional[int] = None) -> dict[str, Any]:
     """``measured_on`` from a record's fields: its ``data`` and, given, the folder's fingerprint
     ``data_id``; ``images``, the ``num_images`` it evaluated, else ``limit`` (``--limit``, where
     the run read data); the ``head`` it was fitted as; and ``weights`` (the run spec's:
-    ``init_seed=S`` or ``sha256=...``) when given."""
+    ``init_seed=S`` or ``sha256=...``) and the ``img_size`` the model was resized to (``--img-size``)
+    when given."""
     out: dict[str, Any] = {}
     if rec.get("data") is not None:
         out["data"] = str(rec["data"])
@@ -43,6 +44,8 @@ def derive_measured_on(rec: Record, *, limit: Optional[int] = None, weights: Opt
         out["head"] = f"{head.get('num_classes')}-way, fitted on {head.get('train_images')} training images"
     if weights:
         out["weights"] = str(weights)
+    if img_size:
+        out["img_size"] = int(img_size)
     return out
 
 
@@ -86,4 +89,6 @@ def describe(key: str) -> str:
         parts.append(f"weights: checkpoint sha256 {weights.partition('=')[2][:12]}")
     elif weights:
         parts.append(f"weights: {weights}")
+    if on.get("img_size"):
+        parts.append(f"input resized to {on['img_size']}x{on['img_size']} (--img-size)")
     return "; ".join(parts)

@@ -30,7 +30,8 @@ _MEAN_KEYS = ("gmacs", "backbone_gmacs", "params_m", "backbone_params_m", "peak_
 _POOLED_KEYS = ("gmacs_std", "backbone_gmacs_std")
 #: shown as the median over seeds of the per-seed values
 _MEDIAN_KEYS = ("throughput_img_s", "throughput_spread_img_s", "eval_img_s", "latency_ms", "latency_spread_ms",
-                "speedup", "efficiency", "overhead_pct", "overhead_spread_pct", "overhead_ms")
+                "speedup", "efficiency", "overhead_pct", "overhead_spread_pct", "overhead_ms",
+                "train_throughput_img_s", "train_throughput_spread_img_s")
 
 
 def seed_key(rec: Record) -> tuple[Any, ...]:

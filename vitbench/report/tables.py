@@ -268,7 +268,8 @@ def comparison_table(records: Iterable[Record], task: str, model: str, on: str |
         columns += ([col.title] + [title for title, _ in col.before] + [col.delta]
                     + ([f"{col.delta} vs +ft"] if control else []) + [title for title, _ in col.after])
     columns += ["GMACs", "GMACs ↓ (%)", "Backbone GMACs"]
-    columns += [tp_col, e2e_col, "Speed-up (×)", "Efficiency", "Overhead (% of fwd)", "Latency bs=1 (ms)"]
+    columns += [tp_col, e2e_col, "Speed-up (×)", "Efficiency", "Overhead (% of fwd)", "Latency bs=1 (ms)",
+                "Train step (img/s)", "Train speed-up (×)"]
     columns += ["IB loss", "IB bound"]
     if len({weights_from(r) for r in rows}) > 1:  # shared weights are one line under the table
         columns.append("Weights")
@@ -328,10 +329,21 @@ def _rows(rows: list[Record], base: Record | None, task: str, spec: Any, tp_col:
         overhead = _spread(metric(rec, "overhead_pct"), metric(rec, "overhead_spread_pct"), ".1f")
         row["Overhead (% of fwd)"] = _marked(overhead, doubts.overhead)  # its own time beyond its counts' limit
         row["Latency bs=1 (ms)"] = _marked(_fmt(metric(rec, "latency_ms"), ".2f"), doubts.latency)
+        row.update(_train_step_cells(rec, base))
         row["IB loss"] = _spread(metric(rec, "ib_loss"), metric(rec, "ib_loss_seed_std"), ".4f")
         row["IB bound"] = _spread(metric(rec, "ib_bound"), metric(rec, "ib_bound_seed_std"), ".4f")
         table.append(row)
     return table
+
+
+def _train_step_cells(rec: Record, base: Record | None) -> dict[str, str]:
+    """The training step's throughput (forward and backward, ``--metrics train_throughput``) and
+    its ratio to the baseline's, marked where either timing is doubted."""
+    tp, b_tp = metric(rec, "train_throughput_img_s"), metric(base, "train_throughput_img_s")
+    doubted = [why for r in (rec, base) if r and (why := r.get("train_throughput_flag_reason"))]
+    cell = _spread(tp, metric(rec, "train_throughput_spread_img_s"), ".1f")
+    return {"Train step (img/s)": _marked(cell, doubted[:1]),
+            "Train speed-up (×)": _marked(_fmt(tp / b_tp if tp and b_tp else None, ".2f"), doubted)}
 
 
 def drop_unmeasured(df: pd.DataFrame, keep: tuple[str, ...] = ("Method",)) -> pd.DataFrame:

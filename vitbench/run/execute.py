@@ -119,6 +119,8 @@ def run_spec(spec: RunSpec, ws: Any, baseline: Optional[dict], env: dict[str, An
     }
     if spec.match_gmacs is not None:
         record["match_gmacs"] = spec.match_gmacs
+    if spec.img_size is not None:
+        record["img_size"] = spec.img_size
     record["precision"] = spec.precision_name
     try:
         task = get_host().task(spec.task)

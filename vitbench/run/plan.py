@@ -48,7 +48,7 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
                limit: Optional[int] = None, head: Optional[str] = None, weights: Optional[str] = None,
                repeats: Optional[int] = None, data_id: Optional[str] = None,
                batch_sizes: Optional[Iterable[int]] = None, train_limits: Optional[Mapping[str, int]] = None,
-               **task_fields: Any) -> list[RunSpec]:
+               img_size: Optional[int] = None, **task_fields: Any) -> list[RunSpec]:
     """The baseline, then one spec per method, parameters validated (no model is built here); the
     number options come checked by :class:`~vitbench.core.options.RunOptions`.
 
@@ -68,9 +68,9 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
     ``train_limits``: a method's own training images where ``train_limit`` was not chosen by the
     user (the budget of the weights it ships for the model, :meth:`~vitbench.task.Task.setup`).
 
-    ``limit``, ``head``, ``weights``, ``data_id``: what else decides the numbers, as the task's
+    ``limit``, ``head``, ``weights``, ``data_id``, ``img_size``: what else decides the numbers, as the task's
     :meth:`~vitbench.task.Task.setup` names it (the evaluation images, a new head's inputs, a
-    random init's seed or a checkpoint's digest, the data folder's fingerprint); every spec carries them, the baseline's too, so
+    random init's seed or a checkpoint's digest, the data folder's fingerprint, the input side); every spec carries them, the baseline's too, so
     that ``--resume`` never reuses a run measured on something else (docs/measuring.md)."""
     host = get_host()
     task_spec = host.task(task)  # unknown -> error listing the registered tasks
@@ -90,7 +90,7 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
                   device=device, seed=seed, checkpoint=checkpoint, pretrained=pretrained,
                   precision=None if check_precision(precision) == "fp32" else precision, compile=compile,
                   cuda_graph=cuda_graph, limit=limit, head=head, weights=weights, repeats=repeats,
-                  data_id=data_id, batch_sizes=batch_sizes)
+                  data_id=data_id, batch_sizes=batch_sizes, img_size=img_size)
     plan = [RunSpec(method=BASELINE, params_json="{}", **common)]
     if control and task_spec.control and any(host.method(n).trains(v) for n, v in chosen.items()):
         control_fields = task_spec.control_fields(task_fields)

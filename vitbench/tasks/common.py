@@ -14,6 +14,9 @@ from vitbench.engine.block import ReducingBlock
 from vitbench.measure.compiled import CompiledForTiming, compile_for_timing
 from vitbench.measure.cuda_graph import graph_for_timing
 from vitbench.measure.paired import measure_paired_speedup
+from vitbench.measure.train_speed import measure_train_throughput
+from vitbench.core.interrupts import is_ctrl_c
+from vitbench.errors import PLUGIN_FAILURES
 
 Progress = Callable[[str], None]
 
@@ -66,8 +69,8 @@ class TimedModels:
         return dict(self.facts)
 
 
-#: the metrics that time the forward (the ones :func:`measure_timings` measures)
-TIMING_METRICS = ("throughput", "latency", "memory")
+#: the metrics that time the forward (the ones :func:`measure_timings` measures, the training step's too)
+TIMING_METRICS = ("throughput", "latency", "memory", "train_throughput")
 
 
 def timed_model(spec: Any, model: nn.Module, input_size: tuple[int, int, int], progress: Progress) -> TimedModels:
@@ -157,4 +160,23 @@ def measure_timings(spec: Any, model: Any, input_size: tuple[int, int, int], pro
         progress("measuring peak memory")
         out["peak_mem_mb"] = measure.measure_peak_memory(timed.memory_module, spec.batch_size, input_size,
                                                          device=device, precision=precision, images=images)
+    if "train_throughput" in spec.metrics:
+        progress(f"timing the training step (batch {spec.batch_size})")
+        out.update(train_throughput_fields(model, spec.batch_size, input_size, device=device,
+                                           repeats=throughput_repeats, precision=precision, images=images))
     return out
+
+
+def train_throughput_fields(model: nn.Module, batch_size: int, input_size: tuple[int, int, int], *,
+                            device: Any, repeats: int, precision: str, images: Any) -> dict[str, Any]:
+    """The record fields of the training step's throughput (``train_throughput_*``), eager;
+    a method whose training forward fails keeps the reason (``train_throughput_error``), not a number."""
+    try:
+        tp = measure_train_throughput(model, batch_size, input_size, device=device, repeats=repeats,
+                                      precision=precision, images=images)
+    except PLUGIN_FAILURES as exc:
+        if is_ctrl_c(exc):
+            raise
+        return {"train_throughput_error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"}
+    return {"train_throughput_img_s": tp.median_img_s, "train_throughput_spread_img_s": tp.spread_img_s,
+            "train_throughput_repeats": tp.repeats, **tp.record_fields("train_throughput")}

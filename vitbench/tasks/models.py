@@ -214,3 +214,21 @@ def cls_model(name: str, pretrained: bool = False, checkpoint: str | None = None
               num_classes: int | None = None) -> nn.Module:
     """:func:`load_model` for config files: ``dict(type="vitbench.ClsModel", name=...)``."""
     return load_model(name, pretrained=pretrained, checkpoint=checkpoint, num_classes=num_classes)
+
+
+def resize_input(model: nn.Module, size: int) -> nn.Module:
+    """``model`` taking ``size x size`` images (``--img-size``): timm's ``set_input_size`` on a
+    ViT/DeiT resamples the position embedding to the new patch grid; another model, or a side
+    that is no multiple of the patch, is a :class:`~vitbench.errors.ParamError` naming the valid ones."""
+    embed = getattr(model, "patch_embed", None)
+    resize = getattr(model, "set_input_size", None)
+    if embed is None or resize is None or not hasattr(embed, "patch_size"):
+        raise ParamError(f"--img-size {size}: {type(model).__name__} cannot change its input size here; it works "
+                         f"with timm ViT/DeiT models (VisionTransformer.set_input_size)")
+    patch = int(embed.patch_size[0])
+    if size % patch:
+        below, above = size - size % patch, size - size % patch + patch
+        raise ParamError(f"--img-size {size} is not a multiple of the model's patch size {patch}; valid near it: "
+                         f"{', '.join(str(s) for s in (below, above) if s >= patch)}")
+    resize(img_size=(size, size))
+    return model

@@ -43,7 +43,7 @@ from vitbench.report.measured_on import derive_measured_on
 from vitbench.tasks.cls.data import resolve_cls_data
 from vitbench.tasks.cls.evaluate import evaluate_cls
 from vitbench.tasks.cls.head import fitted_head
-from vitbench.tasks.models import load_model
+from vitbench.tasks.models import load_model, resize_input
 from vitbench.tasks.cls.weights_from import default_model_sha256
 from vitbench.train import finetune, load_trained, save_trained
 from vitbench.train.batches import cls_batches, data_preprocessor, first_images
@@ -385,7 +385,8 @@ def run_cls_spec(spec: RunSpec, ws: ClsWorkspace, values: Any, progress: Progres
     if ws.data is not None and ws.data.layout:  # how a folder was read: its layout and class count
         out["data_layout"] = ws.data.layout
     out["measured_on"] = derive_measured_on({"data": spec.data, "head": ws.head, "num_images": out.get("num_images")},
-                                            limit=spec.limit, weights=spec.weights, data_id=spec.data_id)
+                                            limit=spec.limit, weights=spec.weights, data_id=spec.data_id,
+                                            img_size=spec.img_size)
     out["weights_from"] = weights_from(spec, default_model_weights(spec.model) if spec.model in EMBEDDED_MODELS else None)
     if ws.data is not None and ws.data.decoded is not None:  # the first record tells what the plan decoded
         out["images_decoded"], ws.decoded_untold = ws.decoded_untold, 0
@@ -400,6 +401,8 @@ def cls_workspace(request: WorkspaceRequest, reads_data: bool) -> ClsWorkspace:
     request.note(f"loading model {setup.model}")
     model = load_model(setup.model, pretrained=options.pretrained, checkpoint=options.checkpoint,
                        num_classes=options.num_classes, seed=first_seed(options))  # random: the first seed
+    if setup.plan.get("img_size") is not None:
+        model = resize_input(model, setup.plan["img_size"])
     check_applies(plan, model, isolated=options.isolated)
     cls_data, decoded = None, 0
     if reads_data:
@@ -416,7 +419,7 @@ def cls_workspace(request: WorkspaceRequest, reads_data: bool) -> ClsWorkspace:
 
     measured_on = derive_measured_on({"data": setup.data, "head": head}, limit=setup.plan.get("limit"),
                                      data_id=setup.plan.get("data_id"),
-                                     weights=setup.plan.get("weights"))
+                                     weights=setup.plan.get("weights"), img_size=setup.plan.get("img_size"))
     return ClsWorkspace(model=model, input_size=input_size_of(model), data=cls_data, work_dir=out / "work",
                         eval_limit=options.limit, checkpoint_dir=out / "checkpoints", resume=request.resume,
                         eval_batch_size=EVAL_BATCH_SIZE[str(options.device).split(":")[0]],

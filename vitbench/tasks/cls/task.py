@@ -11,11 +11,12 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from vitbench.catalog import ReportColumn, TaskSetup, WorkspaceRequest
 from vitbench.errors import VitbenchError
-from vitbench.core.metrics import DATA_METRICS, METRICS
+from vitbench.core.metrics import DATA_METRICS, DEFAULT_METRICS, METRICS
 from vitbench.core.options import parse_list
 from vitbench.host import get_host
 from vitbench.task import Progress, Task
 from vitbench.tasks.cls import DEFAULT_MODEL, EMBEDDED_MODELS, EMBEDDED_TRAIN_LIMIT, ENV_DEFAULT_MODEL
+from vitbench.tasks.cls.options import ClsOptions, check_img_size
 from vitbench.tasks.identity import data_path, identity_fields
 from vitbench.core.params import params_dict, training_params
 from vitbench.host.values import method_values
@@ -50,11 +51,11 @@ def _metrics(options: "RunOptions", model: str) -> tuple[str, ...]:
                                 f"folder); or leave {', '.join(needs)} out of --metrics")
         return metrics
     if options.data is None and model not in EMBEDDED_MODELS:
-        without = tuple(m for m in METRICS if m not in DATA_METRICS)
+        without = tuple(m for m in DEFAULT_METRICS if m not in DATA_METRICS)
         print(f"vitbench: note: no --data for {model!r}: measuring {', '.join(without)} without "
               f"{' and '.join(DATA_METRICS)}", file=sys.stderr)
         return without
-    return METRICS
+    return DEFAULT_METRICS
 
 
 def _reads_data(metrics: Sequence[str], options: "RunOptions") -> bool:
@@ -104,10 +105,12 @@ class ClsTask(Task):
     accuracy = CLS_ACCURACY
     counts = "model"
     distributed = True
+    Options = ClsOptions
 
     def setup(self, options: "RunOptions") -> TaskSetup:
         """The model (default: the embedded Fashion-MNIST ViT), data and metrics."""
-        self.parse_options(options.task_options)  # it has none: another task's are refused
+        own = self.parse_options(options.task_options)  # another task's options are refused
+        img_size = check_img_size(own.img_size)
         model_name = options.model or DEFAULT_MODEL
         if model_name not in EMBEDDED_MODELS and options.model is None:
             raise VitbenchError(f"${ENV_DEFAULT_MODEL} {DEFAULT_MODEL!r} is not an embedded model; valid: "
@@ -138,10 +141,11 @@ class ClsTask(Task):
         folder = data if reads_data and not is_fashion_mnist(data) else None
         identity = identity_fields(options, evaluates_data=reads_data, head=head, data_folder=folder,
                                    random_init=not options.pretrained and model_name not in EMBEDDED_MODELS)
-        own = _shipped_train_limits(options, learnable, model_name) if options.train_limit is None else {}
+        shipped = _shipped_train_limits(options, learnable, model_name) if options.train_limit is None else {}
         return TaskSetup(model=model_name, data=data, metrics=metrics,
                          plan={"train_backbone": options.train_backbone, "train_limit": train_limit,
-                               **({"train_limits": own} if own else {}), **identity})
+                               **({"train_limits": shipped} if shipped else {}),
+                               **({"img_size": img_size} if img_size is not None else {}), **identity})
 
     def workspace(self, request: WorkspaceRequest) -> "ClsWorkspace":
         """Load the model (the default one is trained once and cached), check every method applies,

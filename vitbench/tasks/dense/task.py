@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from vitbench.catalog import ReportColumn, TaskSetup, WorkspaceRequest
 from vitbench.errors import VitbenchError
-from vitbench.core.metrics import METRICS
+from vitbench.core.metrics import DEFAULT_METRICS
 from vitbench.core.options import parse_list
 from vitbench.task import Progress, Task, TaskReport
 from vitbench.tasks.dense.options import DenseOptions
@@ -28,7 +28,7 @@ __all__ = ["BOX_MAP", "DEFAULT_DENSE_MODEL", "DENSE_METRICS", "DenseTask"]
 #: the default backbone of the dense tasks (random init, trained with the detector)
 DEFAULT_DENSE_MODEL = "mobilevit_xs"
 #: metrics of the dense tasks ("accuracy" is box/mask mAP; the IB metric needs image classes)
-DENSE_METRICS = tuple(m for m in METRICS if m != "ib")
+DENSE_METRICS = tuple(m for m in DEFAULT_METRICS if m != "ib")
 #: what the reports show as a dense task's accuracy: COCO box mAP with AP50 and AP75
 BOX_MAP = ReportColumn("box_map", "Box mAP", "ΔBox mAP", ".3f", plot_label="box mAP",
                        after=(("Box AP50", "box_ap50"), ("Box AP75", "box_ap75")))
