@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from vitbench.report.doubts import row_doubts
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "reports" / "resolution"
 PAGE = ROOT / "docs" / "measuring.md"
@@ -55,15 +57,17 @@ def _label(rec: dict[str, Any]) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    """One line per record, by input side then the baseline first; a speed-up not to be trusted
-    (its spread or the machine's load) is marked †."""
+    """One line per record, by input side then the baseline first; a speed-up the report doubts
+    (its spread, the machine's load, or more than its GMACs allow: :func:`row_doubts`) is marked †."""
     order = {"baseline": 0}
     rows = sorted(rows, key=lambda r: (int(r.get("img_size") or 224), order.get(r["method"], 1), r["method"]))
+    bases = {int(r.get("img_size") or 224): r for r in rows if r["method"] == "baseline"}
     lines = list(HEADER)
     for r in rows:
         side = int(r.get("img_size") or 224)
         speed = r.get("speedup")
-        mark = " †" if r.get("speedup_flagged") or r.get("throughput_flagged") else ""
+        doubts = row_doubts(r, bases.get(side))
+        mark = " †" if doubts.derived or doubts.throughput else ""
         speed_text = "1.00" if r["method"] == "baseline" else (f"{speed:.2f}{mark}" if speed is not None else "n/a")
         lines.append(f"| {side}×{side} | {_tokens(r)} | {_label(r)} | {r['gmacs']:.2f} | "
                      f"{r['throughput_img_s']:.1f} | {speed_text} |")

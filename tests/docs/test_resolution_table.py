@@ -21,7 +21,8 @@ def test_the_page_holds_the_stores_table():
 def test_a_row_per_record_with_its_tokens_and_a_doubted_speedup_marked():
     script = load_script("resolution_sweep")
     rows = [{"method": "tome", "label": "tome (r=61)", "img_size": 512, "gmacs": 18.97, "throughput_img_s": 3.21,
-             "speedup": 1.512, "speedup_flagged": True},
+             "speedup": 1.512, "speedup_paired": True, "speedup_spread": 0.3, "speedup_flagged": True,
+             "speedup_flag_reason": "spread 20 % of the median (limit 10 %)"},
             {"method": "baseline", "img_size": 512, "gmacs": 31.75, "throughput_img_s": 2.1, "speedup": None},
             {"method": "baseline", "img_size": 224, "gmacs": 4.61, "throughput_img_s": 40.0}]
     lines = script.table(rows).splitlines()

@@ -58,6 +58,12 @@ PARAGRAPHS: tuple[tuple[tuple[str, ...] | None, str], ...] = (
      "repeats, and the cell is 1 - limit seconds / method seconds at the median round, ± its spread "
      "(`overhead_ms` in runs.jsonl: the same in milliseconds per forward at the batch size). A method "
      "whose overhead is near 0 keeps every speed-up its token counts allow."),
+    (("train_throughput_img_s",),
+     "**Train step** is the median images per second of a training step (`--metrics "
+     "train_throughput`): a copy of the row's model in training mode, every parameter trainable, "
+     "forward, a label-free loss (the mean log-sum-exp of the logits) and backward at the batch size "
+     "of the throughput column, ± the spread over repeats; no optimiser step. **Train speed-up** is "
+     "it over the baseline's."),
     (("top1_pct", "box_map", "mask_map", "gmacs"),
      "Deltas (accuracy in percentage points or mAP, GMACs ↓ in %) are against the baseline of the "
      "same task and model measured on the same evaluation images, classifier head and weights."),
