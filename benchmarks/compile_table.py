@@ -86,6 +86,21 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def merged(written: str, text: str, names: list[str], note: str) -> tuple[str, str]:
+    """The page's table (``written``, with its note) with the rows of ``names`` from ``text``
+    replacing or joining its own, sorted as the script sorts them (the baseline first); the note
+    is the page's, then this run's for the rows it added."""
+    def rows(block: str) -> dict[str, str]:
+        return {line.split("|")[1].strip(): line for line in block.splitlines()
+                if line.startswith("| ") and line not in HEADER}
+
+    old, new = rows(written), rows(text)
+    old.update({name: new[name] for name in names})
+    order = ["baseline"] + sorted(n for n in old if n != "baseline")
+    old_note = [line for line in written.strip().splitlines() if line and not line.startswith("|")]
+    return "\n".join([*HEADER, *(old[n] for n in order)]), "; ".join([*old_note, f"{', '.join(names)}: {note}"])
+
+
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--methods", help="comma-separated (default: every built-in method)")
@@ -113,6 +128,8 @@ def main(argv: list[str] | None = None) -> str:
         if BEGIN not in page or END not in page:
             raise SystemExit(f"{PAGE} has no {BEGIN} ... {END} markers")
         head, rest = page.split(BEGIN, 1)
+        if args.methods:  # these rows into the page's table, the others kept; the note says which were added
+            text, note = merged(rest.split(END, 1)[0], text, names, note)
         PAGE.write_text(f"{head}{BEGIN}\n{text}\n\n{note}\n{END}{rest.split(END, 1)[1]}")
     print(text + "\n\n" + note)
     return text

@@ -34,3 +34,14 @@ def test_the_table_has_a_row_per_method_with_its_breaks_or_why_not():
     assert lines[2] == "| tome | 1 | 0 | - | 1.23 |"
     assert lines[3] == "| ats | 13 | 12 | data-dependent shape | 0.90 † |"
     assert lines[4] == "| x | n/a | n/a | does not apply: needs a Swin | n/a |"
+
+
+def test_rows_of_named_methods_join_the_pages_table_and_its_note():
+    script = _script()
+    written = "\n".join([*script.HEADER, "| baseline | 1 | 0 | - | 1.19 |", "| tome | 1 | 0 | - | 1.16 |",
+                         "", "`python benchmarks/compile_table.py` (batch 32)"])
+    text = "\n".join([*script.HEADER, "| baseline | 1 | 0 | - | 1.30 |", "| saint | 7 | 6 | item() | 1.05 |"])
+    table, note = script.merged(written, text, ["saint"], "`... --methods saint` (batch 32)")
+    assert table.splitlines()[2:] == ["| baseline | 1 | 0 | - | 1.19 |", "| saint | 7 | 6 | item() | 1.05 |",
+                                      "| tome | 1 | 0 | - | 1.16 |"]
+    assert note == "`python benchmarks/compile_table.py` (batch 32); saint: `... --methods saint` (batch 32)"
