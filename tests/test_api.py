@@ -102,7 +102,7 @@ def test_the_command_line_becomes_typed_options():
                                       "gmacs,params", "--seeds", "0,2", "--shard", "1/2", "--match-gmacs", "0.5"])
     options = run_options(args, "cls")
     assert options == RunOptions(methods=("tome", "topk"), params={"tome": {"r": "8"}}, metrics=("gmacs", "params"),
-                                 seeds=(0, 2), shard=(1, 2), match_gmacs=0.5, task_options={})
+                                 seeds=(0, 2), shard=(1, 2), match_gmacs=0.5, task_options={"img_size": None})
     det = run_options(build_parser().parse_args(["run", "--task", "det", "--methods", "tome",
                                                  "--detector-epochs", "2"]), "det")
     assert det.task_options["detector_epochs"] == 2 and not det.is_sweep

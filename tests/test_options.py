@@ -44,4 +44,4 @@ def test_a_parsed_command_line_is_the_options_the_api_takes():
     args = build_parser().parse_args(["sweep", "--methods", "tome", "--budgets", "0.9,0.5", "--no-controls",
                                       "--launcher", "none", "--repeats", "5", "--batch-sizes", "4,1"])
     assert run_options(args, "cls") == RunOptions(methods=("tome",), budgets=(0.9, 0.5), controls=False,
-                                                  repeats=5, batch_sizes=(4, 1), task_options={})
+                                                  repeats=5, batch_sizes=(4, 1), task_options={"img_size": None})

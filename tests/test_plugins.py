@@ -33,10 +33,11 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "vitbench-example-p
 BUILTIN_PLUGINS = {"vit_family", "mobilevit_family", "efficientvit_family", "swin_family", "tome", "ppt", "topk",
                    "scorers", "ltmp", "ltm", "dcs", "dpc_knn", "kmedoids", "tofu", "ats", "mctf", "pitome",
                    "zero_tprune", "diffrate", "dynamicvit", "cls_task", "dense_tasks",
-                   "dtem", "patchmerger", "atc", "sinkhorn", "controls", "gtp", "algm", "cropr"}
+                   "dtem", "patchmerger", "atc", "sinkhorn", "controls", "gtp", "algm", "cropr", "saint"}
 BUILTIN_METHODS = {"tome", "ppt", "entropy", "average", "topk", "ltmp", "ltm", "dcs", "dpc-knn", "kmedoids", "tofu",
                    "ats", "mctf", "pitome", "zero-tprune", "diffrate", "diffrate-search",
-                   "dynamicvit", "dtem", "patchmerger", "atc", "sinkhorn", "random", "downsample", "gtp", "algm", "cropr"}
+                   "dynamicvit", "dtem", "patchmerger", "atc", "sinkhorn", "random", "downsample", "gtp", "algm", "cropr",
+                   "saint"}
 BUILTIN_SCORERS = {"cls-attn", "entropy", "average"}
 
 # A plugin module that registers one method; {name} and {aliases} are filled in per plugin.
