@@ -242,13 +242,18 @@ def measure_throughput(
     def once() -> ThroughputResult:
         seconds, used_warmup, before, after = _time_forwards(model, batch_size, input_size, device, warmup, repeats,
                                                              precision, what, images)
-        median, spread = median_and_iqr([batch_size / s for s in seconds])
-        median_ms, spread_ms = median_and_iqr([s * 1e3 for s in seconds])
-        return ThroughputResult(median_img_s=median, spread_img_s=spread, batch_size=batch_size,
-                                repeats=repeats, warmup=used_warmup, median_ms=median_ms, spread_ms=spread_ms,
-                                **_facts(before, after))
+        return throughput_of(seconds, batch_size, used_warmup, before, after)
 
     return quiet_timing(once, what)
+
+
+def throughput_of(seconds: list[float], batch_size: int, warmup: int, before: MachineLoad,
+                  after: MachineLoad) -> ThroughputResult:
+    """The :class:`ThroughputResult` of timed passes of ``seconds`` each over batches of ``batch_size``."""
+    median, spread = median_and_iqr([batch_size / s for s in seconds])
+    median_ms, spread_ms = median_and_iqr([s * 1e3 for s in seconds])
+    return ThroughputResult(median_img_s=median, spread_img_s=spread, batch_size=batch_size, repeats=len(seconds),
+                            warmup=warmup, median_ms=median_ms, spread_ms=spread_ms, **_facts(before, after))
 
 
 def measure_latency(

@@ -13,8 +13,8 @@ from torch import nn
 from vitbench.core import progress
 from vitbench.measure.load import machine_load
 from vitbench.measure.precision import DEFAULT_PRECISION, autocast
-from vitbench.measure.speed import ThroughputResult, quiet_timing, timing_input
-from vitbench.measure._common import median_and_iqr, synchronize
+from vitbench.measure.speed import ThroughputResult, quiet_timing, throughput_of, timing_input
+from vitbench.measure._common import synchronize
 
 __all__ = ["measure_train_throughput", "train_step_loss"]
 
@@ -60,12 +60,6 @@ def measure_train_throughput(model: nn.Module, batch_size: int, input_size: tupl
                 if i >= warmup:
                     seconds.append(took)
                 step.advance()
-        after = machine_load()
-        median, spread = median_and_iqr([batch_size / s for s in seconds])
-        median_ms, spread_ms = median_and_iqr([s * 1e3 for s in seconds])
-        return ThroughputResult(median_img_s=median, spread_img_s=spread, batch_size=batch_size, repeats=repeats,
-                                warmup=warmup, median_ms=median_ms, spread_ms=spread_ms,
-                                load_before=before.load_1min, load_after=after.load_1min, cores=before.cores,
-                                threads=before.threads)
+        return throughput_of(seconds, batch_size, warmup, before, machine_load())
 
     return quiet_timing(once, what)

@@ -16,7 +16,7 @@ from vitbench.measure.cuda_graph import graph_for_timing
 from vitbench.measure.paired import measure_paired_speedup
 from vitbench.measure.train_speed import measure_train_throughput
 from vitbench.core.interrupts import is_ctrl_c
-from vitbench.errors import PLUGIN_FAILURES
+from vitbench.errors import PLUGIN_FAILURES, failure_text
 
 Progress = Callable[[str], None]
 
@@ -177,6 +177,6 @@ def train_throughput_fields(model: nn.Module, batch_size: int, input_size: tuple
     except PLUGIN_FAILURES as exc:
         if is_ctrl_c(exc):
             raise
-        return {"train_throughput_error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"}
+        return {"train_throughput_error": failure_text(exc)}
     return {"train_throughput_img_s": tp.median_img_s, "train_throughput_spread_img_s": tp.spread_img_s,
             "train_throughput_repeats": tp.repeats, **tp.record_fields("train_throughput")}
