@@ -16,8 +16,8 @@ from torch import nn
 
 from vitbench.errors import UnsupportedError
 from vitbench.kit import (
-    AttnInfo, FamilySpec, MergeGrid, ModelInfo, Reducer, Reduction, TokenState, TrainStage, get_host, record_grid_merge,
-    reduction_context, stage_epochs, straight_through_mask,
+    AttnInfo, FamilySpec, MergeGrid, ModelInfo, Reducer, Reduction, TileUnmerge, TokenState, TrainStage, get_host,
+    record_grid_merge, reduction_context, stage_epochs, straight_through_mask,
 )
 from vitbench.kit.ib import (
     KMEANS_SAMPLES, ClassSums, feature_source, ib_terms, input_vectors, kmeans_centroids, module_features,
@@ -340,7 +340,7 @@ class ReMerge(nn.Module, Reducer):
         return soft_merge(x, state, g, share_t)
 
 
-class TileMerge(ReMerge):
+class TileMerge(ReMerge, TileUnmerge):
     """Swin (docs/methods.md, "LTM / IBTM" "On Swin"): one block's merge of each ``t``-token tile of its map
     into ``P`` tokens for the MLP, both steps of LTM in one block.
 

@@ -13,8 +13,8 @@ from torch import nn
 
 from vitbench.errors import ParamError
 from vitbench.kit import (
-    AttnInfo, ModelInfo, Reducer, Reduction, TokenState, TrainStage, cost, first_images, linear_macs, reduction_context,
-    straight_through_mask, vit_block_costs,
+    AttnInfo, ModelInfo, Reducer, Reduction, TileUnmerge, TokenState, TrainStage, cost, first_images, linear_macs,
+    reduction_context, straight_through_mask, vit_block_costs,
 )
 from vitbench_plugins.ltmp import LTMPParams, calibration
 
@@ -458,7 +458,7 @@ def kept_tokens(model: nn.Module) -> torch.Tensor:
 _TILE = "ltmp_tile"  # the tile step's (keep mask, merge weights, destinations), for its unmerge
 
 
-class LTMPTileReducer(LTMPReducer):
+class LTMPTileReducer(LTMPReducer, TileUnmerge):
     """LTMP in a Swin block (docs/methods.md, "LTMP", "On Swin"): each tile of the map (a fresh sequence of ``t``
     tokens, no prefix) is merged by the block's ``theta_m`` and pruned by its ``theta_p`` for the
     MLP only; the residual stream keeps every token.

@@ -11,8 +11,9 @@ from torch import nn
 
 import vitbench
 from vitbench.catalog import Reduction
-from vitbench.engine import AttnInfo, Reducer, TokenState, reduction_context
+from vitbench.engine import AttnInfo, LiteMLAHooks, Reducer, TileUnmerge, TokenState, reduction_context
 from vitbench.engine.families import efficientvit, vit
+from vitbench.engine.token_rules import _RuleTrace, traced
 from vitbench.errors import PluginError, UnsupportedError
 from vitbench.testing import check_prefix_tokens
 from vitbench.host import get_host
@@ -105,11 +106,37 @@ def test_the_defaults_change_nothing() -> None:
     assert r.qk(q, k, x)[0] is q and r.qk(q, k, x)[1] is k
     mlp, proj = nn.Linear(12, 12), nn.Conv2d(12, 6, 1)
     assert torch.equal(r.mlp_forward(mlp, x), mlp(x))
-    maps = torch.randn(2, 12, 3, 3)
-    assert torch.equal(r.proj_forward(proj, maps), proj(maps))
-    assert r.selected_heads() is None and r.unmerge(x, TokenState(prefix=0)) is None
     assert r.observe(mlp, x) is None
     assert (r.needs, r.selects_channels, r.records_grid_merge, r.before_attention) == (frozenset(), False, False, False)
+
+
+def test_the_family_mixins_defaults_change_nothing_and_reducer_carries_none_of_them() -> None:
+    class Both(_KeepAll, LiteMLAHooks, TileUnmerge):
+        pass
+
+    r, proj, maps, x = Both(), nn.Conv2d(12, 6, 1), torch.randn(2, 12, 3, 3), torch.randn(2, 5, 12)
+    assert torch.equal(r.proj_forward(proj, maps), proj(maps))
+    assert r.selected_heads() is None and r.unmerge(x, TokenState(prefix=0)) is None
+    assert not any(hasattr(_KeepAll(), name) for name in ("proj_forward", "selected_heads", "unmerge"))
+
+
+def test_a_family_hook_without_its_mixin_is_refused_when_the_class_is_defined() -> None:
+    with pytest.raises(TypeError, match=r"Tiles defines unmerge without inheriting vitbench.kit.TileUnmerge"):
+        class Tiles(_KeepAll):
+            def unmerge(self, y, state):  # type: ignore[no-untyped-def]
+                return y
+
+
+def test_the_rule_check_keeps_a_reducers_family_hooks() -> None:
+    class Unmerging(_KeepAll, TileUnmerge):
+        def unmerge(self, y, state):  # type: ignore[no-untyped-def]
+            return y * 2
+
+    wrapped = traced(Unmerging(), _RuleTrace("m", nn.Identity(), []), 0)
+    y = torch.ones(1, 3, 4)
+    assert isinstance(wrapped, TileUnmerge) and not isinstance(wrapped, LiteMLAHooks)
+    assert torch.equal(wrapped.unmerge(y, TokenState(prefix=0)), y * 2)
+    assert not isinstance(traced(_KeepAll(), _RuleTrace("m", nn.Identity(), []), 0), TileUnmerge)
 
 
 @pytest.mark.parametrize("family", ["vit", "swin"])

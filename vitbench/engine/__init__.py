@@ -9,14 +9,14 @@ from vitbench.engine.attention import AttnInfo
 from vitbench.engine.block import ReducingBlock, reduction_context
 from vitbench.engine.matching import Matching, bipartite_soft_matching, max_merge
 from vitbench.engine.ordering import descending_order
-from vitbench.engine.reducer import Reducer
+from vitbench.engine.reducer import LiteMLAHooks, Reducer, TileUnmerge
 from vitbench.engine.token_state import PrefixTokenError, TokenState
 from vitbench.engine.unmerge import enable_source_tracing, last_state, unmerge
 from vitbench.core.moved import moved_attribute
 
 __all__ = [
     "AttnInfo", "ReducingBlock", "reduction_context", "Matching", "bipartite_soft_matching", "max_merge",
-    "descending_order", "PrefixTokenError", "Reducer", "TokenState", "enable_source_tracing", "last_state",
+    "descending_order", "LiteMLAHooks", "PrefixTokenError", "Reducer", "TileUnmerge", "TokenState", "enable_source_tracing", "last_state",
     "unmerge",
 ]
 

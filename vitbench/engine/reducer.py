@@ -12,7 +12,7 @@ from vitbench.engine.attention import AttnInfo
 from vitbench.engine.token_state import TokenState
 from vitbench.errors import PluginError
 
-__all__ = ["Reducer", "check_reducers", "reduction_needs"]
+__all__ = ["FAMILY_HOOKS", "FamilyHooks", "LiteMLAHooks", "Reducer", "TileUnmerge", "check_reducers", "hook_names", "reduction_needs"]
 
 
 class Reducer:
@@ -48,23 +48,9 @@ class Reducer:
         """The block's MLP on the normed tokens ``x``: ``mlp(x)``."""
         return mlp(x)
 
-    def proj_forward(self, proj: nn.Module, out: torch.Tensor) -> torch.Tensor:
-        """An EfficientViT LiteMLA's projection of its concatenated head outputs: ``proj(out)``."""
-        return proj(out)
-
-    def selected_heads(self) -> Optional[torch.Tensor]:
-        """The LiteMLA heads whose attention runs, as positions among the heads its convolutions
-        compute (a sorted ``LongTensor``); ``None``: every head."""
-        return None
-
-    # -- tiles and unmerge (Swin, MobileViT) -----------------------------------------------------
+    # -- grid merges (MobileViT) -----------------------------------------------------------------
     #: ``True`` when every merge is a grid merge, so MobileViT's unmerge traces no sources
     records_grid_merge: bool = False
-
-    def unmerge(self, y: torch.Tensor, state: TokenState) -> Optional[torch.Tensor]:
-        """Swin: the MLP outputs ``y`` of the reduced tiles back on every token of the tiles;
-        ``None`` leaves it to the family (the token holding the largest share gives its output)."""
-        return None
 
     # -- observation -----------------------------------------------------------------------------
     def observe(self, module: nn.Module, x: torch.Tensor) -> None:
@@ -77,6 +63,48 @@ class Reducer:
         if issubclass(cls, nn.Module) and cls.__call__ is Reducer.__call__:
             raise TypeError(f"{cls.__name__}: list nn.Module before Reducer (class {cls.__name__}(nn.Module, "
                             f"Reducer)) so that calling the reducer runs nn.Module.__call__ -> forward")
+        for mixin in FAMILY_HOOKS:  # a family hook defined without its mixin would never be called
+            strays = [name for name in hook_names(mixin) if hasattr(cls, name) and not issubclass(cls, mixin)]
+            if strays:
+                raise TypeError(f"{cls.__name__} defines {', '.join(strays)} without inheriting "
+                                f"vitbench.kit.{mixin.__name__} (class {cls.__name__}(..., {mixin.__name__})); "
+                                f"the family calls it only on reducers that do")
+
+
+class FamilyHooks:
+    """A mixin of hooks one model family calls on a reducer besides :class:`Reducer`'s: a reducer
+    that inherits it is given them; the family checks ``isinstance`` and never probes for a member."""
+
+
+class LiteMLAHooks(FamilyHooks):
+    """EfficientViT's LiteMLA hooks: which heads run and the projection of their outputs (DCS, Sec. 3.2)."""
+
+    def proj_forward(self, proj: nn.Module, out: torch.Tensor) -> torch.Tensor:
+        """A LiteMLA's projection of its concatenated head outputs: ``proj(out)``."""
+        return proj(out)
+
+    def selected_heads(self) -> Optional[torch.Tensor]:
+        """The LiteMLA heads whose attention runs, as positions among the heads its convolutions
+        compute (a sorted ``LongTensor``); ``None``: every head."""
+        return None
+
+
+class TileUnmerge(FamilyHooks):
+    """Swin's tile hook: the reducer's own unmerge of the MLP outputs on the reduced tiles."""
+
+    def unmerge(self, y: torch.Tensor, state: TokenState) -> Optional[torch.Tensor]:
+        """The MLP outputs ``y`` of the reduced tiles back on every token of the tiles; ``None``
+        leaves it to the family (the token holding the largest share gives its output)."""
+        return None
+
+
+#: every family's hooks, in the order a reducer may combine them
+FAMILY_HOOKS: tuple[type[FamilyHooks], ...] = (LiteMLAHooks, TileUnmerge)
+
+
+def hook_names(mixin: type[FamilyHooks]) -> list[str]:
+    """The public methods ``mixin`` adds."""
+    return [name for name, member in vars(mixin).items() if callable(member) and not name.startswith("_")]
 
 
 def check_reducers(reducers: Sequence[Optional[object]], method: str) -> None:

@@ -16,6 +16,7 @@ the tasks run it before measuring, :func:`vitbench.testing.check_method` in its 
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Callable, Optional
@@ -25,7 +26,7 @@ from torch import nn
 
 from vitbench.engine.attention import AttnInfo
 from vitbench.engine.block import reduction_context
-from vitbench.engine.reducer import Reducer
+from vitbench.engine.reducer import FAMILY_HOOKS, FamilyHooks, Reducer, hook_names
 from vitbench.engine.step_shapes import check_step_shapes, rule_error
 from vitbench.engine.token_state import PrefixTokenError, TokenState
 from vitbench.errors import TokenRuleError
@@ -128,7 +129,7 @@ class _RuleTrace:
                     lambda mod, args, out, b=block: self.check(b.index, args[0], args[1], out, mod.restores))
                 self._undo += [before.remove, hook.remove]
             else:
-                block.reducer = _Traced(reducer, self, block.index)
+                block.reducer = traced(reducer, self, block.index)
                 self._undo.append(lambda b=block, r=reducer: setattr(b, "reducer", r))
         return self
 
@@ -224,14 +225,28 @@ class _Traced(Reducer):
     def mlp_forward(self, mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return self._reducer.mlp_forward(mlp, x)
 
-    def proj_forward(self, proj: nn.Module, out: torch.Tensor) -> torch.Tensor:
-        return self._reducer.proj_forward(proj, out)
-
-    def selected_heads(self) -> Optional[torch.Tensor]:
-        return self._reducer.selected_heads()
-
-    def unmerge(self, y: torch.Tensor, state: TokenState) -> Optional[torch.Tensor]:
-        return self._reducer.unmerge(y, state)
-
     def observe(self, module: nn.Module, x: torch.Tensor) -> None:
         self._reducer.observe(module, x)
+
+
+def _forwarding(hooks: type[FamilyHooks]) -> dict[str, Any]:
+    """Methods that hand each of ``hooks``' methods to the traced reducer's own."""
+    def forward_to(name: str) -> Any:
+        return lambda self, *args, **kwargs: getattr(self._reducer, name)(*args, **kwargs)
+
+    return {name: forward_to(name) for name in hook_names(hooks)}
+
+
+@functools.lru_cache(maxsize=None)
+def _traced_class(hooks: tuple[type[FamilyHooks], ...]) -> type[_Traced]:
+    """:class:`_Traced` that is also each of ``hooks``, each hook forwarded to the reducer."""
+    members: dict[str, Any] = {}
+    for mixin in hooks:
+        members.update(_forwarding(mixin))
+    return type("_Traced", (_Traced, *hooks), members)
+
+
+def traced(reducer: Reducer, trace: _RuleTrace, block: int) -> _Traced:
+    """``reducer`` wrapped in the rule check, keeping the family hooks it inherits."""
+    hooks = tuple(mixin for mixin in FAMILY_HOOKS if isinstance(reducer, mixin))
+    return _traced_class(hooks)(reducer, trace, block)

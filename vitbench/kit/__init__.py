@@ -27,8 +27,8 @@ from vitbench.hookspecs import hookimpl
 
 if TYPE_CHECKING:  # the names below load on first use: a plugin's registration stays free of torch
     from vitbench.engine import (
-        AttnInfo, Matching, Reducer, TokenState, bipartite_soft_matching, descending_order, max_merge,
-        reduction_context,
+        AttnInfo, LiteMLAHooks, Matching, Reducer, TileUnmerge, TokenState, bipartite_soft_matching,
+        descending_order, max_merge, reduction_context,
     )
     from vitbench.engine.channel_select import (
         ChannelGate, GatedDecisions, QKChannelMask, check_mlp, gated_mlp, shrink_mlp, sparse_mlp,
@@ -53,8 +53,9 @@ if TYPE_CHECKING:  # the names below load on first use: a plugin's registration 
 
 #: where each name that loads on first use lives
 _LAZY = {
-    **dict.fromkeys(("AttnInfo", "Matching", "Reducer", "TokenState", "bipartite_soft_matching", "descending_order",
-                     "max_merge", "reduction_context"), "vitbench.engine"),
+    **dict.fromkeys(("AttnInfo", "LiteMLAHooks", "Matching", "Reducer", "TileUnmerge", "TokenState",
+                     "bipartite_soft_matching", "descending_order", "max_merge", "reduction_context"),
+                    "vitbench.engine"),
     **dict.fromkeys(("ChannelGate", "GatedDecisions", "QKChannelMask", "check_mlp", "gated_mlp", "shrink_mlp",
                      "sparse_mlp", "straight_through_mask"), "vitbench.engine.channel_select"),
     "tile_of": "vitbench.engine.families.swin", "record_grid_merge": "vitbench.engine.grid_merge",
@@ -84,7 +85,8 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "HELP", "AttnInfo", "BudgetKnob", "ChannelGate", "FamilySpec", "GatedDecisions", "Matching", "MergeGrid",
+    "HELP", "AttnInfo", "BudgetKnob", "ChannelGate", "FamilySpec", "GatedDecisions", "LiteMLAHooks", "Matching",
+    "MergeGrid", "TileUnmerge",
     "MethodSpec", "ModelInfo", "QKChannelMask", "Range", "Reducer", "Reduction", "ScorerSpec", "TokenState",
     "TrainStage", "bipartite_soft_matching", "check_mlp", "descending_order", "first_images", "gated_mlp",
     "get_host", "hookimpl", "host_reads_allowed", "max_merge", "param", "patch_count", "record_grid_merge",

@@ -11,7 +11,7 @@ import torch
 
 import vitbench
 from vitbench.catalog import Reduction
-from vitbench.engine import Reducer, reduction_context
+from vitbench.engine import LiteMLAHooks, Reducer, reduction_context
 from vitbench.engine.families.efficientvit import (
     BRANCHES,
     ReducingLiteMLA,
@@ -107,7 +107,7 @@ def test_no_reducers_is_bit_identical_and_keeps_timm_keys():
     assert ctx.token_counts == [16] * 3 + [4] * 4  # map positions per LiteMLA; nothing reduced
 
 
-class _Hooks(torch.nn.Module, Reducer):
+class _Hooks(torch.nn.Module, Reducer, LiteMLAHooks):
     """A channel reducer with identity hooks that records what they receive."""
 
     selects_channels = True

@@ -32,7 +32,7 @@ from vitbench.engine.families.efficientvit_tokens import (
     half_map,
 )
 from vitbench.engine.families.vit import _RememberInputs
-from vitbench.engine.reducer import Reducer
+from vitbench.engine.reducer import LiteMLAHooks, Reducer
 from vitbench.errors import UnsupportedError
 
 __all__ = ["BRANCHES", "FAMILY", "ReducingEfficientVitBlock", "ReducingLiteMLA", "describe", "last_stage",
@@ -146,7 +146,8 @@ def lite_mla_forward(mla: nn.Module, x: torch.Tensor, reducer: Reducer) -> torch
     heads_computed = multi_scale_qkv.shape[1] // (3 * mla.dim)  # not -1: DCS may leave none
     multi_scale_qkv = multi_scale_qkv.reshape(b, heads_computed, 3 * mla.dim, h * w).transpose(-1, -2)
     q, k, v = multi_scale_qkv.chunk(3, dim=-1)
-    heads = reducer.selected_heads()  # positions among the heads qkv/aggreg compute
+    hooks = reducer if isinstance(reducer, LiteMLAHooks) else None
+    heads = hooks.selected_heads() if hooks is not None else None  # positions among the heads qkv/aggreg compute
     if heads is not None:
         q, k, v = q.index_select(1, heads), k.index_select(1, heads), v.index_select(1, heads)
     q = mla.kernel_func(q)
@@ -159,7 +160,7 @@ def lite_mla_forward(mla: nn.Module, x: torch.Tensor, reducer: Reducer) -> torch
     else:
         out = mla._attn(q, k, v)
     out = out.transpose(-1, -2).reshape(b, out.shape[1] * mla.dim, h, w)  # not -1: no heads left
-    return reducer.proj_forward(mla.proj, out)
+    return hooks.proj_forward(mla.proj, out) if hooks is not None else mla.proj(out)
 
 
 class ReducingLiteMLA(nn.Module):

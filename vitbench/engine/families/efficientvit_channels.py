@@ -17,7 +17,7 @@ from vitbench.engine.channel_select import (
     shrink_proj_input,
     shrink_qk_mask,
 )
-from vitbench.engine.reducer import Reducer
+from vitbench.engine.reducer import LiteMLAHooks, Reducer
 from vitbench.errors import UnsupportedError
 
 __all__ = ["BRANCHES", "DCSLiteMLAReducer"]
@@ -26,7 +26,7 @@ __all__ = ["BRANCHES", "DCSLiteMLAReducer"]
 BRANCHES = 2
 
 
-class DCSLiteMLAReducer(nn.Module, GatedDecisions, Reducer):
+class DCSLiteMLAReducer(nn.Module, GatedDecisions, LiteMLAHooks, Reducer):
     """One EfficientViT LiteMLA's DCS channel selection (docs/methods.md, "DCS" on EfficientViT: "Q/K of
     each LiteMLA branch, and the concatenated branch outputs feeding the projection").
 

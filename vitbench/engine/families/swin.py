@@ -28,7 +28,7 @@ from vitbench.engine.block import ReductionContext, _add_wrapper_level, _drop_wr
 from vitbench.engine.families.checks import describe_for_patch
 from vitbench.engine.families.vit import _RememberInputs, _ResizeInputs
 from vitbench.engine.host_sync import host_reads_allowed
-from vitbench.engine.reducer import Reducer
+from vitbench.engine.reducer import Reducer, TileUnmerge
 from vitbench.engine.token_state import TokenState
 from vitbench.errors import UnsupportedError
 
@@ -281,7 +281,7 @@ class SwinReducingBlock(nn.Module):
         reduced = reducer(tokens, state, info)
         y, count = _mlp_on_kept(blk, reduced, state)
         ctx.token_counts.append(count)
-        back = reducer.unmerge(y, state)
+        back = reducer.unmerge(y, state) if isinstance(reducer, TileUnmerge) else None
         if back is not None:
             y = back
         elif reduced is not tokens:
