@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vitbench.engine.families import mobilevit
+from vitbench_plugins.mobilevit_family import adapter as mobilevit
 
 
 def block_output_shapes(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, list[tuple[int, ...]]]:

@@ -13,7 +13,7 @@ from timm.models.swin_transformer import SwinTransformer
 
 from vitbench.core.contract import Reduction
 from vitbench.engine import AttnInfo, Reducer, TokenState, reduction_context
-from vitbench.engine.families import vit
+from vitbench_plugins.vit_family import adapter as vit
 from vitbench.engine.matching import bipartite_soft_matching
 from vitbench.engine.token_rules import check_token_rules
 from vitbench.errors import TokenRuleError, UnsupportedError
@@ -129,6 +129,6 @@ def test_families_that_cannot_take_tokens_back_refuse_a_restoring_reducer(family
     class Late(_Restore):
         before_attention = False  # so that the families reducing after the attention get as far
 
-    with pytest.raises(UnsupportedError, match=r"restore: this model family's blocks cannot take back tokens pruned "
-                                               r"earlier; .* supported on the vit family only"):
+    with pytest.raises(UnsupportedError, match=r"^restore needs restores(, token_steps)?, which this model family "
+                                               r"does not provide \(it provides "):
         spec.patch(base, Reduction([Late()] * spec.describe(base).depth), method="restore")

@@ -8,7 +8,7 @@ import torch
 from scipy.cluster.hierarchy import fcluster, linkage
 from scipy.spatial.distance import pdist
 
-from vitbench.engine.families.vit import describe
+from vitbench_plugins.vit_family.adapter import describe
 from vitbench.core.params import make_params
 from vitbench.errors import ParamError
 from vitbench_plugins.atc import ATCParams

@@ -461,7 +461,7 @@ def _ev_images(n: int = 2) -> torch.Tensor:
 
 
 def _ev_wrappers(model):  # type: ignore[no-untyped-def]
-    from vitbench.engine.families.efficientvit import ReducingLiteMLA
+    from vitbench_plugins.efficientvit_family.adapter import ReducingLiteMLA
 
     return [m for m in model.modules() if isinstance(m, ReducingLiteMLA)]
 

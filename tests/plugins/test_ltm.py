@@ -11,7 +11,7 @@ from vitbench_plugins.ltm.reduction import FirstMerge, ReMerge, ib_mask_step, so
 
 import vitbench
 from vitbench.engine import AttnInfo, TokenState, reduction_context
-from vitbench.engine.families.vit import merge_grid as vit_merge_grid
+from vitbench.engine.grid_merge import square_merge_grid as vit_merge_grid
 from vitbench.errors import ParamError
 from vitbench.measure import count_gmacs
 from vitbench.measure.ib import (

@@ -13,7 +13,7 @@ from vitbench_plugins.ltm.reduction import FirstMerge, ReMerge
 
 import vitbench
 from vitbench.engine import reduction_context
-from vitbench.engine.families import mobilevit
+from vitbench_plugins.mobilevit_family import adapter as mobilevit
 from vitbench.engine.grid_merge import grid_merge
 
 

@@ -14,7 +14,7 @@ from vitbench_plugins.ltmp.reduction import LTMPTileReducer, swin_cost_model, sw
 
 import vitbench
 from vitbench.engine import TokenState, reduction_context
-from vitbench.engine.families.swin import SwinAttnInfo, SwinReducingBlock
+from vitbench_plugins.swin_family.adapter import SwinAttnInfo, SwinReducingBlock
 from vitbench.measure import count_gmacs
 
 pytestmark = pytest.mark.usefixtures("single_thread")

@@ -10,7 +10,7 @@ import torch
 
 import vitbench
 from vitbench.engine import TokenState
-from vitbench.engine.families.vit import describe
+from vitbench_plugins.vit_family.adapter import describe
 from vitbench.core.params import make_params
 from vitbench.errors import ParamError
 from vitbench.kit import soft_cluster

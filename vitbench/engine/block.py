@@ -82,8 +82,7 @@ class ReducingBlock(nn.Module):
             raise PluginError(f"block {index}: a reducer that runs before the attention gets nothing from it; "
                               f"its needs must be empty, not {sorted(self.needs)}")
         self._context = context
-        self._register_state_dict_hook(_drop_wrapper_level)
-        self._register_load_state_dict_pre_hook(_add_wrapper_level)
+        keep_wrapped_keys(self)
 
     @property
     def fused(self) -> bool:
@@ -124,6 +123,13 @@ class ReducingBlock(nn.Module):
         out = self.reducer(x, state, info)
         check_step_shapes(self._context.method, self.index, x, out, state, self.reducer.restores)
         return out
+
+
+def keep_wrapped_keys(wrapper: nn.Module) -> None:
+    """Give ``wrapper``'s state dict the keys of the module it wraps as ``wrapper.block`` (its
+    ``reducer.*`` keys stay), so a patched model saves and loads the unpatched model's weights."""
+    wrapper._register_state_dict_hook(_drop_wrapper_level)
+    wrapper._register_load_state_dict_pre_hook(_add_wrapper_level)
 
 
 def _drop_wrapper_level(module: nn.Module, state_dict: dict, prefix: str, local_metadata: Any) -> dict:

@@ -9,11 +9,13 @@ under :data:`GRID_MERGE`), so it restarts with every sequence.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 
+from vitbench.core.contract import ModelInfo
 from vitbench.engine.token_state import TokenState
 
 #: the key of the record in ``TokenState.private``
@@ -51,3 +53,20 @@ def grid_merge(state: Optional[TokenState]) -> Optional[GridMerge]:
     if state is None:
         return None
     return state.private.get(GRID_MERGE)
+
+
+def square_merge_grid(info: ModelInfo, ratio: float) -> tuple[int, tuple[int, int]]:
+    """A merge to ``ratio`` of a token sequence: ``P = ceil(ratio * N_p)`` tokens on a
+    ``ceil(sqrt(P))`` square grid (ViT; a Swin tile merges as a short ViT sequence)."""
+    p = max(1, math.ceil(ratio * info.num_patches - 1e-9))  # 1e-9: 0.7 * 10 is 7.000000000000001
+    side = math.isqrt(p - 1) + 1  # ceil(sqrt(p)), exact
+    return p, (side, side)
+
+
+def scaled_merge_grid(info: ModelInfo, ratio: float) -> tuple[int, tuple[int, int]]:
+    """A merge to ``ratio`` of a map that keeps a grid (docs/methods.md, "LTM / IBTM", "Conv
+    hybrids"): ``H' = ceil(H sqrt(ratio))``, ``W'`` likewise, ``P = H'W'``; ``info`` describes one
+    token sequence (MobileViT, EfficientViT)."""
+    root = math.sqrt(ratio)
+    h, w = (max(1, math.ceil(n * root - 1e-9)) for n in info.grid)  # 1e-9: float noise at ratio 1
+    return h * w, (h, w)

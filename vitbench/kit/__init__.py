@@ -34,10 +34,10 @@ if TYPE_CHECKING:  # the names below load on first use: a plugin's registration 
         ChannelGate, GatedDecisions, QKChannelMask, check_mlp, gated_mlp, shrink_mlp, sparse_mlp,
         straight_through_mask,
     )
-    from vitbench.engine.families.swin import tile_of
     from vitbench.engine.grid_merge import record_grid_merge
     from vitbench.engine.host_sync import host_reads_allowed
     from vitbench.engine.rows import take_rows
+    from vitbench.engine.tiles import tile_of
     from vitbench.host import get_host
     from vitbench.kit.channel_budget import BudgetResult, ComputeBudget, enforce_budget
     from vitbench.kit.clustering import ClusterFn, ClusterMergeReducer, token_distances
@@ -58,7 +58,7 @@ _LAZY = {
                     "vitbench.engine"),
     **dict.fromkeys(("ChannelGate", "GatedDecisions", "QKChannelMask", "check_mlp", "gated_mlp", "shrink_mlp",
                      "sparse_mlp", "straight_through_mask"), "vitbench.engine.channel_select"),
-    "tile_of": "vitbench.engine.families.swin", "record_grid_merge": "vitbench.engine.grid_merge",
+    "tile_of": "vitbench.engine.tiles", "record_grid_merge": "vitbench.engine.grid_merge",
     "host_reads_allowed": "vitbench.engine.host_sync", "take_rows": "vitbench.engine.rows",
     "get_host": "vitbench.host", "first_images": "vitbench.train.batches",
     **dict.fromkeys(("BudgetResult", "ComputeBudget", "enforce_budget"), "vitbench.kit.channel_budget"),

@@ -12,7 +12,7 @@ import torch
 import vitbench
 from vitbench.catalog import Reduction
 from vitbench.engine import LiteMLAHooks, Reducer, reduction_context
-from vitbench.engine.families.efficientvit import (
+from vitbench_plugins.efficientvit_family.adapter import (
     BRANCHES,
     ReducingLiteMLA,
     describe,
@@ -178,8 +178,8 @@ def test_a_token_reducer_without_a_grid_merge_is_refused_by_patch():
         def __call__(self, x, state, info):  # type: ignore[no-untyped-def]
             return x
 
-    with pytest.raises(UnsupportedError, match=r"^mine: EfficientViT keeps a map, so a token reducer must merge "
-                                               r"to a grid \(records_grid_merge = True, as LTM\)"):
+    with pytest.raises(UnsupportedError, match=r"^mine needs token_steps, which this model family does not provide "
+                                               r"\(it provides channels, grid_merges\)"):
         patch(_model(), Reduction([TokenStep()] * 7), method="mine")
 
 

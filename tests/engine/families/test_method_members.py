@@ -9,7 +9,10 @@ import timm
 import torch
 from timm.models.swin_transformer import SwinTransformer
 
-from vitbench.engine.families import efficientvit, mobilevit, vit
+from vitbench.engine.grid_merge import scaled_merge_grid, square_merge_grid
+from vitbench_plugins.efficientvit_family import adapter as efficientvit
+from vitbench_plugins.mobilevit_family import adapter as mobilevit
+from vitbench_plugins.vit_family import adapter as vit
 from vitbench.errors import UnsupportedError
 from vitbench.measure.ib import final_features, token_features
 from vitbench.host import get_host
@@ -43,17 +46,17 @@ def test_each_family_declares_what_it_offers():
 def test_vit_merge_grid_keeps_ceil_ratio_n_tokens_on_a_square_grid(ratio, patches, expected):
     info = vit.describe(tiny_vit())
     info = type(info)(**{**info.__dict__, "num_patches": patches})
-    assert vit.merge_grid(info, ratio) == expected
-    assert _family("swin").merge_grid is vit.merge_grid  # a Swin tile merges as a short ViT sequence
+    assert square_merge_grid(info, ratio) == expected
+    assert _family("swin").merge_grid is square_merge_grid  # a Swin tile merges as a short ViT sequence
 
 
 def test_mobilevit_merge_grid_scales_each_side_and_chains_the_sequences():
     model = timm.create_model("mobilevit_xs", pretrained=False).eval()
     model.vitbench_input_size = (256, 256)
     info = mobilevit.describe(model)
-    assert mobilevit.merge_grid(info, 0.7) == (196, (14, 14))  # ceil(16 * sqrt(0.7)) = 14
-    assert mobilevit.merge_grid(info, 1.0) == (256, (16, 16))
-    plan = _family("mobilevit").sequence_grids(info, lambda s, grid: mobilevit.merge_grid(
+    assert scaled_merge_grid(info, 0.7) == (196, (14, 14))  # ceil(16 * sqrt(0.7)) = 14
+    assert scaled_merge_grid(info, 1.0) == (256, (16, 16))
+    plan = _family("mobilevit").sequence_grids(info, lambda s, grid: scaled_merge_grid(
         type(info)(**{**info.__dict__, "grid": grid, "blocks": ()}), 0.7)[1])
     assert plan == [((16, 16), (14, 14)), ((7, 7), (6, 6)), ((3, 3), (3, 3))]
 
@@ -62,8 +65,8 @@ def test_efficientvit_merges_as_mobilevit_and_each_stage_sees_half_the_last_merg
     model = timm.create_model("efficientvit_b1", pretrained=False).eval()
     model.vitbench_input_size = (320, 320)
     info = efficientvit.describe(model)
-    assert _family("efficientvit").merge_grid is mobilevit.merge_grid
-    plan = _family("efficientvit").sequence_grids(info, lambda s, grid: mobilevit.merge_grid(
+    assert _family("efficientvit").merge_grid is scaled_merge_grid
+    plan = _family("efficientvit").sequence_grids(info, lambda s, grid: scaled_merge_grid(
         type(info)(**{**info.__dict__, "grid": grid, "blocks": ()}), 0.64)[1])
     assert plan == [((20, 20), (16, 16)), ((8, 8), (7, 7))]  # unreduced stage 3: 10x10
     gapped = type(info)(**{**info.__dict__, "blocks": (info.blocks[0], dataclasses.replace(

@@ -12,7 +12,7 @@ from mobilevit_support import block_output_shapes
 import vitbench
 from vitbench.catalog import Reduction
 from vitbench.engine import reduction_context
-from vitbench.engine.families import mobilevit
+from vitbench_plugins.mobilevit_family import adapter as mobilevit
 from vitbench.errors import UnsupportedError
 
 

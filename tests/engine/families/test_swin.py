@@ -14,7 +14,8 @@ from timm.models.swin_transformer import SwinTransformer
 import vitbench
 from vitbench.catalog import Reduction
 from vitbench.engine import Reducer, reduction_context
-from vitbench.engine.families.swin import describe, patch, tile_of
+from vitbench.engine.tiles import tile_of
+from vitbench_plugins.swin_family.adapter import describe, patch
 from vitbench.errors import UnsupportedError
 
 
@@ -108,7 +109,8 @@ def test_refusals():
         def __call__(self, x, state, info):  # type: ignore[no-untyped-def]
             return x
 
-    with pytest.raises(UnsupportedError, match=r"asks block 0's attention for \['cls_attn'\]"):
+    with pytest.raises(UnsupportedError, match=r"^m needs cls_attn, which this model family does not provide "
+                                               r"\(it provides channels, grid_merges, keys, received_attn, "):
         patch(_small(), Reduction([_WantsCls(), None, None, None]), method="m")
 
 

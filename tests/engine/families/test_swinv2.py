@@ -16,7 +16,7 @@ from timm.models.swin_transformer_v2 import SwinTransformerV2
 import vitbench
 from vitbench.catalog import Reduction
 from vitbench.engine import Reducer, bipartite_soft_matching, reduction_context
-from vitbench.engine.families.swin import SwinReducingBlock, describe, patch, unmerge_mlp
+from vitbench_plugins.swin_family.adapter import SwinReducingBlock, describe, patch, unmerge_mlp
 from vitbench.measure import count_gmacs
 
 

@@ -1,4 +1,4 @@
-"""The ViT adapter's pooling of a reduced sequence (vitbench/engine/families/vit.py,
+"""The ViT adapter's pooling of a reduced sequence (plugins/vit_family/adapter.py,
 ``_SizeWeightedPool``): averages weighted by token size, maxima over real tokens only."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import timm
 import torch
 
-from vitbench.engine.families.vit import _SizeWeightedPool
+from vitbench_plugins.vit_family.adapter import _SizeWeightedPool
 
 
 def _pool(global_pool: str, size: torch.Tensor) -> _SizeWeightedPool:

@@ -7,17 +7,10 @@ from typing import Optional
 import torch
 from torch import nn
 
-from vitbench.core.contract import BlockInfo
-from vitbench.engine.channel_select import (
-    ChannelGate,
-    GatedDecisions,
-    QKChannelMask,
-    check_pointwise_proj,
-    conv_output_channels,
-    shrink_proj_input,
-    shrink_qk_mask,
+from vitbench.kit.family import (
+    BlockInfo, ChannelGate, GatedDecisions, LiteMLAHooks, QKChannelMask, Reducer, check_pointwise_proj,
+    conv_output_channels, shrink_proj_input, shrink_qk_mask
 )
-from vitbench.engine.reducer import LiteMLAHooks, Reducer
 from vitbench.errors import UnsupportedError
 
 __all__ = ["BRANCHES", "DCSLiteMLAReducer"]
@@ -30,7 +23,7 @@ class DCSLiteMLAReducer(nn.Module, GatedDecisions, LiteMLAHooks, Reducer):
     """One EfficientViT LiteMLA's DCS channel selection (docs/methods.md, "DCS" on EfficientViT: "Q/K of
     each LiteMLA branch, and the concatenated branch outputs feeding the projection").
 
-    The hooks are those of :mod:`vitbench.engine.families.efficientvit`:
+    The hooks are those of :mod:`vitbench_plugins.efficientvit_family.adapter`:
 
     - ``qk_mask`` (``arch`` both|qk): ``theta = Linear(x)`` from the LiteMLA's input map (each
       position a token, ``C`` channels) to one logit per query/key channel of every branch and

@@ -22,21 +22,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitbench.core.contract import BlockInfo, ModelInfo, Reduction
-from vitbench.engine.attention import AttnInfo, QKHook
-from vitbench.engine.block import ReductionContext, _add_wrapper_level, _drop_wrapper_level
-from vitbench.engine.families.checks import describe_for_patch
-from vitbench.engine.families.vit import _RememberInputs, _ResizeInputs
-from vitbench.engine.host_sync import host_reads_allowed
-from vitbench.engine.reducer import Reducer, TileUnmerge
-from vitbench.engine.token_state import TokenState
+from vitbench.kit.family import (
+    AttnInfo, BlockInfo, ModelInfo, QKHook, Reducer, Reduction, ReductionContext, RememberInputs, ResizeInputs,
+    TileUnmerge, TokenState, describe_for_patch, host_reads_allowed, keep_wrapped_keys, tile_of
+)
 from vitbench.errors import UnsupportedError
+from vitbench_plugins.swin_family import PROVIDES
 
 FAMILY = "swin"
 SUPPORTED = ("timm SwinTransformer (Swin V1: swin_tiny/small/base/large_patch4_window7/12_*) and "
              "SwinTransformerV2 (swinv2_tiny/small/base/large_window*)")
 #: what a Swin block's window attention can hand a reducer (no class token, so no ``cls_attn``)
-SWIN_NEEDS = frozenset({"keys", "received_attn"})
 
 Grid = tuple[int, int]
 
@@ -119,18 +115,6 @@ def from_windows(windows: torch.Tensor, window: Grid, shift: Grid, padded: Grid,
     if any(shift):
         x = torch.roll(x, shifts=shift, dims=(1, 2))
     return x.contiguous()
-
-
-def _nearest_divisor(side: int, window: int) -> int:
-    divisors = [d for d in range(1, side + 1) if side % d == 0]
-    return min(divisors, key=lambda d: (abs(d - window), -d))
-
-
-def tile_of(size: Grid, window: Grid) -> Grid:
-    """The tiles a block's MLP tokens are reduced in: the window itself when it divides the map
-    (every stage of a 224-px Swin), else per side the divisor of the map nearest the window
-    (ties: the larger), so that the tiles cover the map exactly, with no padding."""
-    return _nearest_divisor(size[0], window[0]), _nearest_divisor(size[1], window[1])
 
 
 @dataclass
@@ -245,8 +229,7 @@ class SwinReducingBlock(nn.Module):
         self.reducer = reducer
         self.needs = frozenset(reducer.needs) if reducer is not None else frozenset()
         self._context = context
-        self._register_state_dict_hook(_drop_wrapper_level)
-        self._register_load_state_dict_pre_hook(_add_wrapper_level)
+        keep_wrapped_keys(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ctx = self._context
@@ -340,23 +323,14 @@ def unmerge_mlp(y: torch.Tensor, state: TokenState) -> torch.Tensor:
     return torch.where(share[..., None] > 0, values, torch.zeros_like(values))
 
 
-def _check_needs(reduction: Reduction, method: str) -> None:
-    for i, reducer in enumerate(reduction.reducers):
-        extra = set(reducer.needs) - SWIN_NEEDS if reducer is not None else set()
-        if extra:
-            raise UnsupportedError(f"method {method!r} asks block {i}'s attention for {sorted(extra)}; a Swin "
-                                   f"window attention can hand over only {sorted(SWIN_NEEDS)} (no class token)")
-
-
 def patch(model: nn.Module, reduction: Reduction, method: str = "", params: Any = None) -> nn.Module:
     """Wrap every Swin block with the reducers of ``reduction`` (module doc); returns ``model``."""
-    info = describe_for_patch(model, reduction, method, describe, resizes=True)
-    _check_needs(reduction, method)
+    info = describe_for_patch(model, reduction, method, describe, PROVIDES)
     if reduction.input_grid is not None:
         _feed_smaller(model, reduction.input_grid, info)
     context = ReductionContext(method, params, 0, reduction.prop_attn, True)
     context.reduction = reduction
-    model.register_forward_pre_hook(_RememberInputs(context))
+    model.register_forward_pre_hook(RememberInputs(context))
     reducers = iter(reduction.reducers)
     index = 0
     for stage in model.layers:
@@ -381,7 +355,7 @@ def _feed_smaller(model: nn.Module, grid: Grid, info: ModelInfo) -> None:
     ph, pw = model.patch_embed.patch_size
     size = (grid[0] * ph, grid[1] * pw)
     model.set_input_size(img_size=size)
-    model.register_forward_pre_hook(_ResizeInputs(size), prepend=True)
+    model.register_forward_pre_hook(ResizeInputs(size), prepend=True)
 
 
 def last_stage(model: nn.Module) -> nn.Module:

@@ -17,13 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitbench.core.contract import BlockInfo, ModelInfo, Reduction
-from vitbench.engine.block import ReducingBlock, ReductionContext
-from vitbench.engine.families.checks import describe_for_patch
-from vitbench.engine.families.vit import _RememberInputs
-from vitbench.engine.grid_merge import grid_merge
-from vitbench.engine.unmerge import unmerge
+from vitbench.kit.family import (
+    BlockInfo, ModelInfo, ReducingBlock, Reduction, ReductionContext, RememberInputs, describe_for_patch, grid_merge,
+    unmerge
+)
 from vitbench.errors import UnsupportedError
+from vitbench_plugins.mobilevit_family import PROVIDES
 
 FAMILY = "mobilevit"
 SUPPORTED = "MobileVitBlock with timm ViT Blocks (mobilevit_xxs, mobilevit_xs, mobilevit_s)"
@@ -225,12 +224,12 @@ def mobilevit_blocks(model: nn.Module) -> list[nn.Module]:
 def patch(model: nn.Module, reduction: Reduction, method: str = "", params: Any = None) -> nn.Module:
     """Wrap every ViT Block with the reducers of ``reduction`` and re-route each MobileViT block's
     fold (module doc); returns ``model``. State-dict keys stay timm's."""
-    info = describe_for_patch(model, reduction, method, describe, before_attention=True)
+    info = describe_for_patch(model, reduction, method, describe, PROVIDES)
     # unmerge needs sources unless every reducer declares its merges as grid merges
     trace = reduction.trace_source or any(r is not None and not r.records_grid_merge for r in reduction.reducers)
     context = ReductionContext(method, params, 0, reduction.prop_attn, trace)
     context.reduction = reduction
-    model.register_forward_pre_hook(_RememberInputs(context))
+    model.register_forward_pre_hook(RememberInputs(context))
     reducers = iter(enumerate(zip(info.blocks, reduction.reducers)))
     for mvb in mobilevit_blocks(model):
         wrapped = []
@@ -246,12 +245,3 @@ def patch(model: nn.Module, reduction: Reduction, method: str = "", params: Any 
 def last_stage(model: nn.Module) -> nn.Module:
     """The last stage, whose ``[B, C, H, W]`` output is the final map before ``final_conv``."""
     return model.stages[-1]
-
-
-def merge_grid(info: ModelInfo, ratio: float) -> tuple[int, Grid]:
-    """A merge to ``ratio`` keeps a grid (docs/methods.md, "LTM / IBTM" "Conv hybrids"): ``H' = ceil(H
-    sqrt(ratio))``, ``W'`` likewise, ``P = H'W'``; ``info`` describes one token sequence."""
-    root = math.sqrt(ratio)
-    h, w = (max(1, math.ceil(n * root - 1e-9)) for n in info.grid)  # 1e-9: float noise at ratio 1
-    return h * w, (h, w)
-

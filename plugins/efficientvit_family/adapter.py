@@ -18,22 +18,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitbench.core.contract import BlockInfo, ModelInfo, Reduction
-from vitbench.engine.block import (
-    ReductionContext,
-    _add_wrapper_level,
-    _drop_wrapper_level,
+from vitbench.kit.family import (
+    BlockInfo, LiteMLAHooks, ModelInfo, Reducer, Reduction, ReductionContext, RememberInputs, describe_for_patch,
+    keep_wrapped_keys
 )
-from vitbench.engine.families.checks import describe_for_patch
-from vitbench.engine.families.efficientvit_channels import BRANCHES
-from vitbench.engine.families.efficientvit_tokens import (
-    ReducingEfficientVitBlock,
-    check_token_reducers,
-    half_map,
-)
-from vitbench.engine.families.vit import _RememberInputs
-from vitbench.engine.reducer import LiteMLAHooks, Reducer
 from vitbench.errors import UnsupportedError
+from vitbench_plugins.efficientvit_family import PROVIDES
+from vitbench_plugins.efficientvit_family.channels import BRANCHES
+from vitbench_plugins.efficientvit_family.tokens import ReducingEfficientVitBlock, check_token_reducers, half_map
 
 __all__ = ["BRANCHES", "FAMILY", "ReducingEfficientVitBlock", "ReducingLiteMLA", "describe", "last_stage",
            "lite_mla_forward", "matches", "patch"]
@@ -182,8 +174,7 @@ class ReducingLiteMLA(nn.Module):
         self.index = index
         self.reducer = reducer
         self._context = context
-        self._register_state_dict_hook(_drop_wrapper_level)
-        self._register_load_state_dict_pre_hook(_add_wrapper_level)
+        keep_wrapped_keys(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ctx = self._context
@@ -199,13 +190,13 @@ class ReducingLiteMLA(nn.Module):
 def patch(model: nn.Module, reduction: Reduction, method: str = "", params: Any = None) -> nn.Module:
     """Wrap every LiteMLA (channel reducers) or every EfficientVitBlock (token reducers, grid
     merges only) of ``model`` with the reducers of ``reduction``; returns ``model``."""
-    info = describe_for_patch(model, reduction, method, describe, "LiteMLA blocks")
+    info = describe_for_patch(model, reduction, method, describe, PROVIDES, "LiteMLA blocks")
     tokens = any(r is not None and not r.selects_channels for r in reduction.reducers)
     if tokens:
         check_token_reducers(reduction.reducers, method)
     context = ReductionContext(method, params, 0, reduction.prop_attn, reduction.trace_source)
     context.reduction = reduction
-    model.register_forward_pre_hook(_RememberInputs(context))
+    model.register_forward_pre_hook(RememberInputs(context))
     for i, ((_, where, mla), reducer, binfo) in enumerate(zip(lite_mlas(model), reduction.reducers, info.blocks)):
         block_path = where.removesuffix(".context_module.main")  # stages.S.blocks.B
         if tokens:

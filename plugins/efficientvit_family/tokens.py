@@ -13,16 +13,9 @@ from typing import Callable
 import torch
 from torch import nn
 
-from vitbench.core.contract import ModelInfo
-from vitbench.engine.attention import AttnInfo
-from vitbench.engine.block import (
-    ReductionContext,
-    _add_wrapper_level,
-    _drop_wrapper_level,
+from vitbench.kit.family import (
+    AttnInfo, ModelInfo, Reducer, ReductionContext, TokenState, grid_merge, keep_wrapped_keys
 )
-from vitbench.engine.grid_merge import grid_merge
-from vitbench.engine.reducer import Reducer
-from vitbench.engine.token_state import TokenState
 from vitbench.errors import UnsupportedError
 
 Grid = tuple[int, int]
@@ -52,19 +45,12 @@ def sequence_grids(info: ModelInfo, shrink: Callable[[int, Grid], Grid]) -> list
 
 
 def check_token_reducers(reducers: list[Reducer | None], method: str) -> None:
-    """Token reducers on EfficientViT must declare grid merges and need nothing of the attention
-    (a LiteMLA's linear attention has no attention matrix)."""
+    """A method on EfficientViT either merges tokens to grids or selects channels, not both
+    (what a token reducer may ask for is the family's ``PROVIDES``, checked before)."""
     for i, reducer in enumerate(reducers):
-        if reducer is None:
-            continue
-        if reducer.selects_channels:
+        if reducer is not None and reducer.selects_channels:
             raise UnsupportedError(f"{method}: block {i}'s reducer selects channels and others reduce tokens; "
                                    f"on EfficientViT a method is one or the other")
-        if not reducer.records_grid_merge or reducer.needs or reducer.before_attention:
-            raise UnsupportedError(
-                f"{method or type(reducer).__name__}: EfficientViT keeps a map, so a token reducer must merge to "
-                f"a grid (records_grid_merge = True, as LTM), after the attention, with empty needs "
-                f"(a LiteMLA has no attention matrix); or select channels (selects_channels = True)")
 
 
 class ReducingEfficientVitBlock(nn.Module):
@@ -82,8 +68,7 @@ class ReducingEfficientVitBlock(nn.Module):
         self.starts_sequence = starts_sequence
         self.reducer = reducer  # an nn.Module reducer becomes a submodule (``...blocks.1.reducer.*``)
         self._context = context
-        self._register_state_dict_hook(_drop_wrapper_level)
-        self._register_load_state_dict_pre_hook(_add_wrapper_level)
+        keep_wrapped_keys(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ctx = self._context

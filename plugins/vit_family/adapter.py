@@ -6,17 +6,17 @@ blocks after a reduction) and makes average pooling size-weighted (docs/methods.
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Optional
 
 import torch
 from torch import nn
 
-from vitbench.core.contract import ModelInfo, Reduction
-from vitbench.engine.block import ReducingBlock, ReductionContext
-from vitbench.engine.families.checks import describe_for_patch
-from vitbench.engine.features import module_features
+from vitbench.kit.family import (
+    ModelInfo, ReducingBlock, Reduction, ReductionContext, RememberInputs, ResizeInputs, describe_for_patch,
+    module_features
+)
 from vitbench.errors import UnsupportedError
+from vitbench_plugins.vit_family import PROVIDES
 
 FAMILY = "vit"
 _POOLS = ("token", "avg", "max", "avgmax", "")
@@ -62,14 +62,13 @@ def describe(model: nn.Module) -> ModelInfo:
 
 def patch(model: nn.Module, reduction: Reduction, method: str = "", params: Any = None) -> nn.Module:
     """Wrap every block of ``model`` with the reducers of ``reduction``; returns ``model``."""
-    info = describe_for_patch(model, reduction, method, describe, resizes=True, before_attention=True,
-                              restores=True)
+    info = describe_for_patch(model, reduction, method, describe, PROVIDES)
     if reduction.input_grid is not None:
         _feed_smaller(model, reduction.input_grid)
     context = ReductionContext(method, params, info.num_prefix_tokens, reduction.prop_attn,
                                reduction.trace_source)
     context.reduction = reduction
-    model.register_forward_pre_hook(_RememberInputs(context))
+    model.register_forward_pre_hook(RememberInputs(context))
     model.blocks = nn.Sequential(*[
         ReducingBlock(blk, i, reducer, context)
         for i, (blk, reducer) in enumerate(zip(model.blocks, reduction.reducers))
@@ -86,35 +85,7 @@ def _feed_smaller(model: nn.Module, grid: tuple[int, int]) -> None:
     ph, pw = model.patch_embed.patch_size
     size = (rows * ph, cols * pw)
     model.set_input_size(img_size=size)
-    model.register_forward_pre_hook(_ResizeInputs(size), prepend=True)
-
-
-class _ResizeInputs:
-    """A forward pre-hook resizing the input images to ``size`` (bilinear, antialiased, as a
-    smaller image would be made from the larger one)."""
-
-    def __init__(self, size: tuple[int, int]) -> None:
-        self.size = size
-
-    def __call__(self, module: nn.Module, args: tuple) -> Optional[tuple]:  # type: ignore[type-arg]
-        if not args or tuple(args[0].shape[-2:]) == self.size:
-            return None
-        images = torch.nn.functional.interpolate(args[0], size=self.size, mode="bilinear", antialias=True,
-                                                 align_corners=False)
-        return (images, *args[1:])
-
-
-class _RememberInputs:
-    """A forward pre-hook keeping a reference to the input images (LTM's input clusters).
-
-    An object, not a closure, so ``copy.deepcopy(model)`` gives the copy's hook the copy's
-    context."""
-
-    def __init__(self, context: ReductionContext) -> None:
-        self.context = context
-
-    def __call__(self, module: nn.Module, args: tuple) -> None:  # type: ignore[type-arg]
-        self.context.inputs = args[0] if args else None
+    model.register_forward_pre_hook(ResizeInputs(size), prepend=True)
 
 
 class _SizeWeightedPool:
@@ -153,11 +124,3 @@ def last_block(model: nn.Module) -> nn.Module:
 def final_features(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
     """``[B, C]``: the size-weighted mean of the last block's patch tokens (docs/methods.md, "The IB loss")."""
     return module_features(model, last_block(model), images)
-
-
-def merge_grid(info: ModelInfo, ratio: float) -> tuple[int, tuple[int, int]]:
-    """A merge to ``ratio``: ``P = ceil(ratio * N_p)`` tokens on a ``ceil(sqrt(P))`` square grid."""
-    p = max(1, math.ceil(ratio * info.num_patches - 1e-9))  # 1e-9: 0.7 * 10 is 7.000000000000001
-    side = math.isqrt(p - 1) + 1  # ceil(sqrt(p)), exact
-    return p, (side, side)
-

@@ -1,1 +1,0 @@
-"""Model-family adapters: a uniform view of each backbone family's attention blocks."""
