@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from tutorial_steps import run_steps, shown_file
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "plugin-tutorial.md"
@@ -21,51 +22,20 @@ EXAMPLE = ROOT / "examples" / "vitbench-norm-drop"
 FILES = ("vitbench_norm_drop.py", "pyproject.toml", "test_norm_drop.py")
 
 
-def shell_steps(page: str) -> list[str]:
-    """The commands of the page's ```bash blocks, in order."""
-    blocks = re.findall(r"```bash\n(.*?)```", page, flags=re.DOTALL)
-    return [line.strip() for block in blocks for line in block.splitlines() if line.strip()]
-
-
 def test_the_page_shows_every_file_of_the_example_as_it_is() -> None:
     """Each file is written out in the page (which a code host renders too), equal to the example's."""
     page = PAGE.read_text()
     for name in FILES:
-        after = page.split(f"Save this as `{name}`", 1)[1]
-        shown = re.search(r"```\w*\n(.*?)```", after, flags=re.DOTALL).group(1)
-        assert shown == (EXAMPLE / name).read_text(), f"{name}: the page's copy differs from {EXAMPLE / name}"
+        assert shown_file(page, name) == (EXAMPLE / name).read_text(), f"{name}: the page's copy differs from {EXAMPLE / name}"
 
 
 def test_every_step_of_the_tutorial_runs(tmp_path: Path) -> None:
-    site = tmp_path / "site"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VITBENCH_")}
-    env["VITBENCH_NO_WAIT"] = "1"  # a test's timing is no measurement: no wait for a quiet machine
-    env["OMP_NUM_THREADS"] = "1"  # the default model is tiny: threads only add overhead
-    env["PYTHONPATH"] = os.pathsep.join([str(site), *filter(None, [env.get("PYTHONPATH")])])
-    cwd, ran = tmp_path, []
-    for step in shell_steps(PAGE.read_text()):
-        args = shlex.split(step)
-        if args[0] == "mkdir":
-            (cwd / args[1]).mkdir()
-        elif args[0] == "cd":
-            cwd = cwd / args[1]
-            for name in FILES:  # the files the page says to save
-                shutil.copy(EXAMPLE / name, cwd / name)
-        elif args == ["pip", "install", "-e", "."]:
-            args = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                    "--target", str(site), "."]
-        elif args[0] == "vitbench":
-            args = [sys.executable, "-m", "vitbench", *args[1:]]
-        elif args[:3] == ["python", "-m", "pytest"]:
-            args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args[3:]]
-        else:
-            raise AssertionError(f"the tutorial has a step this test does not know: {step!r}")
-        if args[0] == sys.executable:
-            done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=900,
-                                  check=False)
-            assert done.returncode == 0, f"{step}\n{done.stdout}\n{done.stderr}"
-            ran.append((step, done.stdout))
-    outputs = dict(ran)
+    # a test's timing is no measurement: no wait for a quiet machine; the default model is tiny:
+    # threads only add overhead
+    outputs = run_steps(PAGE.read_text(), EXAMPLE, FILES, tmp_path,
+                        {"VITBENCH_NO_WAIT": "1", "OMP_NUM_THREADS": "1"})
+    cwd = Path(outputs.pop("cwd"))
+    ran = list(outputs.items())
     assert [s for s, _ in ran] == [
         "pip install -e .", "vitbench plugins", "vitbench describe norm-drop",
         "vitbench run --task cls --methods norm-drop --limit 100 --metrics accuracy,gmacs --out runs/norm-drop",
