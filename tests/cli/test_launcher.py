@@ -160,7 +160,8 @@ def test_a_rank_that_fails_alone_fails_the_run_on_every_rank_promptly(tmp_path):
 #: det as short as the det CLI tests run it (tests/tasks/det/test_det_cli.py): the baseline
 #: detector trained 1 epoch on 4 images, light heads (the embedded set's default); an odd --limit
 #: so that DefaultSampler pads rank 1's part
-DET = ["run", "--task", "det", "--methods", "tome", "--detector-epochs", "1", "--train-limit", "4", "--limit", "5",
+DET = ["run", "--task", "det", "--methods", "tome", "--data", "shapes-coco", "--detector-epochs", "1",
+       "--train-limit", "4", "--limit", "5",
        "--metrics", "accuracy,gmacs,params"]
 _DET_FIELDS = ("box_map", "box_ap50", "box_ap75", "num_images", "gmacs", "backbone_gmacs", "params_m")
 
@@ -234,7 +235,8 @@ def test_what_cannot_run_distributed_is_refused_before_anything_runs(tmp_path, c
 
 #: a learnable method on det at the det settings above: ltm (its statistics pass, IB loss and the
 #: baseline+ft control row) fine-tuning the detector with DDP, 2 images per rank per step
-DET_LEARNABLE = ["run", "--task", "det", "--methods", "ltm", "--param", "ltm.epochs=1", "--detector-epochs", "1",
+DET_LEARNABLE = ["run", "--task", "det", "--methods", "ltm", "--data", "shapes-coco", "--param", "ltm.epochs=1",
+                 "--detector-epochs", "1",
                  "--train-limit", "4", "--limit", "5", "--metrics", "accuracy"]
 
 

@@ -58,17 +58,22 @@ def test_list_models_includes_the_default_and_timm_vits(capsys):
     assert _unwrapped(capsys.readouterr().out).splitlines()[1:] == [
         "vitbench-fmnist-deit  (embedded: a ViT of DeiT's layout, 197 tokens, trained 19 epochs on Fashion-MNIST)",
         "vitbench-fmnist-vit  (embedded, the default: a ViT of 65 tokens at width 64, trained one epoch on "
-        "Fashion-MNIST (the first default))"]  # the suite's default (tests/conftest.py)
+        "Fashion-MNIST (the first default))",  # the suite's default (tests/conftest.py)
+        "vitbench-fmnist-mobilevit-xs  (embedded: timm's mobilevit_xs trained one epoch on Fashion-MNIST at 128 "
+        "pixels (the dense backbone))",
+        "vitbench-fmnist-efficientvit-b1  (embedded: timm's efficientvit_b1 trained one epoch on Fashion-MNIST at "
+        "128 pixels (the dense backbone))"]
 
 
 def _listed_models(capsys) -> list[str]:
     assert main(["list", "models"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert all(len(line) <= 100 for line in lines)
-    header, deit, legacy, *names = _unwrapped("\n".join(lines)).splitlines()
+    header, deit, legacy, mobilevit, efficientvit, *names = _unwrapped("\n".join(lines)).splitlines()
     assert header == f"# {len(names)} timm models `run` accepts (families' patterns less what they refuse); " \
                      "filter: --filter 'deit*'"
-    assert (deit.split()[0], legacy.split()[0]) == ("vitbench-fmnist-deit", "vitbench-fmnist-vit")
+    assert [line.split()[0] for line in (deit, legacy, mobilevit, efficientvit)] == [
+        "vitbench-fmnist-deit", "vitbench-fmnist-vit", "vitbench-fmnist-mobilevit-xs", "vitbench-fmnist-efficientvit-b1"]
     return names
 
 

@@ -80,4 +80,4 @@ def test_data_fmnist_scenes_resolves_to_the_generated_set(small_set: Path, monke
     monkeypatch.setattr(data, "default_fmnist_scenes", lambda cache: small_set)  # the default is 3,500 images
     resolved = data.resolve_det_data("fmnist-scenes")
     assert resolved.name == "fmnist-scenes" and resolved.embedded and resolved.classes == CLASSES
-    assert data.resolve_det_data(None).name == "shapes-coco"
+    assert data.resolve_det_data(None).name == "fmnist-scenes"  # the dense tasks' default data

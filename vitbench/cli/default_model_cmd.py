@@ -12,7 +12,7 @@ from vitbench.tasks.embedded import DEFAULT_MODEL, EMBEDDED_MODELS
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("default-model", help="show (or --retrain) an embedded model: a small Fashion-MNIST "
-                                             "ViT whose weights ship with vitbench")
+                                             "ViT or dense backbone whose weights ship with vitbench")
     p.add_argument("--model", default=DEFAULT_MODEL, choices=list(EMBEDDED_MODELS),
                    help=f"which embedded model (default: {DEFAULT_MODEL})")
     p.add_argument("--retrain", action="store_true",
@@ -48,13 +48,8 @@ def run(args: argparse.Namespace) -> int:
 
 def describe(meta: dict[str, Any]) -> str:
     """The model, its accuracy and the recipe that made it, in a few indented lines."""
-    arch = meta["arch"]
-    side = arch["img_size"] // arch["patch_size"]
-    tokens = side * side + (1 if arch.get("class_token", True) else 0)
     versions = ", ".join(f"{k} {v}" for k, v in (meta.get("versions") or {}).items())
-    return (f"  timm VisionTransformer: {arch['img_size']}x{arch['img_size']} input, patch {arch['patch_size']}, "
-            f"{tokens} tokens ({side}x{side} patches + class token), width {arch['embed_dim']}, "
-            f"{arch['depth']} blocks, {arch['num_heads']} heads, MLP ratio {arch['mlp_ratio']:g}\n"
+    return (f"  {_architecture(meta)}\n"
             f"  test top-1 {meta['test_top1_pct']:.2f} %, top-5 {meta['test_top5_pct']:.2f} % on "
             f"{meta['test_images']} Fashion-MNIST test images\n"
             f"  recipe: {_recipe_line(meta)}\n"
@@ -62,6 +57,21 @@ def describe(meta: dict[str, Any]) -> str:
             + (f"  trained: {meta['trained_on']}\n" if meta.get("trained_on") else
                f"  trained in {meta.get('train_seconds', 0) / 60:.0f} min on {meta.get('torch_threads')} threads; ")
             + f"{'  versions: ' if meta.get('trained_on') else ''}{versions}\n  again: {meta.get('command', 'vitbench default-model --retrain')}")
+
+
+def _architecture(meta: dict[str, Any]) -> str:
+    """What the model is: a ViT's layout, or a timm model's name and input (the dense backbones)."""
+    arch = meta["arch"]
+    if meta.get("timm_name"):
+        channels, height, width = meta["input_size"]
+        stored = f", stored in {meta['stored_dtype']}" if meta.get("stored_dtype", "float32") != "float32" else ""
+        return (f"timm {meta['timm_name']} ({', '.join(f'{k}={v}' for k, v in arch.items())}): {height}x{width} "
+                f"input, {channels} channels (the grey image repeated){stored}")
+    side = arch["img_size"] // arch["patch_size"]
+    tokens = side * side + (1 if arch.get("class_token", True) else 0)
+    return (f"timm VisionTransformer: {arch['img_size']}x{arch['img_size']} input, patch {arch['patch_size']}, "
+            f"{tokens} tokens ({side}x{side} patches + class token), width {arch['embed_dim']}, "
+            f"{arch['depth']} blocks, {arch['num_heads']} heads, MLP ratio {arch['mlp_ratio']:g}")
 
 
 def _recipe_line(meta: dict[str, Any]) -> str:

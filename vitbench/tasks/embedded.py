@@ -9,17 +9,23 @@ import os
 import sys
 from typing import Any
 
-__all__ = ["DEFAULT_MODEL", "DEIT_MODEL", "EMBEDDED_MODELS", "EMBEDDED_NUM_CLASSES", "EMBEDDED_TRAIN_LIMIT",
-           "ENV_DEFAULT_MODEL", "LEGACY_MODEL", "load_embedded_model"]
+__all__ = ["DEFAULT_MODEL", "DEIT_MODEL", "DENSE_BACKBONES", "EFFICIENTVIT_MODEL", "EMBEDDED_MODELS", "EMBEDDED_NUM_CLASSES",
+           "EMBEDDED_TRAIN_LIMIT", "ENV_DEFAULT_MODEL", "LEGACY_MODEL", "MOBILEVIT_MODEL", "load_embedded_model"]
 
 #: the embedded model of DeiT's layout (:mod:`vitbench.tasks.cls.default_model`): 197 tokens
 DEIT_MODEL = "vitbench-fmnist-deit"
 #: the first embedded model (65 tokens), still loadable by name so older stores report
 LEGACY_MODEL = "vitbench-fmnist-vit"
+#: MobileViT-XS trained on Fashion-MNIST at 128 pixels: the det task's pretrained backbone
+MOBILEVIT_MODEL = "vitbench-fmnist-mobilevit-xs"
+#: EfficientViT-B1 trained on Fashion-MNIST at 128 pixels: the seg task's pretrained backbone
+EFFICIENTVIT_MODEL = "vitbench-fmnist-efficientvit-b1"
 #: the models whose weights ship with vitbench, each in words
 EMBEDDED_MODELS: dict[str, str] = {
     DEIT_MODEL: "a ViT of DeiT's layout, 197 tokens, trained 19 epochs on Fashion-MNIST",
     LEGACY_MODEL: "a ViT of 65 tokens at width 64, trained one epoch on Fashion-MNIST (the first default)",
+    MOBILEVIT_MODEL: "timm's mobilevit_xs trained one epoch on Fashion-MNIST at 128 pixels (the dense backbone)",
+    EFFICIENTVIT_MODEL: "timm's efficientvit_b1 trained one epoch on Fashion-MNIST at 128 pixels (the dense backbone)",
 }
 #: names another embedded model as ``--model``'s default (the test suite's plumbing tests use it)
 ENV_DEFAULT_MODEL = "VITBENCH_DEFAULT_MODEL"
@@ -38,8 +44,11 @@ def _default_model() -> str:
 
 #: ``--model``'s default: :data:`DEIT_MODEL` unless ``$VITBENCH_DEFAULT_MODEL`` names another
 DEFAULT_MODEL = _default_model()
+#: the embedded dense backbone of each timm name (det/seg on the embedded data start from it)
+DENSE_BACKBONES: dict[str, str] = {"mobilevit_xs": MOBILEVIT_MODEL, "efficientvit_b1": EFFICIENTVIT_MODEL}
 #: ``--train-limit``'s default with each embedded model (docs/architecture.md, "Embedded defaults")
-EMBEDDED_TRAIN_LIMIT: dict[str, int] = {DEIT_MODEL: 1000, LEGACY_MODEL: 10000}
+EMBEDDED_TRAIN_LIMIT: dict[str, int] = {DEIT_MODEL: 1000, LEGACY_MODEL: 10000, MOBILEVIT_MODEL: 1000,
+                                        EFFICIENTVIT_MODEL: 1000}
 #: the classes of every embedded model's head (Fashion-MNIST's)
 EMBEDDED_NUM_CLASSES = 10
 #: the cls task's loader of the embedded models, by reference: this module and its importers stay light

@@ -1,5 +1,6 @@
-"""``vitbench run --task det|seg``: end to end on the embedded shapes set (slow, kept short with
---detector-epochs 1, --train-limit 4, --limit 4) and bad input that exits 2 with one clear line."""
+"""``vitbench run --task det|seg``: end to end on the embedded shapes set (``--data shapes-coco``; slow,
+kept short with --detector-epochs 1, --train-limit 4, --limit 4) and bad input that exits 2 with
+one clear line."""
 from __future__ import annotations
 
 import json
@@ -9,7 +10,9 @@ import pytest
 
 from vitbench.cli.main import main
 
-SHORT = ["--detector-epochs", "1", "--train-limit", "4", "--limit", "4", "--metrics", "accuracy,gmacs,params"]
+#: plumbing, not a result: the small shapes set (the scenes are the default data)
+SHORT = ["--data", "shapes-coco", "--detector-epochs", "1", "--train-limit", "4", "--limit", "4",
+         "--metrics", "accuracy,gmacs,params"]
 
 
 def _records(out: Path) -> list[dict]:

@@ -40,8 +40,7 @@ def test_resolve_a_coco_root(shapes_root):
     assert data.train_img == shapes_root / "train2017" and data.val_img == shapes_root / "val2017"
 
 
-@pytest.mark.parametrize("arg", [None, SHAPES])
-def test_none_and_shapes_coco_are_the_embedded_set(shapes_root, monkeypatch, arg):
+def test_shapes_coco_is_the_generated_shapes_set(shapes_root, monkeypatch):
     calls = []
 
     def fake_default(cache=None):
@@ -49,7 +48,7 @@ def test_none_and_shapes_coco_are_the_embedded_set(shapes_root, monkeypatch, arg
         return shapes_root
 
     monkeypatch.setattr(det_data_module, "default_shapes_coco", fake_default)
-    data = resolve_det_data(arg, cache="/somewhere")
+    data = resolve_det_data(SHAPES, cache="/somewhere")
     assert calls == ["/somewhere"]
     assert data.embedded and data.name == SHAPES and data.root == shapes_root and data.classes == CLASSES
 

@@ -1,11 +1,11 @@
-"""The embedded models: small ViTs trained on Fashion-MNIST, shipped with the package.
+"""The embedded models: small ViTs and the dense backbones trained on Fashion-MNIST, shipped with vitbench.
 
 ``vitbench run --task cls`` without ``--model`` must work on a CPU laptop with no download and no
 training (docs/architecture.md, "Embedded defaults"). The default, :data:`FMNIST_DEIT`, has DeiT's
 layout: 196 patch tokens of 2x2 pixels and a class token, 12 blocks, so the methods' default layer
 choices (e.g. blocks 3, 6, 9) exist and token reduction saves time as it does on DeiT. Each
 model's weights ship as package data (``weights/``, with the metadata that says how they were
-made); other settings, and ``vitbench default-model --retrain``, train it -- through the mmengine
+made). Other settings, and ``vitbench default-model --retrain``, train it -- through the mmengine
 ``Runner``, like every task -- into ``~/.cache/vitbench`` (``$VITBENCH_CACHE`` overrides), which is
 read first. Training saves a checkpoint after every epoch and resumes from it when restarted.
 
@@ -28,12 +28,14 @@ from typing import Any
 
 import numpy as np
 import torch
+import timm
 from timm.models.vision_transformer import VisionTransformer
+from torch import nn
 
 from vitbench.core.cache import ENV_CACHE, atomic_write, cache_dir, cache_lock
 from vitbench.data.fashion_mnist import CLASSES, load_fashion_mnist, pad_images
 from vitbench.errors import choices_error
-from vitbench.tasks.cls import DEFAULT_MODEL, DEIT_MODEL, LEGACY_MODEL
+from vitbench.tasks.embedded import DEFAULT_MODEL, DEIT_MODEL, EFFICIENTVIT_MODEL, LEGACY_MODEL, MOBILEVIT_MODEL
 from vitbench.tasks.embedded import EMBEDDED_NUM_CLASSES
 from vitbench.mm.classifier import classifier_cfg
 from vitbench.mm.hooks import ProgressHook
@@ -66,24 +68,37 @@ class Recipe:
 
 @dataclass(frozen=True)
 class EmbeddedModel:
-    """A small timm ``VisionTransformer`` trained on Fashion-MNIST whose weights ship with vitbench."""
+    """A small timm model trained on Fashion-MNIST whose weights ship with vitbench."""
 
     name: str
-    #: timm ``VisionTransformer`` kwargs
+    #: the timm model's kwargs (a ``VisionTransformer``'s, or ``timm.create_model``'s for ``timm_name``)
     arch: dict[str, Any]
     #: mean/std of the training images in 0-1 scale (a test checks them against the data)
     mean: tuple[float, ...]
     std: tuple[float, ...]
     recipe: Recipe
+    #: a timm architecture built by ``timm.create_model(timm_name, **arch)``; empty: a ``VisionTransformer``
+    timm_name: str = ""
+    #: side the 32-pixel (zero-padded) images are resized to, for a model that takes any size
+    resize_to: int = 0
+    #: the dtype its floating-point weights are stored in (``float16`` halves a file the package carries)
+    stored_dtype: str = "float32"
 
     @property
     def img_size(self) -> int:
-        """Side of the square input: Fashion-MNIST's 28 pixels, zero-padded where larger."""
-        return int(self.arch["img_size"])
+        """Side of the square input: Fashion-MNIST's 28 pixels, zero-padded where larger (or resized)."""
+        return int(self.arch.get("img_size", self.resize_to))
 
     @property
-    def tokens(self) -> int:
-        """Tokens entering the first block: the patches and the class token."""
+    def in_chans(self) -> int:
+        """Input channels: 1 (grey), or 3 for a backbone whose stem takes RGB (the grey image repeated)."""
+        return int(self.arch.get("in_chans", 3))
+
+    @property
+    def tokens(self) -> int | None:
+        """Tokens entering the first block of a ViT: the patches and the class token (None: not a ViT)."""
+        if "patch_size" not in self.arch:
+            return None
         return (self.img_size // int(self.arch["patch_size"])) ** 2 + 1
 
 
@@ -115,7 +130,18 @@ FMNIST_VIT = EmbeddedModel(
           "depth": 12, "num_heads": 4, "mlp_ratio": 2.0, "global_pool": "token", "class_token": True},
     mean=(0.2190,), std=(0.3318,),
     recipe=Recipe(epochs=1, batch_size=64, lr=2e-3))
-EMBEDDED: dict[str, EmbeddedModel] = {m.name: m for m in (FMNIST_DEIT, FMNIST_VIT)}
+#: the dense backbones' recipe (docs/architecture.md, "Embedded defaults", says why 128 pixels)
+DENSE_RECIPE = Recipe(epochs=1, batch_size=64, lr=2e-3)
+FMNIST_MOBILEVIT = EmbeddedModel(
+    name=MOBILEVIT_MODEL, timm_name="mobilevit_xs", arch={"in_chans": 3, "num_classes": NUM_CLASSES},
+    resize_to=128, mean=(0.2190,) * 3, std=(0.3191,) * 3, recipe=DENSE_RECIPE)
+#: EfficientViT-B1 under a narrow classifier, stored in float16: within the package's 10 MB a model
+FMNIST_EFFICIENTVIT = EmbeddedModel(
+    name=EFFICIENTVIT_MODEL, timm_name="efficientvit_b1",
+    arch={"in_chans": 3, "num_classes": NUM_CLASSES, "head_widths": (256, 256)},
+    resize_to=128, mean=(0.2190,) * 3, std=(0.3191,) * 3, recipe=DENSE_RECIPE, stored_dtype="float16")
+EMBEDDED: dict[str, EmbeddedModel] = {m.name: m for m in (FMNIST_DEIT, FMNIST_VIT, FMNIST_MOBILEVIT,
+                                                          FMNIST_EFFICIENTVIT)}
 
 SEED = 0
 #: Bump when the cache format (files or metadata layout) changes.
@@ -133,24 +159,37 @@ def embedded(name: str | EmbeddedModel = DEFAULT_MODEL) -> EmbeddedModel:
 
 def fashion_mnist_stats(model: str | EmbeddedModel = DEFAULT_MODEL,
                         data_dir: str | Path | None = None) -> tuple[float, float]:
-    """Mean and std (0-1 scale) of the training images as ``model`` sees them (padded to its size)."""
+    """Mean and std (0-1 scale) of the training images as ``model`` sees them (padded to its size,
+    or padded to 32 and resized bilinearly)."""
+    m = embedded(model)
     images, _ = load_fashion_mnist("train", data_dir)
-    padded = pad_images(images, embedded(model).img_size).astype(np.float64) / 255.0
-    return float(padded.mean()), float(padded.std())
+    padded = pad_images(images, 32 if m.resize_to else m.img_size)
+    total, squares, count = 0.0, 0.0, 0
+    for start in range(0, len(padded), 5000):  # resized, the whole split would not fit in memory
+        chunk = torch.from_numpy(padded[start:start + 5000]).double().div_(255.0)[:, None]
+        if m.resize_to:
+            chunk = nn.functional.interpolate(chunk, size=(m.resize_to, m.resize_to), mode="bilinear")
+        total, squares, count = total + float(chunk.sum()), squares + float(chunk.square().sum()), count + chunk.numel()
+    mean = total / count
+    return mean, (squares / count - mean * mean) ** 0.5
 
 
 def pretrained_cfg(model: str | EmbeddedModel = DEFAULT_MODEL) -> dict[str, Any]:
     """timm-style ``pretrained_cfg`` for an embedded model, so it is read like any timm model."""
     m = embedded(model)
-    return {"architecture": m.name, "num_classes": NUM_CLASSES, "input_size": (1, m.img_size, m.img_size),
-            "crop_pct": 1.0, "interpolation": "bilinear", "mean": m.mean, "std": m.std,
-            "first_conv": "patch_embed.proj", "classifier": "head", "label_names": CLASSES}
+    layers = {"first_conv": "patch_embed.proj", "classifier": "head"}
+    if m.timm_name:
+        timm_cfg = timm.models.get_pretrained_cfg(m.timm_name)
+        layers = {"first_conv": timm_cfg.first_conv, "classifier": timm_cfg.classifier}
+    return {"architecture": m.name, "num_classes": NUM_CLASSES, "input_size": (m.in_chans, m.img_size, m.img_size),
+            "crop_pct": 1.0, "interpolation": "bilinear", "mean": m.mean, "std": m.std, **layers,
+            "label_names": CLASSES}
 
 
-def build_arch(model: str | EmbeddedModel = DEFAULT_MODEL) -> VisionTransformer:
+def build_arch(model: str | EmbeddedModel = DEFAULT_MODEL) -> nn.Module:
     """The untrained architecture of an embedded model (random init, timm's own initialisation)."""
     m = embedded(model)
-    net = VisionTransformer(**m.arch)
+    net = timm.create_model(m.timm_name, **m.arch) if m.timm_name else VisionTransformer(**m.arch)
     net.pretrained_cfg = pretrained_cfg(m)  # type: ignore[assignment]  # timm sets a plain dict too
     return net
 
@@ -159,10 +198,18 @@ def _iters_per_epoch(num_images: int, batch_size: int) -> int:
     return -(-num_images // batch_size)
 
 
-def _train_pipeline(recipe: Recipe, img_size: int) -> list[dict[str, Any]]:
-    augment = [{"type": "mmpretrain.RandomCrop", "crop_size": img_size, "padding": 2},
+def _resize(m: EmbeddedModel) -> list[dict[str, Any]]:
+    """The 32-pixel images resized to a ``resize_to`` model's side, as the cls task's data path does."""
+    if not m.resize_to:
+        return []
+    return [{"type": "mmpretrain.Resize", "scale": (m.resize_to, m.resize_to), "backend": "pillow",
+             "interpolation": "bilinear"}]
+
+
+def _train_pipeline(m: EmbeddedModel) -> list[dict[str, Any]]:
+    augment = [{"type": "mmpretrain.RandomCrop", "crop_size": m.img_size, "padding": 2},
                {"type": "mmpretrain.RandomFlip", "prob": 0.5, "direction": "horizontal"}]
-    return [*(augment if recipe.augment else []), {"type": "mmpretrain.PackInputs"}]
+    return [*_resize(m), *(augment if m.recipe.augment else []), {"type": "mmpretrain.PackInputs"}]
 
 
 def train_config(*, model: str | EmbeddedModel = DEFAULT_MODEL, epochs: int | None = None,
@@ -185,14 +232,17 @@ def train_config(*, model: str | EmbeddedModel = DEFAULT_MODEL, epochs: int | No
     n_train = 60000 if max_train_images is None else min(int(max_train_images), 60000)
     total = _iters_per_epoch(n_train, batch_size) * epochs
     warmup = max(1, int(total * recipe.warmup_fraction))
-    backbone = {"type": "vitbench.TimmVisionTransformer", **m.arch}
+    backbone = ({"type": "vitbench.TimmModel", "model_name": m.timm_name, **m.arch} if m.timm_name
+                else {"type": "vitbench.TimmVisionTransformer", **m.arch})
     if recipe.patch_drop:
         backbone["patch_drop_rate"] = max(recipe.patch_drop)
     classifier = classifier_cfg(backbone, mean=m.mean, std=m.std, to_rgb=False)
     if recipe.label_smoothing:
         classifier["head"]["loss"] = {"type": "mmpretrain.LabelSmoothLoss",
                                       "label_smooth_val": recipe.label_smoothing, "loss_weight": 1.0}
-    padded = {} if m.img_size == 32 else {"pad_to": m.img_size}  # 32 is the data set's default
+    padded = {} if m.img_size == 32 or m.resize_to else {"pad_to": m.img_size}  # 32 is the data set's default
+    if m.in_chans != 1:
+        padded["channels"] = m.in_chans
     cfg: dict[str, Any] = {
         "default_scope": "mmpretrain",
         "model": classifier,
@@ -201,13 +251,14 @@ def train_config(*, model: str | EmbeddedModel = DEFAULT_MODEL, epochs: int | No
             "sampler": {"type": "DefaultSampler", "shuffle": True},
             "dataset": {"type": "vitbench.OfflineFashionMNIST", "split": "train",
                         "data_dir": data_dir, "indices": max_train_images, **padded,
-                        "pipeline": _train_pipeline(recipe, m.img_size)},
+                        "pipeline": _train_pipeline(m)},
         },
         "val_dataloader": {
             "batch_size": 256, "num_workers": 0, "persistent_workers": False,
             "sampler": {"type": "DefaultSampler", "shuffle": False},
             "dataset": {"type": "vitbench.OfflineFashionMNIST", "split": "test",
-                        "data_dir": data_dir, "indices": max_test_images, **padded},
+                        "data_dir": data_dir, "indices": max_test_images, **padded,
+                        **({"pipeline": [*_resize(m), {"type": "mmpretrain.PackInputs"}]} if m.resize_to else {})},
         },
         "val_evaluator": {"type": "mmpretrain.Accuracy", "topk": (1, 5)},
         "train_cfg": {"by_epoch": True, "max_epochs": epochs,
@@ -369,13 +420,16 @@ def train_default_model(*, model: str | EmbeddedModel = DEFAULT_MODEL, epochs: i
     seconds = time.perf_counter() - start
     net: VisionTransformer = runner.model.backbone.model.cpu().eval()
     net.pretrained_cfg = pretrained_cfg(m)  # type: ignore[assignment]  # timm sets a plain dict too
-    state = {k: v.detach().clone().contiguous() for k, v in net.state_dict().items()}
+    stored = getattr(torch, m.stored_dtype)
+    state = {k: v.detach().to(stored if v.is_floating_point() else v.dtype).contiguous()
+             for k, v in net.state_dict().items()}
     recipe = json.loads(json.dumps(asdict(m.recipe))) | {"epochs": n_epochs, "batch_size": cfg["train_dataloader"]["batch_size"],
                                  "lr": cfg["optim_wrapper"]["optimizer"]["lr"], "seed": seed}
     meta: dict[str, Any] = {
         "name": m.name, "cache_format": CACHE_FORMAT, "config_hash": config_hash(cfg), "arch": m.arch,
         "tokens": m.tokens, "mean": list(m.mean), "std": list(m.std),
-        "input_size": [1, m.img_size, m.img_size], "crop_pct": 1.0,
+        "timm_name": m.timm_name or None, "input_size": [m.in_chans, m.img_size, m.img_size], "crop_pct": 1.0,
+        "stored_dtype": m.stored_dtype,
         "num_classes": NUM_CLASSES, "classes": list(CLASSES),
         "test_top1_pct": metrics.get("accuracy/top1"), "test_top5_pct": metrics.get("accuracy/top5"),
         "test_images": 10000 if max_test_images is None else min(max_test_images, 10000),

@@ -2,8 +2,8 @@
 
 ``--data ROOT`` is a COCO root (``annotations/instances_{train,val}2017.json`` and the
 ``train2017``/``val2017`` image folders, checked by :func:`vitbench.data.shapes_coco.find_coco`);
-without it, the embedded generated shapes set (:func:`~vitbench.data.shapes_coco.default_shapes_coco`);
-``--data fmnist-scenes`` the Fashion-MNIST scenes (:func:`~vitbench.data.fmnist_scenes.default_fmnist_scenes`).
+without it, the Fashion-MNIST scenes (:func:`~vitbench.data.fmnist_scenes.default_fmnist_scenes`);
+``--data shapes-coco`` the generated shapes set (:func:`~vitbench.data.shapes_coco.default_shapes_coco`).
 :class:`DetData` holds mmdet ``CocoDataset`` configs and the ``CocoMetric`` config; the data
 sets are built inside the runners.
 """
@@ -18,6 +18,7 @@ from typing import Any, Optional
 from vitbench.data.fmnist_scenes import default_fmnist_scenes
 from vitbench.data.shapes_coco import default_shapes_coco, find_coco
 from vitbench.errors import DataError
+from vitbench.tasks.embedded import DENSE_BACKBONES
 
 #: the name ``--data`` may use for the embedded set (and what ``spec.data`` records)
 SHAPES = "shapes-coco"
@@ -25,6 +26,8 @@ SHAPES = "shapes-coco"
 SCENES = "fmnist-scenes"
 #: the sets vitbench generates itself, by the name ``--data`` gives them
 EMBEDDED_DATA = (SHAPES, SCENES)
+#: what the dense tasks run on without ``--data``
+DEFAULT_DATA = SCENES
 #: the detectors' input size (SSDLite's 320x320, the seeds' setting; Mask R-CNN uses it too)
 INPUT_SIZE = 320
 
@@ -92,11 +95,28 @@ def _classes(ann_file: Path) -> tuple[str, ...]:
     return tuple(c["name"] for c in sorted(categories, key=lambda c: c["id"]))
 
 
+def embedded_backbone(model: str, data: Optional[str], pretrained: bool, checkpoint: Optional[str]) -> Optional[str]:
+    """The embedded model whose weights ``model`` starts from (:data:`~vitbench.tasks.embedded.DENSE_BACKBONES`):
+    on the embedded data, unless ``--pretrained`` or ``--checkpoint`` names other weights; else ``None``."""
+    if pretrained or checkpoint is not None or (data or DEFAULT_DATA) not in EMBEDDED_DATA:
+        return None
+    return DENSE_BACKBONES.get(model)
+
+
+def embedded_weights(name: str) -> str:
+    """The embedded backbone ``name``'s weights in words, as a run's identity holds them."""
+    # torch: the embedded models' module, when its weights are named
+    from vitbench.tasks.cls.weights_from import default_model_sha256
+
+    digest = default_model_sha256(name)
+    return f"{name} (sha256 {digest[:12]})" if digest else name
+
+
 def resolve_det_data(data: Optional[str], *, cache: Optional[str] = None) -> DetData:
     """``--data`` for det/seg: ``None``/``"shapes-coco"`` or ``"fmnist-scenes"`` is an embedded
     generated set (made on first use), anything else a COCO root; a missing file raises
     :class:`DataError`."""
-    name = SHAPES if data is None else data
+    name = DEFAULT_DATA if data is None else data
     embedded = name in EMBEDDED_DATA
     if embedded:
         root = default_shapes_coco(cache) if name == SHAPES else default_fmnist_scenes(cache)

@@ -29,7 +29,7 @@ from vitbench.measure.precision import trains_in
 from vitbench.errors import VitbenchError
 from vitbench.tasks.common import measure_timings
 from vitbench.tasks.dense.data import DetData
-from vitbench.tasks.dense.detectors import build_detector
+from vitbench.tasks.dense.detectors import MEAN, STD, build_detector
 from vitbench.engine import token_rules
 from vitbench.host import distributed
 from vitbench.measure.calibrate import GmacsCounter, prepared_as_trained
@@ -39,6 +39,7 @@ from vitbench.tasks.dense.backbone import is_plain_vit
 from vitbench.tasks.dense.evaluate import evaluate_detector, first_val_images
 from vitbench.tasks.dense.protocol import DEFAULT_PROTOCOL, dense_finetune_for
 from vitbench.tasks.dense.train import finetune_control, finetune_method, train_detector
+from vitbench.tasks.embedded import load_embedded_model
 from vitbench.tasks.identity import weights_from
 from vitbench.tasks.model_names import unknown_model
 
@@ -57,6 +58,9 @@ class DenseWorkspace:
     model: nn.Module  # the unreduced timm backbone (``vitbench_input_size`` set)
     model_name: str
     data: DetData
+    #: the detector's input normalisation, 0-255 RGB (ImageNet's; an embedded backbone's own)
+    mean: tuple[float, ...] = MEAN
+    std: tuple[float, ...] = STD
     width: str = "full"
     epochs: int = 12
     train_limit: Optional[int] = None
@@ -102,6 +106,8 @@ class DenseWorkspace:
                   "epochs": self.epochs, "limit": self.train_limit, "batch": TRAIN_BATCH, "seed": seed,
                   "input": self.data.input_size, "timm": timm.__version__, "mmdet": mmdet.__version__,
                   "backbone": _state_digest(self.model)}
+        if (self.mean, self.std) != (MEAN, STD):
+            fields["normalise"] = [list(self.mean), list(self.std)]
         ranks = _world_size()
         if ranks > 1:
             fields["ranks"] = ranks
@@ -139,7 +145,7 @@ def trained_weights(ws: DenseWorkspace, seed: int, progress: Progress) -> dict[s
     with _training_lock(ws, path, distributed.is_main()):
         if _load_cached(ws, seed, path, progress):  # trained meanwhile by another vitbench process
             return ws._weights[seed]
-        detector = build_detector(ws.task, copy.deepcopy(ws.model), ws.data.num_classes, width=ws.width)
+        detector = build_detector(ws.task, copy.deepcopy(ws.model), ws.data.num_classes, width=ws.width, mean=ws.mean, std=ws.std)
         ranks = _world_size()
         progress(f"training the {ws.task} detector ({ws.width} heads) for {ws.epochs} epoch(s) on "
                  f"{ws.data.name}: the default training, once"
@@ -246,7 +252,7 @@ def dense_gmacs_counter(ws: DenseWorkspace, seed: int, progress: Progress) -> An
     weights = trained_weights(ws, seed, progress)
 
     def detector_of(backbone: nn.Module) -> nn.Module:
-        detector = build_detector(ws.task, backbone, ws.data.num_classes, width=ws.width)
+        detector = build_detector(ws.task, backbone, ws.data.num_classes, width=ws.width, mean=ws.mean, std=ws.std)
         load_detector_weights(detector, weights)
         return detector.eval()
 
@@ -269,13 +275,14 @@ def run_dense_spec(spec: Any, ws: DenseWorkspace, progress: Progress, values: An
     alone counts and times it (:func:`_measure`)."""
     weights = trained_weights(ws, spec.seed, progress)
 
+    embedded = f"embedded {spec.weights}" if spec.weights else None  # weights_from reads the others
     out: dict[str, Any] = {"batch_size": spec.batch_size, "detector": _detector_name(ws),
-                           "detector_training": ws.training_infos[spec.seed], "weights_from": weights_from(spec)}
+                           "detector_training": ws.training_infos[spec.seed], "weights_from": weights_from(spec, embedded)}
     backbone = copy.deepcopy(ws.model)
     if spec.method not in REFERENCES:
         progress("applying the method")
         backbone = apply(backbone, spec.method, spec.values if values is None else values)
-    detector = build_detector(ws.task, backbone, ws.data.num_classes, width=ws.width)
+    detector = build_detector(ws.task, backbone, ws.data.num_classes, width=ws.width, mean=ws.mean, std=ws.std)
     load_detector_weights(detector, weights)
     ctx = reduction_context(backbone)
     trains = spec.method == CONTROL or (ctx is not None and ctx.reduction is not None and bool(ctx.reduction.train))
@@ -367,12 +374,13 @@ def check_model_name(name: str) -> None:
 
 
 def load_backbone(name: str, num_classes: int, input_size: int, *, pretrained: bool = False,
-                  checkpoint: Optional[str] = None, seed: int = 0) -> nn.Module:
+                  checkpoint: Optional[str] = None, seed: int = 0, embedded: Optional[str] = None) -> nn.Module:
     """The timm backbone of a dense task: ``name`` at ``input_size`` (plain ViTs are built for
     it, and so is Swin; hybrids take any size), weights from ``--pretrained``/``--checkpoint`` (an ImageNet
     classifier's state dict), and a classifier head resized to the data's classes -- unused by
     the detector, but what methods with class statistics (LTM, DCS's IB bound) count classes by.
-    Random weights are drawn from ``seed``.
+    Random weights are drawn from ``seed``; ``embedded`` names the embedded model whose weights
+    it starts from instead (:func:`~vitbench.tasks.dense.data.embedded_backbone`).
     """
     import timm
 
@@ -381,9 +389,12 @@ def load_backbone(name: str, num_classes: int, input_size: int, *, pretrained: b
     kwargs: dict[str, Any] = {}
     if name.startswith(("vit_", "deit", "swin")):  # built for the size (Swin: its window masks)
         kwargs["img_size"] = input_size
-    with torch.random.fork_rng():  # a seeded random init: the same command trains the same detector
-        torch.manual_seed(seed)
-        model = timm.create_model(name, pretrained=pretrained, **kwargs)
+    if embedded is not None:
+        model = load_embedded_model(embedded)
+    else:
+        with torch.random.fork_rng():  # a seeded random init: the same command trains the same detector
+            torch.manual_seed(seed)
+            model = timm.create_model(name, pretrained=pretrained, **kwargs)
     if checkpoint is not None:
         load_checkpoint(model, checkpoint, name=name)
     if is_plain_vit(model) and tuple(model.patch_embed.img_size) != (input_size, input_size):

@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # the mm stack is imported when a dense run starts, not when 
 
 __all__ = ["BOX_MAP", "DEFAULT_DENSE_MODEL", "DENSE_METRICS", "DenseTask"]
 
-#: the default backbone of the dense tasks (random init, trained with the detector)
+#: the default backbone of the dense tasks (on the embedded data: trained on Fashion-MNIST, shipped)
 DEFAULT_DENSE_MODEL = "mobilevit_xs"
 #: metrics of the dense tasks ("accuracy" is box/mask mAP; the IB metric needs image classes)
 DENSE_METRICS = tuple(m for m in DEFAULT_METRICS if m != "ib")
@@ -54,10 +54,11 @@ class DenseTask(Task, TaskReport):
         raise NotImplementedError(f"the dense task {self.name!r} names no detector")
 
     def setup(self, options: "RunOptions") -> TaskSetup:
-        """The backbone (default :data:`DEFAULT_DENSE_MODEL`), data (default: the embedded shapes
-        set), metrics and dense fine-tuning protocol."""
+        """The backbone (default :data:`DEFAULT_DENSE_MODEL`), data (default: the embedded
+        Fashion-MNIST scenes), metrics and dense fine-tuning protocol; the weights the backbone
+        starts from (:func:`~vitbench.tasks.dense.data.embedded_backbone`) are part of the runs' identity."""
         # torch/mm: when a run starts; registering the task stays light
-        from vitbench.tasks.dense.data import EMBEDDED_DATA, SHAPES
+        from vitbench.tasks.dense.data import DEFAULT_DATA, EMBEDDED_DATA, embedded_backbone, embedded_weights
 
         check_dense_stack(self.name)  # mmdet and mmcv's ops: the dense extra, not the cls install
         own = self.parse_options(options.task_options)
@@ -72,9 +73,13 @@ class DenseTask(Task, TaskReport):
         epochs = self._epochs(own)
         if epochs < 1:
             raise VitbenchError(f"--detector-epochs {epochs} is out of range; it must be >= 1")
-        identity = identity_fields(options, evaluates_data=True, random_init=not options.pretrained)
-        data = data_path(options.data) if options.data and options.data not in EMBEDDED_DATA else options.data or SHAPES
-        return TaskSetup(model=options.model or DEFAULT_DENSE_MODEL, data=data, metrics=metrics,
+        model = options.model or DEFAULT_DENSE_MODEL
+        data = data_path(options.data) if options.data and options.data not in EMBEDDED_DATA else options.data or DEFAULT_DATA
+        embedded = embedded_backbone(model, data, options.pretrained, options.checkpoint)
+        identity = identity_fields(options, evaluates_data=True, random_init=not options.pretrained and not embedded)
+        if embedded:
+            identity["weights"] = embedded_weights(embedded)
+        return TaskSetup(model=model, data=data, metrics=metrics,
                          plan={"train_limit": options.train_limit, "dense_finetune": protocol,
                                "finetune_epochs": finetune_epochs,
                                "control": not own.no_control, **identity})
@@ -93,7 +98,7 @@ class DenseTask(Task, TaskReport):
         so a ``--resume`` with every run finished trains nothing."""
         # torch/mm: when a run starts; registering the task stays light
         from vitbench.host.apply import check_applies
-        from vitbench.tasks.dense.data import resolve_det_data
+        from vitbench.tasks.dense.data import embedded_backbone, resolve_det_data
         from vitbench.tasks.dense.run import DenseWorkspace, check_model_name, load_backbone
 
         options, setup, plan = request.options, request.setup, request.plan
@@ -102,11 +107,16 @@ class DenseTask(Task, TaskReport):
         data = resolve_det_data(options.data)
         request.note(f"data {data.name}: {data.num_classes} classes ({', '.join(data.classes[:8])}"
                      f"{', ...' if data.num_classes > 8 else ''}); loading backbone {setup.model}")
+        embedded = embedded_backbone(setup.model, data.name, options.pretrained, options.checkpoint)
         model = load_backbone(setup.model, data.num_classes, data.input_size, pretrained=options.pretrained,
-                              checkpoint=options.checkpoint, seed=first_seed(options))
+                              checkpoint=options.checkpoint, seed=first_seed(options), embedded=embedded)
         check_applies(plan, model, isolated=options.isolated)
         request.out.mkdir(parents=True, exist_ok=True)
-        return DenseWorkspace(task=self.name, model=model, model_name=setup.model, data=data,
+        normalise = {}
+        if embedded:  # the grey statistics it was trained with, in 0-255 as mmdet's preprocessor takes them
+            cfg = model.pretrained_cfg
+            normalise = {"mean": tuple(255 * m for m in cfg["mean"]), "std": tuple(255 * s for s in cfg["std"])}
+        return DenseWorkspace(task=self.name, model=model, model_name=setup.model, data=data, **normalise,
                               width=own.detector_width or ("light" if data.embedded else "full"),
                               epochs=self._epochs(own), train_limit=options.train_limit,
                               work_dir=request.out / "work", eval_limit=options.limit,
