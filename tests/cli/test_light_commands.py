@@ -121,4 +121,5 @@ def test_an_unknown_default_model_in_the_environment_is_one_warning(tmp_path) ->
                           timeout=120, env={**os.environ, "VITBENCH_DEFAULT_MODEL": "nonexistent"}, cwd=tmp_path)
     assert done.returncode == 0 and "tome" in done.stdout and "Traceback" not in done.stderr
     assert done.stderr.strip() == ("vitbench: warning: $VITBENCH_DEFAULT_MODEL='nonexistent' is not an embedded model "
-                                   "(valid: vitbench-fmnist-deit, vitbench-fmnist-vit); using vitbench-fmnist-deit")
+                                   "(valid: vitbench-fmnist-deit, vitbench-fmnist-vit, "
+                                   "vitbench-fmnist-mobilevit-xs, vitbench-fmnist-efficientvit-b1); using vitbench-fmnist-deit")
