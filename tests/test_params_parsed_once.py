@@ -48,7 +48,7 @@ def test_a_run_parses_each_methods_parameters_once(tmp_path, monkeypatch) -> Non
         applied.append((method, params, overrides))
         return real_apply(model, method, params, **overrides)
 
-    monkeypatch.setattr("vitbench.tasks.cls.run.apply", spying_apply)
+    monkeypatch.setattr("vitbench.run.execute.apply", spying_apply)
     monkeypatch.setattr(apply_module, "apply", spying_apply)
     r = vitbench.benchmark(model="test_vit", methods=["tome", "topk"], params={"tome": {"r": "8"}},
                            metrics=["gmacs"], out=tmp_path)

@@ -41,10 +41,17 @@ def test_a_plans_task_fields_give_the_same_ids_as_before():
                                                                "a2cd22b0ac9b5e67", "d67e9f5939bed2f2"]
     assert ltm.task_fields == (("dense_finetune", "heads"),) and ltm.dense_finetune == "heads"
     assert base.task_fields == () and base.dense_finetune is None
+    # the control carries the plan's task fields as they are: the det setup always names the
+    # protocol, so a run's control keeps its id (8dc88496c634f7e4 with the default ``all``); a plan
+    # built without the field plans a control without it (6d0d66df0ea7726e, run the same way)
     plain = build_plan(task="det", model="mobilevit_xs", methods=["tome", "ltm"], data="shapes-coco", overrides={},
-                       metrics=("accuracy",), batch_size=2, device="cpu", seed=0)
+                       metrics=("accuracy",), batch_size=2, device="cpu", seed=0, dense_finetune="all")
     assert [s.spec_id for s in plain] == ["deeb830f06fe5a99", "8dc88496c634f7e4", "a2cd22b0ac9b5e67",
-                                          "62c0711c75ea6e14"]
+                                          "9bf46fe6719bbb0d"]
+    bare = build_plan(task="det", model="mobilevit_xs", methods=["tome", "ltm"], data="shapes-coco", overrides={},
+                      metrics=("accuracy",), batch_size=2, device="cpu", seed=0)
+    assert [s.spec_id for s in bare] == ["deeb830f06fe5a99", "6d0d66df0ea7726e", "a2cd22b0ac9b5e67",
+                                         "62c0711c75ea6e14"]
 
 
 def test_a_field_the_task_does_not_declare_is_refused():

@@ -319,12 +319,12 @@ def test_a_clash_is_fatal_when_strict(fake_dists: FakeDistributions, monkeypatch
 SCORER_AND_TASK_PLUGIN = """
 from vitbench.catalog import ScorerSpec, TaskSetup
 from vitbench.hookspecs import hookimpl
-from vitbench.task import Task
+from vitbench.task import Task, TaskInfo
 
 
 class Cls(Task):
     name = "cls"
-    metrics = ("gmacs",)
+    info = TaskInfo(description="a clash", metrics=("gmacs",))
 
     def setup(self, options):
         return TaskSetup(model="m", data=None, metrics=("gmacs",))
@@ -567,7 +567,7 @@ def test_a_method_that_exits_in_its_build_is_an_error_record_and_the_plan_goes_o
     assert code == 1 and (tmp_path / "out" / "report.md").is_file()
     assert by_method["exiter"]["status"] == "error"
     assert by_method["exiter"]["error"] == "SystemExit: plugin code called sys.exit(0)"
-    assert by_method["tome"]["status"] == by_method["baseline"]["status"] == "ok"
+    assert by_method["tome"]["status"] == by_method["baseline"]["status"] == "ok", by_method["tome"]["error"]
 
 
 @pytest.mark.parametrize("name, why", [
@@ -633,7 +633,7 @@ def test_a_keyboard_interrupt_raised_by_plugin_code_fails_its_run_only(
     code, by_method = _run_exiter(fake_dists, tmp_path, "raise KeyboardInterrupt\n")
     assert code == 1 and (tmp_path / "out" / "report.md").is_file()
     assert by_method["exiter"]["error"] == "KeyboardInterrupt: raised by plugin code, not by Ctrl-C"
-    assert by_method["tome"]["status"] == by_method["baseline"]["status"] == "ok"
+    assert by_method["tome"]["status"] == by_method["baseline"]["status"] == "ok", by_method["tome"]["error"]
 
 
 def test_a_real_ctrl_c_inside_plugin_code_still_stops_the_plan(
@@ -800,7 +800,7 @@ def test_isolated_runs_turn_a_crash_an_exit_and_a_hang_into_error_records(
     assert by_method["exits"]["error"] == ("the run failed outside Python: its process ended with exit code 9 "
                                            "before it wrote the record")
     assert by_method["hangs"]["error"] == "the run did not finish within --run-timeout 20 s; its process was killed"
-    assert by_method["tome"]["status"] == by_method["baseline"]["status"] == "ok"
+    assert by_method["tome"]["status"] == by_method["baseline"]["status"] == "ok", by_method["tome"]["error"]
     assert by_method["tome"]["gmacs"] < by_method["baseline"]["gmacs"]
 
 

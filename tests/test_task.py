@@ -14,8 +14,8 @@ from vitbench.catalog import ReportColumn, TaskSetup
 from vitbench.errors import UnknownNameError, VitbenchError
 from vitbench.hookspecs import hookimpl
 from vitbench.host import get_host
-from vitbench.task import (CONTROL, Task, TaskReport, add_options, compute_key, compute_name, option, option_flags,
-                           option_names, report_words)
+from vitbench.task import (CONTROL, Task, TaskField, TaskInfo, TaskReport, Workspace, add_options, compute_key,
+                           compute_name, label_notes, option, option_flags, option_names, parse_options, report_words)
 
 
 @dataclass(frozen=True)
@@ -28,8 +28,9 @@ class EchoOptions:
 
 
 @dataclass
-class EchoWorkspace:
-    """What the runs share: no model is needed, only the executor's counter cache."""
+class EchoWorkspace(Workspace):
+    """What the runs share: the model the executor reduces (timm's tiny ``test_vit``; the score
+    does not read it) and the executor's counter cache."""
 
     scale: float
     model: Any = None
@@ -40,29 +41,24 @@ class EchoTask(Task):
     """A task that measures nothing: each run's score is its method's name length x the scale."""
 
     name = "echo"
-    description = "test: a score per method"
-    metrics = ("accuracy",)
-    accuracy = (ReportColumn("score", "Score", "ΔScore", ".1f"),)
-    control = True
-    spec_fields = ("echo_mode",)
-    Options = EchoOptions
+    info = TaskInfo(description="test: a score per method", metrics=("accuracy",),
+                    accuracy=(ReportColumn("score", "Score", "ΔScore", ".1f"),), control=True,
+                    fields=(TaskField("echo_mode", note="mode: {}"),), options=EchoOptions)
 
     def setup(self, options):
-        own = self.parse_options(options.task_options)
+        own = parse_options(self, options.task_options)
         return TaskSetup(model="echo-model", data=None, metrics=("accuracy",),
-                         plan={"echo_mode": own.echo_mode})
+                         plan={"echo_mode": own.echo_mode, "control": own.echo_mode == "ctl"})
 
     def workspace(self, request):
-        return EchoWorkspace(self.parse_options(request.options.task_options).echo_scale)
+        import timm
 
-    def run(self, spec, ws, values, progress):
-        return {"score": len(spec.method) * ws.scale, "echo_mode_seen": spec.echo_mode}
+        return EchoWorkspace(parse_options(self, request.options.task_options).echo_scale,
+                             model=timm.create_model("test_vit"))
 
-    def control_fields(self, fields):
-        return {"echo_mode": fields["echo_mode"]} if fields.get("echo_mode") == "ctl" else None
-
-    def label_notes(self, fields):
-        return [f"mode: {fields['echo_mode']}"] if fields.get("echo_mode") else []
+    def run(self, spec, ws, model, progress):
+        reduced = getattr(model, "_vitbench_context", None) is not None
+        return {"score": len(spec.method) * ws.scale, "echo_mode_seen": spec.echo_mode, "reduced": reduced}
 
 
 class EchoPlugin:
@@ -90,12 +86,14 @@ def test_a_task_subclass_runs_end_to_end_through_the_hook(echo_host, tmp_path):
     assert all(r["status"] == "ok" for r in results.records)
     assert by_method["tome"]["score"] == 8.0 and by_method["baseline"]["score"] == 16.0
     assert by_method["ltm"]["echo_mode_seen"] == "ctl" and by_method["tome"]["echo_mode_seen"] is None
+    # the executor reduced the methods' copies, not the references'
+    assert [r["reduced"] for r in results.records] == [False, False, True, True]
     assert by_method["ltm"]["label"] == "ltm (ratio=0.7, mode: ctl)" and by_method[CONTROL]["label"] == f"{CONTROL} (mode: ctl)"
     assert list(results.table()["Score"]) == ["16.0", "22.0", "8.0", "6.0"]
     assert "ΔScore" in results.report.read_text()
 
 
-def test_without_its_control_fields_the_plan_has_no_control(echo_host, tmp_path):
+def test_a_setup_that_says_no_control_plans_none(echo_host, tmp_path):
     results = vitbench.benchmark(task="echo", methods=["ltm"], out=tmp_path / "out",
                                  task_options={"echo_mode": "none"})
     assert [r["method"] for r in results.records] == ["baseline", "ltm"]
@@ -106,7 +104,7 @@ def test_an_unknown_task_option_names_the_valid_ones(echo_host, tmp_path):
                                             "echo_scale, echo_mode, echo_quiet"):
         vitbench.benchmark(task="echo", methods=["tome"], out=tmp_path / "out", task_options={"echo_volume": 3})
     assert not (tmp_path / "out").exists()
-    assert EchoTask().parse_options({"echo_scale": 3.0}) == EchoOptions(echo_scale=3.0)
+    assert parse_options(EchoTask(), {"echo_scale": 3.0}) == EchoOptions(echo_scale=3.0)
 
 
 def test_the_options_dataclass_becomes_typed_flags():
@@ -123,30 +121,37 @@ def test_the_options_dataclass_becomes_typed_flags():
 
 
 def test_a_task_declares_what_it_counts_and_has_defaults():
-    with pytest.raises(UnknownNameError, match="unknown counted part 'detector' of task 'bad'"):
-        type("Bad", (EchoTask,), {"name": "bad", "counts": "detector"})
+    with pytest.raises(UnknownNameError, match="unknown counted part 'detector'; valid counted parts: model, backbone"):
+        TaskInfo(description="bad", metrics=(), counts="detector")
+    with pytest.raises(TypeError, match="a task's options must be a dataclass"):
+        TaskInfo(description="bad", metrics=(), options=dict)
     task = EchoTask()
-    assert task.gmacs_counter(None, None, print) is None and task.shared_fields(None) == {}
-    words = report_words(task)  # EchoTask defines label_notes alone, as a Task method
-    assert words.training_words({}) is None and words.report_notes([]) == []
-    assert words.label_notes({"echo_mode": "ctl"}) == ["mode: ctl"] and not words.compared_with_control({})
+    ws = EchoWorkspace(1.0)
+    assert ws.gmacs_of(None, print) is None and ws.record_fields() == {}
+    words = report_words(task)  # EchoTask mixes in no TaskReport: the defaults
+    assert words.training_words({}) is None and words.report_notes([]) == [] and not words.compared_with_control({})
+    assert label_notes(task, {"echo_mode": "ctl"}) == ["mode: ctl"] and label_notes(task, {}) == []
     assert (compute_key(task), compute_name(task)) == ("gmacs", "GMACs")
     with pytest.raises(TypeError):
         Task()  # setup, workspace and run are abstract
 
 
-def test_the_run_contract_is_short_and_report_words_are_apart():
-    """What a task must implement to run is at most 8 methods; the report's words are the
-    optional TaskReport, which a task mixes in."""
-    run_members = [name for name, value in vars(Task).items()
-                   if callable(value) and not isinstance(value, type) and not name.startswith("_")]
-    assert sorted(run_members) == ["control_fields", "gmacs_counter", "parse_options", "run", "setup",
-                                   "shared_fields", "workspace"]
-    assert not set(run_members) & set(vars(TaskReport))
+def test_a_label_note_leaves_out_the_default():
+    field_ = TaskField("protocol", note="fine-tuned: {}", unless="all")
+    assert [field_.label_note(v) for v in ("all", "heads", None)] == [None, "fine-tuned: heads", None]
+    assert TaskField("quiet").label_note("x") is None
+
+
+def test_the_task_contract_has_at_most_8_public_members():
+    """What a task declares and implements (Task) and what it may say in reports (TaskReport):
+    8 public members together; the rest is the workspace's and module functions'."""
+    task_members = sorted(n for n in vars(Task) if not n.startswith("_"))
+    report_members = sorted(n for n in vars(TaskReport) if not n.startswith("_"))
+    assert task_members == ["info", "name", "run", "setup", "workspace"]
+    assert report_members == ["compared_with_control", "report_notes", "training_words"]
 
     class Worded(EchoTask, TaskReport):
         def report_notes(self, rows):
             return [f"{len(rows)} rows"]
 
     assert report_words(Worded()).report_notes([{}]) == ["1 rows"]
-    assert report_words(Worded()).label_notes({"echo_mode": "x"}) == ["mode: x"]  # EchoTask's, before TaskReport's

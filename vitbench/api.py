@@ -153,7 +153,7 @@ def run(options: RunOptions, command: Optional[Sequence[str]] = None) -> Results
                             f"process group cannot follow; isolate single-process runs only")
     distributed.check_launcher(options.launcher, task.name, methods)
     options = _with_bounded_workers(_with_parsed_params(options, methods))
-    setup = task.setup(options)  # its own options checked (task.parse_options)
+    setup = task.setup(options)  # its own options checked (vitbench.task.parse_options)
     plan = plan_for(options, setup, repeats)
     out = _out_dir(options, setup.model)
     if _empty_shard(plan, options.shard):

@@ -276,13 +276,13 @@ def missing_capabilities(method: MethodSpec, family: FamilySpec) -> frozenset[st
     return method.needs - family.provides
 
 
-#: what a task's GMACs count (:attr:`vitbench.task.Task.counts`): the model (cls) or its backbone (det/seg)
+#: what a task's GMACs count (:attr:`vitbench.task.TaskInfo.counts`): the model (cls) or its backbone (det/seg)
 COUNTED = ("model", "backbone")
 
 
 @dataclass(frozen=True)
 class ReportColumn:
-    """An accuracy metric of a task as the reports show it (:attr:`vitbench.task.Task.accuracy`).
+    """An accuracy metric of a task as the reports show it (:attr:`vitbench.task.TaskInfo.accuracy`).
 
     The comparison table shows ``title`` (the record field ``key``, formatted with ``fmt``),
     then the columns of ``before`` as they are, then ``delta`` (the row minus the baseline), the
@@ -315,7 +315,7 @@ class TaskSetup:
     """What a task resolved from the command line before anything heavy runs
     (:meth:`vitbench.task.Task.setup`): the model and data names, the metrics it will measure, and the
     extra keywords its plan needs (:func:`vitbench.run.plan.build_plan`'s ``train_limit``,
-    ``train_backbone``, ``control`` and the task's :attr:`~vitbench.task.Task.spec_fields`)."""
+    ``train_backbone``, ``control`` and the task's :attr:`~vitbench.task.TaskInfo.fields`)."""
 
     model: str
     data: Optional[str]

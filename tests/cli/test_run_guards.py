@@ -155,7 +155,7 @@ def test_forced_divergence_on_the_embedded_default_is_an_error_record(tmp_path):
 
 
 def test_a_plan_where_every_run_failed_says_so_instead_of_an_empty_table(tmp_path, capsys, monkeypatch):
-    def broken(spec, ws, params, progress):
+    def broken(spec, ws, model, progress):
         raise RuntimeError(f"broken {spec.method}")
 
     monkeypatch.setattr("vitbench.tasks.cls.run.run_cls_spec", broken)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -13,7 +14,7 @@ from vitbench.cli.main import main
 from vitbench.errors import UnknownNameError
 from vitbench.hookspecs import hookimpl
 from vitbench.host import PluginHost, get_host
-from vitbench.task import Task, compute_key
+from vitbench.task import Task, TaskInfo, compute_key
 
 FAST = ["--model", "test_vit", "--param", "tome.r=4", "--param", "random-drop.layers=(1,3)", "--batch-size", "2"]
 
@@ -90,15 +91,17 @@ def test_the_example_task_refuses_a_learnable_method_before_anything_runs(tmp_pa
     assert not out.exists()
 
 
-def _task(name: str, options=None, **attributes) -> Task:
-    """A minimal task named ``name`` with class ``attributes``; ``options(group)`` adds its flags."""
+def _task(name: str, options=None, old: Optional[dict] = None, **info) -> Task:
+    """A minimal task named ``name`` declaring ``info`` (:class:`TaskInfo`'s fields); ``options(group)``
+    adds its flags; ``old``: class attributes of the contract before ``TaskInfo``."""
     def setup(self, options):
         return TaskSetup(model="m", data=None, metrics=("gmacs",))
 
     methods = {"setup": setup, "workspace": lambda self, request: None, "run": lambda self, *a: {}}
     if options is not None:
         methods["add_options"] = lambda self, group: options(group)
-    return type(f"Task_{name}", (Task,), {"name": name, **attributes, **methods})()
+    return type(f"Task_{name}", (Task,), {"name": name, "info": TaskInfo(description=name, **info), **(old or {}),
+                                          **methods})()
 
 
 def test_a_task_with_an_unknown_metric_is_a_plugin_failure(capsys):
@@ -112,6 +115,19 @@ def test_a_task_with_an_unknown_metric_is_a_plugin_failure(capsys):
     assert host.names("tasks") == []
     assert host.failures[0].name == "bad_task_plugin"
     assert "declares the metrics 'speed'; valid metrics: accuracy," in host.failures[0].error
+
+
+def test_a_task_written_for_the_old_contract_is_a_plugin_failure_naming_the_new_place():
+    class Plugin:
+        @hookimpl
+        def vitbench_register_tasks(self, register):
+            register(_task("old-task", metrics=("gmacs",), old={"gmacs_counter": lambda self, *a: None}))
+
+    host = PluginHost()
+    host.add_plugin(Plugin(), "old_task_plugin")
+    assert host.names("tasks") == []
+    assert ("task 'old-task' defines gmacs_counter, which vitbench no longer reads; it is now the workspace's "
+            "gmacs_of (docs/guide/task-plugins.md)") in host.failures[0].error
 
 
 def test_a_duplicate_task_name_names_both_plugins():
@@ -134,14 +150,14 @@ def test_a_duplicate_task_name_names_both_plugins():
 
 
 def test_a_task_spec_checks_what_it_counts():
-    with pytest.raises(UnknownNameError, match="unknown counted part 'detector' of task 'x'; valid counted parts: model, backbone"):
+    with pytest.raises(UnknownNameError, match="unknown counted part 'detector'; valid counted parts: model, backbone"):
         _task("x", metrics=(), counts="detector")
     column = ReportColumn("k", "K", "ΔK")
     assert column.axis == "K" and compute_key(_task("y", metrics=(), counts="backbone")) == "backbone_gmacs"
 
 
 def test_a_task_adds_its_own_options_and_other_tasks_refuse_them(tmp_path, capsys):
-    """``Task.Options``: the example task's ``--agreement-top K`` reaches its run (with K
+    """``TaskInfo.options``: the example task's ``--agreement-top K`` reaches its run (with K
     the number of classes every image agrees), is listed under its task in ``--help``, and is
     refused by name with another task, as det/seg's own options are with cls."""
     out = tmp_path / "out"

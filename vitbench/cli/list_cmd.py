@@ -65,11 +65,11 @@ def run(args: argparse.Namespace) -> int:
                       f"{spec.description}"))
     elif args.kind == "tasks":
         for name, spec in sorted(host.specs("tasks").items()):
-            control = "; control row" if spec.control else ""
+            control = "; control row" if spec.info.control else ""
             flags = option_flags(spec)
             options = f"; options: {', '.join(flags)}" if flags else ""
-            print(fit(f"{name}  [plugin: {host.owner('tasks', name)}; metrics: {', '.join(spec.metrics)}; budgets "
-                      f"matched on the {spec.counts}'s GMACs{control}{options}]  {spec.description}"))
+            print(fit(f"{name}  [plugin: {host.owner('tasks', name)}; metrics: {', '.join(spec.info.metrics)}; budgets "
+                      f"matched on the {spec.info.counts}'s GMACs{control}{options}]  {spec.info.description}"))
     else:
         # torch/pandas: when this command runs; `vitbench --help` stays light
         from vitbench.tasks.model_names import accepted_models

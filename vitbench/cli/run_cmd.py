@@ -92,7 +92,7 @@ def run_options(args: argparse.Namespace, task: str) -> RunOptions:
     field from its flag (the lists' text parsed: methods, metrics, ``--param``, seeds, batch sizes), the options of ``task`` alone as its ``task_options``."""
     if args.metrics is not None and not _names(args.metrics):
         raise VitbenchError(f"--metrics {args.metrics!r} names no metric; valid metrics of --task {task}: "
-                            f"{', '.join(get_host().task(task).metrics)} (or leave --metrics out for all)")
+                            f"{', '.join(get_host().task(task).info.metrics)} (or leave --metrics out for all)")
     parse = {"methods": _names, "metrics": _names, "params": parse_param_overrides, "seeds": parse_seeds,
              "batch_sizes": parse_batch_sizes,
              "repeats": lambda text: chosen_repeats(args.quick, text)}

@@ -38,9 +38,9 @@ def add_task_options(parser: argparse.ArgumentParser) -> None:
     shared: dict[Any, list[Task]] = {}
     for _, task in sorted(host.specs("tasks").items()):  # listing, not asking: a clashed name is no error
         adder = getattr(type(task), "add_options", None)  # a task that adds its flags itself
-        if adder is None and not fields(task.Options):
+        if adder is None and not fields(task.info.options):
             continue  # no options of its own
-        shared.setdefault((adder, task.Options), []).append(task)
+        shared.setdefault((adder, task.info.options), []).append(task)
     owned: dict[str, OwnedOption] = {}
     for same in shared.values():
         tasks = [task.name for task in same]

@@ -29,7 +29,7 @@ from vitbench.errors import PLUGIN_FAILURES, PluginError, UnsupportedError, choi
 from vitbench.core.interrupts import is_ctrl_c
 from vitbench.core.metrics import METRICS
 from vitbench.host.plugin_guard import Snapshot, import_survives, package_of, patched_by
-from vitbench.task import REFERENCES, Task, option_flags
+from vitbench.task import REFERENCES, Task, TaskInfo, TaskReport, option_flags
 
 ENTRY_POINT_GROUP = "vitbench"
 _KINDS = {"methods": MethodSpec, "scorers": ScorerSpec, "families": FamilySpec, "tasks": Task}
@@ -421,7 +421,7 @@ class PluginHost:
         tasks = self.specs("tasks")
         return {
             "plugins": [vars(info) | {"registered": dict(info.registered)} for info in self.plugins.values()],
-            "tasks": [{"name": name, "plugin": self.owner("tasks", name), "description": tasks[name].description,
+            "tasks": [{"name": name, "plugin": self.owner("tasks", name), "description": tasks[name].info.description,
                        "options": list(option_flags(tasks[name]))} for name in sorted(tasks)],
             "failures": [vars(f) for f in self.failures],
             "clashes": [vars(c) for c in self.clashes],
@@ -460,9 +460,25 @@ def _check_knob(spec: MethodSpec) -> None:
                          f"not one of its parameters ({', '.join(fields)})")
 
 
+#: members of the task contract before :class:`~vitbench.task.TaskInfo` and the executor's apply, and where each went
+_OLD_TASK_MEMBERS = {**{name: f"TaskInfo({name.lower()}=...)" for name in
+                        ("description", "metrics", "accuracy", "counts", "distributed", "control", "Options")},
+                     "spec_fields": "TaskInfo(fields=...)", "parse_options": "vitbench.task.parse_options",
+                     "gmacs_counter": "the workspace's gmacs_of", "shared_fields": "the workspace's record_fields",
+                     "control_fields": "the setup's plan keyword control", "label_notes": "TaskField(note=...)"}
+
+
 def _check_task(spec: Task) -> None:
-    """A task measures only metrics vitbench knows (a plugin failure otherwise)."""
-    unknown = [m for m in spec.metrics if m not in METRICS]
+    """A task declares a :class:`~vitbench.task.TaskInfo`, no member of the contract it replaced
+    (silently ignored otherwise), and measures only metrics vitbench knows (a plugin failure otherwise)."""
+    if not isinstance(spec.info, TaskInfo) or not spec.info.metrics:
+        raise ValueError(f"task {spec.name!r} declares no info = TaskInfo(description, metrics, ...)")
+    old = [name for name in _OLD_TASK_MEMBERS if any(name in vars(k) for k in type(spec).__mro__[:-1]
+                                                     if k not in (Task, TaskReport))]
+    if old:
+        raise ValueError(f"task {spec.name!r} defines {old[0]}, which vitbench no longer reads; it is now "
+                         f"{_OLD_TASK_MEMBERS[old[0]]} (docs/guide/task-plugins.md)")
+    unknown = [m for m in spec.info.metrics if m not in METRICS]
     if unknown:
         raise ValueError(f"task {spec.name!r} declares the metrics {', '.join(map(repr, unknown))}; "
                          f"valid metrics: {', '.join(METRICS)}")

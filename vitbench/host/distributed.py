@@ -45,7 +45,7 @@ TIMEOUT_VARIABLE = "VITBENCH_DIST_TIMEOUT"
 
 def check_launcher(launcher: str, task: str, methods: Sequence[str]) -> None:
     """Refuse what ``--launcher`` cannot do (before anything runs): an unknown launcher, a task
-    that does not run distributed (``Task.distributed``), ``pytorch`` outside ``torchrun``
+    that does not run distributed (``TaskInfo.distributed``), ``pytorch`` outside ``torchrun``
     (no ``RANK`` ...) or ``slurm`` outside ``srun`` (no ``SLURM_PROCID`` ...)."""
     if launcher not in LAUNCHERS:
         raise VitbenchError(f"--launcher {launcher!r} is unknown; valid launchers: {', '.join(LAUNCHERS)}")
@@ -53,10 +53,10 @@ def check_launcher(launcher: str, task: str, methods: Sequence[str]) -> None:
         return
 
     host = get_host()
-    able = [name for name, spec in sorted(host.specs("tasks").items()) if spec.distributed]
-    if not host.task(task).distributed:
+    able = [name for name, spec in sorted(host.specs("tasks").items()) if spec.info.distributed]
+    if not host.task(task).info.distributed:
         raise VitbenchError(f"--launcher {launcher} supports the {', '.join(able) or 'no'} task(s) so far "
-                            f"(Task.distributed); --task is {task!r} (run it with --launcher none)")
+                            f"(TaskInfo.distributed); --task is {task!r} (run it with --launcher none)")
     for m in methods:
         host.method(m)  # an unknown method is named here, as without a launcher
     if launcher == "pytorch":

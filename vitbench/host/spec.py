@@ -10,7 +10,7 @@ from typing import Any, Mapping, Optional
 from vitbench.errors import VitbenchError
 from vitbench.core.params import default_params
 from vitbench.host import get_host
-from vitbench.task import BASELINE, CONTROL, report_words
+from vitbench.task import BASELINE, CONTROL, label_notes
 
 __all__ = ["RunSpec"]
 
@@ -40,7 +40,7 @@ class RunSpec:
     compile: bool = False
     #: ``--cuda-graph``: time a CUDA graph of the forward where sound (:mod:`vitbench.measure.cuda_graph`)
     cuda_graph: bool = False
-    #: the task's own fields (``Task.spec_fields``), sorted ``(name, value)`` pairs; read as attributes
+    #: the task's own fields (``TaskInfo.fields``), sorted ``(name, value)`` pairs; read as attributes
     task_fields: tuple[tuple[str, Any], ...] = ()
     #: ``--limit N``: evaluated on the first N images (set by the task when it evaluates on data)
     limit: Optional[int] = None
@@ -69,7 +69,7 @@ class RunSpec:
         if name in fields:
             return fields[name]
         try:
-            declared = get_host().task(self.task).spec_fields
+            declared = get_host().task(self.task).info.field_names
         except VitbenchError:
             declared = ()
         if name in declared:
@@ -138,7 +138,7 @@ class RunSpec:
         return f"{name} ({inner})" if inner else name
 
     def _task_notes(self) -> list[str]:
-        return report_words(get_host().task(self.task)).label_notes(dict(self.task_fields)) if self.task_fields else []
+        return label_notes(get_host().task(self.task), dict(self.task_fields)) if self.task_fields else []
 
     @staticmethod
     def _shown(changed: dict[str, Any]) -> list[str]:

@@ -181,7 +181,7 @@ def _weights_lines(task: str, rows: list[Mapping[str, Any]]) -> list[str]:
     found = {weights_from(r) for r in rows}
     if len(found) != 1:
         return []
-    what = "Backbone weights" if task_spec(task) is not None and task_spec(task).counts == "backbone" else "Weights"
+    what = "Backbone weights" if task_spec(task) is not None and task_spec(task).info.counts == "backbone" else "Weights"
     shared = found.pop()
     if shared is None:
         return [f"{what}: n/a (not recorded by the vitbench version that measured these runs).", ""]

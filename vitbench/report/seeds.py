@@ -1,7 +1,7 @@
 """One report row per spec across seeds: runs that differ only by their seed (``--seeds 0,1,2``)
 are aggregated into one row (docs/measuring.md, "Seeds and spread").
 
-The task's accuracy columns (:attr:`vitbench.task.Task.accuracy`: top-1 and top-5, mAP and its
+The task's accuracy columns (:attr:`vitbench.task.TaskInfo.accuracy`: top-1 and top-5, mAP and its
 APs) and the IB metrics become the mean and sample standard deviation (``<key>_seed_std``); GMACs and parameters the mean (GMACs' own spread pooled); throughput and
 latency the median of the per-seed medians; speed-up and efficiency the median of the per-seed
 values, each against the baseline of the same seed. Each row keeps ``seeds``, ``n_seeds`` and

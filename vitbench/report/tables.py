@@ -2,8 +2,8 @@
 
 Cells are formatted strings (the table is for reading, the store keeps the numbers) and "n/a"
 wherever a metric does not apply to the row or was not measured. Columns follow the report
-shape of docs/measuring.md; the accuracy columns are the task's (:attr:`Task.accuracy
-<vitbench.task.Task.accuracy>`: top-1 for cls, box and mask mAP for det/seg).
+shape of docs/measuring.md; the accuracy columns are the task's (:attr:`TaskInfo.accuracy
+<vitbench.task.TaskInfo.accuracy>`: top-1 for cls, box and mask mAP for det/seg).
 Columns that no row measured are left out (:func:`drop_unmeasured`).
 Runs that differ only by seed are one row (:mod:`vitbench.report.seeds`: accuracy as mean ±
 std with a Seeds column saying n); a timing not to be trusted, and a speed-up or efficiency

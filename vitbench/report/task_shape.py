@@ -27,7 +27,7 @@ def task_spec(task: str) -> Optional[Task]:
 def accuracy_columns(task: str) -> tuple[ReportColumn, ...]:
     """The task's accuracy columns, the headline first (never empty)."""
     spec = task_spec(task)
-    return spec.accuracy if spec is not None and spec.accuracy else _UNKNOWN
+    return spec.info.accuracy if spec is not None and spec.info.accuracy else _UNKNOWN
 
 
 def accuracy_column(task: str, key: str) -> ReportColumn:

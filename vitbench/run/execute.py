@@ -1,9 +1,10 @@
 """Executes a run plan: each spec reduces a fresh copy of the model, measures it, and appends
 one record to the store as it ends (docs/architecture.md, layers 5-7).
 
-What a run does is its task's (:class:`~vitbench.task.Task`, asked of the plugin host by
-the spec's task name); this module only sequences the runs, matches compute, pairs each run
-with its seed's baseline and writes the records. A run that fails is recorded as ``error``
+Each run reduces a copy of the workspace's model with its method (matched compute choosing the
+budget knob first) and hands it to its task (:class:`~vitbench.task.Task`, asked of the plugin
+host by the spec's task name), which fine-tunes and measures it; this module sequences the runs,
+pairs each run with its seed's baseline and writes the records. A run that fails is recorded as ``error``
 with its message and the other runs go on; records are appended whole, so an interrupted plan
 never leaves a half-written result, and ``--resume`` skips finished specs and retries failed ones.
 Under ``--launcher pytorch|slurm`` every rank runs every spec (evaluation and fine-tuning are
@@ -13,6 +14,7 @@ naming the rank(s), even where rank 0 itself succeeded.
 """
 from __future__ import annotations
 
+import copy
 import random
 import time
 from datetime import datetime, timezone
@@ -23,7 +25,7 @@ import torch
 
 from vitbench import measure
 from vitbench.measure._common import check_positive_finite
-from vitbench.measure.calibrate import Calibration, calibrate, not_matchable, off_pct
+from vitbench.measure.calibrate import Calibration, GmacsCounter, calibrate, not_matchable, off_pct
 from vitbench.data.workers import without_worker_traceback
 from vitbench.host.distributed import failure_on_any_rank, is_main
 from vitbench.errors import BudgetError, VitbenchError, failure_text
@@ -32,10 +34,11 @@ from vitbench.run.isolate import Isolation, run_isolated
 from vitbench.run.estimate import seconds_left
 from vitbench.run.plan import BASELINE, REFERENCES, RunSpec
 from vitbench.host import get_host
+from vitbench.host.apply import apply
 from vitbench.core.progress import steps
 from vitbench.results import ResultStore
 from vitbench.results.writable import rescue_record
-from vitbench.task import CONTROL, Task, compute_key
+from vitbench.task import CONTROL, Task, Workspace, compute_key
 
 Progress = Callable[[str], None]
 
@@ -46,9 +49,28 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def reduced_copy(ws: Workspace, method: Optional[str], values: Any) -> Any:
+    """A copy of the workspace's model reduced by ``method`` with ``values`` (its parameter
+    dataclass); ``method=None``: the unreduced copy."""
+    model = copy.deepcopy(ws.model)
+    return model if method is None else apply(model, method, values)
+
+
+def gmacs_counter(spec: RunSpec, ws: Workspace, task: Task, progress: Progress) -> GmacsCounter:
+    """``spec``'s seed's counter of a reduced copy's GMACs, as the task counts them (cached in the
+    workspace); a task that counts none cannot match compute."""
+    if spec.seed not in ws.counters:
+        count = ws.gmacs_of(spec, progress)
+        if count is None:
+            raise BudgetError(f"task {task.name!r} cannot match compute: it counts no GMACs for a budget "
+                              f"(run it without --match-gmacs/--budgets)")
+        ws.counters[spec.seed] = GmacsCounter(lambda method, values: count(reduced_copy(ws, method, values)))
+    return ws.counters[spec.seed]
+
+
 def match_compute(spec: RunSpec, ws: Any, progress: Progress, task: Optional[Task] = None) -> Calibration:
     """Choose ``spec``'s budget knob so that its GMACs land at ``spec.match_gmacs`` x the
-    baseline's, counted as the report counts them (the task's :attr:`~vitbench.task.Task.counts`: det/seg
+    baseline's, counted as the report counts them (the task's :attr:`~vitbench.task.TaskInfo.counts`: det/seg
     count the backbone, the part the methods reduce). Raises
     :class:`~vitbench.errors.BudgetError` when it cannot."""
     task = task or get_host().task(spec.task)
@@ -56,17 +78,11 @@ def match_compute(spec: RunSpec, ws: Any, progress: Progress, task: Optional[Tas
     knob = method.budget
     if knob is None:  # before counting anything: a det/seg counter trains the detector first
         raise not_matchable(spec.method)
-    counters = ws.counters
-    if spec.seed not in counters:
-        counter = task.gmacs_counter(spec, ws, progress)
-        if counter is None:
-            raise BudgetError(f"task {task.name!r} cannot match compute: it counts no GMACs for a budget "
-                              f"(run it without --match-gmacs/--budgets)")
-        counters[spec.seed] = counter
+    counter = gmacs_counter(spec, ws, task, progress)
     how = "setting" if knob.mode == "fraction" else "searching"
     progress(f"{how} {spec.method}.{knob.param} for {spec.match_gmacs:g}x the baseline's GMACs")
     info = get_host().family_of(ws.model).describe(ws.model)
-    result = calibrate(method, spec.values, spec.match_gmacs, counters[spec.seed], info)
+    result = calibrate(method, spec.values, spec.match_gmacs, counter, info)
     if result.calibrated_gmacs is not None:
         progress(f"{result.param}={result.value}: {result.calibrated_gmacs:.4g} GMACs, "
                  f"{off_pct(result.calibrated_gmacs, result.target_gmacs):+.2f} % from the target "
@@ -81,7 +97,7 @@ def _landed(task: Task, record: dict[str, Any]) -> None:
     if not budget or gmacs is None:
         return
     off = off_pct(gmacs, budget["target_gmacs"])
-    budget.update(counted=task.counts, landed_gmacs=gmacs,
+    budget.update(counted=task.info.counts, landed_gmacs=gmacs,
                   landed_off_pct=off, landed_within=abs(off) <= budget["tolerance_pct"])
 
 
@@ -124,7 +140,7 @@ def run_spec(spec: RunSpec, ws: Any, baseline: Optional[dict], env: dict[str, An
     record["precision"] = spec.precision_name
     try:
         task = get_host().task(spec.task)
-        record.update(task.shared_fields(ws))
+        record.update(ws.record_fields())
         seed_everything(spec.seed)
         values = spec.values
         if spec.match_gmacs is not None and spec.method not in REFERENCES:
@@ -132,7 +148,10 @@ def run_spec(spec: RunSpec, ws: Any, baseline: Optional[dict], env: dict[str, An
             values = matched.values
             record.update(params=matched.params, label=spec.matched_label(matched.params), budget=matched.record())
             seed_everything(spec.seed)  # the search must not change what the run draws
-        record.update(_relative(spec, task.run(spec, ws, values, progress), baseline))
+        if spec.method not in REFERENCES:
+            progress("applying the method")
+        model = reduced_copy(ws, None if spec.method in REFERENCES else spec.method, values)
+        record.update(_relative(spec, task.run(spec, ws, model, progress), baseline))
         _landed(task, record)
     except VitbenchError as exc:
         record.update(status="error", error=without_worker_traceback(str(exc)))

@@ -52,10 +52,10 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
     """The baseline, then one spec per method, parameters validated (no model is built here); the
     number options come checked by :class:`~vitbench.core.options.RunOptions`.
 
-    ``task_fields``: the task's own spec fields (:attr:`~vitbench.task.Task.spec_fields`, det's
+    ``task_fields``: the task's own spec fields (:attr:`~vitbench.task.TaskInfo.fields`, det's
     ``dense_finetune``), carried by the specs of learnable methods. ``control`` (tasks with
-    :attr:`~vitbench.task.Task.control`): when a method trains and the task's
-    :meth:`~vitbench.task.Task.control_fields` asks for one, the :data:`CONTROL` spec follows the
+    :attr:`~vitbench.task.TaskInfo.control`; the task's setup says false where it has none to
+    offer): when a method trains, the :data:`CONTROL` spec, with the same task fields, follows the
     baseline: the baseline fine-tuned the same way without a method, so that a method's accuracy
     can be compared at equal training.
 
@@ -74,10 +74,10 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
     that ``--resume`` never reuses a run measured on something else (docs/measuring.md)."""
     host = get_host()
     task_spec = host.task(task)  # unknown -> error listing the registered tasks
-    unknown = [k for k in task_fields if k not in task_spec.spec_fields]
+    unknown = [k for k in task_fields if k not in task_spec.info.field_names]
     if unknown:
         raise TypeError(f"build_plan() got {unknown[0]!r}, which is no field of task {task!r} (its fields: "
-                        f"{', '.join(task_spec.spec_fields) or 'none'})")
+                        f"{', '.join(task_spec.info.field_names) or 'none'})")
     if device not in DEVICES:
         raise choices_error("device", device, DEVICES)
     metrics = tuple(metrics)
@@ -92,11 +92,9 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
                   cuda_graph=cuda_graph, limit=limit, head=head, weights=weights, repeats=repeats,
                   data_id=data_id, batch_sizes=batch_sizes, img_size=img_size)
     plan = [RunSpec(method=BASELINE, params_json="{}", **common)]
-    if control and task_spec.control and any(host.method(n).trains(v) for n, v in chosen.items()):
-        control_fields = task_spec.control_fields(task_fields)
-        if control_fields is not None:
-            plan.append(RunSpec(method=CONTROL, params_json="{}", **common, train_limit=train_limit,
-                                task_fields=_task_fields(control_fields)))
+    if control and task_spec.info.control and any(host.method(n).trains(v) for n, v in chosen.items()):
+        plan.append(RunSpec(method=CONTROL, params_json="{}", **common, train_limit=train_limit,
+                            task_fields=_task_fields(task_fields)))
     for name, values in chosen.items():
         spec = host.method(name)
         own_limit = (train_limits or {}).get(name, train_limit)

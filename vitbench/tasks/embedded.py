@@ -10,7 +10,8 @@ import sys
 from typing import Any
 
 __all__ = ["DEFAULT_MODEL", "DEIT_MODEL", "DENSE_BACKBONES", "EFFICIENTVIT_MODEL", "EMBEDDED_MODELS", "EMBEDDED_NUM_CLASSES",
-           "EMBEDDED_TRAIN_LIMIT", "ENV_DEFAULT_MODEL", "LEGACY_MODEL", "MOBILEVIT_MODEL", "load_embedded_model"]
+           "EMBEDDED_TRAIN_LIMIT", "ENV_DEFAULT_MODEL", "LEGACY_MODEL", "MOBILEVIT_MODEL", "load_embedded_model",
+           "model_card", "retrain_model"]
 
 #: the embedded model of DeiT's layout (:mod:`vitbench.tasks.cls.default_model`): 197 tokens
 DEIT_MODEL = "vitbench-fmnist-deit"
@@ -53,9 +54,21 @@ EMBEDDED_TRAIN_LIMIT: dict[str, int] = {DEIT_MODEL: 1000, LEGACY_MODEL: 10000, M
 EMBEDDED_NUM_CLASSES = 10
 #: the cls task's loader of the embedded models, by reference: this module and its importers stay light
 _LOADER = "vitbench.tasks.cls.default_model:load_default_model"
+#: the cls task's module of the embedded models' cards and retraining, by reference as :data:`_LOADER`
+_CARD = "vitbench.tasks.cls.model_card"
 
 
 def load_embedded_model(name: str) -> Any:
     """The embedded model ``name`` with its weights (shipped, cached, or trained now), in eval mode."""
     module, _, function = _LOADER.partition(":")
     return getattr(importlib.import_module(module), function)(model=name)[0]
+
+
+def model_card(name: str) -> str:
+    """Where the embedded model ``name``'s weights come from and how it was made, in a few lines."""
+    return importlib.import_module(_CARD).card(name)
+
+
+def retrain_model(name: str) -> str:
+    """Train the embedded model ``name`` again by its recipe into the cache; a line on the result."""
+    return importlib.import_module(_CARD).retrain(name)

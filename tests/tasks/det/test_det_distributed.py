@@ -22,6 +22,8 @@ from vitbench.host import get_host
 from vitbench.tasks.dense import run as det_run
 from vitbench.tasks.dense.evaluate import coco_metric
 from vitbench.tasks.dense.run import DenseWorkspace, run_dense_spec, trained_weights
+from vitbench.run.execute import reduced_copy
+from vitbench.task import REFERENCES
 
 
 def _fake_training(calls: list[int]):  # type: ignore[no-untyped-def]
@@ -156,10 +158,15 @@ def test_ranks_other_than_0_only_evaluate(backbone_factory, det_data, tmp_path, 
                                      overrides={"tome": {"r": 2}}, metrics=("accuracy", "gmacs", "params", "latency"),
                                      batch_size=2, device="cpu", seed=0) if s.method == "tome"]
     ws = _workspace(backbone_factory, det_data, tmp_path, latency_repeats=1, gmacs_images=2)
-    main = run_dense_spec(spec, ws, lambda s: None)
+    main = run_dense_spec(spec, ws, _reduced(ws, spec), lambda s: None)
     monkeypatch.setattr(distributed, "is_main", lambda: False)
-    other = run_dense_spec(spec, ws, lambda s: None)
+    other = run_dense_spec(spec, ws, _reduced(ws, spec), lambda s: None)
     assert {"gmacs", "backbone_gmacs", "params_m", "latency_ms"} <= main.keys()
     assert not {"gmacs", "backbone_gmacs", "params_m", "latency_ms"} & other.keys()
     fields = ("box_map", "box_ap50", "box_ap75", "num_images")
     assert {k: other[k] for k in fields} == {k: main[k] for k in fields}
+
+
+def _reduced(ws, spec):
+    """The backbone copy the executor would hand the task: reduced by the spec's method."""
+    return reduced_copy(ws, None if spec.method in REFERENCES else spec.method, spec.values)

@@ -20,6 +20,8 @@ from vitbench.host import get_host
 from vitbench.run.plan import build_plan
 from vitbench.tasks.dense import run as det_run
 from vitbench.tasks.dense.run import DenseWorkspace, load_backbone, run_dense_spec, trained_weights
+from vitbench.run.execute import reduced_copy
+from vitbench.task import REFERENCES
 
 
 class _FakeTraining:
@@ -178,7 +180,7 @@ def test_run_dense_spec_records(backbone_factory, det_data, tmp_path):
                     throughput_repeats=1, latency_repeats=1, verbose_training=False)
     said: list[str] = []
     assert [s.method for s in plan] == ["baseline", "baseline+ft", "tome", "ltm"]
-    base, control, tome, ltm = (run_dense_spec(spec, ws, said.append) for spec in plan)
+    base, control, tome, ltm = (run_dense_spec(spec, ws, _reduced(ws, spec), said.append) for spec in plan)
     assert any("training the det detector" in s for s in said)
     assert any("fine-tuning the baseline detector without a method" in s for s in said)
     for record in (base, control, tome, ltm):
@@ -298,7 +300,7 @@ def _run_on_deit_tiny(method: str, metrics: tuple[str, ...], backbone_factory, d
                                      data=str(det_data.root), metrics=metrics, device="cpu", seed=0,
                                      overrides={}, batch_size=2)
                if s.method == method]
-    run_dense_spec(spec, ws, lambda s: None)
+    run_dense_spec(spec, ws, _reduced(ws, spec), lambda s: None)
 
 
 def test_a_backbone_method_that_breaks_a_token_rule_fails_before_measuring(backbone_factory, det_data, tmp_path,
@@ -333,3 +335,8 @@ def test_a_rule_broken_only_while_the_map_is_scored_is_caught_there(backbone_fac
     with pytest.raises(TokenRuleError, match=r"^token rule broken by drops-cls-later at block 1: it drops or "
                                              r"reorders the prefix tokens"):
         _run_on_deit_tiny("drops-cls-later", ("accuracy",), backbone_factory, det_data, tmp_path)
+
+
+def _reduced(ws, spec):
+    """The backbone copy the executor would hand the task: reduced by the spec's method."""
+    return reduced_copy(ws, None if spec.method in REFERENCES else spec.method, spec.values)

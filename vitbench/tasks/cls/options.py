@@ -1,4 +1,4 @@
-"""The ``cls`` task's own ``vitbench run``/``sweep`` options (:attr:`vitbench.task.Task.Options`;
+"""The ``cls`` task's own ``vitbench run``/``sweep`` options (:attr:`vitbench.task.TaskInfo.options`;
 the CLI refuses them with another ``--task``)."""
 from __future__ import annotations
 

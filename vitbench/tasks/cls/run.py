@@ -1,6 +1,6 @@
 """What the ``cls`` task (:class:`~vitbench.tasks.cls.task.ClsTask`) runs: load the model and data,
-fit a new classifier head when asked, and per run spec apply the method, fine-tune a learnable
-one, evaluate top-1/top-5 with mmpretrain and measure (docs/measuring.md).
+fit a new classifier head when asked, and per run spec fine-tune the model the executor reduced
+when its method learns, evaluate top-1/top-5 with mmpretrain and measure (docs/measuring.md).
 """
 from __future__ import annotations
 
@@ -14,17 +14,16 @@ import torch
 from torch import nn
 
 from vitbench import measure
-from vitbench.measure.calibrate import GmacsCounter, prepared_as_trained
+from vitbench.measure.calibrate import prepared_as_trained
 from vitbench.measure.overhead import has_limit, measure_overhead
 from vitbench.measure.paired import PAIRED_ROUNDS
 from vitbench.measure.sdpa_backend import sdpa_backends
 from vitbench.catalog import WorkspaceRequest
 from vitbench.engine import reduction_context
-from vitbench.host.apply import apply
 from vitbench.host.apply import check_applies
 from vitbench.errors import ParamError, VitbenchError
 from vitbench.measure.precision import autocast, trains_in
-from vitbench.task import BASELINE
+from vitbench.task import BASELINE, Workspace
 from vitbench.tasks.cls import EMBEDDED_MODELS
 from vitbench.tasks.common import TIMING_METRICS, Progress, attention_kernel, input_size_of, measure_timings
 from vitbench.tasks.cls.weights_from import default_model_weights
@@ -52,7 +51,7 @@ from vitbench.train.shipped import find_shipped, load_shipped
 if TYPE_CHECKING:  # pragma: no cover
     from vitbench.host.spec import RunSpec
 
-__all__ = ["ClsWorkspace", "cls_gmacs_counter", "cls_workspace", "run_cls_spec"]
+__all__ = ["ClsWorkspace", "cls_workspace", "run_cls_spec"]
 
 
 #: the evaluation's batch per device type: on a CPU a batch of 128 runs a quarter slower per image than 32
@@ -60,7 +59,7 @@ EVAL_BATCH_SIZE = {"cpu": 32, "cuda": 128}
 
 
 @dataclass
-class ClsWorkspace:
+class ClsWorkspace(Workspace):
     """What the runs of one cls plan share: the unreduced model, its data and input size."""
 
     model: nn.Module
@@ -90,6 +89,17 @@ class ClsWorkspace:
     decoded_untold: int = 0
     #: each seed's baseline top-1 predictions, in the data's order, once its run evaluated them
     baseline_top1: dict = field(default_factory=dict)
+
+    def record_fields(self) -> dict[str, Any]:
+        """What every cls record carries, a failed run's too: the head fitted once (``--num-classes``)
+        and what the plan measures on (a run's own record says how many images it evaluated)."""
+        return {**({"head": self.head} if self.head is not None else {}), "measured_on": self.measured_on}
+
+    def gmacs_of(self, spec: RunSpec, progress: Progress) -> Callable[[nn.Module], float]:
+        """A reduced copy's GMACs on the images the report counts it on (matched compute,
+        :mod:`vitbench.measure.calibrate`), its training stages' callbacks run first."""
+        images = _gmacs_images(spec, self)
+        return lambda model: measure.count_gmacs(prepared_as_trained(model, images).eval(), images).mean
 
 
 def _eval_batches(ws: ClsWorkspace, model: nn.Module, device: str, limit: Optional[int] = None):  # type: ignore[no-untyped-def]
@@ -149,20 +159,6 @@ def _timing_images(spec: RunSpec, ws: ClsWorkspace) -> Optional[torch.Tensor]:
     return _first_eval_images(ws, min(largest, TIMING_IMAGES))
 
 
-def cls_gmacs_counter(spec: RunSpec, ws: ClsWorkspace, progress: Progress) -> GmacsCounter:
-    """Counts a reduced copy of the workspace's model on the images the report counts it on
-    (matched compute, :mod:`vitbench.measure.calibrate`)."""
-    images = _gmacs_images(spec, ws)
-
-    def count(method: Optional[str], values: Any) -> float:
-        model = copy.deepcopy(ws.model)
-        if method is not None:
-            model = prepared_as_trained(apply(model, method, values), images)
-        return measure.count_gmacs(model.eval(), images).mean
-
-    return GmacsCounter(count)
-
-
 def shipped_settings(spec: RunSpec, values: Any) -> dict[str, Any]:
     """What a run's fine-tuning depends on, as shipped weights record it (:mod:`vitbench.train.shipped`);
     ``values`` the run's parameter dataclass (a matched knob set)."""
@@ -189,8 +185,7 @@ def _load_shipped(spec: RunSpec, model: nn.Module, values: Any, progress: Progre
             **{k: meta[k] for k in ("train_s", "train_images", "trainable_params", "train_stages") if k in meta}}
 
 
-def _train(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progress,
-           values: Any) -> dict[str, Any]:
+def _train(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progress) -> dict[str, Any]:
     """Fine-tune a learnable method (or load its shipped weights when the run's settings equal
     theirs, or reload its checkpoint on ``--resume``). Under a launcher
     every rank fine-tunes (DDP, :mod:`vitbench.train.finetune`), the ranks reload a checkpoint
@@ -201,7 +196,7 @@ def _train(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progress
         progress(f"loading the fine-tuned checkpoint {path}")
         load_trained(model, path)
         return {"trained": "checkpoint", "checkpoint_path": str(path)}
-    shipped = _load_shipped(spec, model, values, progress)
+    shipped = _load_shipped(spec, model, reduction_context(model).params, progress)
     if shipped is not None:
         return shipped
     if ws.data is None:
@@ -363,17 +358,14 @@ def _shared_ib_samples(spec: RunSpec, ws: ClsWorkspace, model: nn.Module) -> Opt
     return IBSamples() if shared else None
 
 
-def run_cls_spec(spec: RunSpec, ws: ClsWorkspace, values: Any, progress: Progress) -> dict[str, Any]:
-    """Everything one cls spec measures (raises on failure; the executor records it): the method
-    applied with ``values`` (its parameter dataclass), fine-tuned when it trains, then measured."""
+def run_cls_spec(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progress) -> dict[str, Any]:
+    """Everything one cls spec measures of ``model``, the copy the executor reduced (raises on
+    failure; the executor records it): fine-tuned when its method trains, then measured."""
     out: dict[str, Any] = {}
-    model = copy.deepcopy(ws.model)
     if spec.method != BASELINE:
-        progress("applying the method")
-        model = apply(model, spec.method, values)
         context = reduction_context(model)
         if context is not None and context.reduction is not None and context.reduction.train:
-            out.update(_train(spec, ws, model, progress, values))
+            out.update(_train(spec, ws, model, progress))
 
         # a broken rule is an error, not a row: one forward of 4 images, the model kept as it was
         token_rules.check_token_rules(model, _gmacs_images(spec, ws))

@@ -14,7 +14,7 @@ from vitbench.errors import VitbenchError
 from vitbench.core.metrics import DATA_METRICS, DEFAULT_METRICS, METRICS
 from vitbench.core.options import parse_list
 from vitbench.host import get_host
-from vitbench.task import Progress, Task
+from vitbench.task import Progress, Task, TaskInfo, parse_options
 from vitbench.tasks.cls import DEFAULT_MODEL, EMBEDDED_MODELS, EMBEDDED_TRAIN_LIMIT, ENV_DEFAULT_MODEL
 from vitbench.tasks.cls.options import ClsOptions, check_img_size
 from vitbench.tasks.identity import data_path, identity_fields
@@ -22,7 +22,8 @@ from vitbench.core.params import params_dict, training_params
 from vitbench.host.values import method_values
 
 if TYPE_CHECKING:  # pragma: no cover
-    from vitbench.measure.calibrate import GmacsCounter
+    from torch import nn
+
     from vitbench.core.options import RunOptions
     from vitbench.host.spec import RunSpec
     from vitbench.tasks.cls.run import ClsWorkspace
@@ -100,16 +101,12 @@ class ClsTask(Task):
     """``cls``: an mmpretrain ``ImageClassifier`` around the reduced model; top-1/top-5 accuracy."""
 
     name = "cls"
-    description = "image classification (mmpretrain ImageClassifier): top-1/top-5 accuracy"
-    metrics = METRICS
-    accuracy = CLS_ACCURACY
-    counts = "model"
-    distributed = True
-    Options = ClsOptions
+    info = TaskInfo(description="image classification (mmpretrain ImageClassifier): top-1/top-5 accuracy",
+                    metrics=METRICS, accuracy=CLS_ACCURACY, distributed=True, options=ClsOptions)
 
     def setup(self, options: "RunOptions") -> TaskSetup:
         """The model (default: the embedded Fashion-MNIST ViT), data and metrics."""
-        own = self.parse_options(options.task_options)  # another task's options are refused
+        own = parse_options(self, options.task_options)  # another task's options are refused
         img_size = check_img_size(own.img_size)
         model_name = options.model or DEFAULT_MODEL
         if model_name not in EMBEDDED_MODELS and options.model is None:
@@ -156,21 +153,9 @@ class ClsTask(Task):
 
         return cls_workspace(request, reads_data=_reads_data(request.setup.metrics, request.options))
 
-    def run(self, spec: "RunSpec", ws: "ClsWorkspace", values: Any, progress: Progress) -> dict[str, Any]:
+    def run(self, spec: "RunSpec", ws: "ClsWorkspace", model: "nn.Module", progress: Progress) -> dict[str, Any]:
         """:func:`~vitbench.tasks.cls.run.run_cls_spec`."""
         # torch/mm: when a run starts; registering the task stays light
         from vitbench.tasks.cls.run import run_cls_spec
 
-        return run_cls_spec(spec, ws, values, progress)
-
-    def gmacs_counter(self, spec: "RunSpec", ws: "ClsWorkspace", progress: Progress) -> "GmacsCounter":
-        """:func:`~vitbench.tasks.cls.run.cls_gmacs_counter`."""
-        # torch/mm: when a run starts; registering the task stays light
-        from vitbench.tasks.cls.run import cls_gmacs_counter
-
-        return cls_gmacs_counter(spec, ws, progress)
-
-    def shared_fields(self, ws: "ClsWorkspace") -> dict[str, Any]:
-        """What every cls record carries, a failed run's too: the head fitted once (``--num-classes``)
-        and what the plan measures on (a run's own record says how many images it evaluated)."""
-        return {**({"head": ws.head} if ws.head is not None else {}), "measured_on": ws.measured_on}
+        return run_cls_spec(spec, ws, model, progress)

@@ -1,5 +1,5 @@
 """The ``det`` and ``seg`` tasks' own ``vitbench run``/``sweep`` options
-(:attr:`vitbench.task.Task.Options`; the CLI refuses them with ``--task cls``)."""
+(:attr:`vitbench.task.TaskInfo.options`; the CLI refuses them with ``--task cls``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,8 +1,8 @@
-"""One ``det``/``seg`` run spec: reduce the backbone, put it in the trained detector, fine-tune a
-learnable method on the detection loss, measure (docs/measuring.md).
+"""One ``det``/``seg`` run spec: put the backbone the executor reduced in the trained detector,
+fine-tune a learnable method on the detection loss, measure (docs/measuring.md).
 
 As in ``cls``, the baseline detector is trained once (:func:`trained_weights`, cached) and
-every method is applied to its backbone; learnable methods fine-tune under the dense
+every run's reduced backbone goes into it; learnable methods fine-tune under the dense
 fine-tuning protocol (:mod:`vitbench.tasks.dense.protocol`). Measured: box (and mask)
 mAP/AP50/AP75 with CocoMetric; GMACs of the whole detector and of the backbone alone;
 parameters; throughput, latency and peak memory of the detector's tensor forward (no NMS).
@@ -24,7 +24,6 @@ from torch import nn
 from vitbench import measure
 from vitbench.core.cache import atomic_write, cache_lock
 from vitbench.engine import reduction_context
-from vitbench.host.apply import apply
 from vitbench.measure.precision import trains_in
 from vitbench.errors import VitbenchError
 from vitbench.tasks.common import measure_timings
@@ -32,8 +31,8 @@ from vitbench.tasks.dense.data import DetData
 from vitbench.tasks.dense.detectors import MEAN, STD, build_detector
 from vitbench.engine import token_rules
 from vitbench.host import distributed
-from vitbench.measure.calibrate import GmacsCounter, prepared_as_trained
-from vitbench.task import CONTROL, REFERENCES
+from vitbench.measure.calibrate import prepared_as_trained
+from vitbench.task import CONTROL, Workspace
 from vitbench.tasks.models import load_checkpoint
 from vitbench.tasks.dense.backbone import is_plain_vit
 from vitbench.tasks.dense.evaluate import evaluate_detector, first_val_images
@@ -50,7 +49,7 @@ TRAIN_BATCH = 8
 
 
 @dataclass
-class DenseWorkspace:
+class DenseWorkspace(Workspace):
     """What the runs of one det/seg plan share: the unreduced backbone, the data and the
     detector's trained weights (trained on first use)."""
 
@@ -73,10 +72,14 @@ class DenseWorkspace:
     verbose_training: bool = True
     #: the trained baseline detector's weights, per seed (``--seeds``: each seed its own detector)
     _weights: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict, repr=False)
-    #: matched compute: one cached GMACs counter per seed (:func:`dense_gmacs_counter`)
+    #: matched compute: one cached GMACs counter per seed (:func:`vitbench.run.execute.gmacs_counter`)
     counters: dict = field(default_factory=dict, repr=False)
     #: how each seed's baseline detector was trained (or which cache file it came from)
     training_infos: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    def gmacs_of(self, spec: Any, progress: Progress) -> Callable[[nn.Module], float]:
+        """:func:`dense_gmacs`."""
+        return dense_gmacs(self, spec.seed, progress)
 
     @property
     def training_info(self) -> dict[str, Any]:
@@ -246,8 +249,8 @@ class DetectorForward(nn.Module):
         return self.detector._forward(images, [DetDataSample(metainfo=meta) for _ in range(images.shape[0])])
 
 
-def dense_gmacs_counter(ws: DenseWorkspace, seed: int, progress: Progress) -> Any:
-    """A cached counter of the backbone's GMACs inside the trained detector, on the images
+def dense_gmacs(ws: DenseWorkspace, seed: int, progress: Progress) -> Callable[[nn.Module], float]:
+    """The GMACs of a (reduced) backbone inside ``seed``'s trained detector, on the images
     :func:`run_dense_spec` counts on (matched compute, :mod:`vitbench.measure.calibrate`)."""
     weights = trained_weights(ws, seed, progress)
 
@@ -257,20 +260,13 @@ def dense_gmacs_counter(ws: DenseWorkspace, seed: int, progress: Progress) -> An
         return detector.eval()
 
     images = first_val_images(detector_of(copy.deepcopy(ws.model)), ws.data, ws.gmacs_images)
-
-    def count(method: Optional[str], values: Any) -> float:
-        backbone = copy.deepcopy(ws.model)
-        if method is not None:
-            backbone = prepared_as_trained(apply(backbone, method, values), images)
-        return measure.count_gmacs(detector_of(backbone).backbone, images).mean
-
-    return GmacsCounter(count)
+    return lambda backbone: measure.count_gmacs(detector_of(prepared_as_trained(backbone, images)).backbone,
+                                                images).mean
 
 
-def run_dense_spec(spec: Any, ws: DenseWorkspace, progress: Progress, values: Any = None) -> dict[str, Any]:
-    """Everything one det/seg spec measures (raises on failure; the executor records it).
-    ``values``: the method's parameter dataclass when it differs from the spec's (a matched knob).
-    Under a launcher every rank builds the detector, fine-tunes it with the others (DDP, a
+def run_dense_spec(spec: Any, ws: DenseWorkspace, backbone: nn.Module, progress: Progress) -> dict[str, Any]:
+    """Everything one det/seg spec measures of ``backbone``, the copy the executor reduced (raises
+    on failure; the executor records it). Under a launcher every rank builds the detector, fine-tunes it with the others (DDP, a
     learnable method or the control) and takes part in the mAP evaluation (a collective); rank 0
     alone counts and times it (:func:`_measure`)."""
     weights = trained_weights(ws, spec.seed, progress)
@@ -278,10 +274,6 @@ def run_dense_spec(spec: Any, ws: DenseWorkspace, progress: Progress, values: An
     embedded = f"embedded {spec.weights}" if spec.weights else None  # weights_from reads the others
     out: dict[str, Any] = {"batch_size": spec.batch_size, "detector": _detector_name(ws),
                            "detector_training": ws.training_infos[spec.seed], "weights_from": weights_from(spec, embedded)}
-    backbone = copy.deepcopy(ws.model)
-    if spec.method not in REFERENCES:
-        progress("applying the method")
-        backbone = apply(backbone, spec.method, spec.values if values is None else values)
     detector = build_detector(ws.task, backbone, ws.data.num_classes, width=ws.width, mean=ws.mean, std=ws.std)
     load_detector_weights(detector, weights)
     ctx = reduction_context(backbone)

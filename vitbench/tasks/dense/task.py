@@ -12,7 +12,7 @@ from vitbench.catalog import ReportColumn, TaskSetup, WorkspaceRequest
 from vitbench.errors import VitbenchError
 from vitbench.core.metrics import DEFAULT_METRICS
 from vitbench.core.options import parse_list
-from vitbench.task import Progress, Task, TaskReport
+from vitbench.task import Progress, Task, TaskField, TaskInfo, TaskReport, parse_options
 from vitbench.tasks.dense.options import DenseOptions
 from vitbench.tasks.identity import data_path, first_seed, identity_fields
 from vitbench.core.cache import cache_dir
@@ -20,10 +20,12 @@ from vitbench.tasks.dense.protocol import DEFAULT_PROTOCOL, check_finetune_epoch
 from vitbench.tasks.dense.requires import check_dense_stack
 
 if TYPE_CHECKING:  # the mm stack is imported when a dense run starts, not when the plugin loads
+    from torch import nn
+
     from vitbench.core.options import RunOptions
     from vitbench.tasks.dense.run import DenseWorkspace
 
-__all__ = ["BOX_MAP", "DEFAULT_DENSE_MODEL", "DENSE_METRICS", "DenseTask"]
+__all__ = ["BOX_MAP", "DEFAULT_DENSE_MODEL", "DENSE_FIELDS", "DENSE_METRICS", "DenseTask", "dense_info"]
 
 #: the default backbone of the dense tasks (on the embedded data: trained on Fashion-MNIST, shipped)
 DEFAULT_DENSE_MODEL = "mobilevit_xs"
@@ -34,16 +36,22 @@ BOX_MAP = ReportColumn("box_map", "Box mAP", "ΔBox mAP", ".3f", plot_label="box
                        after=(("Box AP50", "box_ap50"), ("Box AP75", "box_ap75")))
 
 
+#: the dense fine-tuning protocol and its epochs as spec fields, noted in labels unless the default
+DENSE_FIELDS = (TaskField("dense_finetune", note="fine-tuned: {}", unless=DEFAULT_PROTOCOL),
+                TaskField("finetune_epochs", note="fine-tuned {} epochs"))
+
+
+def dense_info(description: str, accuracy: tuple[ReportColumn, ...]) -> TaskInfo:
+    """What a dense task declares: its backbone's GMACs matched, the dense protocol's spec fields,
+    the :data:`~vitbench.task.CONTROL` row."""
+    return TaskInfo(description=description, metrics=DENSE_METRICS, accuracy=accuracy, counts="backbone",
+                    distributed=True, control=True, fields=DENSE_FIELDS, options=DenseOptions)
+
+
 class DenseTask(Task, TaskReport):
     """What ``det`` and ``seg`` share: an mmdet detector around the reduced backbone, its
-    backbone's GMACs matched, the dense fine-tuning protocol as a spec field and the control row."""
-
-    metrics = DENSE_METRICS
-    counts = "backbone"
-    distributed = True
-    control = True
-    spec_fields = ("dense_finetune", "finetune_epochs")
-    Options = DenseOptions
+    backbone's GMACs matched, the dense fine-tuning protocol as spec fields and the control row
+    (:data:`~vitbench.task.CONTROL`) while detector weights fine-tune."""
     #: the backbone strides the detector takes (:class:`~vitbench.tasks.dense.backbone.FeatureMaps`)
     strides: tuple[int, ...] = ()
 
@@ -61,7 +69,7 @@ class DenseTask(Task, TaskReport):
         from vitbench.tasks.dense.data import DEFAULT_DATA, EMBEDDED_DATA, embedded_backbone, embedded_weights
 
         check_dense_stack(self.name)  # mmdet and mmcv's ops: the dense extra, not the cls install
-        own = self.parse_options(options.task_options)
+        own = parse_options(self, options.task_options)
         metrics = (parse_list("metric", ",".join(options.metrics), DENSE_METRICS) if options.metrics is not None
                    else DENSE_METRICS)
         protocol = _dense_protocol(own, options.train_backbone)
@@ -82,7 +90,7 @@ class DenseTask(Task, TaskReport):
         return TaskSetup(model=model, data=data, metrics=metrics,
                          plan={"train_limit": options.train_limit, "dense_finetune": protocol,
                                "finetune_epochs": finetune_epochs,
-                               "control": not own.no_control, **identity})
+                               "control": not own.no_control and protocol != "method", **identity})
 
     def _epochs(self, own: DenseOptions) -> int:
         # torch/mm: when a run starts; registering the task stays light
@@ -102,7 +110,7 @@ class DenseTask(Task, TaskReport):
         from vitbench.tasks.dense.run import DenseWorkspace, check_model_name, load_backbone
 
         options, setup, plan = request.options, request.setup, request.plan
-        own = self.parse_options(options.task_options)
+        own = parse_options(self, options.task_options)
         check_model_name(setup.model)  # before the data: the default set takes seconds to generate
         data = resolve_det_data(options.data)
         request.note(f"data {data.name}: {data.num_classes} classes ({', '.join(data.classes[:8])}"
@@ -122,27 +130,12 @@ class DenseTask(Task, TaskReport):
                               work_dir=request.out / "work", eval_limit=options.limit,
                               cache_dir=cache_dir() / "detectors" if data.embedded else request.out / "checkpoints")
 
-    def run(self, spec: Any, ws: "DenseWorkspace", values: Any, progress: Progress) -> dict[str, Any]:
+    def run(self, spec: Any, ws: "DenseWorkspace", model: "nn.Module", progress: Progress) -> dict[str, Any]:
         """One det/seg spec (:func:`vitbench.tasks.dense.run.run_dense_spec`)."""
         # torch/mm: when a run starts; registering the task stays light
         from vitbench.tasks.dense.run import run_dense_spec
 
-        return run_dense_spec(spec, ws, progress, values=values)
-
-    def gmacs_counter(self, spec: Any, ws: "DenseWorkspace", progress: Progress) -> Any:
-        """The backbone's GMACs inside the trained detector (matched compute)."""
-        # torch/mm: when a run starts; registering the task stays light
-        from vitbench.tasks.dense.run import dense_gmacs_counter
-
-        return dense_gmacs_counter(ws, spec.seed, progress)
-
-    def control_fields(self, fields: Mapping[str, Any]) -> Optional[dict[str, Any]]:
-        """The control row when detector weights train (protocol ``all`` or ``heads``), under the
-        plan's protocol and fine-tuning epochs."""
-        protocol = fields.get("dense_finetune") or DEFAULT_PROTOCOL
-        if check_protocol(protocol) == "method":
-            return None
-        return {"dense_finetune": protocol, "finetune_epochs": fields.get("finetune_epochs")}
+        return run_dense_spec(spec, ws, model, progress)
 
     def compared_with_control(self, record: Mapping[str, Any]) -> bool:
         """Rows that fine-tuned detector weights, as the control did."""
@@ -150,13 +143,6 @@ class DenseTask(Task, TaskReport):
         from vitbench.tasks.dense.report import finetunes_detector
 
         return finetunes_detector(record)
-
-    def label_notes(self, fields: Mapping[str, Any]) -> list[str]:
-        """``fine-tuned: heads``: a protocol other than the default; ``fine-tuned 16 epochs``:
-        ``--finetune-epochs``."""
-        protocol, epochs = fields.get("dense_finetune"), fields.get("finetune_epochs")
-        notes = [f"fine-tuned: {protocol}"] if protocol not in (None, DEFAULT_PROTOCOL) else []
-        return notes + ([f"fine-tuned {epochs} epochs"] if epochs is not None else [])
 
     def training_words(self, record: Mapping[str, Any], with_method: bool = True) -> Optional[str]:
         """The recorded dense fine-tuning protocol in words."""

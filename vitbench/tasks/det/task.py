@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from vitbench.tasks.dense.task import BOX_MAP, DenseTask
+from vitbench.tasks.dense.task import BOX_MAP, DenseTask, dense_info
 
 __all__ = ["DetTask"]
 
@@ -13,8 +13,7 @@ class DetTask(DenseTask):
     """``det``: mmdet SSDLite on the reduced backbone; box mAP, AP50, AP75."""
 
     name = "det"
-    accuracy = (BOX_MAP,)
-    description = "object detection (mmdet SSDLite on the backbone): box mAP, AP50, AP75"
+    info = dense_info("object detection (mmdet SSDLite on the backbone): box mAP, AP50, AP75", (BOX_MAP,))
     strides = (16, 32)
 
     def detector_config(self, in_channels: Sequence[int], num_classes: int, *, width: str,

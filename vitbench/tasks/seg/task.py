@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from vitbench.catalog import ReportColumn
-from vitbench.tasks.dense.task import BOX_MAP, DenseTask
+from vitbench.tasks.dense.task import BOX_MAP, DenseTask, dense_info
 
 #: what the reports show beside box mAP: COCO mask mAP with AP50 and AP75
 MASK_MAP = ReportColumn("mask_map", "Mask mAP", "ΔMask mAP", ".3f", plot_label="mask mAP",
@@ -19,8 +19,7 @@ class SegTask(DenseTask):
     """``seg``: mmdet Mask R-CNN with FPN on the reduced backbone; box and mask mAP."""
 
     name = "seg"
-    accuracy = (BOX_MAP, MASK_MAP)
-    description = "instance segmentation (mmdet Mask R-CNN + FPN): box and mask mAP"
+    info = dense_info("instance segmentation (mmdet Mask R-CNN + FPN): box and mask mAP", (BOX_MAP, MASK_MAP))
     strides = (4, 8, 16, 32)
 
     def detector_config(self, in_channels: Sequence[int], num_classes: int, *, width: str,

@@ -1,8 +1,8 @@
 """agreement: an example vitbench *task* -- how often the reduced model still predicts what the
 unreduced one predicts.
 
-For every run spec the model (``--model``, default vitbench's embedded Fashion-MNIST ViT) is
-reduced by the method and run on ``--limit`` images (default 64); the record's
+For every run spec the model (``--model``, default vitbench's embedded Fashion-MNIST ViT), which
+vitbench reduces by the method before the task sees it, runs on ``--limit`` images (default 64); the record's
 ``agreement_pct`` is the percentage of images whose top-1 class equals the unreduced model's
 (the baseline row is 100 by definition); with the task's own option ``--agreement-top K`` an
 image agrees when the unreduced model's class is among the reduced model's top K. It needs no labels and no data set: the images are
@@ -17,23 +17,19 @@ the task and its option), so torch and the model code are imported inside the me
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable
 
-from vitbench import apply
 from vitbench.catalog import ReportColumn, TaskSetup, WorkspaceRequest
 from vitbench.errors import VitbenchError
 from vitbench.core.options import RunOptions, parse_list
 from vitbench.host import get_host
-from vitbench.task import BASELINE, Progress, Task, option
+from vitbench.task import Progress, Task, TaskInfo, Workspace, option, parse_options
 from vitbench.tasks.embedded import DEFAULT_MODEL
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
-
-    from vitbench.measure.calibrate import GmacsCounter
 
 #: what the task can measure (``--metrics``); "accuracy" is the agreement
 METRICS = ("accuracy", "gmacs", "params")
@@ -42,7 +38,7 @@ GMACS_IMAGES = 16
 
 
 @dataclass
-class AgreementWorkspace:
+class AgreementWorkspace(Workspace):
     """What the runs of one plan share: the unreduced model, the images and its predictions."""
 
     model: nn.Module
@@ -50,6 +46,12 @@ class AgreementWorkspace:
     reference: torch.Tensor  # the unreduced model's top-1 class of each image
     top: int = 1  # --agreement-top K: the reference class among the reduced model's top K
     counters: dict = field(default_factory=dict)  # matched compute: the executor's cache
+
+    def gmacs_of(self, spec: Any, progress: Progress) -> Callable[[nn.Module], float]:
+        """A reduced copy's GMACs on the images :meth:`AgreementTask.run` counts on (``--match-gmacs``)."""
+        from vitbench import measure
+
+        return lambda model: measure.count_gmacs(model.eval(), self.images[:GMACS_IMAGES]).mean
 
 
 @dataclass(frozen=True)
@@ -77,25 +79,19 @@ def _agrees(model: nn.Module, images: torch.Tensor, reference: torch.Tensor, top
     return (ranked == reference[:, None]).any(dim=-1)
 
 
-def _reduced(ws: AgreementWorkspace, method: Optional[str], values: Any) -> nn.Module:
-    model = copy.deepcopy(ws.model)
-    return apply(model, method, values) if method is not None else model
-
-
 class AgreementTask(Task):
     """``agreement``: top-1 agreement of the reduced model with the unreduced one on seeded noise."""
 
     name = "agreement"
-    description = "example: top-1 agreement of the reduced model with the unreduced one on seeded noise images"
-    metrics = METRICS
-    counts = "model"
-    accuracy = (ReportColumn("agreement_pct", "Agreement (%)", "ΔAgreement (pp)", ".1f",
-                             plot_label="top-1 agreement with the unreduced model (%)"),)
-    Options = AgreementOptions
+    info = TaskInfo(description="example: top-1 agreement of the reduced model with the unreduced one on seeded "
+                                "noise images",
+                    metrics=METRICS, accuracy=(ReportColumn("agreement_pct", "Agreement (%)", "ΔAgreement (pp)", ".1f",
+                                                            plot_label="top-1 agreement with the unreduced model (%)"),),
+                    options=AgreementOptions)
 
     def setup(self, options: RunOptions) -> TaskSetup:
         """The model and metrics; learnable methods are refused (no training data here)."""
-        own = self.parse_options(options.task_options)
+        own = parse_options(self, options.task_options)
         host = get_host()
         learnable = [host.method(m).name for m in options.methods if host.method(m).needs_training]
         if learnable:
@@ -123,16 +119,15 @@ class AgreementTask(Task):
         check_applies(plan, model)
         generator = torch.Generator().manual_seed(plan[0].seed)
         images = torch.randn(options.limit or IMAGES, *input_size_of(model), generator=generator)
-        top = self.parse_options(options.task_options).agreement_top
+        top = parse_options(self, options.task_options).agreement_top
         return AgreementWorkspace(model=model, images=images, reference=_top1(model, images), top=top)
 
-    def run(self, spec: Any, ws: AgreementWorkspace, values: Any, progress: Progress) -> dict[str, Any]:
-        """One run: the agreement with the unreduced model, GMACs and parameters."""
+    def run(self, spec: Any, ws: AgreementWorkspace, model: nn.Module, progress: Progress) -> dict[str, Any]:
+        """One run of ``model`` (reduced by vitbench): the agreement with the unreduced model, GMACs
+        and parameters."""
         from vitbench import measure
 
-        if spec.method != BASELINE:
-            progress("applying the method")
-        model = _reduced(ws, None if spec.method == BASELINE else spec.method, values).eval()
+        model = model.eval()
         out: dict[str, Any] = {}
         if "accuracy" in spec.metrics:
             progress(f"comparing top-{ws.top} with the unreduced model on {len(ws.images)} noise images")
@@ -146,12 +141,3 @@ class AgreementTask(Task):
         if "params" in spec.metrics:
             out["params_m"] = measure.count_params_m(model)
         return out
-
-    def gmacs_counter(self, spec: Any, ws: AgreementWorkspace, progress: Progress) -> "GmacsCounter":
-        """GMACs of a reduced copy on the images :meth:`run` counts on (``--match-gmacs``)."""
-        from vitbench import measure
-        from vitbench.measure.calibrate import GmacsCounter
-
-        images = ws.images[:GMACS_IMAGES]
-        return GmacsCounter(lambda method, values: measure.count_gmacs(_reduced(ws, method, values).eval(),
-                                                                        images).mean)
