@@ -72,3 +72,53 @@ def test_default_model_shows_a_dense_backbone(capsys: pytest.CaptureFixture[str]
     assert ("timm efficientvit_b1 (in_chans=3, num_classes=10, head_widths=[256, 256]): 128x128 input, 3 channels "
             "(the grey image repeated), stored in float16") in out
     assert "again: python -m vitbench.tasks.cls.default_model --model vitbench-fmnist-efficientvit-b1" in out
+
+
+def _scene_crops(root, scenes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each garment of the first ``scenes`` val scenes, cropped square around its box with the
+    margin of the padded training images (28 of 32 px), at 128 px; and its class index."""
+    import numpy as np
+    from PIL import Image
+
+    ann = json.loads((root / "annotations/instances_val2017.json").read_text())
+    files = {i["id"]: i["file_name"] for i in ann["images"]}
+    cats = sorted(c["id"] for c in ann["categories"])
+    crops, labels = [], []
+    for a in (a for a in ann["annotations"] if a["image_id"] in sorted(files)[:scenes]):
+        image = np.asarray(Image.open(root / "val2017" / files[a["image_id"]]).convert("L"), dtype=np.float32) / 255
+        x, y, w, h = a["bbox"]
+        side = int(round(max(w, h) * 32 / 28))
+        x0, y0 = int(round(x + w / 2 - side / 2)) + side, int(round(y + h / 2 - side / 2)) + side
+        crop = np.pad(image, side)[y0:y0 + side, x0:x0 + side]
+        crops.append(torch.nn.functional.interpolate(torch.from_numpy(np.ascontiguousarray(crop))[None, None],
+                                                     size=(128, 128), mode="bilinear")[0])
+        labels.append(cats.index(a["category_id"]))
+    return torch.stack(crops), torch.tensor(labels)
+
+
+@needs_fmnist
+@pytest.mark.parametrize("model", DENSE, ids=lambda m: m.name)
+def test_on_the_scenes_the_backbone_recognises_garments_a_random_init_does_not(
+        model: dm.EmbeddedModel, tmp_path) -> None:
+    """The scenes' result the dense protocol rests on: cropped from the val scenes, the garments
+    are classified far above a random init of the same model (measured on 242 crops: 31 % for
+    MobileViT-XS, 35 % for EfficientViT-B1, against 9 % and 13 %), though far below the 90 % on
+    Fashion-MNIST's own images: the scenes' background, occluders and neighbours shift the input
+    (docs/results.md, "Detection and segmentation on the scenes")."""
+    import timm
+
+    from vitbench.data.fmnist_scenes import ScenesSettings, generate_fmnist_scenes
+
+    root = generate_fmnist_scenes(tmp_path, ScenesSettings(train_images=1, val_images=60))
+    crops, labels = _scene_crops(root, 60)
+    x = (crops.expand(-1, 3, -1, -1) - torch.tensor(model.mean)[:, None, None]) / torch.tensor(model.std)[:, None, None]
+
+    def top1(net: torch.nn.Module) -> float:
+        with torch.inference_mode():
+            return (net.eval().float()(x).argmax(-1) == labels).float().mean().item()
+
+    trained = top1(dm.load_default_model(model=model)[0])
+    torch.manual_seed(0)
+    random = top1(timm.create_model(model.timm_name, num_classes=10))
+    assert len(labels) >= 200
+    assert trained > 0.25 and trained > 2 * random, (trained, random)
