@@ -164,7 +164,7 @@ def test_training_free_by_default_and_fine_tunes_the_whole_network_with_epochs()
     """``epochs`` 0: no training stage; above 0: one stage that trains every backbone parameter
     with the merges in place (ALGM has none of its own), whatever ``--train-backbone`` says."""
     from vitbench.tasks.cls.data import resolve_cls_data
-    from vitbench.train import finetune
+    from vitbench.tasks.cls.finetune import finetune
 
     host = vitbench.host.get_host()
     spec = host.method("algm")

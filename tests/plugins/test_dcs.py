@@ -645,7 +645,7 @@ def test_efficientvit_fine_tunes_search_then_retrain(one_thread, folder_writer, 
     """The real loop (mmengine Runner) on a tiny image folder: both stages run, the search ends
     in the shrink within the budget, the retraining uses the IB bound of the last stage's map."""
     from vitbench.tasks.cls.data import resolve_cls_data
-    from vitbench.train import finetune
+    from vitbench.tasks.cls.finetune import finetune
 
     for split in ("train", "val"):
         folder_writer(tmp_path / split, {"a": 8, "b": 8}, size=(EV_SIZE, EV_SIZE))

@@ -381,7 +381,7 @@ def test_search_state_dict_round_trips():
 
 def test_the_fine_tuning_loop_trains_only_the_rate_distributions():
     from vitbench.tasks.cls.data import resolve_cls_data
-    from vitbench.train import finetune
+    from vitbench.tasks.cls.finetune import finetune
 
     model = tiny_vit(in_chans=1)
     model.pretrained_cfg = {"input_size": (1, 32, 32), "mean": (0.2190,), "std": (0.3318,),

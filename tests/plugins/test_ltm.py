@@ -414,7 +414,7 @@ def test_ibtm_is_an_alias_and_the_stage_declares_the_defaults():
 
 
 def _trained_names(model, train_backbone=False):
-    from vitbench.train.finetune import trainable_parameters
+    from vitbench.train.stages import trainable_parameters
 
     return set(trainable_parameters(model, _stage(model), train_backbone))
 

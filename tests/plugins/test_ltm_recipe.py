@@ -105,7 +105,7 @@ def test_the_official_recipe_trains_everything_at_2e_4_and_ends_on_the_moving_av
 
 
 def test_the_official_recipe_smooths_the_labels_and_switches_the_ib_term_on_after_the_warm_up():
-    from vitbench.train.finetune import MethodTrainer
+    from vitbench.tasks.cls.finetune import MethodTrainer
 
     model = _ltm(recipe="official", epochs=4)
     stage = _stage(model)

@@ -337,7 +337,7 @@ def test_default_fine_tuning_of_the_default_model_lands_near_its_target():
     # run ended at 0.34 x the baseline's GMACs. Bounded, 40 steps land near 0.75 x (0.748 measured).
     from vitbench.tasks.cls import default_model as dm
     from vitbench.tasks.cls.data import resolve_cls_data
-    from vitbench.train import finetune
+    from vitbench.tasks.cls.finetune import finetune
     from vitbench.train.batches import cls_batches, data_preprocessor, first_images
 
     base = dm.build_arch()

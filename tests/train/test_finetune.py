@@ -2,6 +2,8 @@
 stays frozen, the callbacks, the alternating optimisers and the checkpoint round trip."""
 from __future__ import annotations
 
+import sys
+
 
 import pytest
 import torch
@@ -13,7 +15,8 @@ from vitbench.errors import CheckpointError, NonFiniteError
 from vitbench.testing import tiny_vit
 
 from tests_support import CALLS, SCALES, STAGES_SEEN  # noqa: E402 - tests/tests_support.py: the learnable test method
-from vitbench.train import finetune, load_trained, save_trained
+from vitbench.tasks.cls.finetune import finetune
+from vitbench.train import load_trained, save_trained
 from vitbench.train.stages import is_arch_step, trainable_parameters
 
 @pytest.fixture(scope="module")
@@ -51,7 +54,7 @@ def test_callbacks_see_the_stage_as_the_task_runs_it(gate_method, fmnist, monkey
     lengthens it: callbacks that act after the last epoch count its real epochs), and None after."""
     import dataclasses
 
-    from vitbench.train.finetune import ClsStages
+    from vitbench.tasks.cls.finetune import ClsStages
 
     monkeypatch.setattr(ClsStages, "prepare", lambda self, stage, last: dataclasses.replace(stage, epochs=2))
     model = vitbench.apply(_model(), gate_method)
@@ -189,3 +192,20 @@ def test_the_loop_helpers_moved_to_stages_still_import_from_finetune():
     assert StageHook is stages.StageHook
     with pytest.raises(ImportError):
         from vitbench.train.finetune import no_such_name  # noqa: F401
+
+
+def test_the_cls_trainer_moved_under_its_task_and_still_imports_from_train(monkeypatch):
+    """``vitbench.train.finetune`` (the function and the module) moved to vitbench.tasks.cls.finetune:
+    the old names still give it, with a deprecation warning naming the new home."""
+    import vitbench.train
+    from vitbench.tasks.cls import finetune as new
+
+    # an earlier import of the old module name binds it on the package; start from a fresh import
+    monkeypatch.delattr(vitbench.train, "finetune", raising=False)
+    monkeypatch.delitem(sys.modules, "vitbench.train.finetune", raising=False)
+    with pytest.warns(DeprecationWarning, match=r"vitbench.train.finetune moved to vitbench.tasks.cls.finetune"):
+        from vitbench.train import finetune as old_function
+    assert old_function is new.finetune
+    with pytest.warns(DeprecationWarning, match=r"moved to vitbench.tasks.cls.finetune"):
+        import vitbench.train.finetune as old_module  # noqa: F401
+    assert old_module.ClsStages is new.ClsStages

@@ -1,4 +1,4 @@
-"""DDP fine-tuning (vitbench.train.finetune under a process group; issue 13 item 2): two gloo
+"""DDP fine-tuning (vitbench.tasks.cls.finetune under a process group; issue 13 item 2): two gloo
 ranks on the CPU, started here with torch.multiprocessing, fine-tune the small learnable test
 method (tests_support.py, ``test-gate``) on their halves of each batch and end with the same
 weights as each other and as one process; a non-finite loss on one rank stops both."""
@@ -47,7 +47,7 @@ def _worker(rank: int, world: int, port: int, out: str, nan_rank: int) -> None:
     from tests_support import register_gate
     from vitbench.errors import NonFiniteError
     from vitbench.tasks.cls.data import resolve_cls_data
-    from vitbench.train import finetune
+    from vitbench.tasks.cls.finetune import finetune
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
@@ -92,7 +92,7 @@ def test_two_ranks_end_with_the_same_weights_as_each_other_and_as_one_process(tm
             stage["effective_batch_size"]) == (LIMIT // 32, LIMIT, 2, 16, 32)
 
     from vitbench.tasks.cls.data import resolve_cls_data
-    from vitbench.train import finetune
+    from vitbench.tasks.cls.finetune import finetune
 
     torch.manual_seed(0)
     one = vitbench.apply(_model(), gate_method, **GATE)

@@ -24,6 +24,7 @@ MOVED = {
     "vitbench.execute": "vitbench.run.execute",
     "vitbench.calibrate": "vitbench.measure.calibrate",
     "vitbench.tasks.cls.models": "vitbench.tasks.models",
+    "vitbench.train.finetune": "vitbench.tasks.cls.finetune",
     **{f"vitbench.{name}": f"vitbench.core.{name}"
        for name in ("files", "cache", "params", "guards", "options", "metrics", "progress", "interrupts")},
     **{f"vitbench.tasks.det.{name}": f"vitbench.tasks.dense.{name}"

@@ -44,7 +44,8 @@ from vitbench.tasks.cls.evaluate import evaluate_cls
 from vitbench.tasks.cls.head import fitted_head
 from vitbench.tasks.models import load_model, resize_input
 from vitbench.tasks.cls.weights_from import default_model_sha256
-from vitbench.train import finetune, load_trained, save_trained
+from vitbench.tasks.cls.finetune import finetune
+from vitbench.train import load_trained, save_trained
 from vitbench.train.batches import cls_batches, data_preprocessor, first_images
 from vitbench.train.shipped import find_shipped, load_shipped
 
@@ -188,7 +189,7 @@ def _load_shipped(spec: RunSpec, model: nn.Module, values: Any, progress: Progre
 def _train(spec: RunSpec, ws: ClsWorkspace, model: nn.Module, progress: Progress) -> dict[str, Any]:
     """Fine-tune a learnable method (or load its shipped weights when the run's settings equal
     theirs, or reload its checkpoint on ``--resume``). Under a launcher
-    every rank fine-tunes (DDP, :mod:`vitbench.train.finetune`), the ranks reload a checkpoint
+    every rank fine-tunes (DDP, :mod:`vitbench.tasks.cls.finetune`), the ranks reload a checkpoint
     only when every one of them finds it (a decision they take together), and rank 0 alone
     writes it."""
     path = ws.checkpoint_dir / f"{spec.spec_id}.pth" if ws.checkpoint_dir else None

@@ -1,5 +1,5 @@
 """Fine-tuning a reduced classifier: the cls task's trainer and stage source for the one stage loop
-(:mod:`vitbench.train.stages`; docs/architecture.md, "The fine-tuning loop").
+(:mod:`vitbench.train.stages`, which det and seg use too; docs/architecture.md, "The fine-tuning loop").
 
 The step's loss is cross-entropy (with the stage's label smoothing) plus the method's
 ``extra_loss``; the data is the training split, the first ``limit`` images, no augmentation."""
@@ -146,7 +146,7 @@ def finetune(model: nn.Module, data: Any, *, train_backbone: bool = False, limit
                       progress=progress)
 
 
-#: the loop's helpers that lived here before the one stage loop (:mod:`vitbench.train.stages`)
+#: the loop's helpers that lived in this module (then ``vitbench.train.finetune``) before the one stage loop
 _MOVED = ("DDP_WRAPPER", "FiniteLossHook", "MethodDDP", "PositionHook", "StageHook", "broadcast_buffers",
           "check_losses_on_every_rank", "guarded_update", "is_arch_step", "step_wrapper", "train_stage")
 
