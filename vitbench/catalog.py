@@ -288,7 +288,8 @@ class ReportColumn:
     then the columns of ``before`` as they are, then ``delta`` (the row minus the baseline), the
     delta against the control row when the task has one, then the columns of ``after``.
     ``before``/``after`` are ``(title, record key)`` pairs shown with the same format (cls: Top-5
-    beside Top-1; det: AP50 and AP75 beside box mAP). ``plot_label`` labels the plots' axes.
+    beside Top-1; det: AP50 and AP75 beside box mAP). ``plot_label`` labels the plots' axes; ``about``
+    says how the task measures it, in the report's methodology (cls: mmpretrain's Accuracy).
     """
 
     key: str
@@ -298,6 +299,7 @@ class ReportColumn:
     plot_label: str = ""
     before: tuple[tuple[str, str], ...] = ()
     after: tuple[tuple[str, str], ...] = ()
+    about: str = ""
 
     @property
     def axis(self) -> str:

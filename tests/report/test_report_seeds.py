@@ -2,6 +2,8 @@
 against the baseline's mean, timings as medians over seeds, speed-ups paired per seed."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from vitbench.report import comparison_table, render_markdown
@@ -143,6 +145,6 @@ def test_a_task_of_its_own_gets_its_column_aggregated(make_record, monkeypatch) 
     column = (ReportColumn("agreement_pct", "Agreement (%)", "ΔAgreement (pp)", ".1f"),)
     recs = [{**make_record(f"a-{s}", "tome", {"r": 4}, agreement_pct=v), "seed": s, "task": "cls"}
             for s, v in enumerate((70.0, 72.0, 74.0))]
-    monkeypatch.setattr(type(task), "accuracy", column)
+    monkeypatch.setattr(type(task), "info", dataclasses.replace(task.info, accuracy=column))
     row = aggregate_over_seeds(recs)[0]
     assert row["agreement_pct"] == pytest.approx(72.0) and row["agreement_pct_seed_std"] == pytest.approx(2.0)

@@ -38,7 +38,7 @@ __all__ = ["render_markdown", "METHODOLOGY", "group_section", "header_lines"]
 _VERSION_KEYS = ("torch", "timm", "mmengine", "mmcv", "mmdet", "mmpretrain", "vitbench")
 
 #: every paragraph of the methodology; a report shows those of what it measured (:func:`methodology`)
-METHODOLOGY = " ".join(text for _, text in PARAGRAPHS)
+METHODOLOGY = " ".join(text for _, text in PARAGRAPHS if text)
 
 
 SEEDS_NOTE = (

@@ -1,15 +1,19 @@
 """The report's methodology paragraph, for what was measured only: how GMACs were counted when a
-row counted them, how timings ran when a row was timed, what the IB metrics are when a row
-measured them (docs/measuring.md, "Report shape"), and always what a row says (label, images,
-interval, weights)."""
+row counted them, how timings ran when a row was timed, how each task measures its accuracy (its
+columns' ``about``), what the IB metrics are when a row measured them (docs/measuring.md, "Report
+shape"), and always what a row says (label, images, interval, weights)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from vitbench.report.row_facts import TOP5_MIN_CLASSES
+from vitbench.report.task_shape import accuracy_columns
 
-__all__ = ["PARAGRAPHS", "methodology"]
+__all__ = ["ACCURACY", "PARAGRAPHS", "methodology"]
+
+#: in :data:`PARAGRAPHS`, the records' accuracy columns: as keys any of them, as text their ``about``
+ACCURACY = ("<accuracy>",)
 
 #: ``(record keys, text)``: shown when a successful record holds one of the keys (``None``: always)
 PARAGRAPHS: tuple[tuple[tuple[str, ...] | None, str], ...] = (
@@ -64,15 +68,10 @@ PARAGRAPHS: tuple[tuple[tuple[str, ...] | None, str], ...] = (
      "forward, a label-free loss (the mean log-sum-exp of the logits) and backward at the batch size "
      "of the throughput column, ± the spread over repeats; no optimiser step. **Train speed-up** is "
      "it over the baseline's."),
-    (("top1_pct", "box_map", "mask_map", "gmacs"),
+    (("gmacs", *ACCURACY),
      "Deltas (accuracy in percentage points or mAP, GMACs ↓ in %) are against the baseline of the "
      "same task and model measured on the same evaluation images, classifier head and weights."),
-    (("top1_pct",),
-     "Top-1/top-5 come from mmpretrain's Accuracy. Column Images is the number of evaluation "
-     "images a row was scored on, and a single run's accuracy is shown with its 95 % Wilson score "
-     "interval, `85.50 [80.0, 89.6]` (k correct of n images; asymmetric near 0 and 100 %, where a "
-     "± would leave the range): two rows whose intervals overlap may not differ. Over several "
-     "seeds the cell is the mean ± standard deviation instead."),
+    (ACCURACY, ""),
     (("agreement_pct",),
      "**Agreement** is the share of the evaluation images whose top-1 class is the baseline's (the "
      "unreduced model of the same seed, weights and images): two methods at equal top-1 can keep "
@@ -81,11 +80,6 @@ PARAGRAPHS: tuple[tuple[tuple[str, ...] | None, str], ...] = (
     (("top5_pct",),
      f"Top-5 is shown only for data of at least {TOP5_MIN_CLASSES} classes: with fewer, five "
      f"guesses cover more than a tenth of the classes (half of a 10-class set) and it says little."),
-    (("box_map", "mask_map"),
-     "Box/mask mAP come from mmdet's CocoMetric, on the number of images in column Images; they "
-     "get no interval: mAP is no proportion of images, so no binomial interval applies, and an "
-     "honest one (a bootstrap over images) needs the per-image detections, which a record does "
-     "not keep."),
     (("ib_loss", "ib_bound"),
      "**IB loss** = I(X~;X) - I(X~;Y) and **IB bound** (Theorem 3.1 of the IBTM paper) are in "
      "nats, measured on the evaluation split: X~ the size-weighted mean of the final block's "
@@ -108,7 +102,15 @@ def methodology(records: Iterable[Mapping[str, Any]]) -> str:
     """The paragraphs of :data:`PARAGRAPHS` that the successful ``records`` measured, joined."""
     ok = [r for r in records if r.get("status") == "ok"]
 
-    def measured(keys: tuple[str, ...] | None) -> bool:
-        return keys is None or any(r.get(k) not in (None, False, "") for r in ok for k in keys)
+    columns = dict.fromkeys(c for task in dict.fromkeys(str(r.get("task")) for r in ok) for c in accuracy_columns(task))
+    measured_columns = [c for c in columns if any(r.get(c.key) is not None for r in ok)]
 
-    return " ".join(text for keys, text in PARAGRAPHS if measured(keys))
+    def measured(keys: tuple[str, ...] | None) -> bool:
+        if keys is None or (keys[-1:] == ACCURACY and measured_columns):
+            return True
+        return any(r.get(k) not in (None, False, "") for r in ok for k in keys)
+
+    def text(keys: tuple[str, ...] | None, words: str) -> str:
+        return " ".join(dict.fromkeys(c.about for c in measured_columns if c.about)) if keys == ACCURACY else words
+
+    return " ".join(t for keys, words in PARAGRAPHS if measured(keys) and (t := text(keys, words)))

@@ -31,8 +31,13 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["CLS_ACCURACY", "ClsTask"]
 
 #: what the reports show as accuracy: top-1 (with top-5 beside it, and the agreement with the baseline after)
-CLS_ACCURACY = (ReportColumn("top1_pct", "Top-1 (%)", "ΔTop-1 (pp)", ".2f", before=(("Top-5 (%)", "top5_pct"),),
-                             after=(("Agreement (%)", "agreement_pct"),)),)
+CLS_ACCURACY = (ReportColumn(
+    "top1_pct", "Top-1 (%)", "ΔTop-1 (pp)", ".2f", before=(("Top-5 (%)", "top5_pct"),),
+    after=(("Agreement (%)", "agreement_pct"),),
+    about="Top-1/top-5 come from mmpretrain's Accuracy. Column Images is the number of evaluation images a row was "
+          "scored on, and a single run's accuracy is shown with its 95 % Wilson score interval, `85.50 [80.0, 89.6]` "
+          "(k correct of n images; asymmetric near 0 and 100 %, where a ± would leave the range): two rows whose "
+          "intervals overlap may not differ. Over several seeds the cell is the mean ± standard deviation instead."),)
 
 
 def _learnable(options: "RunOptions") -> list[str]:

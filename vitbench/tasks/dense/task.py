@@ -25,15 +25,19 @@ if TYPE_CHECKING:  # the mm stack is imported when a dense run starts, not when 
     from vitbench.core.options import RunOptions
     from vitbench.tasks.dense.run import DenseWorkspace
 
-__all__ = ["BOX_MAP", "DEFAULT_DENSE_MODEL", "DENSE_FIELDS", "DENSE_METRICS", "DenseTask", "dense_info"]
+__all__ = ["BOX_MAP", "DEFAULT_DENSE_MODEL", "MAP_ABOUT", "DENSE_FIELDS", "DENSE_METRICS", "DenseTask", "dense_info"]
 
 #: the default backbone of the dense tasks (on the embedded data: trained on Fashion-MNIST, shipped)
 DEFAULT_DENSE_MODEL = "mobilevit_xs"
 #: metrics of the dense tasks ("accuracy" is box/mask mAP; the IB metric needs image classes)
 DENSE_METRICS = tuple(m for m in DEFAULT_METRICS if m != "ib")
 #: what the reports show as a dense task's accuracy: COCO box mAP with AP50 and AP75
+#: how the dense tasks measure box and mask mAP, in the report's methodology
+MAP_ABOUT = ("Box/mask mAP come from mmdet's CocoMetric, on the number of images in column Images; they get no "
+             "interval: mAP is no proportion of images, so no binomial interval applies, and an honest one (a "
+             "bootstrap over images) needs the per-image detections, which a record does not keep.")
 BOX_MAP = ReportColumn("box_map", "Box mAP", "ΔBox mAP", ".3f", plot_label="box mAP",
-                       after=(("Box AP50", "box_ap50"), ("Box AP75", "box_ap75")))
+                       after=(("Box AP50", "box_ap50"), ("Box AP75", "box_ap75")), about=MAP_ABOUT)
 
 
 #: the dense fine-tuning protocol and its epochs as spec fields, noted in labels unless the default

@@ -6,11 +6,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from vitbench.catalog import ReportColumn
-from vitbench.tasks.dense.task import BOX_MAP, DenseTask, dense_info
+from vitbench.tasks.dense.task import BOX_MAP, MAP_ABOUT, DenseTask, dense_info
 
 #: what the reports show beside box mAP: COCO mask mAP with AP50 and AP75
 MASK_MAP = ReportColumn("mask_map", "Mask mAP", "ΔMask mAP", ".3f", plot_label="mask mAP",
-                        after=(("Mask AP50", "mask_ap50"), ("Mask AP75", "mask_ap75")))
+                        after=(("Mask AP50", "mask_ap50"), ("Mask AP75", "mask_ap75")), about=MAP_ABOUT)
 
 __all__ = ["MASK_MAP", "SegTask"]
 
