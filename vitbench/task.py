@@ -147,7 +147,7 @@ class Task(ABC):
         (:func:`vitbench.host.apply.check_applies`) and return what the runs share."""
 
     @abstractmethod
-    def run(self, spec: Any, ws: Any, model: "nn.Module", progress: Progress) -> dict[str, Any]:
+    def run(self, spec: Any, ws: Workspace, model: "nn.Module", progress: Progress) -> dict[str, Any]:
         """One run spec on ``model``: a copy of ``ws.model`` that the executor reduced with the
         spec's method (``reduction_context(model).params`` holds its parameters, a matched knob
         set; unreduced for the baseline and the control); fine-tune it when it trains, evaluate and
