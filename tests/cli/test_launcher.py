@@ -218,7 +218,7 @@ def test_torchrun_two_ranks_train_the_det_detector_with_ddp_and_evaluate_like_on
 
 @pytest.mark.parametrize("extra, message", [
     (["--task", "agreement", "--methods", "random-drop", "--launcher", "pytorch"],  # the example plugin's task
-     "--launcher pytorch supports the cls, det, seg task(s) so far (Task.distributed); --task is 'agreement'"),
+     "--launcher pytorch supports the cls, det, seg task(s) so far (TaskInfo.distributed); --task is 'agreement'"),
     (["--methods", "dynamicvit", "--launcher", "pytorch"], "--launcher pytorch needs the environment torchrun sets "
      "(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT missing)"),
     (["--methods", "tome", "--launcher", "slurm"], "--launcher slurm needs the environment srun sets "
