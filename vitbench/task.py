@@ -63,11 +63,14 @@ def _value_type(hint: Any) -> Any:
 class TaskField:
     """A task's own field of a run spec, hashed into its id when set (det: ``dense_finetune``), and
     how a label shows it: ``note`` formatted with the value (``"fine-tuned: {}"``), except at
-    ``unless`` (the default the label leaves out); no ``note``: the label does not show it."""
+    ``unless`` (the default the label leaves out); no ``note``: the label does not show it.
+    ``no_control``: its values under which a plan holds no :data:`CONTROL` row (det: ``method``,
+    where no detector weight trains)."""
 
     name: str
     note: str = ""
     unless: Any = None
+    no_control: tuple[Any, ...] = ()
 
     def label_note(self, value: Any) -> Optional[str]:
         """The label's note for ``value``, or ``None``."""

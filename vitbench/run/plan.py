@@ -54,8 +54,8 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
 
     ``task_fields``: the task's own spec fields (:attr:`~vitbench.task.TaskInfo.fields`, det's
     ``dense_finetune``), carried by the specs of learnable methods. ``control`` (tasks with
-    :attr:`~vitbench.task.TaskInfo.control`; the task's setup says false where it has none to
-    offer): when a method trains, the :data:`CONTROL` spec, with the same task fields, follows the
+    :attr:`~vitbench.task.TaskInfo.control`, unless a task field holds one of its ``no_control``
+    values): when a method trains, the :data:`CONTROL` spec, with the same task fields, follows the
     baseline: the baseline fine-tuned the same way without a method, so that a method's accuracy
     can be compared at equal training.
 
@@ -92,7 +92,9 @@ def build_plan(*, task: str, model: str, methods: Iterable[str], data: Optional[
                   cuda_graph=cuda_graph, limit=limit, head=head, weights=weights, repeats=repeats,
                   data_id=data_id, batch_sizes=batch_sizes, img_size=img_size)
     plan = [RunSpec(method=BASELINE, params_json="{}", **common)]
-    if control and task_spec.info.control and any(host.method(n).trains(v) for n, v in chosen.items()):
+    wants_control = task_spec.info.control and not any(task_fields.get(f.name) in f.no_control
+                                                        for f in task_spec.info.fields)
+    if control and wants_control and any(host.method(n).trains(v) for n, v in chosen.items()):
         plan.append(RunSpec(method=CONTROL, params_json="{}", **common, train_limit=train_limit,
                             task_fields=_task_fields(task_fields)))
     for name, values in chosen.items():

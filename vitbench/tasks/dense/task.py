@@ -31,17 +31,17 @@ __all__ = ["BOX_MAP", "DEFAULT_DENSE_MODEL", "MAP_ABOUT", "DENSE_FIELDS", "DENSE
 DEFAULT_DENSE_MODEL = "mobilevit_xs"
 #: metrics of the dense tasks ("accuracy" is box/mask mAP; the IB metric needs image classes)
 DENSE_METRICS = tuple(m for m in DEFAULT_METRICS if m != "ib")
-#: what the reports show as a dense task's accuracy: COCO box mAP with AP50 and AP75
 #: how the dense tasks measure box and mask mAP, in the report's methodology
 MAP_ABOUT = ("Box/mask mAP come from mmdet's CocoMetric, on the number of images in column Images; they get no "
              "interval: mAP is no proportion of images, so no binomial interval applies, and an honest one (a "
              "bootstrap over images) needs the per-image detections, which a record does not keep.")
+#: what the reports show as a dense task's accuracy: COCO box mAP with AP50 and AP75
 BOX_MAP = ReportColumn("box_map", "Box mAP", "ΔBox mAP", ".3f", plot_label="box mAP",
                        after=(("Box AP50", "box_ap50"), ("Box AP75", "box_ap75")), about=MAP_ABOUT)
 
 
 #: the dense fine-tuning protocol and its epochs as spec fields, noted in labels unless the default
-DENSE_FIELDS = (TaskField("dense_finetune", note="fine-tuned: {}", unless=DEFAULT_PROTOCOL),
+DENSE_FIELDS = (TaskField("dense_finetune", note="fine-tuned: {}", unless=DEFAULT_PROTOCOL, no_control=("method",)),
                 TaskField("finetune_epochs", note="fine-tuned {} epochs"))
 
 
@@ -94,7 +94,7 @@ class DenseTask(Task, TaskReport):
         return TaskSetup(model=model, data=data, metrics=metrics,
                          plan={"train_limit": options.train_limit, "dense_finetune": protocol,
                                "finetune_epochs": finetune_epochs,
-                               "control": not own.no_control and protocol != "method", **identity})
+                               "control": not own.no_control, **identity})
 
     def _epochs(self, own: DenseOptions) -> int:
         # torch/mm: when a run starts; registering the task stays light
