@@ -465,7 +465,7 @@ _OLD_TASK_MEMBERS = {**{name: f"TaskInfo({name.lower()}=...)" for name in
                         ("description", "metrics", "accuracy", "counts", "distributed", "control", "Options")},
                      "spec_fields": "TaskInfo(fields=...)", "parse_options": "vitbench.task.parse_options",
                      "gmacs_counter": "the workspace's gmacs_of", "shared_fields": "the workspace's record_fields",
-                     "control_fields": "the setup's plan keyword control", "label_notes": "TaskField(note=...)"}
+                     "control_fields": "TaskField(no_control=...)", "label_notes": "TaskField(note=...)"}
 
 
 def _check_task(spec: Task) -> None:
