@@ -140,7 +140,8 @@ class RunOptions:
     train_backbone: bool = _flag(False, "learnable methods: train the backbone too (default: only the method's "
                                         "parameters)", group="train", action="store_true")
     train_limit: Optional[int] = _flag(None, "learnable methods: fine-tune on the first N training images "
-                                             "(default: all; {train_limit} with the default model)", group="train")
+                                             "(default: all; {train_limit} with the default model, 1000 on the "
+                                             "det/seg scenes)", group="train")
     shard: Union[str, tuple[int, int], None] = _flag(
         None, "run the I-th of N disjoint parts of the plan (a job array; I from 1), appending to "
               "OUT/runs-shard-I-of-N.jsonl; the report (and `vitbench report OUT`) merges every part",

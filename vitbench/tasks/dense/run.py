@@ -37,14 +37,13 @@ from vitbench.tasks.models import load_checkpoint
 from vitbench.tasks.dense.backbone import is_plain_vit
 from vitbench.tasks.dense.evaluate import evaluate_detector, first_val_images
 from vitbench.tasks.dense.protocol import DEFAULT_PROTOCOL, dense_finetune_for
+from vitbench.tasks.dense.schedule import schedule_for
 from vitbench.tasks.dense.train import finetune_control, finetune_method, train_detector
 from vitbench.tasks.embedded import load_embedded_model
 from vitbench.tasks.identity import weights_from
 from vitbench.tasks.model_names import unknown_model
 
 Progress = Callable[[str], None]
-#: default training of the baseline detector on the embedded shapes set (measured: docs/results.md)
-DEFAULT_EPOCHS = {"det": 8, "seg": 4}
 TRAIN_BATCH = 8
 
 
@@ -278,7 +277,8 @@ def run_dense_spec(spec: Any, ws: DenseWorkspace, backbone: nn.Module, progress:
     load_detector_weights(detector, weights)
     ctx = reduction_context(backbone)
     trains = spec.method == CONTROL or (ctx is not None and ctx.reduction is not None and bool(ctx.reduction.train))
-    settings = dense_finetune_for(ws.task, spec.dense_finetune or DEFAULT_PROTOCOL, spec.finetune_epochs)
+    epochs = spec.finetune_epochs or schedule_for(spec.data).finetune_epochs[ws.task]
+    settings = dense_finetune_for(ws.task, spec.dense_finetune or DEFAULT_PROTOCOL, epochs)
     work_dir = ws.work_dir / spec.spec_id / "train" if ws.work_dir else None
     precision = spec.precision_name
     train_precision = trains_in(precision)

@@ -82,25 +82,25 @@ class DenseTask(Task, TaskReport):
         if finetune_epochs is not None and protocol == "method":
             raise VitbenchError(f"--finetune-epochs {finetune_epochs} sets how long detector weights fine-tune; "
                                 "--dense-finetune method trains none (use all or heads)")
-        epochs = self._epochs(own)
-        if epochs < 1:
-            raise VitbenchError(f"--detector-epochs {epochs} is out of range; it must be >= 1")
         model = options.model or DEFAULT_DENSE_MODEL
         data = data_path(options.data) if options.data and options.data not in EMBEDDED_DATA else options.data or DEFAULT_DATA
+        epochs = self._epochs(own, data)
+        if epochs < 1:
+            raise VitbenchError(f"--detector-epochs {epochs} is out of range; it must be >= 1")
         embedded = embedded_backbone(model, data, options.pretrained, options.checkpoint)
         identity = identity_fields(options, evaluates_data=True, random_init=not options.pretrained and not embedded)
         if embedded:
             identity["weights"] = embedded_weights(embedded)
         return TaskSetup(model=model, data=data, metrics=metrics,
-                         plan={"train_limit": options.train_limit, "dense_finetune": protocol,
+                         plan={"train_limit": _train_limit(options, data), "dense_finetune": protocol,
                                "finetune_epochs": finetune_epochs,
                                "control": not own.no_control, **identity})
 
-    def _epochs(self, own: DenseOptions) -> int:
-        # torch/mm: when a run starts; registering the task stays light
-        from vitbench.tasks.dense.run import DEFAULT_EPOCHS
+    def _epochs(self, own: DenseOptions, data: Optional[str]) -> int:
+        # the data sets' modules: when a run starts; registering the task stays light
+        from vitbench.tasks.dense.schedule import schedule_for
 
-        return DEFAULT_EPOCHS[self.name] if own.detector_epochs is None else own.detector_epochs
+        return schedule_for(data).detector_epochs[self.name] if own.detector_epochs is None else own.detector_epochs
 
     def workspace(self, request: WorkspaceRequest) -> "DenseWorkspace":
         """Resolve the data, load the backbone, check every method applies. Nothing is trained here:
@@ -117,6 +117,7 @@ class DenseTask(Task, TaskReport):
         own = parse_options(self, options.task_options)
         check_model_name(setup.model)  # before the data: the default set takes seconds to generate
         data = resolve_det_data(options.data)
+        scheduled = data.name if data.embedded else None  # a folder's name is no embedded set's
         request.note(f"data {data.name}: {data.num_classes} classes ({', '.join(data.classes[:8])}"
                      f"{', ...' if data.num_classes > 8 else ''}); loading backbone {setup.model}")
         embedded = embedded_backbone(setup.model, data.name, options.pretrained, options.checkpoint)
@@ -130,7 +131,7 @@ class DenseTask(Task, TaskReport):
             normalise = {"mean": tuple(255 * m for m in cfg["mean"]), "std": tuple(255 * s for s in cfg["std"])}
         return DenseWorkspace(task=self.name, model=model, model_name=setup.model, data=data, **normalise,
                               width=own.detector_width or ("light" if data.embedded else "full"),
-                              epochs=self._epochs(own), train_limit=options.train_limit,
+                              epochs=self._epochs(own, scheduled), train_limit=_train_limit(options, scheduled),
                               work_dir=request.out / "work", eval_limit=options.limit,
                               cache_dir=cache_dir() / "detectors" if data.embedded else request.out / "checkpoints")
 
@@ -171,3 +172,11 @@ def _dense_protocol(own: DenseOptions, train_backbone: bool) -> str:
                                 f"it contradicts --dense-finetune {protocol}")
         protocol = "all"
     return protocol or DEFAULT_PROTOCOL
+
+
+def _train_limit(options: "RunOptions", data: Optional[str]) -> Optional[int]:
+    """``--train-limit``, else the data set's default (:mod:`vitbench.tasks.dense.schedule`)."""
+    # the data sets' modules: when a run starts; registering the task stays light
+    from vitbench.tasks.dense.schedule import schedule_for
+
+    return options.train_limit if options.train_limit is not None else schedule_for(data).train_limit
