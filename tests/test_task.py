@@ -140,6 +140,8 @@ def test_a_label_note_leaves_out_the_default():
     field_ = TaskField("protocol", note="fine-tuned: {}", unless="all")
     assert [field_.label_note(v) for v in ("all", "heads", None)] == [None, "fine-tuned: heads", None]
     assert TaskField("quiet").label_note("x") is None
+    epochs = TaskField("epochs", note="fine-tuned {} epoch{s}")
+    assert [epochs.label_note(n) for n in (1, 16)] == ["fine-tuned 1 epoch", "fine-tuned 16 epochs"]
 
 
 def test_the_task_contract_has_at_most_8_public_members():

@@ -62,7 +62,8 @@ def _value_type(hint: Any) -> Any:
 @dataclass(frozen=True)
 class TaskField:
     """A task's own field of a run spec, hashed into its id when set (det: ``dense_finetune``), and
-    how a label shows it: ``note`` formatted with the value (``"fine-tuned: {}"``), except at
+    how a label shows it: ``note`` formatted with the value (``"fine-tuned: {}"``; ``{s}``: an
+    "s" unless the value is 1), except at
     ``unless`` (the default the label leaves out); no ``note``: the label does not show it.
     ``no_control``: its values under which a plan holds no :data:`CONTROL` row (det: ``method``,
     where no detector weight trains)."""
@@ -74,7 +75,9 @@ class TaskField:
 
     def label_note(self, value: Any) -> Optional[str]:
         """The label's note for ``value``, or ``None``."""
-        return self.note.format(value) if self.note and value is not None and value != self.unless else None
+        if not self.note or value is None or value == self.unless:
+            return None
+        return self.note.format(value, s="" if value == 1 else "s")
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ BOX_MAP = ReportColumn("box_map", "Box mAP", "ΔBox mAP", ".3f", plot_label="box
 
 #: the dense fine-tuning protocol and its epochs as spec fields, noted in labels unless the default
 DENSE_FIELDS = (TaskField("dense_finetune", note="fine-tuned: {}", unless=DEFAULT_PROTOCOL, no_control=("method",)),
-                TaskField("finetune_epochs", note="fine-tuned {} epochs"))
+                TaskField("finetune_epochs", note="fine-tuned {} epoch{s}"))
 
 
 def dense_info(description: str, accuracy: tuple[ReportColumn, ...]) -> TaskInfo:
