@@ -131,7 +131,7 @@ class DenseTask(Task, TaskReport):
             normalise = {"mean": tuple(255 * m for m in cfg["mean"]), "std": tuple(255 * s for s in cfg["std"])}
         return DenseWorkspace(task=self.name, model=model, model_name=setup.model, data=data, **normalise,
                               width=own.detector_width or ("light" if data.embedded else "full"),
-                              epochs=self._epochs(own, scheduled), train_limit=_train_limit(options, scheduled),
+                              epochs=self._epochs(own, scheduled), train_limit=setup.plan["train_limit"],
                               work_dir=request.out / "work", eval_limit=options.limit,
                               cache_dir=cache_dir() / "detectors" if data.embedded else request.out / "checkpoints")
 
