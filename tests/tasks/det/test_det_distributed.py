@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from vitbench.host import distributed
-from vitbench.catalog import TaskSetup, WorkspaceRequest
+from vitbench.catalog import WorkspaceRequest
 from vitbench.cli.main import build_parser
 from vitbench.cli.run_cmd import run_options
 from vitbench.errors import VitbenchError
@@ -135,10 +135,10 @@ def test_the_workspace_trains_nothing_and_a_resume_with_nothing_left_trains_noth
         task="det", model="mobilevit_xs", methods=["tome"], data=str(shapes_root), overrides={},
         metrics=("accuracy",), batch_size=2, device="cpu", seed=seed)]
     out = tmp_path / "out"
-    request = WorkspaceRequest(options=run_options(args, "det"), setup=TaskSetup(model="mobilevit_xs", data=str(shapes_root),
-                                                          metrics=("accuracy",)),
-                               plan=plan, out=out, resume=True, note=lambda s: None)
-    ws = get_host().task("det").workspace(request)
+    task, options = get_host().task("det"), run_options(args, "det")
+    request = WorkspaceRequest(options=options, setup=task.setup(options), plan=plan, out=out, resume=True,
+                               note=lambda s: None)
+    ws = task.workspace(request)
     assert calls == [] and not ws._weights
     store = ResultStore(out)
     for spec in plan:  # every run finished before
