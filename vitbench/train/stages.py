@@ -309,6 +309,7 @@ def train_stage(trainer: BaseModel, stage: TrainStage, params: dict[str, nn.Para
 
     distributed.raise_if_any_rank_failed(None)
 
+    optim_wrapper = _optim_wrapper(stage, params)
     schedulers = None if stage.schedule == "constant" else [{
         "type": "CosineAnnealingLR", "by_epoch": True, "T_max": stage.epochs,
         "convert_to_iter_based": True, "eta_min_ratio": stage.min_lr_ratio}]
@@ -318,11 +319,15 @@ def train_stage(trainer: BaseModel, stage: TrainStage, params: dict[str, nn.Para
             work_dir=work_dir, seed=seed, default_scope=default_scope, model=trainer,
             train_dataloader=train_dataloader,
             train_cfg={"by_epoch": True, "max_epochs": stage.epochs, "val_interval": stage.epochs + 1},
-            optim_wrapper=_optim_wrapper(stage, params), param_scheduler=schedulers,
+            optim_wrapper=optim_wrapper, param_scheduler=schedulers,
             custom_hooks=[*hooks, PositionHook(trainer)], **_distributed_runner(trainer, device)))
     try:
         runner.model.to(device)
-        with contextlib.redirect_stdout(io.StringIO()):  # pycocotools' chatter (det/seg data sets)
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():  # pycocotools' chatter
+            if isinstance(optim_wrapper, OptimWrapperDict):
+                # by design the arch optimiser first steps after its schedule has (step 0 updates the weights)
+                warnings.filterwarnings("ignore", message=r"Detected call of `scheduler.step\(\)` before",
+                                        category=UserWarning)
             runner.train()
         return runner.iter, len(runner.train_dataloader.dataset)
     finally:
